@@ -1,0 +1,274 @@
+"""Launch one run under torchrun, bound it in time, and turn what the ranks wrote into a record.
+
+A hang is a result: when the run exceeds its time limit (or stops making progress), every rank's
+Python stack is dumped (the ranks register faulthandler on SIGUSR1), the whole process group is
+stopped in three steps (interrupt, terminate, kill) and the record says `hung` with the stacks.
+Nothing is left running, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import record as rec
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STOP_GRACE_S = 5.0
+STACK_WAIT_S = 3.0
+POLL_S = 0.25
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    env: str
+    scenario: str
+    patch: str
+    dtype: str
+    transport: str          # async|sync|strict on CPU, "native" on GPU
+    world_size: int
+    shard_size: int | None
+    hierarchical: bool
+    devices_per_node: int
+    steps: int
+    seed: int
+    timeout_s: float        # whole-run limit
+    stall_s: float          # limit without a heartbeat from any rank (once one was seen)
+    device: str             # cpu|gpu
+    run_dir: str
+    results_root: str       # logs are recorded relative to this folder
+    ds_config_path: str
+    model_args: tuple[str, ...] = ()
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.scenario}-{self.patch}-{self.dtype}-{self.transport}-w{self.world_size}"
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    status: str | None      # None (ran to the end) | "hung" | "interrupted"
+    launcher_code: int | None
+    wall_s: float
+    stacks: dict[str, str]
+    hang_detail: str
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _launch_env(spec: RunSpec) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    # Per-node device count: how a multi-node layout is emulated on one host. MiCS reads
+    # NDEV_PER_NODE first, then the accelerator's device count (LOCAL_SIZE on the CPU accelerator).
+    env["NDEV_PER_NODE"] = str(spec.devices_per_node)
+    if spec.device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
+        env["LOCAL_SIZE"] = str(spec.devices_per_node)
+        env.setdefault("OMP_NUM_THREADS", "1")  # 2-4 ranks share few cores; oversubscription stalls gloo
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"
+    return env
+
+
+def _command(spec: RunSpec, port: int) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+           "--nproc_per_node", str(spec.world_size), "--master_addr", "127.0.0.1",
+           "--master_port", str(port), "-m", "repro.workload.train",
+           "--run-dir", spec.run_dir, "--ds-config", spec.ds_config_path,
+           "--scenario", spec.scenario, "--patch", spec.patch, "--steps", str(spec.steps),
+           "--seed", str(spec.seed), "--device", spec.device]
+    if spec.device == "cpu":
+        cmd += ["--transport", spec.transport]
+    return cmd + list(spec.model_args)
+
+
+def _rank_pids(run_dir: str) -> list[int]:
+    pids = []
+    for path in glob.glob(os.path.join(run_dir, "rank*.pid")):
+        try:
+            with open(path) as fh:
+                pids.append(int(fh.read().strip()))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _dump_stacks(run_dir: str) -> dict[str, str]:
+    """Ask every rank for its Python stacks (faulthandler on SIGUSR1) and read them back."""
+    for pid in _rank_pids(run_dir):
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STACK_WAIT_S
+    stacks: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        stacks = {}
+        for path in sorted(glob.glob(os.path.join(run_dir, "rank*.stack"))):
+            rank = os.path.basename(path)[4:-6]
+            with open(path, errors="replace") as fh:
+                stacks[rank] = fh.read()
+        if stacks and all(stacks.values()):
+            break
+        time.sleep(POLL_S)
+    return stacks
+
+
+def _stop_group(proc: subprocess.Popen[bytes], run_dir: str) -> None:
+    """Interrupt, terminate, kill: each step given STOP_GRACE_S to work."""
+    targets = lambda: [p for p in _rank_pids(run_dir) if _alive(p)]  # noqa: E731
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in targets():  # ranks that left the launcher's group still get the signal
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not targets():
+                return
+            time.sleep(POLL_S)
+    proc.wait()
+
+
+def _last_heartbeat(run_dir: str, since: float) -> float:
+    beats = [os.path.getmtime(p) for p in glob.glob(os.path.join(run_dir, "rank*.heartbeat"))]
+    return max(beats, default=since)
+
+
+def launch(spec: RunSpec, progress: Any = None) -> LaunchResult:
+    """Run torchrun for `spec`; never raises for a hang (status "hung"); Ctrl-C -> "interrupted"."""
+    os.makedirs(spec.run_dir, exist_ok=True)
+    log_path = os.path.join(spec.run_dir, "launcher.log")
+    start = time.monotonic()
+    wall_start = time.time()
+    with open(log_path, "wb") as log:
+        # A new session makes torchrun and its ranks one process group we can signal as a whole.
+        proc = subprocess.Popen(_command(spec, free_port()), cwd=REPO_ROOT, env=_launch_env(spec),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                beat = _last_heartbeat(spec.run_dir, wall_start)
+                stalled = beat > wall_start and time.time() - beat > spec.stall_s
+                if now - start > spec.timeout_s or stalled:
+                    detail = (f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
+                              if stalled else f"exceeded the {spec.timeout_s:g} s time limit")
+                    stacks = _dump_stacks(spec.run_dir)
+                    _stop_group(proc, spec.run_dir)
+                    return LaunchResult("hung", proc.returncode, time.monotonic() - start, stacks, detail)
+                if progress is not None:
+                    progress(now - start)
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            _stop_group(proc, spec.run_dir)
+            return LaunchResult("interrupted", proc.returncode, time.monotonic() - start, {}, "")
+        # Ranks that outlived torchrun (should not happen) must not outlive the run.
+        if any(_alive(p) for p in _rank_pids(spec.run_dir)):
+            _stop_group(proc, spec.run_dir)
+    return LaunchResult(None, proc.returncode, time.monotonic() - start, {}, "")
+
+
+def _read_ranks(run_dir: str) -> dict[int, dict[str, Any]]:
+    ranks: dict[int, dict[str, Any]] = {}
+    for path in glob.glob(os.path.join(run_dir, "rank*.json")):
+        try:
+            data = rec.read_json(path)
+        except (OSError, ValueError):
+            continue
+        ranks[int(data.get("rank", os.path.basename(path)[4:-5]))] = data
+    return ranks
+
+
+def _tail(path: str, lines: int = 40) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return "".join(fh.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _pick_exception(ranks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The exception to show: one raised from an IllegalWork object if any rank had it, else
+    the lowest rank's."""
+    found = [(r, d["exception"]) for r, d in sorted(ranks.items()) if d.get("exception")]
+    if not found:
+        return None
+    illegal = [(r, e) for r, e in found if "IllegalWork" in f"{e.get('message')}{e.get('traceback')}"]
+    rank, exc = (illegal or found)[0]
+    return {"type": exc.get("type"), "message": exc.get("message"), "rank": rank,
+            "traceback": exc.get("traceback")}
+
+
+def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Build the (unclassified) record and the runner status for `classify`."""
+    ranks = _read_ranks(spec.run_dir)
+    zero = ranks.get(0, {})
+    rel = lambda p: os.path.relpath(p, spec.results_root)  # noqa: E731
+    logs = {"launcher": rel(os.path.join(spec.run_dir, "launcher.log"))}
+    for path in sorted(glob.glob(os.path.join(spec.run_dir, "rank*.log"))):
+        logs[os.path.basename(path)[:-4]] = rel(path)
+    exit_codes: dict[str, Any] = {"launcher": result.launcher_code}
+    for r, d in sorted(ranks.items()):
+        exit_codes[str(r)] = 1 if d.get("exception") else 0
+    record = rec.empty_record(**base)
+    record.update(
+        run_name=spec.run_name, losses=zero.get("losses") or [], loss_scale=zero.get("loss_scale"),
+        skipped_steps=int(zero.get("skipped_steps") or 0),
+        illegal_work_messages=sum(int(d.get("illegal_work_messages") or 0) for d in ranks.values()),
+        exception=_pick_exception(ranks), exit_codes=exit_codes,
+        durations={"total_s": round(result.wall_s, 2), "train_s": zero.get("train_s")},
+        versions=zero.get("versions") or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
+        weights_checksum=zero.get("weights_checksum"), stacks=result.stacks, logs=logs,
+        backend=zero.get("backend"), fix=zero.get("fix"), transport_info=zero.get("transport_info") or {},
+    )
+    status = result.status
+    if status == "hung":
+        done = {r: d.get("steps_completed") for r, d in ranks.items()}
+        record["reason"] = (f"hung: {result.hang_detail}; stacks of {len(result.stacks)} ranks captured"
+                            + (f"; steps completed per rank {done}" if done else ""))
+    elif status is None and not ranks:
+        # torchrun or the interpreter failed before any rank could report: the environment.
+        status = "env-error"
+        tail = _tail(os.path.join(spec.run_dir, "launcher.log"))
+        record["exception"] = {"type": "LaunchFailure", "message": tail.strip().splitlines()[-1] if tail.strip()
+                               else f"torchrun exited {result.launcher_code}", "rank": None, "traceback": tail}
+        record["reason"] = f"no rank reported (torchrun exit {result.launcher_code}): environment could not run"
+    elif status is None and record["exception"] and record["exception"]["type"] in ENV_ERROR_TYPES:
+        status = "env-error"
+        record["reason"] = f"environment: {record['exception']['type']}: {record['exception']['message']}"
+    elif status is None and record["exception"] and record["exception"]["type"] == "ScenarioUnsupported":
+        status = "unsupported"
+        record["reason"] = f"unsupported: {record['exception']['message']}"
+    return record, status
+
+
+# Exceptions that mean "this environment cannot run the workload", not "the run failed".
+ENV_ERROR_TYPES = ("ImportError", "ModuleNotFoundError", "EnvironmentProblem")

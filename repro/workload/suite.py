@@ -1,0 +1,286 @@
+"""Run the reproduction suite of one environment: the control, the MiCS scenarios, stock and fixed.
+
+Runs inside the env (container or venv): `python -m repro.workload.suite --env ID --out DIR ...`.
+Writes DIR/suite.json ({"runs": [...]}, rewritten after every run so an interruption loses
+nothing), DIR/runs/<run>/ (rank logs, stacks), DIR/artifacts/ (ds_report, collect_env).
+Exits 0 when every planned run produced a record, whatever the outcomes; 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from typing import Any
+
+from . import classify as cls
+from . import ds_config
+from . import record as rec
+from . import runner
+
+DEFAULT_STEPS = 20
+DEFAULT_SEED = 1234
+DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_STALL_S = 60.0
+ARTIFACT_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    scenario: str
+    patch: str
+    dtype: str
+    transport: str
+    shape: ds_config.ScenarioShape
+
+
+def scenario_shape(scenario: str, world_size: int, devices_per_node: int) -> ds_config.ScenarioShape:
+    """How each scenario lays ranks out. On one host, nodes are emulated by a per-node device
+    count smaller than the world size (MiCS reads NDEV_PER_NODE / LOCAL_SIZE)."""
+    if scenario == "zero3":
+        return ds_config.ScenarioShape(scenario, world_size, None, False, min(devices_per_node, world_size))
+    if scenario == "mics":
+        return ds_config.ScenarioShape(scenario, world_size, world_size, False,
+                                       min(devices_per_node, world_size))
+    if scenario == "mics-hier":
+        # The hierarchical gather needs the shard group to span > 1 node (mics_utils asserts it).
+        per_node = min(devices_per_node, world_size // 2)
+        return ds_config.ScenarioShape(scenario, world_size, world_size, True, max(per_node, 1))
+    if scenario == "mics-replica":
+        return ds_config.ScenarioShape(scenario, world_size, world_size // 2, False,
+                                       min(devices_per_node, world_size))
+    raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(rec.SCENARIOS)}")
+
+
+def plan(scenarios: list[str], patches: list[str], dtype: str, transports: list[str],
+         world_size: int, devices_per_node: int, sync_proof: bool) -> list[PlannedRun]:
+    """Controls first (one zero3 stock run per transport), then each MiCS scenario x patch.
+    `sync_proof` adds `mics` stock over the sync transport: IllegalWork messages yet a match
+    with the control proves the missing wait, not the arithmetic, is the cause."""
+    runs: list[PlannedRun] = []
+    for transport in transports:
+        runs.append(PlannedRun("zero3", "stock", dtype, transport,
+                               scenario_shape("zero3", world_size, devices_per_node)))
+        for scenario in scenarios:
+            for patch in patches:
+                if scenario == "zero3" and patch == "stock":
+                    continue
+                runs.append(PlannedRun(scenario, patch, dtype, transport,
+                                       scenario_shape(scenario, world_size, devices_per_node)))
+    if sync_proof and "mics" in scenarios and "sync" not in transports and transports != ["native"]:
+        runs.append(PlannedRun("mics", "stock", dtype, "sync",
+                               scenario_shape("mics", world_size, devices_per_node)))
+    return runs
+
+
+def mics_available() -> bool:
+    """Whether the installed DeepSpeed has MiCS, without importing deepspeed (slow)."""
+    spec = importlib.util.find_spec("deepspeed")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    root = list(spec.submodule_search_locations)[0]
+    return os.path.exists(os.path.join(root, "runtime", "zero", "mics.py"))
+
+
+def detect_device(requested: str) -> tuple[str, int]:
+    """(cpu|gpu, devices per node). GPUs: one device per rank, native backend."""
+    if requested == "cpu":
+        return "cpu", 0
+    import torch  # only here: the CPU path must not pay for CUDA/ROCm probing
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if requested == "gpu" and count == 0:
+        raise SystemExit("error: --device gpu but torch sees no GPU (torch.cuda.is_available() is False)")
+    return ("gpu", count) if count else ("cpu", 0)
+
+
+def capture_artifacts(out: str, device: str) -> dict[str, str]:
+    """ds_report and torch's collect_env, once per environment (what maintainers ask for)."""
+    folder = os.path.join(out, "artifacts")
+    os.makedirs(folder, exist_ok=True)
+    paths = {}
+    # ds_report goes through our wrapper: on CPU, DeepSpeed < 0.14.1 needs the same placeholder
+    # modules as the runs before it can even report.
+    for name, cmd in (("ds_report", [sys.executable, "-m", "repro.workload.ds_report", "--device", device]),
+                      ("collect_env", [sys.executable, "-m", "torch.utils.collect_env"])):
+        path = os.path.join(folder, f"{name}.txt")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (runner.REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
+        if device == "cpu":
+            env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=ARTIFACT_TIMEOUT_S, env=env)
+            text = done.stdout + (f"\n[stderr]\n{done.stderr}" if done.stderr.strip() else "")
+            text += f"\n[exit code {done.returncode}]\n"
+        except subprocess.TimeoutExpired:
+            text = f"[timed out after {ARTIFACT_TIMEOUT_S} s]\n"
+        with open(path, "w") as fh:
+            fh.write(text)
+        paths[name] = os.path.relpath(path, out)
+    return paths
+
+
+def _progress_line(i: int, n: int, name: str, record: dict[str, Any]) -> str:
+    secs = record.get("durations", {}).get("total_s")
+    return f"[{i}/{n}] {name:<42} {record['outcome']:<12} {record['signature']:<24} {secs} s"
+
+
+def _save(out: str, runs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    rec.write_json_atomic(os.path.join(out, "suite.json"), {**meta, "runs": runs})
+
+
+def run_suite(args: argparse.Namespace) -> int:
+    out = os.path.abspath(args.out)
+    os.makedirs(out, exist_ok=True)
+    device, gpus = detect_device(args.device)
+    devices_per_node = gpus if device == "gpu" else args.world_size
+    world = args.world_size if device == "cpu" else min(args.world_size or gpus, gpus)
+    transports = ["native"] if device == "gpu" else args.transports
+    user_config = None
+    if args.config:
+        with open(args.config) as fh:
+            user_config = json.load(fh)
+    dtype = args.dtype or (ds_config.config_dtype(user_config) if user_config else "fp32")
+    planned = plan(args.scenarios, args.patches, dtype, transports, world, devices_per_node,
+                   sync_proof=not args.no_sync_proof)
+    meta: dict[str, Any] = {"env": args.env, "device": device, "started_at": _now(),
+                            "interrupted": False, "artifacts": {}}
+    if not args.no_artifacts:
+        print("capturing ds_report and collect_env ...", flush=True)
+        meta["artifacts"] = capture_artifacts(out, device)
+    has_mics = mics_available()
+    runs: list[dict[str, Any]] = []
+    controls: dict[tuple[str, str, int], dict[str, Any]] = {}
+    _save(out, runs, meta)
+    for i, item in enumerate(planned, 1):
+        spec = _spec(args, out, item, device)
+        built = ds_config.build_config(item.shape, dtype=dtype, user_config=user_config)
+        rec.write_json_atomic(spec.ds_config_path, built.config)
+        base = _base_record(args, spec, item, built)
+        print(f"[{i}/{len(planned)}] {spec.run_name} ...", flush=True)
+        if item.scenario != "zero3" and not has_mics:
+            record = rec.empty_record(**base, run_name=spec.run_name)
+            verdict = cls.Verdict("unsupported", "none",
+                                  "this DeepSpeed has no MiCS (deepspeed/runtime/zero/mics.py is absent)", None)
+            status = "unsupported"
+        else:
+            result = runner.launch(spec)
+            record, status = runner.assemble(spec, result, base)
+            control = None if item.scenario == "zero3" and item.patch == "stock" else _control_for(
+                controls, item)
+            record["control_run"] = control["run_name"] if control else None
+            verdict = cls.classify(record, control, status)
+        record.update(outcome=verdict.outcome, signature=verdict.signature, reason=verdict.reason,
+                      first_divergent_step=verdict.first_divergent_step)
+        if item.scenario == "zero3" and item.patch == "stock":
+            controls[(item.dtype, item.transport, item.shape.world_size)] = record
+        rec.write_json_atomic(os.path.join(spec.run_dir, "record.json"), record)
+        runs.append(record)
+        _save(out, runs, meta)
+        print(_progress_line(i, len(planned), spec.run_name, record), flush=True)
+        if status == "interrupted":
+            meta["interrupted"] = True
+            _save(out, runs, meta)
+            print("interrupted: records so far are in", os.path.join(out, "suite.json"), flush=True)
+            return 130
+    meta["finished_at"] = _now()
+    _save(out, runs, meta)
+    return 0
+
+
+def _control_for(controls: dict[tuple[str, str, int], dict[str, Any]], item: PlannedRun) -> dict[str, Any] | None:
+    """The zero3 run of the same dtype and world size; same transport preferred (transports do
+    not change the arithmetic, so any transport's control is a valid comparison)."""
+    key = (item.dtype, item.transport, item.shape.world_size)
+    if key in controls:
+        return controls[key]
+    return next((c for (d, _t, w), c in controls.items() if d == item.dtype and w == item.shape.world_size), None)
+
+
+def _spec(args: argparse.Namespace, out: str, item: PlannedRun, device: str) -> runner.RunSpec:
+    shape = item.shape
+    spec = runner.RunSpec(
+        env=args.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype, transport=item.transport,
+        world_size=shape.world_size, shard_size=shape.shard_size, hierarchical=shape.hierarchical,
+        devices_per_node=shape.devices_per_node, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
+        stall_s=args.stall_timeout, device=device, run_dir="", results_root=args.results_root or out,
+        ds_config_path="", model_args=tuple(args.model_args or ()))
+    run_dir = os.path.join(out, "runs", spec.run_name)
+    if os.path.exists(run_dir):  # never overwrite an earlier run's evidence
+        run_dir = f"{run_dir}-{dt.datetime.now(dt.timezone.utc).strftime('%H%M%S%f')}"
+    return replace(spec, run_dir=run_dir, ds_config_path=os.path.join(run_dir, "ds_config.json"))
+
+
+def _base_record(args: argparse.Namespace, spec: runner.RunSpec, item: PlannedRun,
+                 built: ds_config.BuiltConfig) -> dict[str, Any]:
+    shape = item.shape
+    how = ("one node" if shape.nodes <= 1 else
+           f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE={shape.devices_per_node}"
+           f" with world size {shape.world_size}" if spec.device == "cpu" else
+           f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE={shape.devices_per_node}")
+    return dict(
+        env=args.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype,
+        world_size=shape.world_size, shard_size=shape.shard_size, hierarchical=shape.hierarchical,
+        layout={"nodes": shape.nodes, "devices_per_node": shape.devices_per_node, "how": how},
+        backend="gloo" if spec.device == "cpu" else "nccl", transport=item.transport,
+        steps=args.steps, seed=args.seed, config=built.config, config_adaptations=built.adaptations,
+        config_problems=built.problems, timeout_s=args.timeout, started_at=_now(),
+    )
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _csv(choices: tuple[str, ...]) -> Any:
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        bad = [t for t in items if t not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
+        return items
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m repro.workload.suite", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env", required=True, help="env id recorded in every record")
+    p.add_argument("--out", required=True, help="folder for suite.json, runs/ and artifacts/")
+    p.add_argument("--results-root", help="folder that record log paths are relative to (default --out)")
+    p.add_argument("--scenarios", type=_csv(rec.SCENARIOS), default=list(rec.SCENARIOS))
+    p.add_argument("--patches", type=_csv(rec.PATCHES), default=list(rec.PATCHES))
+    p.add_argument("--dtype", choices=rec.DTYPES, help="default: the config's precision, else fp32")
+    p.add_argument("--transports", type=_csv(rec.TRANSPORT_MODES), default=["async"],
+                   help="CPU adapter modes to run (GPU runs use the native backend)")
+    p.add_argument("--no-sync-proof", action="store_true", help="skip the extra mics/stock/sync run")
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-run limit, seconds")
+    p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_S,
+                   help="a run with no step progress for this long is hung")
+    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--config", help="your DeepSpeed config JSON (ZeRO/MiCS/precision/comm settings kept)")
+    p.add_argument("--no-artifacts", action="store_true", help="skip ds_report / collect_env")
+    p.add_argument("--model-args", nargs=argparse.REMAINDER, help="passed to the per-rank trainer")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.world_size < 2 or args.world_size % 2:
+        parser().error("--world-size must be an even number >= 2 (MiCS scenarios split it in halves)")
+    try:
+        return run_suite(args)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
