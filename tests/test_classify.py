@@ -1,0 +1,122 @@
+"""Outcome classification: every branch, driven by literal records."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from repro.workload import classify as cls
+from repro.workload.record import OUTCOMES, SIGNATURES, empty_record
+
+CONTROL_LOSSES = [4.0, 3.5, 3.1, 2.8]
+
+
+def control(**kw: Any) -> dict[str, Any]:
+    rec = empty_record(scenario="zero3", patch="stock", dtype="fp32", run_name="zero3-stock-fp32-async-w4",
+                       losses=list(CONTROL_LOSSES), exit_codes={"launcher": 0, "0": 0})
+    rec.update(kw)
+    verdict = cls.classify(rec, None)
+    rec.update(outcome=verdict.outcome, signature=verdict.signature)
+    return rec
+
+
+def run(**kw: Any) -> dict[str, Any]:
+    rec = empty_record(scenario="mics", patch="stock", dtype="fp32", losses=list(CONTROL_LOSSES),
+                       exit_codes={"launcher": 0, "0": 0, "1": 0})
+    rec.update(kw)
+    return rec
+
+
+def test_control_is_clean_when_finite() -> None:
+    c = control()
+    assert (c["outcome"], c["signature"]) == ("clean", "none")
+
+
+def test_control_with_nan_is_crashed() -> None:
+    c = control(losses=[4.0, None, None, None])
+    assert c["outcome"] == "crashed"
+
+
+def test_matching_run_is_clean() -> None:
+    v = cls.classify(run(), control())
+    assert (v.outcome, v.signature, v.first_divergent_step) == ("clean", "none", None)
+
+
+def test_illegal_work_and_nan_is_reproduced_with_divergence() -> None:
+    v = cls.classify(run(losses=[None] * 4, illegal_work_messages=336), control())
+    assert (v.outcome, v.signature, v.first_divergent_step) == ("reproduced", "illegal-work-divergence", 0)
+    assert "336 IllegalWork messages" in v.reason
+
+
+def test_illegal_work_but_matching_losses_is_warnings_only() -> None:
+    v = cls.classify(run(illegal_work_messages=12, transport="sync"), control())
+    assert (v.outcome, v.signature) == ("reproduced", "illegal-work-warnings")
+
+
+def test_divergence_without_messages() -> None:
+    v = cls.classify(run(losses=[4.0, 3.5, 3.3, 2.9]), control())
+    assert (v.outcome, v.signature, v.first_divergent_step) == ("reproduced", "divergence", 2)
+
+
+def test_within_tolerance_is_not_divergence() -> None:
+    v = cls.classify(run(losses=[4.0, 3.5 + 1e-6, 3.1, 2.8]), control())
+    assert v.outcome == "clean"
+
+
+def test_shorter_run_diverges_where_it_stops() -> None:
+    assert cls.first_divergent_step([1.0, 2.0], [1.0, 2.0, 3.0], "fp32") == 2
+
+
+def test_crash_from_illegal_work() -> None:
+    exc = {"type": "RuntimeError", "message": "Illegal to call wait on IllegalWork object", "rank": 1,
+           "traceback": "..."}
+    v = cls.classify(run(scenario="mics-hier", exception=exc, losses=[]), control())
+    assert (v.outcome, v.signature) == ("reproduced", "illegal-work-crash")
+    assert "rank 1" in v.reason
+
+
+def test_other_crash() -> None:
+    exc = {"type": "AssertionError", "message": "boom", "rank": 0, "traceback": "..."}
+    v = cls.classify(run(exception=exc), control())
+    assert (v.outcome, v.signature) == ("crashed", "crash")
+
+
+def test_nonzero_exit_without_exception_is_crash() -> None:
+    v = cls.classify(run(exit_codes={"launcher": 1}), control())
+    assert v.outcome == "crashed"
+
+
+def test_fp16_overflow_storm() -> None:
+    c = control(dtype="fp16", skipped_steps=1)
+    v = cls.classify(run(dtype="fp16", skipped_steps=1 + cls.OVERFLOW_STORM_EXTRA), c)
+    assert (v.outcome, v.signature) == ("reproduced", "overflow-storm")
+    v2 = cls.classify(run(dtype="fp16", skipped_steps=2), c)
+    assert v2.outcome == "clean"
+
+
+def test_storm_with_illegal_work_counts_as_divergence_signature() -> None:
+    c = control(dtype="fp16", skipped_steps=0)
+    v = cls.classify(run(dtype="fp16", skipped_steps=10, illegal_work_messages=5), c)
+    assert v.signature == "illegal-work-divergence"
+
+
+@pytest.mark.parametrize("status,outcome,signature", [
+    ("hung", "hung", "hang"), ("interrupted", "interrupted", "none"),
+    ("unsupported", "unsupported", "none"), ("env-error", "env-error", "none")])
+def test_runner_status_decides(status: str, outcome: str, signature: str) -> None:
+    v = cls.classify(run(illegal_work_messages=3), control(), status)
+    assert (v.outcome, v.signature) == (outcome, signature)
+
+
+def test_no_usable_control_nan_is_reproduced() -> None:
+    broken = control(losses=[None] * 4)
+    v = cls.classify(run(losses=[None] * 4), broken)
+    assert v.outcome == "reproduced" and "no usable control" in v.reason
+
+
+def test_results_stay_in_closed_sets() -> None:
+    cases = [run(), run(losses=[None] * 4, illegal_work_messages=1), run(exit_codes={"x": 2})]
+    for case in cases:
+        v = cls.classify(case, control())
+        assert v.outcome in OUTCOMES and v.signature in SIGNATURES
