@@ -145,6 +145,8 @@ def run_suite(args: argparse.Namespace) -> int:
     if args.config:
         with open(args.config) as fh:
             user_config = json.load(fh)
+    elif args.config_json:
+        user_config = json.loads(args.config_json)
     dtype = args.dtype or (ds_config.config_dtype(user_config) if user_config else "fp32")
     planned = plan(args.scenarios, args.patches, dtype, transports, world, devices_per_node,
                    sync_proof=not args.no_sync_proof)
@@ -267,6 +269,7 @@ def parser() -> argparse.ArgumentParser:
                    help="a run with no step progress for this long is hung")
     p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
     p.add_argument("--config", help="your DeepSpeed config JSON (ZeRO/MiCS/precision/comm settings kept)")
+    p.add_argument("--config-json", help="the same, given inline (engines use it: no file to copy in)")
     p.add_argument("--no-artifacts", action="store_true", help="skip ds_report / collect_env")
     p.add_argument("--model-args", nargs=argparse.REMAINDER, help="passed to the per-rank trainer")
     return p

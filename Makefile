@@ -1,0 +1,61 @@
+# The front door. Every target is a thin call of `python -m repro`, which does the work and
+# prints what it is about to do; variables below are passed through when set.
+#   make repro                    CPU twin of the reporter's stack (the default env), all scenarios
+#   make repro ENV=rocm56         the reporter's stack in a ROCm 5.6 container (AMD host)
+#   make test                     every test tier this host can run
+PYTHON ?= python3
+REPRO = $(PYTHON) -m repro
+
+# Make variables -> CLI flags (only those given on the command line or in the environment).
+flag = $(if $($(1)),--$(2) "$($(1))")
+RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,torch) \
+	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIOS,scenarios) $(call flag,PATCH,patch) \
+	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,CONFIG,config) \
+	$(call flag,STEPS,steps) $(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) \
+	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(DRY_RUN),--dry-run)
+
+.PHONY: help list build repro check-fix matrix report base-image test test-unit lint bench clean
+
+help:
+	@sed -n '1,/^PYTHON/p' Makefile | sed -n 's/^# \{0,1\}//p' | head -n -1
+	@$(REPRO) --help
+
+list:
+	$(REPRO) list $(call flag,MATRIX,matrix)
+
+build:
+	$(REPRO) build $(RUN_FLAGS)
+
+repro:
+	$(REPRO) repro $(RUN_FLAGS)
+
+check-fix:
+	$(REPRO) check-fix $(RUN_FLAGS)
+
+matrix:
+	$(REPRO) matrix $(RUN_FLAGS)
+
+report:
+	$(REPRO) report $(call flag,RESULTS,results) $(call flag,OUT,out)
+
+base-image:
+	$(REPRO) base-image $(if $(FORCE),--force)
+
+# All tiers: unit (fakes), integration (real torch + DeepSpeed under torchrun, venv engine),
+# docker (real engine), browser (headless chromium). Tiers whose tools are missing skip with a
+# reason, except under MICS_REPRO_REQUIRE_TIERS=1 (CI), where a skip is a failure.
+test:
+	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+test-unit:
+	$(PYTHON) -m pytest -m "not integration and not docker and not browser" $(PYTEST_ARGS)
+
+lint:
+	$(PYTHON) -m ruff check repro tests
+	$(PYTHON) -m mypy
+
+bench:
+	$(PYTHON) -m repro.bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
+
+clean:
+	$(REPRO) clean
