@@ -1,0 +1,216 @@
+"""Is it MiCS logic or the ROCm environment? A pure function of the merged records.
+
+The question is answered by comparing backends: the same failure on CPU/gloo and on a GPU backend
+(RCCL on ROCm, NCCL on CUDA) cannot come from ROCm. Without a GPU run the answer says exactly what
+is missing and what the CPU evidence shows (the reporter's signatures, the sync transport control).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from repro.report.merge import MergedResults
+from repro.report.model import REPORTER_SIGNATURES, Backend, Outcome, Run, Signature
+from repro.report.per_env import describe, shows_bug, stock_attempts
+from repro.report.verdicts import CauseVerdict, Evidence, Missing, evidence_dicts
+
+DEFAULT_GPU_ENV_HINT = ("rocm56",)
+
+
+@dataclass(frozen=True)
+class CauseAnswer:
+    verdict: CauseVerdict
+    summary: str
+    evidence: tuple[Evidence, ...]
+    missing: tuple[Missing, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "verdict": self.verdict.value,
+            "summary": self.summary,
+            "evidence": evidence_dicts(self.evidence),
+            "missing": [m.to_dict() for m in self.missing],
+        }
+
+
+def _sync_control_evidence(stock: Sequence[Run]) -> list[Evidence]:
+    """A synchronous transport completes every collective before returning, so the missing wait is harmless
+    there: a sync run that matches the control next to an async run that does not isolates the cause."""
+    out = []
+    for sync in (r for r in stock if r.key.transport == "sync"):
+        twin = next(
+            (
+                r
+                for r in stock
+                if r.key.transport == "async"
+                and r.env == sync.env
+                and r.scenario == sync.scenario
+                and r.key.dtype == sync.key.dtype
+                and r.key.world_size == sync.key.world_size
+            ),
+            None,
+        )
+        if twin is None or not shows_bug(twin):
+            continue
+        if sync.outcome is Outcome.CLEAN or sync.signature is Signature.ILLEGAL_WORK_WARNINGS:
+            out.append(
+                Evidence(
+                    f"sync transport control ({sync.env}, {sync.scenario}, {sync.key.dtype}): "
+                    f"{sync.illegal_work_messages} IllegalWork messages yet losses match ZeRO-3, "
+                    f"while the async run {twin.signature.value}: "
+                    "the missing wait on the real all-gather is the cause",
+                    (sync.ident, twin.ident),
+                )
+            )
+        else:
+            out.append(
+                Evidence(
+                    f"sync transport control ({sync.env}, {sync.scenario}, {sync.key.dtype}) also fails "
+                    f"({sync.outcome.value}, {sync.signature.value}): "
+                    "something besides the missing wait is wrong",
+                    (sync.ident, twin.ident),
+                )
+            )
+    return out
+
+
+def _reporter_match(runs: Sequence[Run]) -> list[Evidence]:
+    out = []
+    for scenario, expected in REPORTER_SIGNATURES.items():
+        hits = [r for r in runs if r.scenario == scenario and shows_bug(r)]
+        if not hits:
+            continue
+        same = [r for r in hits if r.signature is expected]
+        verb = "matches" if same else "differs from"
+        got = ", ".join(sorted({r.signature.value for r in hits}))
+        out.append(
+            Evidence(
+                f"{scenario}: signature {got} {verb} the reporter's ({expected.value})",
+                tuple(r.ident for r in hits),
+            )
+        )
+    return out
+
+
+def _gpu_hint(hint: Sequence[str]) -> Missing:
+    env = hint[0] if hint else DEFAULT_GPU_ENV_HINT[0]
+    return Missing(
+        what="no ROCm/CUDA run (nccl backend) in these results, "
+        "so CPU/gloo cannot be compared with a GPU backend",
+        how=f"run `make repro ENV={env}` on an AMD host (or a CUDA env on an NVIDIA host) and merge: "
+        f"`make report RESULTS=<this folder>,<new folder>`",
+    )
+
+
+def cause(merged: MergedResults, gpu_env_hint: Sequence[str] = DEFAULT_GPU_ENV_HINT) -> CauseAnswer:
+    all_stock = [r for r in merged.runs if r.is_mics and r.patch == "stock"]
+    stock = stock_attempts(merged.runs)
+    bug = [r for r in stock if shows_bug(r)]
+    gpu_runs = [r for r in stock if r.backend.is_gpu]
+    cpu_runs = [r for r in stock if not r.backend.is_gpu]
+    cpu_bug = [r for r in bug if not r.backend.is_gpu]
+    gpu_bug = [r for r in bug if r.backend.is_gpu]
+    missing: list[Missing] = [] if gpu_runs else [_gpu_hint(gpu_env_hint)]
+
+    if not bug:
+        evidence = [Evidence(describe(r), (r.ident,)) for r in stock]
+        return CauseAnswer(
+            CauseVerdict.NOT_REPRODUCED,
+            "nothing to attribute: no stock MiCS run shows the bug in these results",
+            tuple(evidence),
+            tuple(missing),
+        )
+
+    evidence = _reporter_match(bug) + _sync_control_evidence(all_stock)
+    if not gpu_runs:
+        envs = sorted({r.env for r in cpu_bug})
+        sigs = sorted({r.signature.value for r in cpu_bug})
+        head = [
+            Evidence(
+                f"reproduced without any GPU or ROCm on CPU/gloo in {', '.join(envs)}: {', '.join(sigs)}",
+                tuple(r.ident for r in cpu_bug),
+            )
+        ]
+        return CauseAnswer(
+            CauseVerdict.NEEDS_GPU_EVIDENCE,
+            "the CPU evidence points to MiCS/DeepSpeed+torch logic (it fails without ROCm), but the GPU "
+            "comparison is missing",
+            tuple(head + evidence),
+            tuple(missing),
+        )
+
+    per_backend = sorted({r.backend for r in gpu_bug}, key=lambda b: b.value)
+    gpu_ok = [r for r in gpu_runs if r.outcome is Outcome.CLEAN]
+    backend_lines = [
+        Evidence(
+            f"{b.label}: " + "; ".join(describe(r) for r in gpu_bug if r.backend is b),
+            tuple(r.ident for r in gpu_bug if r.backend is b),
+        )
+        for b in per_backend
+    ]
+    if gpu_bug and cpu_bug:
+        scenario_lines = []
+        for scenario in sorted({r.scenario for r in gpu_bug} & {r.scenario for r in cpu_bug}):
+            g = sorted({r.signature.value for r in gpu_bug if r.scenario == scenario})
+            c = sorted({r.signature.value for r in cpu_bug if r.scenario == scenario})
+            same = "same signature" if set(g) & set(c) else "different signatures, both IllegalWork"
+            scenario_lines.append(
+                Evidence(
+                    f"{scenario}: GPU {', '.join(g)} / CPU {', '.join(c)}: {same}",
+                    tuple(r.ident for r in bug if r.scenario == scenario),
+                )
+            )
+        return CauseAnswer(
+            CauseVerdict.MICS_LOGIC,
+            "MiCS/DeepSpeed+torch logic: the same failure appears on CPU/gloo and on "
+            + " and ".join(b.label for b in per_backend)
+            + ", so it does not depend on ROCm or the backend",
+            tuple(scenario_lines + backend_lines + evidence),
+            tuple(missing),
+        )
+    if gpu_bug:
+        rocm_only = per_backend == [Backend.ROCM_RCCL]
+        cuda_clean = [r for r in gpu_ok if r.backend is Backend.CUDA_NCCL]
+        cpu_clean = [r for r in cpu_runs if r.outcome is Outcome.CLEAN]
+        clean_lines = [Evidence(describe(r), (r.ident,)) for r in cuda_clean + cpu_clean]
+        if rocm_only and cuda_clean:
+            return CauseAnswer(
+                CauseVerdict.ROCM_ENVIRONMENT,
+                "the ROCm environment: only ROCm runs fail; the same scenarios run clean on CUDA"
+                + (" and CPU/gloo" if cpu_clean else ""),
+                tuple(backend_lines + clean_lines + evidence),
+                tuple(missing),
+            )
+        if cpu_clean:
+            return CauseAnswer(
+                CauseVerdict.GPU_BACKEND,
+                "the GPU backend: GPU runs fail while CPU/gloo runs of MiCS are clean",
+                tuple(backend_lines + clean_lines + evidence),
+                tuple(missing),
+            )
+        if len(per_backend) > 1:
+            return CauseAnswer(
+                CauseVerdict.MICS_LOGIC,
+                "MiCS/DeepSpeed+torch logic: it fails on both ROCm and CUDA",
+                tuple(backend_lines + evidence),
+                tuple(missing),
+            )
+        lacking = Missing(
+            "no CPU/gloo or other-vendor MiCS run to tell logic from environment",
+            "run `make repro ENV=cpu` and merge",
+        )
+        return CauseAnswer(
+            CauseVerdict.INCONCLUSIVE,
+            f"reproduced on {per_backend[0].label} only; nothing to compare it with",
+            tuple(backend_lines + evidence),
+            (*missing, lacking),
+        )
+    gpu_lines = [Evidence(describe(r), (r.ident,)) for r in gpu_runs]
+    return CauseAnswer(
+        CauseVerdict.INCONCLUSIVE,
+        "reproduced on CPU/gloo but not on the GPU runs in these results",
+        tuple(evidence + [Evidence(describe(r), (r.ident,)) for r in cpu_bug] + gpu_lines),
+        tuple(missing),
+    )

@@ -1,0 +1,203 @@
+"""Load one or more results folders and merge them into one consistent view.
+
+Rules (each leaves a note in the report so nothing is dropped silently):
+  * the same folder given twice (also through the `latest` symlink) counts once;
+  * the same run (env + scenario + patch + dtype + transport + layout) in two invocations:
+    the newest record wins, the older one is listed as superseded;
+  * the same env id with different pins in two folders is an error: the two sets of runs
+    answer different questions and must not be mixed under one name;
+  * the same env id and pins but another image id: kept, noted (an image was rebuilt).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from repro.errors import UsageError
+from repro.report.model import EnvInfo, Invocation, Run, RunKey, check_closed_sets
+
+RESULTS_FILE = "results.json"
+SUPPORTED_SCHEMA = 1
+
+
+@dataclass(frozen=True)
+class ResultsFolder:
+    invocation: Invocation
+    envs: Mapping[str, EnvInfo]
+    runs: tuple[Run, ...]
+
+
+@dataclass(frozen=True)
+class MergedResults:
+    invocations: tuple[Invocation, ...]  # oldest first
+    envs: Mapping[str, EnvInfo]  # in first-seen order
+    runs: tuple[Run, ...]
+    superseded: tuple[Run, ...]
+    notes: tuple[str, ...]
+
+    def runs_of(self, env_id: str) -> list[Run]:
+        return [run for run in self.runs if run.env == env_id]
+
+
+def _timestamp(text: str | None) -> datetime:
+    """Order ISO 8601 stamps; unparsable or missing ones sort first (oldest)."""
+    if not text:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return datetime.min.replace(tzinfo=timezone.utc)
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
+
+
+def _require(data: Mapping[str, Any], key: str, where: Path) -> Any:
+    if key not in data:
+        raise UsageError(
+            f"{where} has no {key!r}",
+            why="results.json is written by `make repro`; this one is incomplete or from another tool",
+            fix="re-run the invocation",
+        )
+    return data[key]
+
+
+def load_folder(folder: Path) -> ResultsFolder:
+    folder = folder.resolve()
+    path = folder / RESULTS_FILE
+    if not path.is_file():
+        raise UsageError(
+            f"no {RESULTS_FILE} in {folder}",
+            why="a results folder is what one `make repro` invocation writes",
+            fix="pass folders under results/ (e.g. results/latest), or run `make repro` first",
+        )
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(
+            f"{path} is not valid JSON",
+            why=str(exc),
+            fix="the invocation was probably killed while writing; re-run it",
+        ) from None
+    schema = _require(data, "schema", path)
+    if schema != SUPPORTED_SCHEMA:
+        raise UsageError(
+            f"{path} has schema {schema!r}",
+            why=f"this report reads schema {SUPPORTED_SCHEMA}",
+            fix="build the report with the tool version that wrote the results",
+        )
+    inv_data = _require(data, "invocation", path)
+    invocation = Invocation(
+        folder=folder,
+        tool_version=str(data.get("tool_version") or "unknown"),
+        command=str(inv_data.get("command") or ""),
+        argv=tuple(str(a) for a in inv_data.get("argv") or ()),
+        started_at=str(inv_data.get("started_at") or ""),
+        finished_at=inv_data.get("finished_at"),
+        interrupted=bool(inv_data.get("interrupted")),
+        host=dict(inv_data.get("host") or {}),
+    )
+    envs: dict[str, EnvInfo] = {}
+    for env_id, env in _require(data, "envs", path).items():
+        artifacts = {name: folder / str(rel) for name, rel in (env.get("artifacts") or {}).items() if rel}
+        envs[env_id] = EnvInfo(
+            id=env_id,
+            platform=str(env.get("platform") or "unknown"),
+            engine=str(env.get("engine") or ""),
+            image_id=env.get("image_id"),
+            pins={str(k): str(v) for k, v in (env.get("pins") or {}).items()},
+            derived_from=env.get("derived_from"),
+            artifacts=artifacts,
+            invocation=invocation,
+            suite_exit_code=env.get("suite_exit_code"),
+            suite_timed_out=bool(env.get("suite_timed_out")),
+            interrupted=bool(env.get("interrupted")),
+            venv=env.get("venv"),
+        )
+    runs: list[Run] = []
+    for index, record in enumerate(_require(data, "runs", path)):
+        where = f"{path} run #{index}"
+        check_closed_sets(record, where)
+        env_id = record["env"]
+        if env_id not in envs:
+            raise UsageError(
+                f"{where} names env {env_id!r}, which results.json does not describe",
+                why=f"described envs: {', '.join(envs) or 'none'}",
+                fix="re-run the invocation; the folder looks damaged",
+            )
+        runs.append(Run(record=record, invocation=invocation, env_platform=envs[env_id].platform))
+    return ResultsFolder(invocation=invocation, envs=envs, runs=tuple(runs))
+
+
+def _merge_env(old: EnvInfo, new: EnvInfo, notes: list[str]) -> EnvInfo:
+    """Both describe the same env id; `new` comes from the newer invocation."""
+    if dict(old.pins) != dict(new.pins) or old.platform != new.platform:
+        differing = sorted(k for k in set(old.pins) | set(new.pins) if old.pins.get(k) != new.pins.get(k))
+        raise UsageError(
+            f"env {old.id!r} has different pins in {old.invocation.folder} and {new.invocation.folder}",
+            why=f"pins that differ: {', '.join(differing) or 'platform'}; runs of different installs "
+            "cannot share one row of the report",
+            fix="report those folders separately, or re-run one of them with TORCH=/DEEPSPEED= so it "
+            "gets a derived env id",
+        )
+    if old.image_id != new.image_id and old.image_id and new.image_id:
+        notes.append(
+            f"env {old.id}: image rebuilt between invocations ({old.image_id} -> {new.image_id}); "
+            "pins are identical"
+        )
+    return new
+
+
+def merge(folders: Sequence[ResultsFolder]) -> MergedResults:
+    notes: list[str] = []
+    unique: dict[Path, ResultsFolder] = {}
+    for item in folders:
+        if item.invocation.folder in unique:
+            notes.append(f"{item.invocation.folder} was given more than once; read once")
+            continue
+        unique[item.invocation.folder] = item
+    ordered = sorted(unique.values(), key=lambda f: _timestamp(f.invocation.started_at))
+
+    envs: dict[str, EnvInfo] = {}
+    chosen: dict[RunKey, Run] = {}
+    superseded: list[Run] = []
+    for item in ordered:
+        for env_id, env in item.envs.items():
+            envs[env_id] = _merge_env(envs[env_id], env, notes) if env_id in envs else env
+        for run in item.runs:
+            previous = chosen.get(run.key)
+            if previous is None:
+                chosen[run.key] = run
+                continue
+            newer, older = (
+                (run, previous)
+                if _timestamp(run.started_at) >= _timestamp(previous.started_at)
+                else (previous, run)
+            )
+            chosen[run.key] = newer
+            superseded.append(older)
+            notes.append(
+                f"{run.ident}: ran in {older.invocation.folder.name} and {newer.invocation.folder.name}; "
+                f"the newer one is reported (older outcome: {older.outcome.value}, "
+                f"newer: {newer.outcome.value})"
+            )
+        if item.invocation.interrupted:
+            notes.append(
+                f"invocation {item.invocation.folder.name} was interrupted: its envs may be missing runs"
+            )
+    return MergedResults(
+        invocations=tuple(f.invocation for f in ordered),
+        envs=envs,
+        runs=tuple(chosen.values()),
+        superseded=tuple(superseded),
+        notes=tuple(notes),
+    )
+
+
+def load_and_merge(result_dirs: Sequence[Path]) -> MergedResults:
+    if not result_dirs:
+        raise UsageError("no results folder given", fix="pass RESULTS=dir1,dir2 (default: results/latest)")
+    return merge([load_folder(Path(d)) for d in result_dirs])

@@ -1,0 +1,212 @@
+"""Turn answers, table rows and plots into report.html (self-contained) and REPORT.md (for GitHub)."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from repro import __version__
+from repro.report.answers import Answers
+from repro.report.merge import MergedResults
+from repro.report.model import EnvInfo, Invocation, Run
+from repro.report.per_env import EnvAnswer
+from repro.report.plots import Plot
+from repro.report.tables import COLUMNS, Row, md_escape, row_values
+from repro.report.timeline import Timeline
+from repro.report.verdicts import Finding
+
+TEMPLATES = Path(__file__).parent / "templates"
+ARTIFACT_CHARS = 40_000
+DATA_ELEMENT_ID = "mics-repro-report-data"
+MD_DATA_INFO = "json mics-repro-report"
+# Forbid every fetch: the report must open offline and must not leak that it was opened.
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'none'; form-action 'none'"
+
+
+@dataclass(frozen=True)
+class EnvDetails:
+    answer: EnvAnswer
+    plots: tuple[Plot, ...]
+    findings: tuple[Finding, ...]
+    versions_seen: tuple[Mapping[str, Any], ...]
+    artifacts: tuple[tuple[str, str, str], ...]  # (name, shown path, text)
+    invocation: Invocation
+    fix_info: str  # what the run-time fix patched, as the first fixed run recorded it ("" if none)
+
+    @property
+    def env(self) -> EnvInfo:
+        return self.answer.env
+
+
+def _artifact_text(path: Path) -> str:
+    if not path.is_file():
+        return f"(missing: {path})"
+    text = path.read_text(errors="replace")
+    if len(text) > ARTIFACT_CHARS:
+        return text[:ARTIFACT_CHARS] + f"\n... ({len(text) - ARTIFACT_CHARS} more characters in {path.name})"
+    return text
+
+
+def env_details(
+    answer: EnvAnswer, merged: MergedResults, plots: Sequence[Plot], findings: Sequence[Finding]
+) -> EnvDetails:
+    env = answer.env
+    versions: list[Mapping[str, Any]] = []
+    for run in merged.runs_of(env.id):
+        seen = {k: v for k, v in run.versions.items() if v is not None}
+        if seen and seen not in versions:
+            versions.append(seen)
+    artifacts = tuple(
+        (
+            name,
+            str(path.relative_to(env.invocation.folder.parent))
+            if path.is_relative_to(env.invocation.folder.parent)
+            else str(path),
+            _artifact_text(path),
+        )
+        for name, path in sorted(env.artifacts.items())
+    )
+    return EnvDetails(
+        answer=answer,
+        plots=tuple(plots),
+        findings=tuple(f for f in findings if f.env == env.id),
+        versions_seen=tuple(versions),
+        artifacts=artifacts,
+        invocation=env.invocation,
+        fix_info=_fix_info(merged.runs_of(env.id)),
+    )
+
+
+def _fix_info(runs: Sequence[Run]) -> str:
+    info = next((r.record.get("fix") for r in runs if r.patch == "fixed" and r.record.get("fix")), None)
+    return "" if info is None else json.dumps(info, indent=1, sort_keys=True, default=str)
+
+
+def report_data(
+    merged: MergedResults,
+    answers: Answers,
+    rows: Sequence[Row],
+    timelines: Sequence[Timeline],
+    plots: Sequence[Plot] = (),
+) -> dict[str, Any]:
+    """The machine-readable twin of the report (embedded in both outputs, written as report.json)."""
+    return {
+        "schema": 1,
+        "tool_version": __version__,
+        "results": [str(inv.folder) for inv in merged.invocations],
+        **answers.to_dict(),
+        "table": [r.to_dict() for r in rows],
+        "notes": list(merged.notes),
+        "timelines": [t.to_dict() for t in timelines],
+        "plots": [p.to_dict() for p in plots],
+    }
+
+
+def summary_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The compact part that goes into REPORT.md: verdicts, not the evidence prose."""
+    return {
+        "schema": data["schema"],
+        "tool_version": data["tool_version"],
+        "headline": [
+            {k: e[k] for k in ("env", "versions", "reproduces", "signatures", "fixed")}
+            for e in data["headline"]
+        ],
+        "cause": data["cause"]["verdict"],
+        "upgrade": {
+            "verdict": data["upgrade"]["verdict"],
+            "baseline": data["upgrade"]["baseline"],
+            "steps": [{k: s[k] for k in ("env", "relation", "outcome")} for s in data["upgrade"]["steps"]],
+        },
+        "findings": [{k: f[k] for k in ("kind", "env", "run")} for f in data["findings"]],
+    }
+
+
+def _json_for_script(data: Any) -> str:
+    # "<", ">" and "&" escaped so the JSON can never close the <script> element it lives in.
+    text = json.dumps(data, indent=1, sort_keys=True, allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _fence(text: str) -> str:
+    """A Markdown code fence longer than any backtick run inside the text."""
+    longest, run = 0, 0
+    for ch in text:
+        run = run + 1 if ch == "`" else 0
+        longest = max(longest, run)
+    return "`" * max(3, longest + 1)
+
+
+def _environment(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        autoescape=autoescape,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["md"] = md_escape
+    env.filters["fence"] = _fence
+    env.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
+    env.globals.update(columns=COLUMNS, row_values=row_values)
+    return env
+
+
+def _context(
+    merged: MergedResults,
+    answers: Answers,
+    rows: Sequence[Row],
+    details: Sequence[EnvDetails],
+    timelines: Sequence[Timeline],
+    data: Mapping[str, Any],
+    generated_at: str,
+) -> dict[str, Any]:
+    return {
+        "answers": answers,
+        "rows": rows,
+        "details": details,
+        "timelines": timelines,
+        "merged": merged,
+        "generated_at": generated_at,
+        "tool_version": __version__,
+        "csp": CSP,
+        "data_id": DATA_ELEMENT_ID,
+        "md_data_info": MD_DATA_INFO,
+    }
+
+
+def render_html(
+    merged: MergedResults,
+    answers: Answers,
+    rows: Sequence[Row],
+    details: Sequence[EnvDetails],
+    timelines: Sequence[Timeline],
+    data: Mapping[str, Any],
+    generated_at: str,
+) -> str:
+    ctx = _context(merged, answers, rows, details, timelines, data, generated_at)
+    ctx["data_json"] = Markup(_json_for_script(data))
+    return _environment(autoescape=True).get_template("report.html.j2").render(ctx)
+
+
+def render_markdown(
+    merged: MergedResults,
+    answers: Answers,
+    rows: Sequence[Row],
+    details: Sequence[EnvDetails],
+    timelines: Sequence[Timeline],
+    data: Mapping[str, Any],
+    generated_at: str,
+    plot_dir: str,
+) -> str:
+    ctx = _context(merged, answers, rows, details, timelines, data, generated_at)
+    ctx["data_json"] = json.dumps(summary_data(data), indent=1, sort_keys=True, allow_nan=False)
+    ctx["plot_dir"] = plot_dir
+    return _environment(autoescape=False).get_template("REPORT.md.j2").render(ctx)

@@ -1,0 +1,148 @@
+"""The env x scenario table: one row per run configuration, stock and fixed side by side."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from repro.report.merge import MergedResults
+from repro.report.model import SCENARIOS_ORDER, Run
+
+EXCEPTION_CHARS = 120
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one run contributes to the table."""
+
+    run: str  # Run.ident
+    outcome: str
+    signature: str
+    illegal_work: int
+    first_divergent_step: int | None
+    skipped_steps: int
+    nan_steps: int
+    exception: str | None
+
+    @classmethod
+    def of(cls, run: Run) -> Cell:
+        exc = run.exception_line
+        if exc and len(exc) > EXCEPTION_CHARS:
+            exc = exc[: EXCEPTION_CHARS - 1] + "…"
+        return cls(
+            run=run.ident,
+            outcome=run.outcome.value,
+            signature=run.signature.value,
+            illegal_work=run.illegal_work_messages,
+            first_divergent_step=run.first_divergent_step,
+            skipped_steps=run.skipped_steps,
+            nan_steps=sum(1 for v in run.losses if v is None),
+            exception=exc,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Row:
+    env: str
+    scenario: str
+    dtype: str
+    transport: str
+    world_size: int
+    shard_size: int | None
+    hierarchical: bool
+    stock: Cell | None
+    fixed: Cell | None
+
+    @property
+    def layout(self) -> str:
+        shard = f"/{self.shard_size}" if self.shard_size else ""
+        return f"{self.world_size}{shard}" + (" hier" if self.hierarchical else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "scenario": self.scenario,
+            "dtype": self.dtype,
+            "transport": self.transport,
+            "world_size": self.world_size,
+            "shard_size": self.shard_size,
+            "hierarchical": self.hierarchical,
+            "stock": self.stock.to_dict() if self.stock else None,
+            "fixed": self.fixed.to_dict() if self.fixed else None,
+        }
+
+
+def _scenario_rank(scenario: str) -> int:
+    return SCENARIOS_ORDER.index(scenario) if scenario in SCENARIOS_ORDER else len(SCENARIOS_ORDER)
+
+
+def rows(merged: MergedResults) -> list[Row]:
+    env_order = list(merged.envs)
+    groups: dict[tuple[Any, ...], dict[str, Run]] = {}
+    for run in merged.runs:
+        groups.setdefault(run.key.without_patch(), {})[run.patch] = run
+    out = []
+    for key, sides in groups.items():
+        env, scenario, dtype, transport, world, shard, hier = key
+        out.append(
+            Row(
+                env=env,
+                scenario=scenario,
+                dtype=dtype,
+                transport=transport,
+                world_size=world,
+                shard_size=shard,
+                hierarchical=hier,
+                stock=Cell.of(sides["stock"]) if "stock" in sides else None,
+                fixed=Cell.of(sides["fixed"]) if "fixed" in sides else None,
+            )
+        )
+    out.sort(
+        key=lambda r: (
+            env_order.index(r.env) if r.env in env_order else len(env_order),
+            _scenario_rank(r.scenario),
+            r.dtype,
+            r.transport,
+            r.world_size,
+        )
+    )
+    return out
+
+
+def pair_text(stock: str | None, fixed: str | None) -> str:
+    """'stock → fixed', collapsed to one value when both sides agree."""
+    s, f = stock if stock is not None else "–", fixed if fixed is not None else "–"
+    return s if s == f else f"{s} → {f}"
+
+
+def cell_field(cell: Cell | None, name: str) -> str | None:
+    if cell is None:
+        return None
+    value = getattr(cell, name)
+    return "–" if value is None else str(value)
+
+
+COLUMNS: Sequence[tuple[str, str]] = (
+    ("outcome", "outcome"),
+    ("signature", "signature"),
+    ("illegal_work", "IllegalWork msgs"),
+    ("first_divergent_step", "first divergent step"),
+    ("skipped_steps", "skipped steps"),
+    ("nan_steps", "NaN steps"),
+    ("exception", "exception"),
+)
+
+
+def row_values(row: Row) -> list[str]:
+    """Display values of the comparison columns, 'stock → fixed'."""
+    return [pair_text(cell_field(row.stock, name), cell_field(row.fixed, name)) for name, _ in COLUMNS]
+
+
+def md_escape(text: str) -> str:
+    """Inline Markdown text: no cell breaks, no code spans, no raw HTML (GitHub would swallow tags)."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "\\`")

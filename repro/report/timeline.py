@@ -1,0 +1,70 @@
+"""Optional survey/bisect section: read OUT/survey.json and OUT/bisect.json when another step wrote them.
+
+Shape (written by the survey/bisect command):
+  {"change_points": [{"before", "after", "outcome_before", "outcome_after", "signature_before",
+                      "signature_after"}], "probes": [{"version", "outcome", "signature", "verdict"}]}
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from repro.errors import UsageError
+
+TIMELINE_FILES = ("survey.json", "bisect.json")
+CHANGE_KEYS = ("before", "after", "outcome_before", "outcome_after", "signature_before", "signature_after")
+PROBE_KEYS = ("version", "outcome", "signature", "verdict")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    source: str  # file name
+    change_points: tuple[Mapping[str, str], ...]
+    probes: tuple[Mapping[str, str], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "change_points": [dict(c) for c in self.change_points],
+            "probes": [dict(p) for p in self.probes],
+        }
+
+
+def _rows(
+    data: Mapping[str, Any], name: str, keys: tuple[str, ...], path: Path
+) -> tuple[Mapping[str, str], ...]:
+    items = data.get(name, [])
+    if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
+        raise UsageError(
+            f"{path}: {name!r} is not a list of objects",
+            fix="re-run the survey/bisect step, or remove the file to build the report without it",
+        )
+    return tuple({k: "" if i.get(k) is None else str(i.get(k)) for k in keys} for i in items)
+
+
+def load_timelines(out_dir: Path) -> list[Timeline]:
+    found = []
+    for name in TIMELINE_FILES:
+        path = out_dir / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise UsageError(
+                f"{path} is not valid JSON",
+                why=str(exc),
+                fix="re-run the survey/bisect step, or remove the file",
+            ) from None
+        if not isinstance(data, Mapping):
+            raise UsageError(f"{path} is not a JSON object", fix="re-run the survey/bisect step")
+        found.append(
+            Timeline(
+                name, _rows(data, "change_points", CHANGE_KEYS, path), _rows(data, "probes", PROBE_KEYS, path)
+            )
+        )
+    return found

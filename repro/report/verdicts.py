@@ -1,0 +1,161 @@
+"""The closed answer sets of the report and the small value types that carry their evidence.
+
+Each question gets its own Enum so a verdict of one can never be passed off as another's.
+Values are the strings that appear in REPORT.md, report.html data attributes and report.json.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+
+class Reproduces(str, enum.Enum):
+    YES = "yes"  # a stock MiCS run shows the IllegalWork bug
+    NO = "no"  # the reporter's MiCS configurations ran clean
+    UNSUPPORTED = "unsupported"  # MiCS is not available in this install (removed, or config rejected)
+    INCONCLUSIVE = "inconclusive"  # runs failed in other ways (hang, env-error, interrupted)
+    NOT_TESTED = "not-tested"  # no stock MiCS run in the results
+
+
+class FixVerdict(str, enum.Enum):
+    YES = "yes"  # every reproduced run is clean with the fix and matches the control
+    NO = "no"  # a fixed run still fails, or the fix broke a run that was clean
+    UNVERIFIED = "unverified"  # fixed runs are clean but there is no usable control to compare with
+    INCONCLUSIVE = "inconclusive"  # fixed counterparts missing or did not run to an outcome
+    NOT_APPLICABLE = "n/a"  # nothing reproduced in this env, so there is nothing to fix
+    NOT_TESTED = "not-tested"  # no fixed MiCS run in the results
+
+
+class PairStatus(str, enum.Enum):
+    """Stock vs fixed run of the same scenario/dtype/transport/layout in one env."""
+
+    RESOLVED = "resolved"
+    RESOLVED_UNVERIFIED = "resolved-unverified"
+    NOT_RESOLVED = "not-resolved"
+    REGRESSION = "regression"
+    BOTH_CLEAN = "both-clean"
+    OTHER_FAILURE_PERSISTS = "other-failure-persists"
+    OTHER_FAILURE_GONE = "other-failure-gone"
+    FIXED_MISSING = "fixed-missing"
+    STOCK_MISSING = "stock-missing"
+    NO_OUTCOME = "no-outcome"  # one side was interrupted, env-error or unsupported
+
+
+class CauseVerdict(str, enum.Enum):
+    MICS_LOGIC = "mics-logic"  # same failure on CPU/gloo and a GPU backend: backend-agnostic
+    ROCM_ENVIRONMENT = "rocm-environment"  # only ROCm fails; CUDA and CPU runs are clean
+    GPU_BACKEND = "gpu-backend"  # fails on a GPU backend only; CPU runs clean
+    NEEDS_GPU_EVIDENCE = "needs-gpu-evidence"  # reproduced on CPU/gloo; no GPU run to compare
+    NOT_REPRODUCED = "not-reproduced"
+    INCONCLUSIVE = "inconclusive"
+
+
+class UpgradeVerdict(str, enum.Enum):
+    YES = "yes"  # a newer torch/DeepSpeed runs MiCS clean
+    NO = "no"  # every newer env still reproduces or has no MiCS any more
+    NO_NEWER_ENV = "no-newer-env"
+    NOT_APPLICABLE = "n/a"  # nothing reproduced anywhere
+    INCONCLUSIVE = "inconclusive"
+
+
+class UpgradeOutcome(str, enum.Enum):
+    RESOLVED = "resolved"
+    STILL_REPRODUCES = "still-reproduces"
+    MICS_REMOVED = "mics-removed"  # unsupported: not a fix
+    INCONCLUSIVE = "inconclusive"
+    NOT_TESTED = "not-tested"
+
+
+class VersionRelation(str, enum.Enum):
+    NEWER = "newer"
+    OLDER = "older"
+    SAME = "same"
+    MIXED = "mixed"  # one newer, the other older
+    UNKNOWN = "unknown"
+
+
+class FindingKind(str, enum.Enum):
+    HANG = "hang"
+    CRASH = "crash"
+    ENV_ERROR = "env-error"
+    UNSUPPORTED = "unsupported"
+    INTERRUPTED = "interrupted"
+    CONTROL_FAILED = "control-failed"
+    FIX_REGRESSION = "fix-regression"
+    CONFIG_PROBLEM = "config-problem"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One sentence of evidence and the runs (`Run.ident`) it rests on."""
+
+    text: str
+    runs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "runs": list(self.runs)}
+
+
+def evidence_dicts(items: tuple[Evidence, ...]) -> list[dict[str, Any]]:
+    return [item.to_dict() for item in items]
+
+
+@dataclass(frozen=True)
+class EnvVersions:
+    torch: str | None
+    deepspeed: str | None
+    rocm: str | None
+    cuda: str | None
+    python: str | None
+
+    def label(self) -> str:
+        parts = [f"torch {self.torch or '?'}", f"DeepSpeed {self.deepspeed or '?'}"]
+        if self.rocm:
+            parts.append(f"ROCm {self.rocm}")
+        if self.cuda:
+            parts.append(f"CUDA {self.cuda}")
+        if not self.rocm and not self.cuda:
+            parts.append("CPU")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, str | None]:
+        return {
+            "torch": self.torch,
+            "deepspeed": self.deepspeed,
+            "rocm": self.rocm,
+            "cuda": self.cuda,
+            "python": self.python,
+        }
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: FindingKind
+    env: str
+    run: str | None  # Run.ident, None for env- or invocation-wide findings
+    summary: str
+    excerpt: str = ""  # stack or traceback excerpt, verbatim
+    logs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind.value,
+            "env": self.env,
+            "run": self.run,
+            "summary": self.summary,
+            "excerpt": self.excerpt,
+            "logs": list(self.logs),
+        }
+
+
+@dataclass(frozen=True)
+class Missing:
+    """Something the results lack to answer fully, and the command that would supply it."""
+
+    what: str
+    how: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return {"what": self.what, "how": self.how}

@@ -1,0 +1,140 @@
+"""Loading and merging results folders into one consistent view."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from fixtures.report_records import ResultsBuilder, standard_env
+
+from repro.errors import UsageError
+from repro.report.build import build_report
+from repro.report.merge import load_and_merge
+
+
+def two_invocations(tmp_path: Path) -> tuple[Path, Path]:
+    first = ResultsBuilder(tmp_path, "20250101T000000Z-cpu", started_at="2025-01-01T00:00:00+00:00")
+    first.env("cpu")
+    standard_env(first, "cpu")
+    second = ResultsBuilder(
+        tmp_path,
+        "20250102T000000Z-rocm56",
+        started_at="2025-01-02T00:00:00+00:00",
+        command="make repro ENV=rocm56",
+    )
+    second.env("rocm56", platform="rocm", rocm="5.6")
+    standard_env(second, "rocm56")
+    return first.write(), second.write()
+
+
+def test_two_invocations_merge_into_one_view(tmp_path: Path) -> None:
+    a, b = two_invocations(tmp_path)
+    merged = load_and_merge([b, a])  # order given does not matter: oldest first
+    assert [inv.folder.name for inv in merged.invocations] == [a.name, b.name]
+    assert list(merged.envs) == ["cpu", "rocm56"]
+    expected = sum(len(json.loads((f / "results.json").read_text())["runs"]) for f in (a, b))
+    assert len(merged.runs) == expected
+    assert merged.envs["rocm56"].invocation.command == "make repro ENV=rocm56"
+    assert merged.notes == ()
+
+
+def test_merged_report_is_consistent(tmp_path: Path) -> None:
+    a, b = two_invocations(tmp_path)
+    out = tmp_path / "out"
+    paths = build_report([a, b], out, gpu_env_hint=("rocm56",))
+    data = json.loads(paths.data.read_text())
+    assert [h["env"] for h in data["headline"]] == ["cpu", "rocm56"]
+    assert data["cause"]["verdict"] == "mics-logic"  # needs the GPU runs of the second folder
+    keys = [(r["env"], r["scenario"], r["dtype"], r["transport"], r["world_size"]) for r in data["table"]]
+    assert len(keys) == len(set(keys))
+    assert sorted(data["results"]) == sorted(str(p.resolve()) for p in (a, b))
+
+
+def test_same_run_twice_keeps_the_newest_with_a_note(tmp_path: Path) -> None:
+    old = ResultsBuilder(tmp_path, "20250101T000000Z-cpu", started_at="2025-01-01T00:00:00+00:00")
+    old.env("cpu")
+    old.clean("cpu", "zero3")
+    old.diverging_bug("cpu", "mics", "fixed")
+    new = ResultsBuilder(tmp_path, "20250103T000000Z-cpu", started_at="2025-01-03T00:00:00+00:00")
+    new.env("cpu")
+    new.clean("cpu", "mics", "fixed")
+    merged = load_and_merge([new.write(), old.write()])
+    fixed = [r for r in merged.runs if r.patch == "fixed"]
+    assert [r.outcome.value for r in fixed] == ["clean"]
+    assert fixed[0].invocation.folder.name == "20250103T000000Z-cpu"
+    assert [r.outcome.value for r in merged.superseded] == ["reproduced"]
+    assert len(merged.notes) == 1 and "cpu/mics-fixed-fp32-async-w2" in merged.notes[0]
+    assert len([r for r in merged.runs if r.scenario == "zero3"]) == 1
+
+
+def test_conflicting_pins_are_an_error(tmp_path: Path) -> None:
+    one = ResultsBuilder(tmp_path, "20250101T000000Z-cpu")
+    one.env("cpu", torch="2.1.0")
+    one.clean("cpu", "zero3")
+    two = ResultsBuilder(tmp_path, "20250102T000000Z-cpu", started_at="2025-01-02T00:00:00+00:00")
+    two.env("cpu", torch="2.1.2")
+    two.clean("cpu", "zero3")
+    with pytest.raises(UsageError) as info:
+        load_and_merge([one.write(), two.write()])
+    assert "torch" in info.value.why and info.value.exit_code == UsageError.exit_code
+
+
+def test_same_folder_twice_is_read_once(tmp_path: Path) -> None:
+    b = ResultsBuilder(tmp_path, "20250101T000000Z-cpu")
+    b.env("cpu")
+    standard_env(b, "cpu")
+    folder = b.write()
+    (tmp_path / "latest").symlink_to(folder.name)
+    merged = load_and_merge([folder, tmp_path / "latest"])
+    assert len(merged.invocations) == 1
+    assert len(merged.runs) == len(b.runs) and not merged.superseded
+    assert any("more than once" in n for n in merged.notes)
+
+
+def test_interrupted_invocation_is_noted(tmp_path: Path) -> None:
+    b = ResultsBuilder(tmp_path, "20250101T000000Z-cpu", interrupted=True)
+    b.env("cpu")
+    b.clean("cpu", "zero3")
+    merged = load_and_merge([b.write()])
+    assert any("interrupted" in n for n in merged.notes)
+
+
+def test_missing_results_file(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="no results.json"):
+        load_and_merge([tmp_path])
+
+
+def test_no_folder_given() -> None:
+    with pytest.raises(UsageError):
+        load_and_merge([])
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(schema=99), "schema"),
+        (lambda d: d["runs"][0].update(outcome="exploded"), "outcome"),
+        (lambda d: d["runs"][0].update(signature=None), "signature"),
+        (lambda d: d["runs"][0].update(env="elsewhere"), "elsewhere"),
+        (lambda d: d.pop("envs"), "envs"),
+    ],
+)
+def test_damaged_results_are_rejected_with_the_reason(tmp_path: Path, mutate, message: str) -> None:  # type: ignore[no-untyped-def]
+    b = ResultsBuilder(tmp_path, "20250101T000000Z-cpu")
+    b.env("cpu")
+    b.clean("cpu", "zero3")
+    folder = b.write()
+    data = json.loads((folder / "results.json").read_text())
+    mutate(data)
+    (folder / "results.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match=message):
+        load_and_merge([folder])
+
+
+def test_truncated_results_json(tmp_path: Path) -> None:
+    folder = tmp_path / "20250101T000000Z-cpu"
+    folder.mkdir()
+    (folder / "results.json").write_text('{"schema": 1, "runs": [')
+    with pytest.raises(UsageError, match="not valid JSON"):
+        load_and_merge([folder])
