@@ -1,0 +1,203 @@
+"""The shipped patches and the run-time fix are one change.
+
+Each shipped patch is applied with GNU `patch -p1` to a fresh copy of the pristine sdist; the
+patched methods must be, AST for AST, what `fix.apply()` compiles, and nothing else in the tree
+may differ. The sdists come from the wheelhouse (CI's .ci/run downloads them there); tests
+skip with the reason when one is missing.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import filecmp
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+from typing import Any
+
+import pytest
+
+from repro import patchgen
+from repro.workload import fix
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def sdist(version: str) -> Path:
+    path = patchgen.default_wheelhouse() / f"deepspeed-{version}.tar.gz"
+    if not path.is_file():
+        pytest.skip(f"{path} missing: `python -m repro.patchgen --check` says how to fetch it")
+    return path
+
+
+def unpack(version: str, dest: Path) -> Path:
+    with tarfile.open(sdist(version)) as tar:
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, filter="data")
+        else:  # Python < 3.11.4: the archive is PyPI's own sdist
+            tar.extractall(dest)  # noqa: S202
+    return dest / f"deepspeed-{version}"
+
+
+def find_method(source: str, target: fix.Target) -> ast.FunctionDef:
+    tree = ast.parse(source)
+    found = [item for node in tree.body if isinstance(node, ast.ClassDef) and node.name == target.cls
+             for item in node.body if isinstance(item, ast.FunctionDef) and item.name == target.func]
+    assert found, f"{target.qualname} not in source"
+    return found[-1]
+
+
+def stand_in_module(target: fix.Target, path: Path) -> ModuleType:
+    """A module whose source is the release's file, holding a placeholder class to patch.
+
+    `apply()` reads the source, splices and compiles exactly as it does on a real install; only
+    the globals are stand-ins (names the body needs, the release's decorators as identity).
+    """
+    module = ModuleType(target.module)
+    module.__file__ = str(path)
+    identity = lambda func=None, **_: func if func is not None else identity  # noqa: E731
+    module.__dict__.update({
+        "__builtins__": builtins, "torch": None, "has_coalescing_manager": None,
+        "get_coalescing_manager": None, "get_accelerator": None, "instrument_w_nvtx": None,
+        "ZeroParamStatus": None, "compiler": SimpleNamespace(disable=identity),
+        "disable_compiler_collective": identity, "stage_on_cpu": identity,
+    })
+    setattr(module, target.cls, type(target.cls, (), {target.func: lambda self: None}))
+    return module
+
+
+SHIPPED = pytest.mark.parametrize("version", patchgen.SHIPPED)
+
+
+@SHIPPED
+def test_shipped_patch_is_what_the_generator_makes(version: str) -> None:
+    sdist(version)
+    text, diffs = patchgen.generate(version, patchgen.default_wheelhouse())
+    shipped = patchgen.patch_file(version).read_text()
+    assert shipped == text, "run `python -m repro.patchgen --write`"
+    assert [d.path for d in diffs] == sorted({t.path for t in fix.TARGETS})
+    assert all(d.added and d.removed for d in diffs)
+
+
+@SHIPPED
+@pytest.mark.usefixtures("real_subprocess")
+def test_patch_applies_and_is_the_runtime_fix(version: str, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    if shutil.which("patch") is None:
+        pytest.skip("GNU patch is not installed (apt-get install patch)")
+    pristine = unpack(version, tmp_path / "pristine")
+    patched = unpack(version, tmp_path / "patched")
+    proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "-i", str(patchgen.patch_file(version))],
+                          cwd=patched, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+    # (a) run time: apply() on modules whose source is the pristine release file
+    monkeypatch.setattr(fix, "_INSTALLED", {})
+    modules: dict[str, Any] = {"deepspeed": SimpleNamespace(__version__=version)}
+    modules.update({t.module: stand_in_module(t, pristine / t.path) for t in fix.TARGETS})
+    assert fix.apply(modules.__getitem__)["source"] == "runtime"
+    installed = fix.installed_sources()
+
+    for target in fix.TARGETS:
+        before = (pristine / target.path).read_text()
+        after = (patched / target.path).read_text()
+        # (b) the patch: the method GNU patch produced is the method apply() compiled
+        compiled = fix.parse_function(installed[target.qualname])
+        assert ast.dump(find_method(after, target)) == ast.dump(compiled)
+        assert ast.dump(find_method(after, target)) != ast.dump(find_method(before, target))
+        # ...and outside the owned statements the file is byte for byte the release's
+        old, new = fix.locate(before, target), fix.locate(after, target)
+        old_lines, new_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
+        assert new_lines[:new.start - 1] == old_lines[:old.start - 1]
+        assert new_lines[new.end:] == old_lines[old.end:]
+        assert new.unchanged and not old.unchanged
+
+    # nothing else in the tree moved (no other file, no .orig/.rej left behind)
+    touched = {t.path for t in fix.TARGETS}
+    files = {str(p.relative_to(pristine)) for p in pristine.rglob("*") if p.is_file()}
+    assert {str(p.relative_to(patched)) for p in patched.rglob("*") if p.is_file()} == files
+    _, mismatch, errors = filecmp.cmpfiles(pristine, patched, sorted(files - touched), shallow=False)
+    assert mismatch == [] and errors == []
+
+
+@pytest.mark.usefixtures("real_subprocess")
+def test_patch_reverses_cleanly(tmp_path: Path) -> None:
+    if shutil.which("patch") is None:
+        pytest.skip("GNU patch is not installed (apt-get install patch)")
+    version = patchgen.SHIPPED[0]
+    tree = unpack(version, tmp_path)
+    patch = str(patchgen.patch_file(version))
+    for flags in (["--forward"], ["--reverse"]):
+        proc = subprocess.run(["patch", "-p1", "--batch", *flags, "-i", patch], cwd=tree,
+                              capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    for target in fix.TARGETS:
+        with tarfile.open(sdist(version)) as tar:
+            member = tar.extractfile(f"deepspeed-{version}/{target.path}")
+            assert member is not None
+            assert (tree / target.path).read_bytes() == member.read()
+
+
+@SHIPPED
+def test_check_catches_a_hand_edited_patch(version: str, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    wheelhouse = str(sdist(version).parent)
+    args = ["--patch-dir", str(tmp_path), "--wheelhouse", wheelhouse, "--versions", version]
+    assert patchgen.main(["--write", *args]) == 0
+    assert patchgen.main(["--check", *args]) == 0
+    path = tmp_path / f"deepspeed-{version}.patch"
+    path.write_text(path.read_text().replace("return cm\n", "return reqs[-1]\n"))
+    assert patchgen.main(["--check", *args]) == patchgen.PatchDriftError.exit_code
+    assert "--write" in capsys.readouterr().err
+
+
+def test_missing_sdist_is_a_typed_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = patchgen.main(["--check", "--wheelhouse", str(tmp_path), "--patch-dir", str(tmp_path)])
+    assert code == patchgen.SdistMissingError.exit_code
+    err = capsys.readouterr().err
+    assert "deepspeed-0.13.1.tar.gz not found" in err and "pip download" in err
+
+
+def test_release_without_mics_has_no_patch(tmp_path: Path) -> None:
+    (tmp_path / "deepspeed-9.9.9").mkdir()
+    comm = tmp_path / "deepspeed-9.9.9" / "deepspeed" / "comm"
+    comm.mkdir(parents=True)
+    (comm / "torch.py").write_text("class TorchBackend:\n    pass\n")
+    (tmp_path / "deepspeed-9.9.9" / "deepspeed" / "runtime" / "zero").mkdir(parents=True)
+    (tmp_path / "deepspeed-9.9.9" / "deepspeed" / "runtime" / "zero" / "mics.py").write_text("x = 1\n")
+    with tarfile.open(tmp_path / "deepspeed-9.9.9.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "deepspeed-9.9.9", arcname="deepspeed-9.9.9")
+    with pytest.raises(patchgen.ReproError, match="cannot make a patch for DeepSpeed 9.9.9"):
+        patchgen.generate("9.9.9", tmp_path)
+
+
+# ---- integration: the real install -------------------------------------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("var,version", [("MICS_TEST_PYTHON_T21", "0.13.1"),
+                                         ("MICS_TEST_PYTHON_T213_DS0196", "0.19.6")])
+def test_real_install_compiles_the_shipped_patch(var: str, version: str, tmp_path: Path) -> None:
+    python = os.environ.get(var)
+    if not python or not Path(python).is_file():
+        pytest.skip(f"{var} is not set to an existing python (dev venv with torch + DeepSpeed {version})")
+    if shutil.which("patch") is None:
+        pytest.skip("GNU patch is not installed (apt-get install patch)")
+    out = tmp_path / "fix.json"
+    proc = subprocess.run([python, "-m", "repro.workload.fix", "--out", str(out)], cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(out.read_text())
+    assert result["deepspeed"] == version and result["fix_id"] == fix.FIX_ID
+
+    tree = unpack(version, tmp_path / "sdist")
+    proc = subprocess.run(["patch", "-p1", "--batch", "-i", str(patchgen.patch_file(version))], cwd=tree,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for target in fix.TARGETS:
+        expected = find_method((tree / target.path).read_text(), target)
+        assert ast.dump(fix.parse_function(result["sources"][target.qualname])) == ast.dump(expected)
