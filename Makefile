@@ -57,5 +57,30 @@ lint:
 bench:
 	$(PYTHON) -m repro.bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
 
+# Bisection and surveys over releases (repro/bisect_cli.py; README "Bisecting releases").
+#   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
+#   make survey AXIS=deepspeed FROM=0.12.6 TO=0.19.8 TORCH=2.1.0 [EVERY=1]
+#   make probe ENV=cpu TORCH=2.1.0 [DEEPSPEED_SRC=~/DeepSpeed]   exit 0 good / 1 bad / 125 unknown
+yes = $(filter 1 yes true,$(1))
+WALK_FLAGS = $(call flag,AXIS,axis) $(call flag,FROM,from) $(call flag,TO,to) $(call flag,VERSIONS,versions) \
+	$(if $(call yes,$(PRERELEASES)),--prereleases) $(if $(call yes,$(REFRESH_VERSIONS)),--refresh-versions) \
+	$(if $(DRY_RUN),--dry-run)
+PROBE_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,torch) \
+	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIO,scenario) $(call flag,PATCH,patch) \
+	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,STEPS,steps) \
+	$(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) $(call flag,OUT,out) \
+	$(call flag,MATRIX,matrix)
+.PHONY: bisect survey probe
+bisect:
+	$(REPRO) bisect $(WALK_FLAGS) $(PROBE_FLAGS) $(call flag,GOOD,good) $(call flag,BAD,bad) \
+		$(call flag,BAD_IF,bad-if)
+
+survey:
+	$(REPRO) survey $(WALK_FLAGS) $(PROBE_FLAGS) $(if $(call yes,$(EVERY)),--every)
+
+probe:
+	$(REPRO) probe $(PROBE_FLAGS) $(call flag,BAD_IF,bad-if) $(call flag,DEEPSPEED_SRC,deepspeed-src) \
+		$(call flag,REFERENCE,reference)
+
 clean:
 	$(REPRO) clean
