@@ -49,7 +49,7 @@ def _spec(tmp_path: Path, timeout: float, stall: float) -> runner.RunSpec:
 
 
 @pytest.fixture
-def fake_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def fake_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None):  # type: ignore[no-untyped-def]
     rank_script = tmp_path / "rank.py"
     rank_script.write_text(FAKE_RANK)
 
@@ -82,7 +82,8 @@ def test_hang_is_a_result_with_stacks_and_no_survivors(fake_torchrun, tmp_path: 
     assert status == "hung" and record["stacks"] == result.stacks and "stacks of 2 ranks" in record["reason"]
 
 
-def test_launcher_failure_without_ranks_is_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_launcher_failure_without_ranks_is_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     real_subprocess: None) -> None:
     monkeypatch.setattr(runner, "_command", lambda spec, port: [sys.executable, "-c",
                                                                 "import sys; print('No module named torch'); sys.exit(1)"])
     spec = _spec(tmp_path, 30.0, 30.0)
