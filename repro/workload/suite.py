@@ -19,9 +19,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from . import classify as cls
-from . import ds_config
+from . import ds_config, runner
 from . import record as rec
-from . import runner
 
 DEFAULT_STEPS = 20
 DEFAULT_SEED = 1234

