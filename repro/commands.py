@@ -201,3 +201,22 @@ def cmd_clean(args: argparse.Namespace) -> int:
             shutil.rmtree(path)
             print(f"removed {path}")
     return 0
+
+
+def _venv_python_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", required=True, help="env id (derived ids like cpu+torch2.2.2 work too)")
+    p.add_argument("--matrix", default=None)
+
+
+@command("venv-python", "build (or reuse) an env's cached venv and print its interpreter's path last",
+         _venv_python_options)
+def cmd_venv_python(args: argparse.Namespace) -> int:
+    # For scripts and CI: `PY=$(python -m repro venv-python --env cpu | tail -n 1)`.
+    from .engine_venv import VenvEngine
+
+    engine = VenvEngine()
+    env = _matrix(args).get(args.env)
+    engine.preflight(env)
+    prepared = engine.prepare(env)
+    print(prepared.details["python"])
+    return 0

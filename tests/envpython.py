@@ -1,0 +1,31 @@
+"""Which interpreter an integration test runs an env in.
+
+Order: the variable MICS_TEST_PYTHON_<ENV> (e.g. MICS_TEST_PYTHON_CPU_LATEST), then the venv
+engine's cached venv for that env if it is already built (CI builds them in .ci/run). Otherwise
+the test is skipped with the command that builds the venv.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+def env_python(env_id: str) -> str:
+    var = "MICS_TEST_PYTHON_" + env_id.upper().replace("-", "_").replace("+", "_").replace(".", "_")
+    given = os.environ.get(var)
+    if given:
+        if not Path(given).exists():
+            pytest.fail(f"{var}={given} does not exist")
+        return given
+    from repro.engine_venv import MARKER, VenvEngine
+    from repro.matrix import load_matrix
+
+    venv = VenvEngine().venv_dir(load_matrix().get(env_id))
+    python = venv / "bin" / "python"
+    # Only a finished venv has the marker (it is written as the last install step).
+    if python.exists() and (venv / MARKER).exists():
+        return str(python)
+    pytest.skip(f"no venv for env {env_id}: run `python -m repro venv-python --env {env_id}` or set {var}")
