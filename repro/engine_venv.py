@@ -1,0 +1,271 @@
+"""The venv engine: one cached virtualenv per env pins, for hosts without Docker.
+
+A venv is reused only when the marker written as its last install step matches the requested
+pins and interpreter exactly; anything else (half-built, other pins, other Python) is rebuilt.
+Venvs are built under a temporary name and renamed into place, so a crash never leaves a
+directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from repro import cmd, preflight
+from repro.engines import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
+from repro.errors import BuildError, PythonVersionError
+from repro.wheelhouse import PYPI_SIMPLE, Wheelhouse, cache_root
+
+if TYPE_CHECKING:
+    from repro.matrix import Env
+
+MARKER = "mics-repro-venv.json"
+SUITE_LOG = "engine.log"
+_VERSION_PROBE = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    path: str
+    version: str  # "3.11.7"
+
+    @property
+    def minor(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class VenvMarker:
+    """What a finished venv holds; compared field by field before reuse."""
+
+    env_id: str
+    pins: Mapping[str, str]
+    python: str  # major.minor of the interpreter the venv was made from
+
+    def to_json(self) -> str:
+        return json.dumps({"env_id": self.env_id, "pins": dict(self.pins), "python": self.python},
+                          indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def read(cls, venv: Path) -> VenvMarker | None:
+        try:
+            data: dict[str, Any] = json.loads((venv / MARKER).read_text())
+            return cls(str(data["env_id"]), dict(data["pins"]), str(data["python"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def matches(self, other: VenvMarker) -> bool:
+        return dict(self.pins) == dict(other.pins) and self.python == other.python
+
+
+def venv_root() -> Path:
+    return cache_root() / "venvs"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+class VenvEngine:
+    kind = EngineKind.VENV
+
+    def __init__(
+        self,
+        *,
+        python: str | None = None,
+        root: Path | None = None,
+        wheelhouse: Wheelhouse | None = None,
+        repo_root: Path = REPO_ROOT,
+    ) -> None:
+        self.python_override = python or os.environ.get("MICS_REPRO_PYTHON") or None
+        self.root = root if root is not None else venv_root()
+        self.wheelhouse = wheelhouse if wheelhouse is not None else Wheelhouse()
+        self.repo_root = repo_root
+
+    def describe(self) -> str:
+        return f"venv engine (cache {self.root})"
+
+    def venv_dir(self, env: Env) -> Path:
+        return self.root / f"{_safe(env.id)}-{env.pins_key()}"
+
+    # -- interpreter -------------------------------------------------------------------------
+    def interpreter(self, env: Env) -> Interpreter:
+        """The override if given, else this Python, else `python<env.python>` from PATH."""
+        default = [sys.executable, f"python{env.python}"]
+        candidates = [self.python_override] if self.python_override else default
+        seen: list[Interpreter] = []
+        for name in candidates:
+            assert name is not None
+            path = shutil.which(name)
+            if path is None:
+                continue
+            found = _probe(path)
+            rng = preflight.python_range(env.torch)
+            if self.python_override or rng is None or rng[0] <= _pair(found.minor) <= rng[1]:
+                if seen:
+                    print(f"venv: using {found.path} (Python {found.version}); {seen[0].path} is "
+                          f"Python {seen[0].version}, which torch {env.torch} has no wheels for", flush=True)
+                return found
+            seen.append(found)
+        if self.python_override:
+            raise PythonVersionError(
+                f"the Python given by --python/MICS_REPRO_PYTHON ({self.python_override}) was not found",
+                fix="pass the path of an installed interpreter",
+            )
+        if seen:
+            preflight.check_python(env, seen[0].version, seen[0].path)
+        raise PythonVersionError(
+            "no Python interpreter found on PATH",
+            fix=f"install Python {env.python} and pass --python or set MICS_REPRO_PYTHON",
+        )
+
+    def preflight(self, env: Env) -> None:
+        interp = self.interpreter(env)
+        preflight.check_python(env, interp.version, interp.path)
+        preflight.check_devices(env)
+
+    # -- prepare -----------------------------------------------------------------------------
+    def prepare(self, env: Env) -> Prepared:
+        interp = self.interpreter(env)
+        preflight.check_python(env, interp.version, interp.path)
+        want = VenvMarker(env.id, env.pins(), interp.minor)
+        final = self.venv_dir(env)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _locked(self.root / f".{final.name}.lock"):
+            have = VenvMarker.read(final)
+            if have is not None and have.matches(want) and (final / "bin" / "python").exists():
+                print(f"venv: reusing {final} (pins match)", flush=True)
+                return self._prepared(env, final, reused=True)
+            if final.exists():
+                why = "pins or Python differ" if have else "no marker: an unfinished or foreign venv"
+                print(f"venv: rebuilding {final} ({why})", flush=True)
+            complete = self.wheelhouse.ensure(env)
+            self._build(env, interp, want, final, wheelhouse_only=complete)
+        return self._prepared(env, final, reused=False)
+
+    def _prepared(self, env: Env, venv: Path, *, reused: bool) -> Prepared:
+        return Prepared(EngineKind.VENV, env.id, str(venv), str(venv), reused,
+                        {"python": str(venv / "bin" / "python")})
+
+    def _build(self, env: Env, interp: Interpreter, marker: VenvMarker, final: Path, *,
+               wheelhouse_only: bool) -> None:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
+        started = time.monotonic()
+        try:
+            print(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)", flush=True)
+            self._check(cmd.run([interp.path, "-m", "venv", str(tmp)]), env, "creating the venv")
+            py = str(tmp / "bin" / "python")
+            # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
+            # of one env hold the same packages; the wheelhouse is tried first by each of them.
+            for step in env.install_steps():
+                if not step.specs:
+                    continue
+                install, *rest = step.pip_install_args(PYPI_SIMPLE)
+                argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
+                print(f"venv: {step.name}: {' '.join(step.specs)}", flush=True)
+                self._check(cmd.run(argv, extra_env=dict(step.environment)), env, f"pip step {step.name}")
+                if step.check:
+                    self._check(cmd.run([py, "-m", "pip", "check"]), env, f"pip check after {step.name}")
+            self._verify(env, py)
+            _relocate(tmp, final)
+            (tmp / MARKER).write_text(marker.to_json())
+            stale = final.with_name(f".{final.name}.stale")
+            if final.exists():
+                os.rename(final, stale)
+            os.rename(tmp, final)
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"venv: ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _sources(self, wheelhouse_only: bool) -> list[str]:
+        # With an index too, pip prefers the index's copy of a wheel the wheelhouse already has.
+        base = ["--disable-pip-version-check", "--find-links", str(self.wheelhouse.path)]
+        return [*base, "--no-index"] if wheelhouse_only or self.wheelhouse.offline else base
+
+    def _verify(self, env: Env, py: str) -> None:
+        probe = ("import torch, importlib.metadata as m; "
+                 "print(torch.__version__.split('+')[0], m.version('deepspeed'))")
+        result = cmd.run([py, "-c", probe], capture=True)
+        self._check(result, env, "importing torch")
+        got = result.stdout.split()
+        if got != [env.torch.split("+")[0], env.deepspeed]:
+            raise BuildError(
+                f"the venv for {env.id} holds torch/deepspeed {' '.join(got)}, "
+                f"not {env.torch} / {env.deepspeed}",
+                why="pip resolved different versions than the env pins",
+                fix="check the wheelhouse and the torch index in env_matrix/envs.toml",
+            )
+
+    @staticmethod
+    def _check(result: cmd.CmdResult, env: Env, what: str) -> None:
+        if not result.ok:
+            raise BuildError(
+                f"venv for {env.id}: {what} failed (exit {result.returncode})",
+                why=result.tail() or "see the output above",
+                fix="fix the cause and rerun; nothing half-built was kept",
+            )
+
+    # -- run ---------------------------------------------------------------------------------
+    def run_suite(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
+    ) -> SuiteRun:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log = out_dir / SUITE_LOG
+        py = Path(prepared.handle) / "bin" / "python"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        # Only the repo root: the venv must not see the host's site-packages through PYTHONPATH.
+        env["PYTHONPATH"] = str(self.repo_root)
+        result = cmd.run([str(py), "-m", SUITE_MODULE, *args, "--out", str(out_dir)],
+                         env=env, timeout_s=timeout_s, tee=log, cwd=self.repo_root)
+        return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
+
+
+def _pair(minor: str) -> tuple[int, int]:
+    a, b = minor.split(".")[:2]
+    return int(a), int(b)
+
+
+def _probe(path: str) -> Interpreter:
+    result = cmd.run([path, "-c", _VERSION_PROBE], capture=True, echo=False)
+    if not result.ok:
+        raise PythonVersionError(f"could not run {path}", why=result.tail())
+    return Interpreter(path, result.stdout.strip())
+
+
+def _relocate(tmp: Path, final: Path) -> None:
+    """Rewrite the temporary path baked into scripts (shebangs, activate) to the final one.
+
+    venv writes absolute paths into bin/; without this, console scripts such as `torchrun`
+    and `ds_report` would point at the temporary directory after the rename.
+    """
+    old, new = str(tmp).encode(), str(final).encode()
+    for path in [*(tmp / "bin").iterdir(), tmp / "pyvenv.cfg"]:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+            continue
+        data = path.read_bytes()
+        if old in data:
+            path.write_bytes(data.replace(old, new))
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Serialize builds of the same venv between concurrent invocations on one machine."""
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

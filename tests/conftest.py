@@ -1,0 +1,50 @@
+"""Shared test fixtures.
+
+The default tier must never reach the real machine's processes or Docker daemon: an accidental
+real call there would make a test slow, flaky and dependent on the host. Tests marked
+`integration`, `docker` or `browser` are exempt; a default-tier test that really means to start
+a process (e.g. checking `repro.cmd` against `sh`) asks for the `real_subprocess` fixture.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+
+_EXEMPT_MARKERS = ("integration", "docker", "browser")
+
+
+class _RefusedCall(AssertionError):
+    pass
+
+
+def _refuse(what: str) -> Any:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise _RefusedCall(
+            f"default-tier test tried to use the real {what} (args={args[:1]!r}); fake the seam "
+            "(repro.cmd.run / a fake docker client), mark the test, or request `real_subprocess`"
+        )
+
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _no_real_side_effects(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if any(request.node.get_closest_marker(m) for m in _EXEMPT_MARKERS):
+        return
+    if "real_subprocess" not in request.fixturenames:
+        monkeypatch.setattr(subprocess, "Popen", _refuse("subprocess.Popen"))
+    try:
+        import docker.api.client  # binds `docker` too
+    except ImportError:
+        return
+    monkeypatch.setattr(docker, "from_env", _refuse("Docker client (docker.from_env)"))
+    monkeypatch.setattr(docker, "DockerClient", _refuse("Docker client (docker.DockerClient)"))
+    monkeypatch.setattr(docker.api.client.APIClient, "__init__", _refuse("Docker API client"))
+
+
+@pytest.fixture
+def real_subprocess() -> None:
+    """Opt-in for default-tier tests that must run a real, cheap process (e.g. `sh -c`)."""

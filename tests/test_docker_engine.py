@@ -1,0 +1,234 @@
+"""Docker tier: the Docker engine against a real daemon.
+
+Needs a running Docker engine (.ci/start-docker.sh) and the local base image (`make base-image`);
+skips with the reason otherwise. Images here are tiny (FROM the local base, no pip), so the tier
+takes seconds once the base exists. The full torch image is built only with
+MICS_REPRO_TEST_FULL_IMAGE=1 (minutes, gigabytes).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.baseimage import BASE_IMAGE_REF
+from repro.engine_docker import DockerEngine, ManagedContainer, daemon_status
+from repro.engines import Prepared
+from repro.matrix import Env, Platform
+from repro.wheelhouse import Wheelhouse
+
+pytestmark = pytest.mark.docker
+
+TINY_DOCKERFILE = """ARG BASE_IMAGE=mics-repro/base:bookworm
+FROM ${BASE_IMAGE}
+ARG PIP_FIND_LINKS=
+# Proves the build reached the wheelhouse served on the host's loopback (host networking).
+RUN python3 -c "import sys, urllib.request; \\
+open('/opt/listing.html', 'wb').write(urllib.request.urlopen(sys.argv[1]).read())" "$PIP_FIND_LINKS"
+COPY repro/__init__.py /opt/src/repro/__init__.py
+COPY repro/workload/ /opt/src/repro/workload/
+ENV PYTHONPATH=/opt/src
+RUN ln -s /usr/bin/python3 /usr/local/bin/python && mkdir -p /results
+WORKDIR /results
+"""
+
+# A stand-in suite: writes a result, reports whether the network is reachable, can fail or hang.
+TINY_SUITE = """import json, os, socket, sys, time
+args = sys.argv[1:]
+out = args[args.index("--out") + 1]
+mode = args[args.index("--mode") + 1] if "--mode" in args else "ok"
+try:
+    socket.create_connection(("1.1.1.1", 53), timeout=3).close()
+    network = True
+except OSError:
+    network = False
+os.makedirs(os.path.join(out, "runs", "r1"), exist_ok=True)
+with open(os.path.join(out, "runs", "r1", "rank0.log"), "w") as f:
+    f.write("rank 0\\n")
+with open(os.path.join(out, "suite.json"), "w") as f:
+    json.dump({"runs": [], "network": network, "listing": open("/opt/listing.html").read()}, f)
+print("suite done", flush=True)
+if mode == "hang":
+    time.sleep(3600)
+sys.exit(3 if mode == "fail" else 0)
+"""
+
+
+@pytest.fixture(scope="module")
+def client() -> Any:
+    up, reason = daemon_status()
+    if not up:
+        pytest.skip(f"needs a Docker daemon: {reason} (start one with .ci/start-docker.sh)")
+    engine = DockerEngine.connect()
+    if engine.image_labels(BASE_IMAGE_REF) is None:
+        pytest.skip(f"needs the local base image {BASE_IMAGE_REF}: run `make base-image`")
+    return engine.client
+
+
+class NoDownloadWheelhouse(Wheelhouse):
+    """Served as it is, without filling it first (so the indexes stay on)."""
+
+    def ensure(self, env: Any) -> bool:
+        return False
+
+
+@pytest.fixture(scope="module")
+def tiny(
+    client: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[DockerEngine, Env, Prepared]]:
+    root = tmp_path_factory.mktemp("repo")
+    (root / "docker").mkdir()
+    (root / "docker" / "tiny.Dockerfile").write_text(TINY_DOCKERFILE)
+    (root / "repro" / "workload").mkdir(parents=True)
+    (root / "repro" / "__init__.py").write_text("")
+    (root / "repro" / "workload" / "__init__.py").write_text("")
+    (root / "repro" / "workload" / "suite.py").write_text(TINY_SUITE)
+    wheels = tmp_path_factory.mktemp("wheels")
+    (wheels / "tiny-1.0-py3-none-any.whl").write_bytes(b"")
+    saved_ca = os.environ.get("MICS_REPRO_CA_BUNDLE")
+    os.environ["MICS_REPRO_CA_BUNDLE"] = "none"  # nothing in this image talks TLS
+    env = Env(
+        id=f"dockertest-{uuid.uuid4().hex[:6]}", platform=Platform.CPU, base_image=BASE_IMAGE_REF,
+        python="3.11", torch="2.1.0", torch_index=None, deepspeed="0.13.1", extra_pins=(), rocm=None,
+        cuda=None, notes="", derived_from=None, dockerfile="docker/tiny.Dockerfile",
+    )
+    engine = DockerEngine(client, repo_root=root, wheelhouse=NoDownloadWheelhouse(wheels, offline=False),
+                          log_dir=tmp_path_factory.mktemp("logs"), build_args={})
+    try:
+        prepared = engine.prepare(env)
+        yield engine, env, prepared
+    finally:
+        if saved_ca is None:
+            os.environ.pop("MICS_REPRO_CA_BUNDLE", None)
+        else:
+            os.environ["MICS_REPRO_CA_BUNDLE"] = saved_ca
+        client.images.remove(env.image_tag(), force=True)
+
+
+def _leftovers(client: Any, env: Env) -> list[str]:
+    names = [c.name for c in client.containers.list(all=True, filters={"label": "mics-repro"})]
+    return [n for n in names if n.startswith(f"mics-repro-{env.id}-")]
+
+
+def test_build_reached_the_wheelhouse_and_is_reused(tiny: tuple[DockerEngine, Env, Prepared]) -> None:
+    engine, env, prepared = tiny
+    assert not prepared.reused and prepared.handle.startswith("sha256:")
+    assert engine.prepare(env).reused
+
+
+def test_suite_runs_offline_and_results_are_copied_out(
+    tiny: tuple[DockerEngine, Env, Prepared], tmp_path: Path
+) -> None:
+    import json
+
+    engine, env, prepared = tiny
+    run = engine.run_suite(prepared, ["--env", env.id], tmp_path / "out", timeout_s=300)
+    assert run.exit_code == 0 and not run.timed_out
+    suite = json.loads((tmp_path / "out" / "suite.json").read_text())
+    assert suite["network"] is False
+    assert "tiny-1.0-py3-none-any.whl" in suite["listing"]
+    assert (tmp_path / "out" / "runs" / "r1" / "rank0.log").read_text() == "rank 0\n"
+    assert "suite done" in (tmp_path / "out" / "engine.log").read_text()
+    assert _leftovers(engine.client, env) == []
+
+
+def test_failing_suite_reports_its_exit_code(
+    tiny: tuple[DockerEngine, Env, Prepared], tmp_path: Path
+) -> None:
+    engine, env, prepared = tiny
+    run = engine.run_suite(prepared, ["--mode", "fail"], tmp_path / "out", timeout_s=300)
+    assert run.exit_code == 3 and not run.ok
+    assert _leftovers(engine.client, env) == []
+
+
+def test_hung_suite_times_out_as_a_result(tiny: tuple[DockerEngine, Env, Prepared], tmp_path: Path) -> None:
+    engine, env, prepared = tiny
+    run = engine.run_suite(prepared, ["--mode", "hang"], tmp_path / "out", timeout_s=8)
+    assert run.timed_out and run.exit_code == 124
+    assert (tmp_path / "out" / "suite.json").exists()  # what it wrote before hanging came out
+    assert _leftovers(engine.client, env) == []
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_running_container_is_removed_when_the_run_raises(
+    tiny: tuple[DockerEngine, Env, Prepared], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    error: type[BaseException],
+) -> None:
+    engine, env, prepared = tiny
+
+    def interrupted(self: ManagedContainer, timeout_s: float | None) -> tuple[int | None, bool]:
+        self.container.reload()
+        assert self.container.status == "running"  # the container is live when the error hits
+        raise error("raised while waiting for the suite")
+
+    monkeypatch.setattr(ManagedContainer, "wait", interrupted)
+    with pytest.raises(error):
+        engine.run_suite(prepared, ["--mode", "hang"], tmp_path / "out", timeout_s=300)
+    assert _leftovers(engine.client, env) == []
+
+
+def test_bad_inputs_leave_no_container(tiny: tuple[DockerEngine, Env, Prepared], tmp_path: Path) -> None:
+    import docker.errors
+
+    engine, env, prepared = tiny
+    with pytest.raises(docker.errors.ImageNotFound):
+        engine.run("mics-repro/no-such-image:never", ["true"], tmp_path / "a", 60, name_hint=env.id)
+    # The init process reports a missing executable as exit status 127, like a shell would.
+    run = engine.run(prepared.handle, ["/no/such/binary"], tmp_path / "b", 60, name_hint=env.id)
+    assert run.exit_code == 127 and not run.ok
+    assert _leftovers(engine.client, env) == []
+
+
+@pytest.mark.skipif(os.environ.get("MICS_REPRO_TEST_FULL_IMAGE") != "1",
+                    reason="builds the full torch image (minutes, ~5 GB): set MICS_REPRO_TEST_FULL_IMAGE=1")
+def test_full_cpu_image_imports_torch_and_deepspeed_offline(client: Any, tmp_path: Path) -> None:
+    from repro.matrix import load_matrix
+
+    env = load_matrix().get("cpu")
+    engine = DockerEngine(client, base_image=os.environ.get("MICS_REPRO_BASE_IMAGE") or BASE_IMAGE_REF)
+    prepared = engine.prepare(env)
+    probe = ("import socket, torch, deepspeed\n"
+             "print('versions', torch.__version__, deepspeed.__version__)\n"
+             "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); print('network on')\n"
+             "except OSError:\n    print('network off')\n")
+    run = engine.run(prepared.handle, ["python", "-c", probe], tmp_path, 600, name_hint="fullimage")
+    log = (tmp_path / "engine.log").read_text()
+    assert run.exit_code == 0, log
+    assert f"versions {env.torch}" in log and env.deepspeed in log
+    assert "network off" in log
+
+
+# Build args that turn a GPU env's Dockerfile into a stand-in build on the local Debian base: no
+# distro Python to install, the base's python3, torch from PyPI (the GPU wheel indexes are not
+# reachable here). MICS_REPRO_BUILD_ARGS overrides them.
+STAND_IN_ARGS = {"OS_PACKAGES": "", "PYTHON": "python3", "TORCH_INDEX_URL": "https://pypi.org/simple"}
+
+
+@pytest.mark.skipif(not os.environ.get("MICS_REPRO_TEST_STANDIN"),
+                    reason="stand-in build of a GPU env's Dockerfile (minutes, ~5 GB): set "
+                    "MICS_REPRO_TEST_STANDIN to an env id, e.g. rocm56")
+def test_gpu_dockerfile_builds_on_a_stand_in_base(client: Any, tmp_path: Path) -> None:
+    from repro.build_context import parse_build_args
+    from repro.matrix import load_matrix
+
+    env = load_matrix().get(os.environ["MICS_REPRO_TEST_STANDIN"])
+    args = {**STAND_IN_ARGS, **parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", ""))}
+    # The GPU wheel index is unreachable, so nothing is pre-fetched for it; the build still gets
+    # every wheel the wheelhouse has over 127.0.0.1.
+    engine = DockerEngine(client, base_image=BASE_IMAGE_REF, build_args=args,
+                          wheelhouse=NoDownloadWheelhouse(offline=False))
+    prepared = engine.prepare(env)
+    probe = "import torch, deepspeed; print('versions', torch.__version__, deepspeed.__version__)"
+    try:
+        run = engine.run(prepared.handle, ["python", "-c", probe], tmp_path, 600, name_hint="standin")
+    finally:
+        # It carries the real env's tag but not its stack: it must not outlive the test.
+        client.images.remove(env.image_tag(), force=True)
+    log = (tmp_path / "engine.log").read_text()
+    assert run.exit_code == 0, log
+    assert f"versions {env.torch}" in log and env.deepspeed in log

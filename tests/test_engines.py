@@ -1,0 +1,914 @@
+"""Default tier: the engines, the wheelhouse, preflight and the base image, against fakes.
+
+Two seams are faked: `repro.cmd.run` (every subprocess) and the docker-py client object. The
+Env is a local stand-in with the attributes and methods of `repro.matrix.Env` the engines use.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tarfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+import requests
+
+from repro import build_context, cmd, engine_docker, engine_venv, engines, preflight, wheelhouse
+from repro.baseimage import BaseImageSpec, make_base_image
+from repro.cmd import CmdResult
+from repro.engine_docker import DockerEngine, ManagedContainer, RunOptions, extract_tree, run_options
+from repro.engine_venv import MARKER, VenvEngine, VenvMarker
+from repro.engines import EngineKind, Prepared
+from repro.errors import (
+    BuildError,
+    DeviceUnavailableError,
+    DockerUnavailableError,
+    MissingToolError,
+    PythonVersionError,
+    UsageError,
+)
+from repro.matrix import Env, Platform
+from repro.preflight import DockerFacts
+from repro.wheelhouse import DownloadPlan, Wheelhouse
+
+
+# -- envs ------------------------------------------------------------------------------------------
+def StubEnv(**overrides: Any) -> Env:  # noqa: N802 - reads like the dataclass it builds
+    """A small real Env (repro.matrix), independent of env_matrix/envs.toml's contents."""
+    base = Env(
+        id="cpu", platform=Platform.CPU, base_image="python:3.11-slim-bookworm", python="3.11",
+        torch="2.1.0", torch_index=None, deepspeed="0.13.1", extra_pins=("numpy==1.26.4",), rocm=None,
+        cuda=None, notes="", derived_from=None, dockerfile="docker/cpu.Dockerfile",
+        tooling=("pip==26.3",), deepspeed_deps=("hjson==3.1.0",),
+    )
+    return replace(base, **overrides)
+
+
+class FakeCmd:
+    """Scripted replacement for `repro.cmd.run`: records argv, answers by a handler."""
+
+    def __init__(self, handler: Any = None) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.kwargs: list[dict[str, Any]] = []
+        self.handler = handler or (lambda argv, kw: CmdResult(tuple(argv), 0))
+
+    def __call__(self, argv: Any, **kw: Any) -> CmdResult:
+        args = tuple(os.fspath(a) for a in argv)
+        self.calls.append(args)
+        self.kwargs.append(kw)
+        result: CmdResult = self.handler(args, kw)
+        return result
+
+
+@pytest.fixture
+def fake_cmd(monkeypatch: pytest.MonkeyPatch) -> FakeCmd:
+    fake = FakeCmd()
+    monkeypatch.setattr(cmd, "run", fake)
+    return fake
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MICS_REPRO_CACHE", str(root))
+    monkeypatch.delenv("MICS_REPRO_OFFLINE", raising=False)
+    monkeypatch.delenv("MICS_REPRO_PYTHON", raising=False)
+    monkeypatch.delenv("MICS_REPRO_KEEP_CONTAINER", raising=False)
+    monkeypatch.delenv("MICS_REPRO_BASE_IMAGE", raising=False)
+    return root
+
+
+# -- cmd: the one subprocess door ------------------------------------------------------------------
+def test_missing_tool_is_a_typed_error(fake_cmd: FakeCmd) -> None:
+    with pytest.raises(MissingToolError) as err:
+        cmd.resolve("no-such-tool-mics-repro")
+    assert err.value.exit_code == MissingToolError.exit_code
+    assert "no-such-tool-mics-repro" in err.value.what
+
+
+def test_cmd_timeout_stops_the_whole_process_group(
+    real_subprocess: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cmd, "STOP_GRACE_S", 0.5)
+    pid_file = tmp_path / "child.pid"
+    # The shell starts a grandchild and waits: only a group-wide stop reaches both.
+    script = f"sleep 300 & echo $! > {pid_file}; wait"
+    result = cmd.run(["sh", "-c", script], timeout_s=1, capture=True)
+    assert result.timed_out and result.returncode == cmd.TIMEOUT_EXIT_CODE and not result.ok
+    grandchild = Path(f"/proc/{int(pid_file.read_text())}/stat")
+    # gone, or a zombie waiting for init to reap it: either way no longer running
+    assert not grandchild.exists() or grandchild.read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_cmd_tee_keeps_both_streams_in_order(real_subprocess: None, tmp_path: Path) -> None:
+    log = tmp_path / "out.log"
+    result = cmd.run(["sh", "-c", "echo one; echo two >&2; exit 3"], tee=log)
+    assert result.returncode == 3
+    assert log.read_text().split() == ["one", "two"]
+
+
+# -- run options per platform ----------------------------------------------------------------------
+def test_rocm_gets_devices_numeric_groups_ipc_and_seccomp() -> None:
+    kw = run_options("rocm", (44, 109)).to_kwargs()
+    assert kw["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
+    assert kw["group_add"] == ["44", "109"]
+    assert kw["ipc_mode"] == "host"
+    assert kw["security_opt"] == ["seccomp=unconfined"]
+    assert "device_requests" not in kw
+
+
+def test_rocm_without_readable_gids_falls_back_to_video() -> None:
+    assert run_options("rocm", ()).group_add == ("video",)
+
+
+def test_cuda_requests_every_gpu() -> None:
+    kw = run_options("cuda").to_kwargs()
+    (request,) = kw["device_requests"]
+    assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
+    assert "devices" not in kw
+
+
+def test_cpu_has_no_devices_but_a_large_shm() -> None:
+    kw = run_options("cpu").to_kwargs()
+    assert set(kw) == {"shm_size"}
+
+
+# -- a fake docker client ----------------------------------------------------------------------------
+def _tar_of(files: dict[str, bytes], root: str = "results") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{root}/{name}" if not name.startswith("/") else name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@dataclass
+class Script:
+    exit_code: int = 0
+    hangs: bool = False  # wait(timeout) times out until a signal arrives
+    interrupt_on_wait: bool = False  # the first wait raises KeyboardInterrupt (Ctrl-C)
+    logs: tuple[bytes, ...] = (b"hello\n",)
+    results: dict[str, bytes] | None = field(default_factory=lambda: {"suite.json": b'{"runs": []}'})
+
+
+class FakeContainer:
+    def __init__(self, client: FakeClient, name: str, kwargs: dict[str, Any], script: Script) -> None:
+        self.client, self.name, self.kwargs, self.script = client, name, kwargs, script
+        self.status = "created"
+        self.signals: list[str] = []
+        self.stopped_with: int | None = None
+        self.waits = 0
+
+    def start(self) -> None:
+        self.status = "running"
+
+    def reload(self) -> None:
+        pass
+
+    def wait(self, timeout: float | None = None) -> dict[str, int]:
+        self.waits += 1
+        if self.script.interrupt_on_wait and self.waits == 1:
+            raise KeyboardInterrupt
+        if self.status == "running" and self.script.hangs:
+            raise requests.exceptions.ReadTimeout("timed out")
+        self.status = "exited"
+        return {"StatusCode": self.script.exit_code}
+
+    def kill(self, signal: str | None = None) -> None:
+        self.signals.append(signal or "SIGKILL")
+        self.status = "exited"
+
+    def stop(self, timeout: int | None = None) -> None:
+        self.stopped_with = timeout
+        self.status = "exited"
+
+    def remove(self, force: bool = False) -> None:
+        self.client.live.pop(self.name, None)
+        self.client.removed.append(self.name)
+
+    def logs(self, stream: bool = False, follow: bool = False) -> Iterator[bytes]:
+        return iter(self.script.logs)
+
+    def get_archive(self, path: str) -> tuple[Iterator[bytes], dict[str, Any]]:
+        if self.script.results is None:
+            raise docker.errors.NotFound("no such path")
+        return iter([_tar_of(self.script.results)]), {}
+
+
+@dataclass
+class FakeImage:
+    id: str
+    labels: dict[str, str]
+
+
+class FakeClient:
+    def __init__(self, script: Script | None = None) -> None:
+        self.script = script or Script()
+        self.live: dict[str, FakeContainer] = {}
+        self.created: list[FakeContainer] = []
+        self.removed: list[str] = []
+        self.image_store: dict[str, FakeImage] = {}
+        self.builds: list[dict[str, Any]] = []
+        self.build_chunks: list[dict[str, Any]] | None = None
+        self.served_listing = ""
+        self.imports: list[dict[str, Any]] = []
+        self.info_data: dict[str, Any] = {"Runtimes": {"runc": {}}}
+        outer = self
+
+        class Containers:
+            def create(self, image: str, command: list[str], **kwargs: Any) -> FakeContainer:
+                if image not in outer.image_store and not image.startswith("sha256:"):
+                    raise docker.errors.ImageNotFound(f"no such image: {image}")
+                box = FakeContainer(outer, kwargs["name"], {"image": image, "command": command, **kwargs},
+                                    outer.script)
+                outer.live[box.name] = box
+                outer.created.append(box)
+                return box
+
+        class Images:
+            def get(self, ref: str) -> FakeImage:
+                if ref not in outer.image_store:
+                    raise docker.errors.ImageNotFound(ref)
+                return outer.image_store[ref]
+
+        class Api:
+            def build(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
+                outer.builds.append(kwargs)
+                url = kwargs["buildargs"]["PIP_FIND_LINKS"]
+                with urllib.request.urlopen(url) as page:  # the wheelhouse is served during the build
+                    outer.served_listing = page.read().decode()
+                if outer.build_chunks is not None:
+                    return iter(outer.build_chunks)
+                outer.image_store[kwargs["tag"]] = FakeImage("sha256:" + "b" * 64, dict(kwargs["labels"]))
+                return iter([{"stream": "Step 1/1 : FROM base\n"}, {"aux": {"ID": "sha256:" + "b" * 64}}])
+
+            def import_image_from_file(self, filename: str, **kwargs: Any) -> None:
+                outer.imports.append({"filename": filename, **kwargs})
+                ref = f"{kwargs['repository']}:{kwargs['tag']}"
+                outer.image_store[ref] = FakeImage("sha256:" + "c" * 64, {})
+
+        self.containers, self.images, self.api = Containers(), Images(), Api()
+
+    def ping(self) -> bool:
+        return True
+
+    def info(self) -> dict[str, Any]:
+        return self.info_data
+
+    def version(self) -> dict[str, str]:
+        return {"Version": "fake", "ApiVersion": "1.41"}
+
+
+FAKE_DOCKERFILE = """ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE}
+COPY docker/certs/ /opt/mics-repro/certs/
+COPY --chown=0:0 docker/verify_image.py /opt/mics-repro/verify_image.py
+COPY --from=other /x /y
+COPY repro/__init__.py \\
+     /opt/mics-repro/src/repro/__init__.py
+COPY ["repro/workload/", "/opt/mics-repro/src/repro/workload/"]
+"""
+
+
+def _fake_repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    (repo / "docker").mkdir(parents=True)
+    (repo / "docker" / "cpu.Dockerfile").write_text(FAKE_DOCKERFILE)
+    (repo / "docker" / "verify_image.py").write_text("print('ok')\n")
+    (repo / "repro" / "workload" / "__pycache__").mkdir(parents=True)
+    (repo / "repro" / "__init__.py").write_text("")
+    (repo / "repro" / "workload" / "suite.py").write_text("print('suite')\n")
+    (repo / "repro" / "workload" / "__pycache__" / "suite.cpython-311.pyc").write_bytes(b"x")
+    (repo / "repro" / "cli.py").write_text("# host side: must not be in the image\n")
+    return repo
+
+
+class FakeWheelhouse(Wheelhouse):
+    def __init__(self, path: Path, complete: bool = True) -> None:
+        super().__init__(path, offline=False)
+        self.ensured: list[str] = []
+        self.complete = complete
+
+    def ensure(self, env: Any) -> bool:
+        self.ensured.append(env.id)
+        return self.complete
+
+
+@pytest.fixture
+def docker_engine(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> DockerEngine:
+    monkeypatch.setenv("MICS_REPRO_CA_BUNDLE", "none")
+    wh = FakeWheelhouse(tmp_path / "wheels")
+    wh.path.mkdir()
+    (wh.path / "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl").write_bytes(b"")
+    return DockerEngine(FakeClient(), repo_root=_fake_repo(tmp_path), wheelhouse=wh,
+                        log_dir=tmp_path / "logs", build_args={})
+
+
+# -- docker: containers are always removed ---------------------------------------------------------
+def _prepared(image: str = "sha256:" + "a" * 64, platform: str = "cpu") -> Prepared:
+    return Prepared(EngineKind.DOCKER, "cpu", image, "mics-repro:cpu-x", False, {"platform": platform})
+
+
+def test_run_suite_runs_offline_copies_results_and_removes(
+    docker_engine: DockerEngine, tmp_path: Path
+) -> None:
+    client: FakeClient = docker_engine.client
+    run = docker_engine.run_suite(_prepared(), ["--env", "cpu"], tmp_path / "out", timeout_s=60)
+    (box,) = client.created
+    assert box.kwargs["network_disabled"] is True and box.kwargs["init"] is True
+    assert box.kwargs["command"] == ["python", "-m", "repro.workload.suite", "--env", "cpu",
+                                     "--out", "/results"]
+    assert (tmp_path / "out" / "suite.json").read_text() == '{"runs": []}'
+    assert (tmp_path / "out" / "engine.log").read_bytes() == b"hello\n"
+    assert run.exit_code == 0 and not run.timed_out and run.ok
+    assert client.live == {} and client.removed == [box.name]
+
+
+def test_rocm_run_passes_device_flags(docker_engine: DockerEngine, tmp_path: Path) -> None:
+    docker_engine.run_suite(_prepared(platform="rocm"), [], tmp_path / "out", timeout_s=None)
+    (box,) = docker_engine.client.created
+    assert box.kwargs["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
+    assert box.kwargs["ipc_mode"] == "host"
+
+
+def test_timeout_is_a_result_and_the_container_is_stopped_and_removed(
+    docker_engine: DockerEngine, tmp_path: Path
+) -> None:
+    client: FakeClient = docker_engine.client
+    client.script = Script(hangs=True)
+    run = docker_engine.run_suite(_prepared(), [], tmp_path / "out", timeout_s=5)
+    (box,) = client.created
+    assert run.timed_out and run.exit_code == 124
+    assert box.signals[0] == "SIGINT"  # interrupted first, so the suite can write what it has
+    assert (tmp_path / "out" / "suite.json").exists()  # partial results still copied out
+    assert client.live == {}
+
+
+def test_ctrl_c_stops_and_removes_the_container(docker_engine: DockerEngine, tmp_path: Path) -> None:
+    client: FakeClient = docker_engine.client
+    client.script = Script(interrupt_on_wait=True)
+    with pytest.raises(KeyboardInterrupt):
+        docker_engine.run_suite(_prepared(), [], tmp_path / "out", timeout_s=None)
+    (box,) = client.created
+    assert box.signals == ["SIGINT"] and client.live == {}
+
+
+def test_error_inside_the_block_removes_the_container(tmp_path: Path) -> None:
+    client = FakeClient()
+    client.image_store["img"] = FakeImage("sha256:1", {})
+    with pytest.raises(RuntimeError), ManagedContainer(client, "img", ["true"], "c1", RunOptions()) as box:
+        box.start()
+        raise RuntimeError("boom")
+    assert client.live == {} and client.removed == ["c1"]
+
+
+def test_bad_image_leaves_no_container(docker_engine: DockerEngine, tmp_path: Path) -> None:
+    client: FakeClient = docker_engine.client
+    with pytest.raises(docker.errors.ImageNotFound):
+        docker_engine.run("no/such:image", ["true"], tmp_path / "out", None)
+    assert client.created == [] and client.live == {}
+
+
+def test_keep_variable_keeps_the_container(
+    docker_engine: DockerEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    monkeypatch.setenv("MICS_REPRO_KEEP_CONTAINER", "1")
+    docker_engine.run_suite(_prepared(), [], tmp_path / "out", timeout_s=None)
+    (box,) = docker_engine.client.created
+    assert box.name in docker_engine.client.live
+    assert f"docker rm -f {box.name}" in capsys.readouterr().out
+
+
+def test_missing_results_dir_is_not_fatal(docker_engine: DockerEngine, tmp_path: Path) -> None:
+    docker_engine.client.script = Script(exit_code=1, results=None)
+    run = docker_engine.run_suite(_prepared(), [], tmp_path / "out", timeout_s=None)
+    assert run.exit_code == 1 and not run.ok and docker_engine.client.live == {}
+
+
+def test_extract_tree_refuses_to_leave_the_destination(tmp_path: Path) -> None:
+    data = _tar_of({"ok.txt": b"1", "sub/deep.txt": b"2", "../../escape.txt": b"3"})
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    assert extract_tree(io.BytesIO(data), dest) == 2
+    assert (dest / "sub" / "deep.txt").read_bytes() == b"2"
+    assert not (tmp_path / "escape.txt").exists()
+
+
+# -- docker: images --------------------------------------------------------------------------------
+def _context_names(build: dict[str, Any]) -> list[str]:
+    with tarfile.open(fileobj=build["fileobj"], mode="r") as tar:
+        return sorted(tar.getnames())
+
+
+def test_build_context_args_and_labels(docker_engine: DockerEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MICS_REPRO_BASE_IMAGE", "mics-repro/base:bookworm")
+    docker_engine.base_override = "mics-repro/base:bookworm"
+    env = StubEnv()
+    prepared = docker_engine.prepare(env)
+    client: FakeClient = docker_engine.client
+    (build,) = client.builds
+    assert _context_names(build) == ["docker/certs", "docker/cpu.Dockerfile", "docker/verify_image.py",
+                                     "repro/__init__.py", "repro/workload/suite.py"]
+    assert build["dockerfile"] == "docker/cpu.Dockerfile" and build["custom_context"] is True
+    assert build["network_mode"] == "host" and build["tag"] == env.image_tag()
+    assert build["buildargs"]["PIP_FIND_LINKS"].startswith("http://127.0.0.1:")
+    assert build["buildargs"]["BASE_IMAGE"] == "mics-repro/base:bookworm"
+    assert build["buildargs"]["STRICT"] == "0"  # a stand-in base is not the matrix's stack
+    assert "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl" in client.served_listing
+    assert build["labels"][engine_docker.LABEL_PINS_KEY] == env.pins_key()
+    assert docker_engine.wheelhouse.ensured == ["cpu"]  # type: ignore[attr-defined]
+    # a complete wheelhouse is used alone: pip would otherwise take PyPI's copy of torch
+    assert build["buildargs"]["PIP_NO_INDEX"] == "1"
+    assert not prepared.reused and prepared.details["platform"] == "cpu"
+
+
+def test_incomplete_wheelhouse_keeps_the_indexes(docker_engine: DockerEngine) -> None:
+    docker_engine.wheelhouse.complete = False  # type: ignore[attr-defined]
+    docker_engine.prepare(StubEnv())
+    (build,) = docker_engine.client.builds
+    assert "PIP_NO_INDEX" not in build["buildargs"]
+
+
+def test_image_is_reused_until_workload_changes(docker_engine: DockerEngine) -> None:
+    env = StubEnv()
+    docker_engine.prepare(env)
+    again = docker_engine.prepare(env)
+    assert again.reused and len(docker_engine.client.builds) == 1
+    (docker_engine.repo_root / "repro" / "workload" / "suite.py").write_text("print('edited')\n")
+    assert not docker_engine.prepare(env).reused
+    assert len(docker_engine.client.builds) == 2
+
+
+def test_ca_bundle_goes_into_the_context(docker_engine: DockerEngine, tmp_path: Path,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = tmp_path / "ca.pem"
+    bundle.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setenv("MICS_REPRO_CA_BUNDLE", str(bundle))
+    docker_engine.prepare(StubEnv())
+    (build,) = docker_engine.client.builds
+    assert "docker/certs/host-ca.crt" in _context_names(build)
+    assert "STRICT" not in build["buildargs"]
+
+
+def test_copy_of_a_missing_file_is_a_build_error(docker_engine: DockerEngine) -> None:
+    (docker_engine.repo_root / "docker" / "verify_image.py").unlink()
+    with pytest.raises(BuildError) as err:
+        docker_engine.prepare(StubEnv())
+    assert "docker/verify_image.py" in err.value.what and docker_engine.client.builds == []
+
+
+def test_copy_sources_reads_every_form() -> None:
+    assert build_context.copy_sources(FAKE_DOCKERFILE) == [
+        "docker/certs/", "docker/verify_image.py", "repro/__init__.py", "repro/workload/"]
+
+
+def test_build_args_extra_and_bad_input() -> None:
+    parsed = build_context.parse_build_args("OS_PACKAGES= PYTHON=python3")
+    assert parsed == {"OS_PACKAGES": "", "PYTHON": "python3"}
+    with pytest.raises(BuildError):
+        build_context.parse_build_args("NOEQUALS")
+
+
+def test_build_error_is_a_build_error_with_a_log(docker_engine: DockerEngine) -> None:
+    docker_engine.client.build_chunks = [
+        {"stream": "Step 1/3 : FROM python:3.11-slim-bookworm\n"},
+        {"error": "pull access denied", "errorDetail": {"message": "pull access denied for python"}},
+    ]
+    with pytest.raises(BuildError) as err:
+        docker_engine.prepare(StubEnv())
+    assert "pull access denied" in err.value.why and "MICS_REPRO_BASE_IMAGE" in err.value.fix
+    log = next(docker_engine.log_dir.glob("build-cpu*.log"))
+    assert "pull access denied for python" in log.read_text()
+
+
+def test_derived_env_dockerfile_comes_from_the_generator(
+    docker_engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import types
+
+    rendered = "FROM mics-repro/base:bookworm\n# derived\n"
+    fake = types.SimpleNamespace(render=lambda env: rendered)
+    monkeypatch.setitem(sys.modules, "repro.dockerfiles", fake)
+    import repro
+
+    monkeypatch.setattr(repro, "dockerfiles", fake, raising=False)
+    env = StubEnv(id="cpu+torch2.2.2", torch="2.2.2", derived_from="cpu", dockerfile="")
+    docker_engine.prepare(env)
+    (build,) = docker_engine.client.builds
+    with tarfile.open(fileobj=build["fileobj"], mode="r") as tar:
+        member = tar.extractfile(build["dockerfile"])
+        assert member is not None and member.read().decode() == rendered
+
+
+# -- engine choice -----------------------------------------------------------------------------------
+def test_auto_picks_docker_when_a_daemon_answers(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    sentinel = object()
+    monkeypatch.setattr(DockerEngine, "connect", classmethod(lambda cls: sentinel))
+    chosen = engines.choose_engine("auto", docker_probe=lambda: (True, "daemon at test"))
+    assert chosen is sentinel
+    assert "engine: docker (ENGINE=auto; daemon at test)" in capsys.readouterr().out
+
+
+def test_auto_falls_back_to_venv(cache: Path, capsys: Any) -> None:
+    chosen = engines.choose_engine("auto", docker_probe=lambda: (False, "no daemon"))
+    assert isinstance(chosen, VenvEngine)
+    assert "engine: venv (ENGINE=auto; no daemon)" in capsys.readouterr().out
+
+
+def test_engine_variable_is_read(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ENGINE", "venv")
+    assert engines.choose_engine(None, docker_probe=lambda: (True, "up")).kind is EngineKind.VENV
+
+
+def test_explicit_docker_without_daemon_fails_with_exit_10() -> None:
+    # docker.from_env is refused by the conftest guard, exactly like an absent daemon would fail.
+    with pytest.raises(DockerUnavailableError) as err:
+        engines.choose_engine("docker")
+    assert err.value.exit_code == 10
+
+
+def test_unknown_engine_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        engines.choose_engine("podman", docker_probe=lambda: (True, ""))
+
+
+def test_daemon_status_never_raises() -> None:
+    up, reason = engine_docker.daemon_status()
+    assert up is False and "no Docker daemon answers" in reason
+
+
+# -- venv engine -------------------------------------------------------------------------------------
+def _venv_handler(python_version: str = "3.11.7", fail_on: str | None = None,
+                  versions: str = "2.1.0 0.13.1") -> Any:
+    def handle(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
+        if fail_on and any(fail_on in a for a in argv):
+            return CmdResult(argv, 1, stderr="ERROR: no matching distribution")
+        if argv[1:3] == ("-m", "venv"):
+            bin_dir = Path(argv[3]) / "bin"
+            bin_dir.mkdir(parents=True)
+            (bin_dir / "python").write_text("")
+            (bin_dir / "torchrun").write_text(f"#!{argv[3]}/bin/python\nimport torch\n")
+            (Path(argv[3]) / "pyvenv.cfg").write_text(f"command = python -m venv {argv[3]}\n")
+            return CmdResult(argv, 0)
+        if argv[1] == "-c" and "sys.version_info" in argv[2]:
+            return CmdResult(argv, 0, stdout=python_version + "\n")
+        if argv[1] == "-c" and "importlib.metadata" in argv[2]:
+            return CmdResult(argv, 0, stdout=versions + "\n")
+        return CmdResult(argv, 0)
+
+    return handle
+
+
+@pytest.fixture
+def venv_engine(cache: Path, tmp_path: Path) -> VenvEngine:
+    return VenvEngine(wheelhouse=FakeWheelhouse(tmp_path / "wheels"), repo_root=tmp_path / "repo")
+
+
+def test_venv_is_built_atomically_with_a_marker_and_relocated(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd
+) -> None:
+    fake_cmd.handler = _venv_handler()
+    env = StubEnv()
+    prepared = venv_engine.prepare(env)
+    final = venv_engine.venv_dir(env)
+    assert prepared.handle == str(final) and not prepared.reused
+    marker = VenvMarker.read(final)
+    assert marker is not None and marker.pins == env.pins() and marker.python == "3.11"
+    assert (final / "bin" / "torchrun").read_text().startswith(f"#!{final}/bin/python")
+    assert [p.name for p in final.parent.iterdir() if p.name.startswith(".") and p.is_dir()] == []
+    ds_call = next(c for c in fake_cmd.calls if any(a.startswith("deepspeed==") for a in c))
+    assert "--no-build-isolation" in ds_call and "--no-deps" in ds_call
+    assert fake_cmd.kwargs[fake_cmd.calls.index(ds_call)]["extra_env"] == {"DS_BUILD_OPS": "0"}
+    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
+    assert torch_call.index("torch==2.1.0") > torch_call.index("--find-links")
+    assert "--no-index" in torch_call  # the wheelhouse was completed first
+    assert fake_cmd.calls.index(torch_call) < fake_cmd.calls.index(ds_call)
+
+
+def test_venv_with_matching_marker_is_reused(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    fake_cmd.handler = _venv_handler()
+    env = StubEnv()
+    venv_engine.prepare(env)
+    fake_cmd.calls.clear()
+    again = venv_engine.prepare(env)
+    assert again.reused
+    assert all("pip" not in c for c in fake_cmd.calls)  # only the interpreter probe ran
+
+
+def test_venv_with_other_pins_is_rebuilt(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    fake_cmd.handler = _venv_handler()
+    env = StubEnv()
+    final = venv_engine.venv_dir(env)
+    (final / "bin").mkdir(parents=True)
+    (final / "bin" / "python").write_text("")
+    stale = VenvMarker(env.id, {**env.pins(), "extra": "numpy<3"}, "3.11")
+    (final / MARKER).write_text(stale.to_json())
+    assert not venv_engine.prepare(env).reused
+    marker = VenvMarker.read(final)
+    assert marker is not None and marker.matches(VenvMarker(env.id, env.pins(), "3.11"))
+
+
+def test_venv_without_marker_is_never_reused(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    fake_cmd.handler = _venv_handler()
+    env = StubEnv()
+    final = venv_engine.venv_dir(env)
+    (final / "bin").mkdir(parents=True)
+    (final / "bin" / "python").write_text("")  # half-built: no marker
+    assert not venv_engine.prepare(env).reused
+
+
+def test_failed_install_keeps_nothing(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    fake_cmd.handler = _venv_handler(fail_on="torch==")
+    env = StubEnv()
+    with pytest.raises(BuildError) as err:
+        venv_engine.prepare(env)
+    assert "no matching distribution" in err.value.why
+    assert not venv_engine.venv_dir(env).exists()
+    assert [p for p in venv_engine.root.iterdir() if p.is_dir()] == []
+
+
+def test_wrong_versions_after_install_are_a_build_error(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    fake_cmd.handler = _venv_handler(versions="2.2.0 0.13.1")
+    with pytest.raises(BuildError):
+        venv_engine.prepare(StubEnv())
+
+
+def test_python_too_new_is_refused_before_any_install(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_cmd.handler = _venv_handler(python_version="3.12.3")
+    monkeypatch.setattr(engine_venv.shutil, "which",
+                        lambda name: sys.executable if name == sys.executable else None)
+    with pytest.raises(PythonVersionError) as err:
+        venv_engine.prepare(StubEnv())
+    assert err.value.exit_code == 12 and "too new" in err.value.what and "--python" in err.value.fix
+    assert all("pip" not in c and "venv" not in c for c in fake_cmd.calls)
+
+
+def test_a_supported_pythonXY_on_path_is_used_when_this_python_is_too_new(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    versions = {sys.executable: "3.12.3", "/opt/py311/bin/python3.11": "3.11.9"}
+    fake_cmd.handler = lambda argv, kw: CmdResult(argv, 0, stdout=versions[argv[0]] + "\n")
+    monkeypatch.setattr(engine_venv.shutil, "which",
+                        lambda name: "/opt/py311/bin/python3.11" if name == "python3.11" else name)
+    chosen = venv_engine.interpreter(StubEnv())
+    assert (chosen.path, chosen.minor) == ("/opt/py311/bin/python3.11", "3.11")
+
+
+def test_offline_installs_use_no_index(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    fake_cmd.handler = _venv_handler()
+    venv_engine.wheelhouse.complete = False  # type: ignore[attr-defined]
+    venv_engine.wheelhouse.offline = True
+    venv_engine.prepare(StubEnv())
+    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
+    assert "--no-index" in torch_call
+
+
+def test_torch_index_is_the_primary_index(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    fake_cmd.handler = _venv_handler()
+    venv_engine.wheelhouse.complete = False  # type: ignore[attr-defined]
+    venv_engine.prepare(StubEnv(torch_index="https://download.pytorch.org/whl/rocm5.6"))
+    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
+    assert torch_call[torch_call.index("--index-url") + 1] == "https://download.pytorch.org/whl/rocm5.6"
+    assert "--no-index" not in torch_call
+
+
+def test_venv_run_suite(venv_engine: VenvEngine, fake_cmd: FakeCmd, tmp_path: Path,
+                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
+    fake_cmd.handler = lambda argv, kw: CmdResult(argv, cmd.TIMEOUT_EXIT_CODE, timed_out=True, duration_s=3.0)
+    prepared = Prepared(EngineKind.VENV, "cpu", "/v", "/v", True)
+    run = venv_engine.run_suite(prepared, ["--env", "cpu"], tmp_path / "out", timeout_s=3)
+    (argv,) = fake_cmd.calls
+    assert argv == ("/v/bin/python", "-m", "repro.workload.suite", "--env", "cpu",
+                    "--out", str(tmp_path / "out"))
+    kw = fake_cmd.kwargs[0]
+    assert kw["env"]["PYTHONPATH"] == str(venv_engine.repo_root) and kw["timeout_s"] == 3
+    assert run.timed_out and run.exit_code == 124 and not run.ok
+
+
+# -- wheelhouse --------------------------------------------------------------------------------------
+def test_files_for_matches_local_versions_and_sdists(tmp_path: Path) -> None:
+    wh = Wheelhouse(tmp_path, offline=False)
+    for name in ("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "deepspeed-0.13.1.tar.gz",
+                 "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl", "README"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in wh.files_for("torch==2.13.0")] == [
+        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
+    assert [p.name for p in wh.files_for("deepspeed==0.13.1")] == ["deepspeed-0.13.1.tar.gz"]
+    assert wh.files_for("numpy<2") == [] and wh.files_for("torch==2.1.0") == []
+
+
+def test_files_for_checks_python_tags_and_the_torch_build(tmp_path: Path) -> None:
+    wh = Wheelhouse(tmp_path, offline=False)
+    pypi = "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl"
+    rocm = "torch-2.1.0+rocm5.6-cp39-cp39-linux_x86_64.whl"
+    abi3, pure = "psutil-7.2.2-cp36-abi3-manylinux2010_x86_64.whl", "hjson-3.1.0-py3-none-any.whl"
+    for name in (pypi, rocm, abi3, pure):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in wh.files_for("torch==2.1.0", "3.11")] == [pypi]
+    assert [p.name for p in wh.files_for("torch==2.1.0", "3.9", "rocm5.6")] == [rocm]
+    assert wh.files_for("torch==2.1.0", "3.11", "rocm5.6") == []
+    assert wh.files_for("psutil==7.2.2", "3.9") and wh.files_for("hjson==3.1.0", "3.8")
+    rocm_index = "https://download.pytorch.org/whl/rocm5.6"
+    plan = DownloadPlan(("torch==2.1.0", "hjson==3.1.0"), (), rocm_index, "3.11")
+    assert wh.missing(plan) == ["torch==2.1.0"]
+    assert wheelhouse.torch_build("https://download.pytorch.org/whl/cu121/") == "cu121"
+    assert wheelhouse.torch_build("https://pypi.org/simple") is None
+
+
+def test_ensure_downloads_once_then_is_a_no_op(tmp_path: Path, fake_cmd: FakeCmd) -> None:
+    wh = Wheelhouse(tmp_path / "wh", offline=False)
+
+    def download(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
+        dest = Path(argv[argv.index("-d") + 1])
+        names = {"torch==2.1.0": "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl",
+                 "hjson==3.1.0": "hjson-3.1.0-py3-none-any.whl", "pip==26.3": "pip-26.3-py3-none-any.whl",
+                 "numpy==1.26.4": "numpy-1.26.4-cp311-cp311-manylinux1_x86_64.whl",
+                 "deepspeed==0.13.1": "deepspeed-0.13.1.tar.gz"}
+        for spec, name in names.items():
+            if spec in argv:
+                (dest / name).write_bytes(b"")
+        return CmdResult(argv, 0)
+
+    fake_cmd.handler = download
+    env = StubEnv()
+    assert wh.ensure(env) is True
+    assert len(fake_cmd.calls) == 2
+    reqs_call, ds_call = fake_cmd.calls
+    assert "torch==2.1.0" in reqs_call and "deepspeed==0.13.1" not in reqs_call
+    assert "--no-deps" in ds_call and ds_call[-1] == "deepspeed==0.13.1"
+    wh.ensure(env)
+    assert len(fake_cmd.calls) == 2  # stamp + files present: nothing ran
+
+
+def test_ensure_cross_downloads_for_another_python(tmp_path: Path, fake_cmd: FakeCmd) -> None:
+    other = "3.8" if sys.version_info[:2] != (3, 8) else "3.9"
+    Wheelhouse(tmp_path, offline=False).ensure(StubEnv(python=other))
+    reqs_call = fake_cmd.calls[0]
+    assert reqs_call[reqs_call.index("--python-version") + 1] == other
+    assert "--only-binary=:all:" in reqs_call and "linux_x86_64" in reqs_call
+
+
+def test_offline_ensure_with_missing_files_says_what_to_copy(tmp_path: Path, fake_cmd: FakeCmd) -> None:
+    with pytest.raises(BuildError) as err:
+        Wheelhouse(tmp_path, offline=True).ensure(StubEnv())
+    assert "torch==2.1.0" in err.value.what and fake_cmd.calls == []
+
+
+def test_download_plan_keys_differ_by_pin() -> None:
+    assert DownloadPlan.for_env(StubEnv()).key() != DownloadPlan.for_env(StubEnv(deepspeed="0.14.5")).key()
+    assert DownloadPlan.for_env(StubEnv()).key() == DownloadPlan.for_env(StubEnv()).key()
+
+
+def test_cache_root_follows_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path))
+    assert wheelhouse.cache_root() == tmp_path
+    assert engine_venv.venv_root() == tmp_path / "venvs"
+
+
+# -- preflight ---------------------------------------------------------------------------------------
+@dataclass
+class FakeHost:
+    paths: tuple[str, ...] = ()
+    tools: dict[str, str] = field(default_factory=dict)
+    smi: list[str] | None = None
+
+    def exists(self, path: str) -> bool:
+        return path in self.paths
+
+    def glob(self, pattern: str) -> list[str]:
+        import fnmatch
+
+        return [p for p in self.paths if fnmatch.fnmatch(p, pattern)]
+
+    def which(self, tool: str) -> str | None:
+        return self.tools.get(tool)
+
+    def gpu_lines(self, tool: str, args: tuple[str, ...]) -> list[str] | None:
+        return self.smi
+
+
+ROCM_NODES = ("/dev/kfd", "/dev/dri", "/dev/dri/renderD128")
+
+
+@pytest.mark.parametrize("paths", [(), ("/dev/dri", "/dev/dri/renderD128"), ("/dev/kfd", "/dev/dri")])
+def test_rocm_without_devices_is_refused(paths: tuple[str, ...]) -> None:
+    with pytest.raises(DeviceUnavailableError) as err:
+        preflight.check_devices(StubEnv(platform=Platform.ROCM), FakeHost(paths))
+    assert err.value.exit_code == 11 and err.value.fix
+
+
+def test_rocm_with_devices_passes() -> None:
+    preflight.check_devices(StubEnv(platform=Platform.ROCM), FakeHost(ROCM_NODES))
+
+
+def test_cuda_without_gpu_is_refused() -> None:
+    with pytest.raises(DeviceUnavailableError):
+        preflight.check_devices(StubEnv(platform=Platform.CUDA), FakeHost())
+
+
+def test_cuda_in_docker_needs_the_nvidia_runtime() -> None:
+    host = FakeHost(smi=["GPU 0: NVIDIA H100 (UUID: GPU-1)"])
+    env = StubEnv(platform=Platform.CUDA)
+    with pytest.raises(DeviceUnavailableError) as err:
+        preflight.check_devices(env, host, DockerFacts(("runc",)))
+    assert "nvidia-container-toolkit" in err.value.fix
+    preflight.check_devices(env, host, DockerFacts(("nvidia", "runc")))
+    preflight.check_devices(env, host, None)  # venv engine: the driver is enough
+
+
+def test_docker_facts_from_info() -> None:
+    facts = DockerFacts.from_info({"Runtimes": {"runc": {}, "nvidia": {}}})
+    assert facts.runtimes == ("nvidia", "runc")
+
+
+def test_cpu_env_needs_nothing() -> None:
+    preflight.check_devices(StubEnv(), FakeHost())
+    assert preflight.host_can_run(StubEnv(), FakeHost()) == (True, "")
+    ok, why = preflight.host_can_run(StubEnv(platform=Platform.ROCM), FakeHost())
+    assert not ok and "/dev/kfd" in why
+
+
+@pytest.mark.parametrize(("torch", "python", "ok"), [
+    ("2.1.0", "3.11.7", True), ("2.1.0", "3.12.1", False), ("2.1.0", "3.7.9", False),
+    ("2.2.2", "3.12.1", True), ("2.5.1", "3.8.10", False), ("2.1.0+rocm5.6", "3.8.10", True),
+    ("9.9.0", "3.99.0", True),  # unknown torch: left to pip
+])
+def test_python_support_table(torch: str, python: str, ok: bool) -> None:
+    env = StubEnv(torch=torch)
+    if ok:
+        preflight.check_python(env, python, "/usr/bin/python3")
+    else:
+        with pytest.raises(PythonVersionError):
+            preflight.check_python(env, python, "/usr/bin/python3")
+
+
+def test_preflight_errors_have_distinct_exit_codes() -> None:
+    codes = {DockerUnavailableError.exit_code, DeviceUnavailableError.exit_code,
+             PythonVersionError.exit_code, BuildError.exit_code, MissingToolError.exit_code}
+    assert len(codes) == 5
+    assert preflight.docker_unavailable("socket missing").exit_code == DockerUnavailableError.exit_code
+
+
+# -- base image --------------------------------------------------------------------------------------
+def test_base_image_is_skipped_when_present(fake_cmd: FakeCmd) -> None:
+    client = FakeClient()
+    client.image_store["mics-repro/base:bookworm"] = FakeImage("sha256:base", {})
+    assert make_base_image(engine=DockerEngine(client)) == "sha256:base"
+    assert fake_cmd.calls == [] and client.imports == []
+
+
+def test_base_image_needs_root(fake_cmd: FakeCmd, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(BuildError) as err:
+        make_base_image(engine=DockerEngine(FakeClient()))
+    assert "sudo" in err.value.fix and fake_cmd.calls == []
+
+
+def test_base_image_debootstraps_packs_and_imports(
+    fake_cmd: FakeCmd, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+
+    def fake(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
+        if argv[0] == "debootstrap":
+            (Path(argv[-2]) / "var/cache/apt/archives").mkdir(parents=True)
+            (Path(argv[-2]) / "var/cache/apt/archives/python3.deb").write_bytes(b"x")
+        if argv[0] == "tar":
+            Path(argv[argv.index("-cf") + 1]).write_bytes(b"tar")
+        return CmdResult(argv, 0)
+
+    fake_cmd.handler = fake
+    client = FakeClient()
+    spec = BaseImageSpec()
+    image_id = make_base_image(force=True, engine=DockerEngine(client), spec=spec, workdir=tmp_path)
+    debootstrap, tar = fake_cmd.calls
+    assert debootstrap[:4] == ("debootstrap", "--variant=minbase",
+                               "--include=python3,python3-venv,python3-pip,ca-certificates", "bookworm")
+    assert tar[:2] == ("tar", "--numeric-owner")
+    (imported,) = client.imports
+    assert (imported["repository"], imported["tag"]) == ("mics-repro/base", "bookworm")
+    assert any(c.startswith("ENV PATH=") for c in imported["changes"])
+    assert image_id == "sha256:" + "c" * 64
+    assert list(tmp_path.iterdir()) == []  # the rootfs and tarball are gone
+
+
+def test_failed_debootstrap_cleans_up(
+    fake_cmd: FakeCmd, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    fake_cmd.handler = lambda argv, kw: CmdResult(argv, 1)
+    with pytest.raises(BuildError):
+        make_base_image(force=True, engine=DockerEngine(FakeClient()), workdir=tmp_path)
+    assert list(tmp_path.iterdir()) == []
