@@ -85,6 +85,8 @@ def _run(args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[s
             print(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
         return []
     engine = _engine(args)
+    for step in steps:  # missing devices / daemon / Python: say so before any folder exists
+        engine.preflight(step.env)
     root = Path(args.results_root)
     folder = Path(args.out) if args.out else new_invocation_dir(root, [s.env.id for s in steps])
     if args.out:

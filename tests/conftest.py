@@ -8,6 +8,7 @@ a process (e.g. checking `repro.cmd` against `sh`) asks for the `real_subprocess
 
 from __future__ import annotations
 
+import os
 import subprocess
 from typing import Any
 
@@ -48,3 +49,16 @@ def _no_real_side_effects(request: pytest.FixtureRequest, monkeypatch: pytest.Mo
 @pytest.fixture
 def real_subprocess() -> None:
     """Opt-in for default-tier tests that must run a real, cheap process (e.g. `sh -c`)."""
+
+
+# CI sets MICS_REPRO_REQUIRE_TIERS=1: there a tier that skips (no Docker daemon, no venv, no
+# chromium) means the CI script failed to provide it, so the skip is turned into a failure.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
+    outcome = yield
+    report = outcome.get_result()
+    if (report.skipped and os.environ.get("MICS_REPRO_REQUIRE_TIERS") == "1"
+            and any(item.get_closest_marker(m) for m in _EXEMPT_MARKERS)
+            and not item.get_closest_marker("optional")):
+        report.outcome = "failed"
+        report.longrepr = f"tier required in CI but skipped: {report.longrepr}"
