@@ -1,0 +1,75 @@
+"""Count DeepSpeed's IllegalWork log messages whatever DeepSpeed's log level is.
+
+DeepSpeed reports the swallowed `_IllegalWork` exception through its "DeepSpeed" logger with
+`log_dist(..., ranks=[0])` at INFO. DeepSpeed 0.13.x's logger is at INFO so users see it; in
+0.19.6 the logger defaults to WARNING, so the message is never shown although it is emitted.
+
+One failed wait logs two lines:
+    [Rank 0] WARNING: Runtime Error while waiting the collective all-gather, possibly due to the _IllegalWork
+    [Rank 0] Error message: Illegal to call wait on IllegalWork object
+`failures` counts the second kind (one per failed wait); `lines` counts every line that mentions
+IllegalWork. Only rank 0 logs them, so other ranks count 0; the launcher sums over ranks.
+
+How it counts without changing the console: the logger's own `isEnabledFor` is shadowed on the
+instance so records of every level reach the logger's filters; a logger-level filter counts them
+and then drops anything below the logger's effective level, exactly what the level would have
+dropped. The logger's level and its handlers are left alone, so DeepSpeed may still change them
+(its engine sets the level from the config) and what is printed follows.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+DEEPSPEED_LOGGER = "DeepSpeed"
+MARKER = "IllegalWork"
+_FAILURE = re.compile(r"Error message: .*IllegalWork")
+
+
+class IllegalWorkCounter(logging.Filter):
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__()
+        self.logger = logger
+        self.failures = 0
+        self.lines = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if MARKER in message:
+            self.lines += 1
+            if _FAILURE.search(message):
+                self.failures += 1
+        return record.levelno >= self.logger.getEffectiveLevel()
+
+
+def _let_everything_through(logger: logging.Logger) -> None:
+    def is_enabled_for(level: int) -> bool:
+        return not logger.disabled and level > logging.root.manager.disable
+
+    logger.isEnabledFor = is_enabled_for  # type: ignore[method-assign]
+
+
+_INSTALLED: dict[str, IllegalWorkCounter] = {}
+
+
+def install(name: str = DEEPSPEED_LOGGER) -> IllegalWorkCounter:
+    """Start counting on logger `name` (idempotent). Works before or after DeepSpeed is imported:
+    DeepSpeed configures the same logger object later and the counter stays attached."""
+    counter = _INSTALLED.get(name)
+    if counter is not None:
+        return counter
+    logger = logging.getLogger(name)
+    counter = IllegalWorkCounter(logger)
+    logger.addFilter(counter)
+    _let_everything_through(logger)
+    _INSTALLED[name] = counter
+    return counter
+
+
+def uninstall(name: str = DEEPSPEED_LOGGER) -> IllegalWorkCounter | None:
+    counter = _INSTALLED.pop(name, None)
+    if counter is not None:
+        counter.logger.removeFilter(counter)
+        vars(counter.logger).pop("isEnabledFor", None)
+    return counter

@@ -1,0 +1,365 @@
+"""Per-rank training entry point: `torchrun ... -m repro.workload.train --run-dir DIR ...`.
+
+Each rank trains the small model for a few steps with DeepSpeed ZeRO-3 or MiCS and writes
+DIR/rank{RANK}.json (see `RANK_KEYS`), also when it fails. Before anything heavy it writes
+DIR/rank{RANK}.pid, sends its stdout/stderr (C level included) to DIR/rank{RANK}.log and arms
+SIGUSR1 to dump every thread's Python stack into DIR/rank{RANK}.stack, so the launcher can see a
+hang. SIGTERM writes the json (with the main thread's stack) and exits at once, even while the
+main thread is stuck inside a collective; SIGINT ends the run through the normal error path.
+
+Imports only the standard library at module level; torch and DeepSpeed load after the setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib.metadata
+import json
+import os
+import platform
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from repro.workload.record import SCENARIOS, TRANSPORT_MODES, finite_or_none, write_json_atomic
+
+PATCHES = ("stock", "fixed")
+DEVICES = ("cpu", "gpu")
+
+RANK_KEYS = (
+    "rank", "world_size", "pid", "losses", "loss_scale", "skipped_steps", "illegal_work_messages",
+    "exception", "weights_checksum", "train_s", "backend", "transport", "versions", "fix",
+    "devices_per_node", "steps_completed",
+    # extras: what the CPU scaffolding did ({"adapter": ..., "cpu_shims": ...}) and the model that ran
+    "transport_info", "model",
+)
+
+
+class ScenarioUnsupported(RuntimeError):
+    """The installed DeepSpeed cannot run the requested scenario (e.g. no MiCS in 0.19.8)."""
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m repro.workload.train", description=__doc__.splitlines()[0])
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--ds-config", required=True, help="DeepSpeed config json, used as is")
+    p.add_argument("--scenario", choices=SCENARIOS, required=True)
+    p.add_argument("--patch", choices=PATCHES, default="stock")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--transport", choices=TRANSPORT_MODES, default="async", help="gloo adapter mode (CPU)")
+    p.add_argument("--device", choices=DEVICES, default="cpu")
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=32)
+    return p.parse_args(argv)
+
+
+def _keep_open(handle: Any) -> Any:
+    _OPEN_FILES.append(handle)
+    return handle
+
+
+_OPEN_FILES: list[Any] = []
+
+
+def heartbeat(run_dir: str, rank: int) -> None:
+    """Touch DIR/rank{RANK}.heartbeat after each step: the launcher calls a run that stops
+    touching it for --stall-timeout seconds hung, without waiting for the whole time limit."""
+    with open(os.path.join(run_dir, f"rank{rank}.heartbeat"), "w") as fh:
+        fh.write(f"{time.time()}\n")
+
+
+def setup_rank_files(run_dir: str, rank: int) -> None:
+    log = _keep_open(open(os.path.join(run_dir, f"rank{rank}.log"), "a", buffering=1))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    stack = _keep_open(open(os.path.join(run_dir, f"rank{rank}.stack"), "w"))
+    faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+    # The pid goes last: the launcher signals (SIGUSR1 for stacks) only pids it has read, and
+    # SIGUSR1 before the handler is armed would kill the rank instead of dumping its stack.
+    with open(os.path.join(run_dir, f"rank{rank}.pid"), "w") as fh:
+        fh.write(f"{os.getpid()}\n")
+
+
+_FINISHED = threading.Event()
+
+
+def arm_termination(record_path: str, out: dict[str, Any]) -> None:
+    """On SIGTERM (torchrun stopping the surviving ranks, the launcher after a hang) write the
+    record and exit now. A Python signal handler would only run once the main thread returns from
+    C code, which a rank blocked in a collective never does; the C-level handler still writes the
+    signal number to the wakeup fd, and a watcher thread acts on it.
+    """
+    reader, writer = socket.socketpair()
+    _keep_open(reader)
+    _keep_open(writer)
+    writer.setblocking(False)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the watcher does the work
+    signal.set_wakeup_fd(writer.fileno())
+    main_thread = threading.get_ident()
+
+    def watch() -> None:
+        while int(signal.SIGTERM) not in reader.recv(64):
+            pass
+        if not _FINISHED.is_set():
+            frame = sys._current_frames().get(main_thread)
+            snapshot = {k: list(v) if isinstance(v, list) else v for k, v in out.items()}
+            if snapshot.get("exception") is None:
+                where = "".join(traceback.format_stack(frame)) if frame is not None else ""
+                snapshot["exception"] = {"type": "Terminated", "traceback": where,
+                                         "message": "SIGTERM received (traceback: where the main thread was)"}
+            write_rank_record(record_path, snapshot)
+        os._exit(128 + int(signal.SIGTERM))
+
+    threading.Thread(target=watch, name="sigterm-recorder", daemon=True).start()
+
+
+def precision(config: dict[str, Any]) -> str:
+    if config.get("fp16", {}).get("enabled"):
+        return "fp16"
+    if config.get("bf16", {}).get("enabled"):
+        return "bf16"
+    return "fp32"
+
+
+def check_scenario(scenario: str, config: dict[str, Any], world_size: int) -> None:
+    """Refuse a config that would silently run another scenario than the one recorded."""
+    zero = config.get("zero_optimization", {})
+    if zero.get("stage") != 3:
+        raise ValueError("the config must select ZeRO stage 3")
+    shard = zero.get("mics_shard_size", -1) or -1
+    hierarchical = bool(zero.get("mics_hierarchical_params_gather", False))
+    expected = {
+        "zero3": shard <= 0,
+        "mics": 0 < shard and not hierarchical,
+        "mics-hier": 0 < shard and hierarchical,
+        "mics-replica": 0 < shard < world_size and not hierarchical,
+    }[scenario]
+    if not expected:
+        raise ValueError(f"scenario {scenario!r} does not match the config (mics_shard_size={shard}, "
+                         f"mics_hierarchical_params_gather={hierarchical}, world size {world_size})")
+
+
+def collect_versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version(), "torch": None, "deepspeed": None,
+                                       "hip": None, "cuda": None, "nccl": None}
+    try:
+        import torch
+    except ImportError:
+        return found
+    found["torch"] = torch.__version__
+    found["hip"] = getattr(torch.version, "hip", None)
+    found["cuda"] = torch.version.cuda
+    try:
+        import torch.distributed as dist
+
+        if dist.is_nccl_available():
+            nccl = torch.cuda.nccl.version()
+            found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
+    except (RuntimeError, AttributeError):
+        pass
+    if "deepspeed" in sys.modules:
+        found["deepspeed"] = sys.modules["deepspeed"].__version__
+    else:  # failed before DeepSpeed was imported: the installed distribution still says which
+        try:
+            found["deepspeed"] = importlib.metadata.version("deepspeed")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def start_distributed(args: argparse.Namespace, dtype: str, out: dict[str, Any]) -> Any:
+    """Bring up DeepSpeed's distributed layer; returns the torch device ranks compute on."""
+    if args.device == "cpu":
+        from repro.workload import cpu_shims, gloo_transport
+
+        out["backend"], out["transport"] = "gloo", args.transport
+        shims = cpu_shims.prepare_cpu(dtype)
+        out["transport_info"] = {"adapter": gloo_transport.install(args.transport), "cpu_shims": shims}
+        import torch
+
+        return torch.device("cpu")
+    import deepspeed
+    import torch
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    out["backend"], out["transport"] = "nccl", "native"
+    deepspeed.init_distributed(dist_backend="nccl")
+    return torch.device("cuda", local_rank)
+
+
+def build_model(args: argparse.Namespace, config: dict[str, Any], upcast: bool = False) -> Any:
+    import deepspeed
+    import torch
+
+    from repro.workload.model import ModelShape, TinyGPT
+
+    shape = ModelShape(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                       seq_len=args.seq_len)
+    if args.scenario == "zero3":
+        context = deepspeed.zero.Init
+    else:
+        context = getattr(deepspeed.zero, "MiCS_Init", None)
+        if context is None:
+            raise ScenarioUnsupported(f"DeepSpeed {deepspeed.__version__} has no deepspeed.zero.MiCS_Init")
+    torch.manual_seed(args.seed)
+    with context(config_dict_or_path=config):
+        return TinyGPT(shape, compute_dtype=torch.float32 if upcast else None)
+
+
+def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any]) -> None:
+    dtype = precision(config)
+    check_scenario(args.scenario, config, int(out["world_size"]))
+    from repro.workload import logcount
+
+    counter = logcount.install()
+    device = start_distributed(args, dtype, out)
+    import deepspeed
+    import torch.distributed as dist
+    from deepspeed.accelerator import get_accelerator
+
+    from repro.workload.model import rank_rows, synthetic_batch
+
+    out["versions"] = collect_versions()
+    if args.patch == "fixed":
+        from repro.workload import fix
+
+        out["fix"] = fix.apply()
+    out["devices_per_node"] = int(get_accelerator().device_count())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    upcast = bool(((out.get("transport_info") or {}).get("cpu_shims") or {}).get("fp16_compute_upcast"))
+    model = build_model(args, config, upcast)
+    out["model"] = {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
+                    "seq_len": args.seq_len, "parameters": sum(int(p.ds_numel) for p in model.parameters())}
+    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    rows = engine.train_micro_batch_size_per_gpu() * world
+    out["loss_scale"] = [] if dtype == "fp16" else None
+    started = time.perf_counter()
+    try:
+        for step in range(args.steps):
+            batch = rank_rows(synthetic_batch(model.shape, args.seed, step, rows), rank, world).to(device)
+            skipped_before = engine.skipped_steps
+            loss = engine(batch)
+            engine.backward(loss)
+            engine.step()
+            mean = loss.detach().float().reshape(1).clone()
+            dist.all_reduce(mean)
+            out["losses"].append(finite_or_none(mean.item() / world))
+            if out["loss_scale"] is not None:  # the scale after this step's update
+                out["loss_scale"].append(finite_or_none(engine.optimizer.cur_scale))
+            out["skipped_steps"] += engine.skipped_steps - skipped_before
+            out["steps_completed"] = step + 1
+            heartbeat(args.run_dir, rank)
+            out["illegal_work_messages"] = counter.failures
+    finally:
+        out["train_s"] = round(time.perf_counter() - started, 3)
+        out["illegal_work_messages"] = counter.failures
+    out["weights_checksum"] = weights_checksum(engine.module)
+
+
+def _partition_position(param: Any) -> tuple[int, int]:
+    """(index of this rank's partition, number of partitions) of a ZeRO-3 or MiCS parameter."""
+    import torch.distributed as dist
+
+    comm = getattr(param, "comm", None)  # MiCS attaches its shard/replica groups here
+    if comm is not None and getattr(comm, "param_shard_size", -1) > 0:
+        return int(comm.param_shard_rank), int(comm.param_shard_size)
+    group = param.ds_process_group
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def weights_checksum(module: Any) -> str:
+    """sha256 of every parameter's full fp32 values, in name order.
+
+    Built from each rank's own partition (`ds_tensor`) exchanged with a plain list collective,
+    never through DeepSpeed's gather paths (those are what is under test). With MiCS, replicas
+    hold the same partition; the lowest rank's copy is used.
+    """
+    import ctypes
+    import hashlib
+
+    import torch
+    import torch.distributed as dist
+
+    mine = []
+    for name, param in module.named_parameters():
+        index, parts = _partition_position(param)
+        mine.append((name, index, parts, int(param.ds_numel), tuple(param.ds_shape),
+                     param.ds_tensor.detach().float().cpu().clone()))
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    pieces: dict[str, dict[int, Any]] = {}
+    meta: dict[str, tuple[int, int, tuple[int, ...]]] = {}
+    for rank_entries in everyone:
+        for name, index, parts, numel, shape, data in rank_entries:
+            pieces.setdefault(name, {}).setdefault(index, data)
+            meta[name] = (parts, numel, shape)
+    digest = hashlib.sha256()
+    for name in sorted(pieces):
+        parts, numel, shape = meta[name]
+        if sorted(pieces[name]) != list(range(parts)):
+            raise RuntimeError(f"partitions of {name} missing: have {sorted(pieces[name])} of {parts}")
+        full = torch.cat([pieces[name][i].reshape(-1) for i in range(parts)])[:numel].contiguous()
+        digest.update(f"{name}:{list(shape)}:".encode())
+        # raw bytes without numpy, which not every torch environment has
+        digest.update(ctypes.string_at(full.data_ptr(), full.numel() * full.element_size()))
+    return digest.hexdigest()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    out: dict[str, Any] = {key: None for key in RANK_KEYS}
+    out.update(rank=rank, world_size=int(os.environ.get("WORLD_SIZE", "1")), pid=os.getpid(), losses=[],
+               skipped_steps=0, illegal_work_messages=0, steps_completed=0,
+               versions={"python": platform.python_version()})
+    setup_rank_files(args.run_dir, rank)
+    record_path = os.path.join(args.run_dir, f"rank{rank}.json")
+    arm_termination(record_path, out)
+    code = 0
+    try:
+        with open(args.ds_config) as fh:
+            config = json.load(fh)
+        train(args, config, out)
+    except BaseException as exc:  # the record must exist whatever happened
+        code = 1
+        out["exception"] = {"type": type(exc).__name__, "message": str(exc),
+                            "traceback": traceback.format_exc()}
+        traceback.print_exc()
+        if out["versions"].get("torch") is None:
+            out["versions"] = collect_versions()
+    finally:
+        write_rank_record(record_path, out)
+        _FINISHED.set()
+    return code
+
+
+def write_rank_record(path: str, out: dict[str, Any]) -> None:
+    try:
+        write_json_atomic(path, out)
+    except (TypeError, ValueError) as exc:  # something unserialisable slipped in: keep the essentials
+        slim = {key: out.get(key) for key in ("rank", "world_size", "pid", "losses", "steps_completed")}
+        slim["exception"] = out.get("exception") or {"type": type(exc).__name__, "message": str(exc),
+                                                     "traceback": ""}
+        write_json_atomic(path, {key: slim.get(key) for key in RANK_KEYS})
+
+
+if __name__ == "__main__":
+    sys.exit(main())
