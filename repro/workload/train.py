@@ -72,7 +72,7 @@ _OPEN_FILES: list[Any] = []
 
 
 def heartbeat(run_dir: str, rank: int) -> None:
-    """Touch DIR/rank{RANK}.heartbeat after each step: the launcher calls a run that stops
+    """Touch DIR/rank{RANK}.heartbeat when training starts and after each step: a run that stops
     touching it for --stall-timeout seconds hung, without waiting for the whole time limit."""
     with open(os.path.join(run_dir, f"rank{rank}.heartbeat"), "w") as fh:
         fh.write(f"{time.time()}\n")
@@ -252,6 +252,7 @@ def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any])
     rows = engine.train_micro_batch_size_per_gpu() * world
     out["loss_scale"] = [] if dtype == "fp16" else None
     started = time.perf_counter()
+    heartbeat(args.run_dir, rank)  # training starts: from here a silent rank counts as stalled
     try:
         for step in range(args.steps):
             batch = rank_rows(synthetic_batch(model.shape, args.seed, step, rows), rank, world).to(device)
