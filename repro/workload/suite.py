@@ -67,7 +67,9 @@ def plan(scenarios: list[str], patches: list[str], dtype: str, transports: list[
                                scenario_shape("zero3", world_size, devices_per_node)))
         for scenario in scenarios:
             for patch in patches:
-                if scenario == "zero3" and patch == "stock":
+                # zero3 stock is the control above; the fix does not touch ZeRO-3's own gather
+                # path, so a zero3 fixed run would only repeat the control.
+                if scenario == "zero3":
                     continue
                 runs.append(PlannedRun(scenario, patch, dtype, transport,
                                        scenario_shape(scenario, world_size, devices_per_node)))
