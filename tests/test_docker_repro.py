@@ -47,3 +47,13 @@ def test_docker_and_venv_agree(tmp_path: Path) -> None:
     assert all(r["versions"]["torch"].startswith("2.1.0") for r in in_docker)  # type: ignore[index]
     results = json.loads((tmp_path / "docker" / "results.json").read_text())
     assert results["envs"]["cpu"]["engine"] == "docker" and results["envs"]["cpu"]["image_id"]
+
+    # The two invocations merge into one report whose answers agree with the records.
+    from repro.report import build_report
+
+    paths = build_report([tmp_path / "docker", tmp_path / "venv"], tmp_path / "report")
+    headline = {h["env"]: h for h in json.loads(paths.data.read_text())["headline"]}
+    reproduced = any(r["outcome"] == "reproduced" and r["patch"] == "stock" for r in in_docker + in_venv)
+    fixed_clean = all(r["outcome"] == "clean" for r in in_docker + in_venv if r["patch"] == "fixed")
+    assert headline["cpu"]["reproduces"] == ("yes" if reproduced else "no")
+    assert headline["cpu"]["fixed"] == ("yes" if fixed_clean else "no")
