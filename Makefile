@@ -82,5 +82,21 @@ probe:
 	$(REPRO) probe $(PROBE_FLAGS) $(call flag,BAD_IF,bad-if) $(call flag,DEEPSPEED_SRC,deepspeed-src) \
 		$(call flag,REFERENCE,reference)
 
+# Hand-off (repro/bundle_cli.py): a bundle for maintainers, its offline check, cluster scripts,
+# and the DeepSpeed-style regression test of the fix (fails on stock, passes patched).
+.PHONY: bundle verify-bundle cluster pr-regression
+bundle:
+	$(REPRO) bundle $(call flag,ENV,env) $(call flag,OUT,out) $(call flag,RESULTS,results) \
+		$(call flag,GZIP_LEVEL,gzip-level) $(call flag,MATRIX,matrix)
+
+verify-bundle:
+	$(REPRO) verify-bundle $(call flag,BUNDLE,bundle)
+
+cluster:
+	$(REPRO) cluster --out "$(or $(OUT),cluster)" $(call flag,LAYOUT,layout) $(call flag,ENV,env)
+
+pr-regression:
+	$(REPRO) pr-regression $(call flag,PYTHON_VENV,python) $(call flag,TRANSPORT,transport)
+
 clean:
 	$(REPRO) clean

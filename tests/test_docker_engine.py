@@ -184,6 +184,7 @@ def test_bad_inputs_leave_no_container(tiny: tuple[DockerEngine, Env, Prepared],
     assert _leftovers(engine.client, env) == []
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(os.environ.get("MICS_REPRO_TEST_FULL_IMAGE") != "1",
                     reason="builds the full torch image (minutes, ~5 GB): set MICS_REPRO_TEST_FULL_IMAGE=1")
 def test_full_cpu_image_imports_torch_and_deepspeed_offline(client: Any, tmp_path: Path) -> None:
@@ -209,6 +210,7 @@ def test_full_cpu_image_imports_torch_and_deepspeed_offline(client: Any, tmp_pat
 STAND_IN_ARGS = {"OS_PACKAGES": "", "PYTHON": "python3", "TORCH_INDEX_URL": "https://pypi.org/simple"}
 
 
+@pytest.mark.optional
 @pytest.mark.skipif(not os.environ.get("MICS_REPRO_TEST_STANDIN"),
                     reason="stand-in build of a GPU env's Dockerfile (minutes, ~5 GB): set "
                     "MICS_REPRO_TEST_STANDIN to an env id, e.g. rocm56")

@@ -52,7 +52,7 @@ def matches_control(run: dict[str, Any], control: dict[str, Any]) -> bool:
 
 def test_reporter_stack_on_cpu(tmp_path: Path) -> None:
     """torch 2.1.0 + DeepSpeed 0.13.1: every scenario, stock and fixed, plus the sync control."""
-    suite = run_suite("cpu", tmp_path)
+    suite = run_suite("cpu", tmp_path, "--steps", "8")
     runs = by_name(suite)
     control = runs[("zero3", "stock", "async")]
     assert control["outcome"] == "clean" and control["versions"]["torch"].startswith("2.1.0")
@@ -87,7 +87,7 @@ def test_reporter_stack_on_cpu(tmp_path: Path) -> None:
 
 def test_fp16_overflow_storm_on_reporter_stack(tmp_path: Path) -> None:
     suite = run_suite("cpu", tmp_path, "--dtype", "fp16", "--scenarios", "mics", "--no-sync-proof",
-                      "--no-artifacts")
+                      "--no-artifacts", "--steps", "8")
     runs = by_name(suite)
     control, stock, fixed = (runs[("zero3", "stock", "async")], runs[("mics", "stock", "async")],
                              runs[("mics", "fixed", "async")])
@@ -100,7 +100,7 @@ def test_fp16_overflow_storm_on_reporter_stack(tmp_path: Path) -> None:
 
 def test_newest_stack_with_mics(tmp_path: Path) -> None:
     """torch 2.13 + DeepSpeed 0.19.6: same bug, ValueError; replica groups deadlock (a hang)."""
-    suite = run_suite("cpu-latest", tmp_path, "--no-artifacts", "--stall-timeout", "40")
+    suite = run_suite("cpu-latest", tmp_path, "--no-artifacts", "--stall-timeout", "40", "--steps", "8")
     runs = by_name(suite)
     assert runs[("mics", "stock", "async")]["outcome"] == "reproduced"
     hier = runs[("mics-hier", "stock", "async")]
@@ -114,7 +114,7 @@ def test_newest_stack_with_mics(tmp_path: Path) -> None:
 
 def test_mics_removed(tmp_path: Path) -> None:
     suite = run_suite("cpu-ds0198", tmp_path, "--no-artifacts", "--scenarios", "mics,mics-hier",
-                      "--no-sync-proof")
+                      "--no-sync-proof", "--steps", "8")
     runs = by_name(suite)
     assert runs[("zero3", "stock", "async")]["outcome"] == "clean"
     for key, run in runs.items():

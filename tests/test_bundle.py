@@ -1,0 +1,460 @@
+"""Bundles: what goes in, what must never go in, and how a damaged one is caught.
+
+Default tier: a fake docker-py client (tests/fixtures/fake_bundle_docker.py) that really exports,
+imports, saves and loads tar bytes, and results folders made by the report fixtures' builder.
+Docker tier: the real CPU image, bundled, removed, loaded back and rerun offline.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import shutil
+import socket
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from markdown_it import MarkdownIt
+
+from repro import bundle, bundle_image, issue_comment, patchgen, source_refs, verify_bundle
+from repro.bundle_manifest import Manifest, check_files
+from repro.engines import SuiteRun
+from repro.errors import BundleError
+from repro.scrub import Scrubber
+from repro.workload import suite as workload_suite
+from tests.fixtures.fake_bundle_docker import COMM_SOURCE, MICS_SOURCE, FakeClient
+from tests.fixtures.report_records import ResultsBuilder, standard_env
+
+SOURCE_ID = "sha256:" + "5" * 64
+SOURCE_TAG = "mics-repro:cpu-9666647e987b"
+SECRET = "tok-3f9a1c77e2b54d0c"
+HOSTNAME = "build-node-4711.corp.example"
+USER = "alice-tester"
+
+
+@pytest.fixture
+def host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """This 'host' has a secret in its environment, a home folder, a host name and a user name."""
+    import matplotlib
+
+    # The report's plots: matplotlib keeps its font cache under HOME, which this fixture moves.
+    monkeypatch.setenv("MPLCONFIGDIR", matplotlib.get_cachedir())
+    home = tmp_path / "home" / USER
+    home.mkdir(parents=True)
+    monkeypatch.setenv("SECRET_TOKEN", SECRET)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("LOGNAME", USER)
+    monkeypatch.setenv("USER", USER)
+    monkeypatch.setattr(socket, "gethostname", lambda: HOSTNAME)
+    monkeypatch.setattr(socket, "getfqdn", lambda *a: HOSTNAME)
+    # No sdist: the release's files are read out of the image (the fake's bug-shaped sources).
+    monkeypatch.setattr(patchgen, "default_wheelhouse", lambda: tmp_path / "no-wheelhouse")
+    return {"secret": SECRET, "home": str(home), "host": HOSTNAME, "user": USER}
+
+
+def make_results(root: Path, host: dict[str, str]) -> Path:
+    b = ResultsBuilder(root, "20250101T000000Z-cpu")
+    b.env("cpu", engine="docker", image_id=SOURCE_ID, venv=None)
+    standard_env(b, "cpu")
+    b.run("cpu", "mics", "stock", transport="sync", illegal=12)
+    folder = b.write()
+    planted = f"token {host['secret']} at {host['home']}/.cache on {host['host']} as {host['user']}\n"
+    for path in [*folder.glob("cpu/runs/*/*.log"), *folder.glob("cpu/artifacts/*.txt")]:
+        path.write_text(path.read_text() + planted)
+    (folder / "cpu" / "runs" / "mics-stock-fp32-async-w2" / "rank0.pid").write_text("4242\n")
+    data = json.loads((folder / "results.json").read_text())
+    data["envs"]["cpu"]["venv"] = f"{host['home']}/.cache/mics-repro/venvs/cpu"
+    data["invocation"]["argv"] += ["--results-root", "/srv/lab-7/results"]
+    data["runs"][2]["reason"] += f" (seen by {host['user']}@{host['host']})"
+    (folder / "results.json").write_text(json.dumps(data))
+    return folder
+
+
+def new_bundle(tmp_path: Path, host: dict[str, str], client: FakeClient | None = None) -> bundle.BundleResult:
+    client = client or FakeClient()
+    if SOURCE_ID not in client.images_by_id:
+        client.add_source_image(SOURCE_ID, SOURCE_TAG)
+    # Where people keep them: under their home folder, whose path must not reach the bundle.
+    work = Path(host["home"]) / "mics"
+    results = make_results(work / "results", host)
+    request = bundle.BundleRequest(env_id="cpu", out=work / "bundles" / "cpu", results=results)
+    scrubber = Scrubber.from_host(paths={"<repo>": str(bundle.REPO_ROOT)})
+    return bundle.make_bundle(request, client, scrubber, say=lambda _line: None)
+
+
+def all_bytes(folder: Path) -> dict[str, bytes]:
+    """Every file of the bundle, the image tarball decompressed and its layers opened too."""
+    out: dict[str, bytes] = {}
+    for path in folder.rglob("*"):
+        if path.is_file():
+            rel = path.relative_to(folder).as_posix()
+            out[rel] = gzip.decompress(path.read_bytes()) if rel.endswith(".gz") else path.read_bytes()
+    saved = tarfile.open(fileobj=io.BytesIO(out[bundle.IMAGE_FILE]))
+    layer = saved.extractfile("layer.tar")
+    assert layer is not None
+    with tarfile.open(fileobj=io.BytesIO(layer.read())) as tar:
+        for member in tar.getmembers():
+            handle = tar.extractfile(member)
+            if handle is not None:
+                out[f"image:{member.name}"] = handle.read()
+    return out
+
+
+# ---- what a bundle holds -------------------------------------------------------------------------
+
+def test_bundle_holds_everything_a_maintainer_needs(tmp_path: Path, host: dict[str, str]) -> None:
+    result = new_bundle(tmp_path, host)
+    folder = result.folder
+    for name in ("image.tar.gz", "manifest.json", "SHA256SUMS", "README.md", "ISSUE_COMMENT.md",
+                 "report/REPORT.md", "report/report.html", "results/results.json", "deepspeed-0.13.1.patch",
+                 "cluster/launch-node.sh", "cluster/mics-cpu-twin.sbatch", "cluster/summarize.py"):
+        assert (folder / name).is_file(), name
+    assert result.archive is not None and result.archive.name == "cpu.tar"
+    with tarfile.open(result.archive) as tar:
+        names = set(tar.getnames())
+        assert "cpu/manifest.json" in names and "cpu/image.tar.gz" in names
+        assert {m.uname for m in tar.getmembers()} == {""}
+
+    manifest = Manifest.read(folder)
+    check_files(folder, manifest)  # every hash matches what is on disk
+    sums = dict(reversed(line.split("  ", 1)) for line in (folder / "SHA256SUMS").read_text().splitlines())
+    assert sums == {k: v for k, v in manifest.files.items() if k != "SHA256SUMS"}
+
+    records = json.loads((folder / "results" / "results.json").read_text())["runs"]
+    assert [(e.run_name, e.outcome, e.signature) for e in manifest.expected] == [
+        (r["run_name"], r["outcome"], r["signature"]) for r in records]
+    assert manifest.image["source_id"] == SOURCE_ID and manifest.image["flattened"] is True
+    assert manifest.env["pins"]["deepspeed"] == "0.13.1"
+    assert "docker run --rm --network none" in manifest.commands["run"]
+    assert (folder / "deepspeed-0.13.1.patch").read_text() == patchgen.patch_file("0.13.1").read_text()
+    assert not (folder / "results" / "cpu" / "runs" / "mics-stock-fp32-async-w2" / "rank0.pid").exists()
+
+
+def test_nothing_from_the_host_leaks_into_any_bundle_file(tmp_path: Path, host: dict[str, str]) -> None:
+    result = new_bundle(tmp_path, host)
+    planted = {k: v.encode() for k, v in host.items()}
+    leaks = [f"{name}: {what}" for name, data in all_bytes(result.folder).items()
+             for what, value in planted.items() if value in data]
+    assert leaks == []
+    assert not any(b"/srv/lab-7" in data for data in all_bytes(result.folder).values())
+    with tarfile.open(result.archive) as tar:  # type: ignore[arg-type]
+        for member in tar.getmembers():
+            handle = tar.extractfile(member)
+            data = handle.read() if handle else b""
+            data = gzip.decompress(data) if member.name.endswith(".gz") else data
+            assert not any(v in data for v in planted.values()), member.name
+    # The evidence is still there, with placeholders where the host's values were.
+    log = (result.folder / "results" / "cpu" / "artifacts" / "ds_report.txt").read_text()
+    assert "<SECRET_TOKEN>" in log and "~/.cache" in log and "<host>" in log and "<user>" in log
+
+
+def test_build_only_files_are_not_in_the_bundled_image(tmp_path: Path, host: dict[str, str]) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    files = {k.removeprefix("image:") for k in all_bytes(result.folder) if k.startswith("image:")}
+    for gone in bundle_image.BUILD_ONLY_PATHS:
+        assert not any(f == gone or f.startswith(gone + "/") for f in files), gone
+    assert "opt/venv/bin/python" in files
+    assert sorted(Manifest.read(result.folder).image["removed"]) == sorted(
+        ["opt/mics-repro/certs/host-ca.crt", "opt/mics-repro/ca-bundle.pem", "opt/venv/pip.conf",
+         ".dockerenv"])
+    # The flattened image keeps the original's config (env, workdir, command, labels).
+    changes = client.import_changes[0]
+    assert "ENV PYTHONPATH=/opt/mics-repro/src" in changes and "WORKDIR /results" in changes
+    assert 'CMD ["python", "-m", "repro.workload.suite"]' in changes
+    assert f'LABEL "mics-repro.bundle-of"="{SOURCE_ID}"' in changes
+    assert all(c.removed for c in client.created), "every helper container is removed"
+    assert client.images.get(SOURCE_TAG).id == SOURCE_ID  # the source image is untouched
+    with pytest.raises(LookupError):  # the flattened copy is not left behind (the tarball has it)
+        client.images.get(Manifest.read(result.folder).image["ref"])
+
+
+def test_a_bundle_is_never_written_over(tmp_path: Path, host: dict[str, str]) -> None:
+    new_bundle(tmp_path, host)
+    with pytest.raises(BundleError, match="already exists"):
+        new_bundle(tmp_path, host)
+
+
+def test_results_from_the_venv_engine_cannot_be_bundled(tmp_path: Path, host: dict[str, str]) -> None:
+    b = ResultsBuilder(tmp_path, "r")
+    b.env("cpu")
+    standard_env(b, "cpu")
+    request = bundle.BundleRequest("cpu", tmp_path / "out", b.write())
+    with pytest.raises(BundleError, match="did not run in a Docker image"):
+        bundle.make_bundle(request, FakeClient(), Scrubber(()), say=lambda _l: None)
+
+
+def test_scan_refuses_a_leak_without_repeating_it(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text(f"oops {SECRET}\n")
+    scrubber = Scrubber.from_host({"SECRET_TOKEN": SECRET}, home="/nonexistent", hostnames=[], user="")
+    with pytest.raises(BundleError) as err:
+        bundle.scan(tmp_path, scrubber)
+    assert "notes.txt: <SECRET_TOKEN>" in err.value.render() and SECRET not in err.value.render()
+
+
+def test_scrubber_replaces_host_values_and_keeps_the_evidence() -> None:
+    scrubber = Scrubber.from_host(
+        {"SECRET_TOKEN": "abcd1234", "GH_PAT": "ghp_Abc123def456GHI789jkl", "HTTPS_PROXY": "http://u:pw@proxy:3128",
+         "DEBIAN_FRONTEND": "noninteractive", "SHELL": "/bin/bash", "OMP_NUM_THREADS": "1"},
+        home="/home/alice", hostnames=["vm", "build-42"], user="alice", paths={"<repo>": "/work/main"})
+    text = ("abcd1234 ghp_Abc123def456GHI789jkl via http://u:pw@proxy:3128 in /home/alice/.cache and "
+            "/home/alicebob on build-42 by alice; /work/main/repro; noninteractive /bin/bash 1 vm malice")
+    assert scrubber.text(text) == (
+        "<SECRET_TOKEN> <$GH_PAT> via <HTTPS_PROXY> in ~/.cache and /home/alicebob on <host> by <user>; "
+        "<repo>/repro; noninteractive /bin/bash 1 vm malice")
+    assert scrubber.leaks(scrubber.text(text)) == []
+    assert scrubber.data({"k abcd1234": ["x abcd1234"]}) == {"k <SECRET_TOKEN>": ["x <SECRET_TOKEN>"]}
+
+
+def test_suite_args_plan_exactly_the_recorded_runs(tmp_path: Path) -> None:
+    """Against this checkout's suite: a bundle's image runs its own copy, from the same commit."""
+    b = ResultsBuilder(tmp_path, "r")
+    b.env("cpu")
+    standard_env(b, "cpu")
+    b.run("cpu", "mics", "stock", transport="sync", illegal=3)
+    records = b.runs
+    ns = workload_suite.parser().parse_args([*bundle.suite_args_from_records("cpu", records), "--out", "x"])
+    planned = workload_suite.plan(ns.scenarios, ns.patches, ns.dtype, ns.transports, ns.world_size,
+                                  ns.world_size, sync_proof=not ns.no_sync_proof)
+    names = {f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w{p.shape.world_size}" for p in planned}
+    recorded = {r["run_name"] for r in records}
+    # This suite runs no zero3 with the fix (older ones did; the builder still makes that record).
+    assert names == recorded - {"zero3-fixed-fp32-async-w2"}
+    # "zero3" is asked for exactly when such a run exists, so older images plan it again.
+    for keep_zero3_fixed in (True, False):
+        subset = [r for r in records if keep_zero3_fixed or r["run_name"] != "zero3-fixed-fp32-async-w2"]
+        scenarios = bundle.suite_args_from_records("cpu", subset)[3].split(",")
+        assert ("zero3" in scenarios) is keep_zero3_fixed
+        assert scenarios[-2:] == ["mics", "mics-hier"]
+
+
+# ---- verification -----------------------------------------------------------------------------------
+
+class FakeEngine:
+    """Writes the suite's output as the real suite would, with outcomes the test chooses."""
+
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        self.calls: list[tuple[Any, list[str]]] = []
+
+    def run_suite(self, prepared: Any, args: list[str], out_dir: Path, timeout_s: float | None) -> SuiteRun:
+        self.calls.append((prepared, list(args)))
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "suite.json").write_text(json.dumps({"runs": self.records, "artifacts": {}}))
+        return SuiteRun(0, False, 1.0, out_dir, None)
+
+
+def _recorded(folder: Path) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = json.loads((folder / "results" / "results.json").read_text())["runs"]
+    for run in runs:
+        run["logs"] = {}
+    return runs
+
+
+def test_verify_loads_the_image_and_matches_the_manifest(tmp_path: Path, host: dict[str, str]) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    manifest = Manifest.read(result.folder)
+    engine = FakeEngine(_recorded(result.folder))
+    got = verify_bundle.verify(result.archive, client, tmp_path / "verify-results",  # type: ignore[arg-type]
+                               engine_factory=lambda _c: engine, say=lambda _l: None)
+    assert client.loaded == [manifest.image["id"]]
+    prepared, args = engine.calls[0]
+    assert prepared.handle == manifest.image["id"] and args == list(manifest.suite_args)
+    assert got.ok and len(got.comparisons) == len(manifest.expected)
+    verify_bundle.require_match(got)
+    assert (got.folder / "results.json").is_file()
+
+
+def test_verify_reports_a_different_outcome(tmp_path: Path, host: dict[str, str]) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    records = _recorded(result.folder)
+    flipped = next(r for r in records if r["outcome"] == "reproduced")
+    flipped.update(outcome="clean", signature="none")
+    got = verify_bundle.verify(result.folder, client, tmp_path / "v",
+                               engine_factory=lambda _c: FakeEngine(records), say=lambda _l: None)
+    assert not got.ok
+    assert [c.run_name for c in got.comparisons if not c.ok] == [flipped["run_name"]]
+    with pytest.raises(BundleError, match="did not reproduce the outcomes"):
+        verify_bundle.require_match(got)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip"])
+def test_a_damaged_image_tarball_is_a_clear_error(tmp_path: Path, host: dict[str, str], damage: str) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    image = result.folder / bundle.IMAGE_FILE
+    data = image.read_bytes()
+    image.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:100] + bytes([data[100] ^ 1])
+                      + data[101:])
+    with pytest.raises(BundleError, match="does not match its manifest") as err:
+        verify_bundle.verify(result.folder, client, tmp_path / "v", engine_factory=lambda _c: FakeEngine([]),
+                             say=lambda _l: None)
+    assert "image.tar.gz differs from the manifest" in err.value.why
+    assert client.loaded == [], "nothing is loaded from a damaged tarball"
+
+
+def test_loading_a_truncated_gzip_stream_is_a_bundle_error(tmp_path: Path) -> None:
+    path = tmp_path / "image.tar.gz"
+    path.write_bytes(gzip.compress(os.urandom(200_000))[:50_000])
+    with pytest.raises(BundleError, match="truncated or corrupt"):
+        bundle_image.load(FakeClient(), path)
+
+
+def test_a_truncated_archive_is_a_clear_error(tmp_path: Path, host: dict[str, str]) -> None:
+    result = new_bundle(tmp_path, host)
+    assert result.archive is not None
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(result.archive.read_bytes()[:20_000])
+    with pytest.raises(BundleError):
+        verify_bundle.verify(cut, FakeClient(), tmp_path / "v", engine_factory=lambda _c: FakeEngine([]),
+                             say=lambda _l: None)
+
+
+def test_an_unsafe_archive_is_refused(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.tar"
+    with tarfile.open(evil, "w") as tar:
+        info = tarfile.TarInfo("../outside.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    with pytest.raises(BundleError, match="unsafe entry"):
+        verify_bundle.open_bundle(evil, tmp_path / "x")
+    assert not (tmp_path / "outside.txt").exists()
+
+
+# ---- the issue comment ------------------------------------------------------------------------------
+
+def _tables(tokens: list[Any]) -> list[list[list[str]]]:
+    tables, rows, row, in_cell = [], [], [], False
+    for tok in tokens:
+        if tok.type == "table_open":
+            rows = []
+        elif tok.type == "tr_open":
+            row = []
+        elif tok.type in ("th_open", "td_open"):
+            in_cell = True
+        elif tok.type == "inline" and in_cell:
+            row.append(tok.content)
+            in_cell = False
+        elif tok.type == "tr_close":
+            rows.append(row)
+        elif tok.type == "table_close":
+            tables.append(rows)
+    return tables
+
+
+def test_issue_comment_is_valid_markdown_whose_facts_match_the_records(tmp_path: Path,
+                                                                      host: dict[str, str]) -> None:
+    result = new_bundle(tmp_path, host)
+    text = (result.folder / "ISSUE_COMMENT.md").read_text()
+    assert len(text) <= issue_comment.GITHUB_COMMENT_LIMIT
+    md = MarkdownIt("commonmark").enable("table")
+    tokens = md.parse(text)
+    records = json.loads((result.folder / "results" / "results.json").read_text())["runs"]
+
+    environment = dict(row[:2] for row in _tables(tokens)[0][1:])
+    assert environment["torch"] == "2.1.0" and environment["DeepSpeed"] == "0.13.1"
+    assert "built on `mics-repro/base:bookworm`" in environment["base image"]
+
+    evidence = next(t for t in _tables(tokens) if t[0][:2] == ["run", "outcome"])
+    rows = {r[0].strip("`"): r for r in evidence[1:]}
+    assert set(rows) == {r["run_name"] for r in records}
+    for rec in records:
+        row = rows[rec["run_name"]]
+        assert row[1] == f"**{rec['outcome']}**" and row[2] == rec["signature"]
+        assert row[3] == str(rec["illegal_work_messages"])
+
+    # Headline first: the first heading names what reproduced, from the records.
+    first = next(t for t in tokens if t.type == "inline")
+    assert first.content == "Reproduced on torch 2.1.0 + DeepSpeed 0.13.1: Flat MiCS, Hierarchical MiCS"
+
+    # The folded blocks are real HTML blocks around fenced code, and every fence is closed.
+    html = [t.content.strip() for t in tokens if t.type == "html_block"]
+    assert html.count("</details>") == 2 and sum(h.startswith("<details>") for h in html) == 2
+    fences = [t for t in tokens if t.type == "fence"]
+    assert [f.info for f in fences] == ["diff", "sh", "text", "text"]
+    assert "SECRET_TOKEN" in fences[2].content  # ds_report, scrubbed, inside its fence
+    assert fences[0].content == (result.folder / "deepspeed-0.13.1.patch").read_text()
+
+    # Root-cause links point at the lines of the release's own source.
+    refs = source_refs.find_refs("0.13.1", {source_refs.COMM: COMM_SOURCE, source_refs.MICS: MICS_SOURCE})
+    links = [t.attrGet("href") for t in tokens if t.type == "inline" for t in (t.children or [])
+             if t.type == "link_open"]
+    assert links == [r.url("0.13.1") for r in refs.refs]
+    ret = refs.get("comm.return")
+    assert ret is not None and ret.start == 12
+
+
+def test_issue_comment_headline_follows_the_records(tmp_path: Path) -> None:
+    b = ResultsBuilder(tmp_path, "r")
+    b.env("cpu")
+    standard_env(b, "cpu", bug=False)
+    data = json.loads(b.write().joinpath("results.json").read_text())
+    refs = source_refs.Refs("0.13.1", (), source_refs.EXPECTED)
+    text = issue_comment.render_fitting(issue_comment.IssueInput(
+        "cpu", data["envs"]["cpu"], data["runs"], refs, "", "", "r", "c", ["true"], "make repro"))
+    assert text.startswith("### Not reproduced on torch 2.1.0 + DeepSpeed 0.13.1")
+    assert "Not found in this release's source" in text
+
+
+def test_issue_comment_fits_a_github_comment(tmp_path: Path) -> None:
+    b = ResultsBuilder(tmp_path, "r")
+    b.env("cpu")
+    standard_env(b, "cpu")
+    data = json.loads(b.write().joinpath("results.json").read_text())
+    refs = source_refs.Refs("0.13.1", (), ())
+    huge = "x" * 50_000 + "\n"
+    text = issue_comment.render_fitting(issue_comment.IssueInput(
+        "cpu", data["envs"]["cpu"], data["runs"], refs, "p.patch", "diff\n", huge, huge, ["true"], "make"))
+    assert len(text) <= issue_comment.GITHUB_COMMENT_LIMIT and "cut to fit a GitHub comment" in text
+
+
+# ---- Docker tier: the real thing ----------------------------------------------------------------------
+
+@pytest.mark.docker
+def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> None:
+    """make bundle ENV=cpu, remove the image, make verify-bundle: same outcomes from the loaded image."""
+    docker = pytest.importorskip("docker")
+    from repro.engine_docker import daemon_status
+    from repro.matrix import load_matrix
+
+    up, why = daemon_status()
+    if not up:
+        pytest.skip(f"no Docker daemon: {why}")
+    client = docker.from_env(timeout=600)
+    env = load_matrix().get(os.environ.get("MICS_REPRO_BUNDLE_TEST_ENV", "cpu"))
+    try:
+        client.images.get(env.image_tag())
+    except docker.errors.ImageNotFound:
+        pytest.skip(f"{env.image_tag()} is not built (make build ENV={env.id} ENGINE=docker)")
+    results = tmp_path / "results"
+    from repro.cli import main
+
+    # A short suite: the flat and hierarchical MiCS scenarios, stock and fixed, 2 ranks, 3 steps.
+    assert main(["repro", "--env", env.id, "--engine", "docker", "--scenarios", "mics,mics-hier",
+                 "--world-size", "2", "--steps", "3", "--out", str(results / "run"),
+                 "--results-root", str(results)]) == 0
+    out = tmp_path / "bundles" / env.id
+    assert main(["bundle", "--env", env.id, "--results", str(results / "run"), "--out", str(out),
+                 "--results-root", str(results)]) == 0
+    manifest = Manifest.read(out)
+    try:  # `bundle` removes its flattened image after saving it; make sure: verify must load it
+        client.images.remove(manifest.image["id"], force=True)
+    except docker.errors.ImageNotFound:
+        pass
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(manifest.image["id"])
+    archive = out.with_name(out.name + ".tar")
+    shutil.rmtree(out)  # and work from the single archive
+    try:
+        assert main(["verify-bundle", "--bundle", str(archive), "--results-root", str(results)]) == 0
+    finally:
+        try:
+            client.images.remove(manifest.image["id"], force=True)
+        except docker.errors.ImageNotFound:
+            pass

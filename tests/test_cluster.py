@@ -1,0 +1,274 @@
+"""Cluster launchers: what they contain, that shellcheck accepts them, and that their logic runs.
+
+The launch logic is exercised for real where this machine allows: the batch script runs under
+bash with stand-ins for `srun`, `scontrol` and `apptainer` that record what they were asked to do,
+and launch-node.sh runs with a recording `python` (default tier, `real_subprocess`). The
+integration tier runs the CPU twin through launch-node.sh with a real venv (torchrun, c10d
+rendezvous), and through a real `sbatch` when a Slurm controller answers on this host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro import cluster, cluster_summary
+from repro.errors import UsageError
+
+BASH = shutil.which("bash") or "/bin/bash"
+
+
+def written(tmp_path: Path, layout: cluster.Layout, env_id: str = "rocm56") -> Path:
+    out = tmp_path / "bundle" / "cluster"
+    cluster.write(cluster.render(layout, env_id=env_id, image_ref=f"mics-repro-bundle:{env_id}-abc"), out)
+    return out
+
+
+def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path) -> None:
+    out = written(tmp_path, cluster.REPORTER)
+    sbatch = (out / "mics-hier.sbatch").read_text()
+    assert "#SBATCH --nodes=2\n" in sbatch and "#SBATCH --gpus-per-node=8\n" in sbatch
+    assert 'docker-archive://$scratch/image.tar' in sbatch and '"$RUNTIME" build "$SIF"' in sbatch
+    launch = (out / "launch-node.sh").read_text()
+    assert "--rdzv_backend c10d" in launch and "--rdzv_endpoint \"$head_address:$PORT\"" in launch
+    assert "flags+=(--rocm)" in launch and "--nv" not in launch
+    assert os.access(out / "launch-node.sh", os.X_OK) and os.access(out / "mics-hier.sbatch", os.X_OK)
+
+    hier = json.loads((out / "configs" / "mics-hier-stock.json").read_text())["zero_optimization"]
+    assert hier["mics_shard_size"] == 16 and hier["mics_hierarchical_params_gather"] is True
+    flat = json.loads((out / "configs" / "mics-fixed.json").read_text())["zero_optimization"]
+    assert flat["mics_shard_size"] == 16 and flat["mics_hierarchical_params_gather"] is False
+    control = json.loads((out / "configs" / "zero3-stock.json").read_text())
+    assert "mics_shard_size" not in control["zero_optimization"] and control["fp16"]["enabled"] is True
+
+
+def test_cuda_layout_asks_for_nvidia_devices(tmp_path: Path) -> None:
+    out = written(tmp_path, replace(cluster.REPORTER, platform="cuda"), "cuda")
+    launch = (out / "launch-node.sh").read_text()
+    assert "flags+=(--nv)" in launch and 'flags+=("--gpus" "all")' in launch and "/dev/kfd" not in launch
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"shard_size": 8}, "spanning more than one node"),
+    ({"shard_size": 12}, "cannot be split"),
+    ({"platform": "tpu"}, "is not one of"),
+])
+def test_impossible_layouts_are_refused(change: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        replace(cluster.REPORTER, **change).check()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("layout", ["reporter", "cpu-twin", "cuda"])
+def test_generated_scripts_pass_shellcheck(tmp_path: Path, layout: str, real_subprocess: None) -> None:
+    if shutil.which("shellcheck") is None:
+        pytest.skip("shellcheck is not installed (apt-get install shellcheck)")
+    chosen = replace(cluster.REPORTER, platform="cuda") if layout == "cuda" else cluster.LAYOUTS[layout]
+    out = written(tmp_path, chosen)
+    scripts = sorted(str(p) for p in out.iterdir() if p.suffix in (".sh", ".sbatch"))
+    proc = subprocess.run(["shellcheck", "--severity=style", "--shell=bash", *scripts],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+# ---- the launch logic, run for real with recording stand-ins ------------------------------------
+
+RECORDER = """#!/usr/bin/env bash
+# Records one call per line: the tool's name, then its arguments, tab-separated.
+printf '%s' "$(basename "$0")" >> "$CALLS"
+for arg in "$@"; do printf '\\t%s' "$arg" >> "$CALLS"; done
+printf '\\n' >> "$CALLS"
+"""
+
+
+def stub(bin_dir: Path, name: str, body: str = "") -> None:
+    path = bin_dir / name
+    path.write_text(RECORDER + body)
+    path.chmod(0o755)
+
+
+def calls(path: Path) -> list[list[str]]:
+    return [line.split("\t") for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_launch_node_runs_torchrun_with_rendezvous_and_layout(tmp_path: Path, real_subprocess: None) -> None:
+    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub(bin_dir, "python", 'env | grep -E "^(NDEV_PER_NODE|LOCAL_SIZE|DS_ACCELERATOR|PYTHONPATH)=" '
+                            '| sort > "$CALLS.env"\n')
+    run_dir = tmp_path / "runs" / "mics-hier-stock"
+    run_dir.mkdir(parents=True)
+    (run_dir / "ds_config.json").write_text("{}")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+               RUNTIME="none", PYTHON=str(bin_dir / "python"), REPRO_SRC="/src/mics-repro")
+    proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(run_dir), "mics-hier", "stock", "node-a",
+                           "job7-mics-hier-stock"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls(tmp_path / "calls")
+    assert call[:2] == ["python", "-m"] and call[2] == "torch.distributed.run"
+    args = call[3:]
+    pairs = dict(zip(args[::2], args[1::2]))
+    assert pairs["--nnodes"] == "1" and pairs["--nproc_per_node"] == "4"
+    assert pairs["--rdzv_backend"] == "c10d" and pairs["--rdzv_endpoint"] == "node-a:29500"
+    assert pairs["--rdzv_id"] == "job7-mics-hier-stock"
+    i = args.index("repro.workload.train")
+    train = dict(zip(args[i + 1::2], args[i + 2::2]))
+    assert train == {"--run-dir": str(run_dir), "--ds-config": f"{run_dir}/ds_config.json",
+                     "--scenario": "mics-hier", "--patch": "stock", "--steps": "20", "--seed": "1234",
+                     "--device": "cpu", "--transport": "async"}
+    assert (tmp_path / "calls.env").read_text().split() == [
+        "DS_ACCELERATOR=cpu", "LOCAL_SIZE=2", "NDEV_PER_NODE=2", "PYTHONPATH=/src/mics-repro"]
+
+
+def test_launch_node_refuses_a_run_dir_without_config(tmp_path: Path, real_subprocess: None) -> None:
+    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
+    proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(tmp_path), "mics", "stock", "h"],
+                          capture_output=True, text=True, env=dict(os.environ, RUNTIME="none"))
+    assert proc.returncode == 2 and "ds_config.json not found" in proc.stderr
+
+
+def test_batch_script_builds_the_image_once_and_runs_every_run_on_every_node(tmp_path: Path,
+                                                                            real_subprocess: None) -> None:
+    out = written(tmp_path, cluster.REPORTER)
+    bundle_dir = out.parent
+    import gzip
+
+    (bundle_dir / "image.tar.gz").write_bytes(gzip.compress(b"docker save output"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub(bin_dir, "scontrol", 'echo gpu-node-01; echo gpu-node-02\n')
+    # srun stands in for the nodes: it runs the task once and fails it for stock MiCS runs.
+    stub(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\n'
+                          'case "$3" in mics-hier) [ "$4" = stock ] && exit 1 ;; esac\nexit 0\n')
+    stub(bin_dir, "apptainer", '[ "$1" = build ] && { cmp -s "${3#docker-archive://}" '
+                               '<(printf "docker save output") && touch "$2"; }\nexit 0\n')
+    stub(bin_dir, "python3")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+               SLURM_JOB_ID="77", SLURM_JOB_NODELIST="gpu-node-[01-02]", SLURM_JOB_NUM_NODES="2",
+               SLURM_SUBMIT_DIR=str(bundle_dir))
+    for attempt in (1, 2):
+        proc = subprocess.run([BASH, str(out / "mics-hier.sbatch")], env=env, capture_output=True,
+                              text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        recorded = calls(tmp_path / "calls")
+        builds = [c for c in recorded if c[:2] == ["apptainer", "build"]]
+        assert len(builds) == 1, f"attempt {attempt}: the SIF is built once and then reused"
+    assert builds[0][2] == f"{bundle_dir}/mics-repro-rocm56.sif"
+    sruns = [c for c in recorded if c[0] == "srun"]
+    assert len(sruns) == 2 * len(cluster.RUNS)
+    first = sruns[: len(cluster.RUNS)]
+    for run, call in zip(cluster.RUNS, first):
+        assert "--nodes=2" in call and "--ntasks-per-node=1" in call
+        task = call[call.index(f"{out}/launch-node.sh"):]
+        assert task[2:5] == [run.scenario, run.patch, "gpu-node-01"] and task[5] == f"77-{run.name}"
+        run_dir = Path(task[1])
+        assert json.loads((run_dir / "ds_config.json").read_text()) == json.loads(
+            (out / "configs" / f"{run.name}.json").read_text())
+        assert (run_dir / "exit_code").read_text().strip() == ("1" if run.name == "mics-hier-stock" else "0")
+    assert ["python3", f"{out}/summarize.py", f"{bundle_dir}/cluster-results/77"] in recorded
+    assert "1 run(s) exited non-zero" in proc.stdout
+
+
+# ---- the summary --------------------------------------------------------------------------------------
+
+def test_summary_states_what_each_run_did(tmp_path: Path) -> None:
+    stock = tmp_path / "mics-hier-stock"
+    fixed = tmp_path / "mics-hier-fixed"
+    crash = {"type": "RuntimeError", "message": "Illegal to call wait on IllegalWork object"}
+    for folder, exc, losses in ((stock, crash, []), (fixed, None, [5.0, None, 4.5])):
+        folder.mkdir()
+        for rank in range(2):
+            (folder / f"rank{rank}.json").write_text(json.dumps(
+                {"rank": rank, "world_size": 2, "losses": losses, "exception": exc,
+                 "steps_completed": len(losses), "illegal_work_messages": 3 if exc else 0}))
+    (stock / "exit_code").write_text("1\n")
+    rows = {r["run"]: r for r in (cluster_summary.summarize_run(d) for d in (stock, fixed))}
+    assert rows["mics-hier-stock"]["errors"] == ["RuntimeError: Illegal to call wait on IllegalWork object"]
+    assert rows["mics-hier-stock"]["exit_code"] == "1"
+    assert rows["mics-hier-stock"]["illegal_work_messages"] == 6
+    assert rows["mics-hier-fixed"]["non_finite_losses"] == 1 and rows["mics-hier-fixed"]["last_loss"] == 4.5
+    assert cluster_summary.main([str(tmp_path)]) == 0
+    assert len(json.loads((tmp_path / "summary.json").read_text())) == 2
+
+
+# ---- integration: the CPU twin for real ---------------------------------------------------------------
+
+def _venv_python() -> str:
+    python = os.environ.get("MICS_TEST_PYTHON_T21")
+    if not python or not Path(python).is_file():
+        pytest.skip("MICS_TEST_PYTHON_T21 is not set to an existing python (torch 2.1 + DS 0.13.1 venv)")
+    return python
+
+
+def _twin_env(python: str, out: Path) -> dict[str, str]:
+    repo = Path(cluster.__file__).resolve().parent.parent
+    return dict(os.environ, RUNTIME="none", PYTHON=python, REPRO_SRC=str(repo), STEPS="3",
+                BUNDLE_DIR=str(out.parent))
+
+
+def _hier_stock_and_fixed(out: Path, results: Path, env: dict[str, str]) -> tuple[dict[str, Any], ...]:
+    """Both hierarchical runs through launch-node.sh on this host; their summaries."""
+    for name, scenario, patch in (("mics-hier-stock", "mics-hier", "stock"),
+                                  ("mics-hier-fixed", "mics-hier", "fixed")):
+        run_dir = results / name
+        run_dir.mkdir(parents=True)
+        shutil.copy(out / "configs" / f"{name}.json", run_dir / "ds_config.json")
+        proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(run_dir), scenario, patch,
+                               "127.0.0.1", name], env=env, capture_output=True, text=True)
+        (run_dir / "exit_code").write_text(f"{proc.returncode}\n")
+    return tuple(cluster_summary.summarize_run(results / n) for n in ("mics-hier-stock", "mics-hier-fixed"))
+
+
+@pytest.mark.integration
+def test_cpu_twin_runs_through_launch_node_with_c10d_rendezvous(tmp_path: Path) -> None:
+    python = _venv_python()
+    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
+    stock, fixed = _hier_stock_and_fixed(out, tmp_path / "results", _twin_env(python, out))
+    assert stock["exit_code"] != "0" and any("IllegalWork" in e for e in stock["errors"]), stock
+    assert fixed["exit_code"] == "0" and fixed["errors"] == [] and fixed["steps_completed"] == 3, fixed
+    assert fixed["non_finite_losses"] == 0 and fixed["ranks_reported"] == 4
+
+
+@pytest.mark.docker
+def test_cpu_twin_runs_in_the_image_through_launch_node(tmp_path: Path) -> None:
+    """RUNTIME=docker: the env's image, host networking, the same rendezvous as on a cluster."""
+    docker = pytest.importorskip("docker")
+    from repro.matrix import load_matrix
+
+    tag = load_matrix().get("cpu").image_tag()
+    try:
+        docker.from_env().images.get(tag)
+    except Exception as exc:  # no daemon, or the image is not built
+        pytest.skip(f"{tag} is not available ({type(exc).__name__}); make build ENV=cpu ENGINE=docker")
+    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
+    env = dict(os.environ, RUNTIME="docker", IMAGE_REF=tag, STEPS="3")
+    stock, fixed = _hier_stock_and_fixed(out, tmp_path / "results", env)
+    assert stock["exit_code"] != "0" and any("IllegalWork" in e for e in stock["errors"]), stock
+    assert fixed["exit_code"] == "0" and fixed["errors"] == [] and fixed["non_finite_losses"] == 0, fixed
+
+
+@pytest.mark.integration
+def test_cpu_twin_through_a_real_sbatch(tmp_path: Path) -> None:
+    """Needs a Slurm controller and node on this host (see the cluster section of README)."""
+    python = _venv_python()
+    if shutil.which("sbatch") is None or subprocess.run(["sinfo", "-h"], capture_output=True).returncode:
+        pytest.skip("no Slurm cluster answers here (sbatch/sinfo)")
+    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
+    env = _twin_env(python, out)
+    env.update(RESULTS=str(tmp_path / "results"), RUNS="mics-hier-stock mics-hier-fixed")
+    proc = subprocess.run(["sbatch", "--parsable", "--wait", f"--chdir={out.parent}", "--export=ALL",
+                           str(out / "mics-cpu-twin.sbatch")], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job = proc.stdout.strip().split(";")[0]
+    log = out.parent / f"mics-repro-{job}.out"
+    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
+    rows = {r["run"]: r for r in summary}
+    assert rows["mics-hier-stock"]["exit_code"] != "0", log.read_text() if log.exists() else summary
+    assert rows["mics-hier-fixed"]["exit_code"] == "0" and rows["mics-hier-fixed"]["non_finite_losses"] == 0
