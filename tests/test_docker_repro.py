@@ -19,7 +19,7 @@ from repro.engine_docker import daemon_status
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
-SCENARIO_ARGS = ["--scenarios", "mics,mics-hier", "--steps", "8"]
+SCENARIO_ARGS = ["--scenarios", "mics,mics-hier", "--steps", "4", "--world-size", "2"]
 
 
 def repro(engine: str, out: Path) -> list[dict[str, object]]:
