@@ -22,6 +22,7 @@ from pathlib import Path
 import jinja2
 
 from repro import __version__
+from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 from repro.errors import ReproError, UsageError
 from repro.workload import ds_config
 
@@ -41,8 +42,8 @@ class Layout:
     ndev_per_node: int
     shard_size: int
     dtype: str
-    steps: int = 20
-    seed: int = 1234
+    steps: int = DEFAULT_STEPS
+    seed: int = DEFAULT_SEED
     port: int = 29500
     transport: str = "async"
 

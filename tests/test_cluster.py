@@ -21,6 +21,7 @@ import pytest
 
 from repro import cluster, cluster_summary
 from repro.errors import UsageError
+from repro.workload.defaults import DEFAULT_STEPS
 
 BASH = shutil.which("bash") or "/bin/bash"
 
@@ -121,7 +122,7 @@ def test_launch_node_runs_torchrun_with_rendezvous_and_layout(tmp_path: Path, re
     i = args.index("repro.workload.train")
     train = dict(zip(args[i + 1::2], args[i + 2::2]))
     assert train == {"--run-dir": str(run_dir), "--ds-config": f"{run_dir}/ds_config.json",
-                     "--scenario": "mics-hier", "--patch": "stock", "--steps": "20", "--seed": "1234",
+                     "--scenario": "mics-hier", "--patch": "stock", "--steps": str(DEFAULT_STEPS), "--seed": "1234",
                      "--device": "cpu", "--transport": "async"}
     assert (tmp_path / "calls.env").read_text().split() == [
         "DS_ACCELERATOR=cpu", "LOCAL_SIZE=2", "NDEV_PER_NODE=2", "PYTHONPATH=/src/mics-repro"]

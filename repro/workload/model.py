@@ -1,6 +1,6 @@
 """A small GPT-like model and its deterministic synthetic data.
 
-Small on purpose: a 2-rank CPU run of 20 steps should take seconds. Every weight is a plain
+Small on purpose: a 4-rank CPU run of 10 steps should take seconds. Every weight is a plain
 Linear/Embedding/LayerNorm parameter so ZeRO-3 and MiCS partition all of them (the config sets
 the persistence threshold to 0). Attention is written out rather than using a fused kernel, so
 the same code runs in fp32/bf16/fp16 on every torch release the lab covers.

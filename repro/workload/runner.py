@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 STOP_GRACE_S = 5.0
 STACK_WAIT_S = 3.0
 POLL_S = 0.25
+MONITOR_INTERVAL_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,10 @@ def _launch_env(spec: RunSpec) -> dict[str, str]:
 def _command(spec: RunSpec, port: int) -> list[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc_per_node", str(spec.world_size), "--master_addr", "127.0.0.1",
-           "--master_port", str(port), "-m", "repro.workload.train",
+           "--master_port", str(port),
+           # torchrun polls its workers every 5 s by default: up to 5 s idle after the ranks exit.
+           "--monitor-interval", str(MONITOR_INTERVAL_S),
+           "-m", "repro.workload.train",
            "--run-dir", spec.run_dir, "--ds-config", spec.ds_config_path,
            "--scenario", spec.scenario, "--patch", spec.patch, "--steps", str(spec.steps),
            "--seed", str(spec.seed), "--device", spec.device]
@@ -163,8 +168,9 @@ def _last_heartbeat(run_dir: str, since: float) -> float:
     return max(beats, default=since)
 
 
-def launch(spec: RunSpec, progress: Any = None) -> LaunchResult:
-    """Run torchrun for `spec`; never raises for a hang (status "hung"); Ctrl-C -> "interrupted"."""
+def launch(spec: RunSpec, progress: Any = None, stop: threading.Event | None = None) -> LaunchResult:
+    """Run torchrun for `spec`; never raises for a hang (status "hung"); Ctrl-C -> "interrupted".
+    `stop` is how a run in a worker thread (which never sees Ctrl-C itself) is told to stop."""
     os.makedirs(spec.run_dir, exist_ok=True)
     log_path = os.path.join(spec.run_dir, "launcher.log")
     start = time.monotonic()
@@ -184,6 +190,8 @@ def launch(spec: RunSpec, progress: Any = None) -> LaunchResult:
                     stacks = _dump_stacks(spec.run_dir)
                     _stop_group(proc, spec.run_dir)
                     return LaunchResult("hung", proc.returncode, time.monotonic() - start, stacks, detail)
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt
                 if progress is not None:
                     progress(now - start)
                 time.sleep(POLL_S)
