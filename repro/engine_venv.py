@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import filecmp
 import json
 import os
 import re
@@ -18,14 +19,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro import cmd, preflight
 from repro.engines import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
 from repro.errors import BuildError, PythonVersionError
-from repro.wheelhouse import PYPI_SIMPLE, Wheelhouse, cache_root
+from repro.venv_layer import PURELIB, Candidate, LayerPlan, layer_base, layering_disabled, link_base
+from repro.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse, cache_root
 
 if TYPE_CHECKING:
     from repro.matrix import Env
@@ -47,21 +49,30 @@ class Interpreter:
 
 @dataclass(frozen=True)
 class VenvMarker:
-    """What a finished venv holds; compared field by field before reuse."""
+    """What a finished venv holds; compared field by field before reuse.
+
+    `layered_on` is set for a layer (repro/venv_layer.py): the base venv's directory and the
+    pins it had when the layer was made; the layer is reused only while that base still holds them.
+    """
 
     env_id: str
     pins: Mapping[str, str]
     python: str  # major.minor of the interpreter the venv was made from
+    layered_on: Mapping[str, Any] | None = None
 
     def to_json(self) -> str:
-        return json.dumps({"env_id": self.env_id, "pins": dict(self.pins), "python": self.python},
-                          indent=2, sort_keys=True) + "\n"
+        data: dict[str, Any] = {"env_id": self.env_id, "pins": dict(self.pins), "python": self.python}
+        if self.layered_on is not None:
+            data["layered_on"] = dict(self.layered_on)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def read(cls, venv: Path) -> VenvMarker | None:
         try:
             data: dict[str, Any] = json.loads((venv / MARKER).read_text())
-            return cls(str(data["env_id"]), dict(data["pins"]), str(data["python"]))
+            layered = data.get("layered_on")
+            return cls(str(data["env_id"]), dict(data["pins"]), str(data["python"]),
+                       dict(layered) if isinstance(layered, dict) else None)
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -144,22 +155,120 @@ class VenvEngine:
         self.root.mkdir(parents=True, exist_ok=True)
         with _locked(self.root / f".{final.name}.lock"):
             have = VenvMarker.read(final)
-            if have is not None and have.matches(want) and (final / "bin" / "python").exists():
-                print(f"venv: reusing {final} (pins match)", flush=True)
-                return self._prepared(env, final, reused=True)
+            base_ok = have is None or self._base_intact(have)
+            if have is not None and have.matches(want) and base_ok and (final / "bin" / "python").exists():
+                on = f", layered on {have.layered_on['venv']}" if have.layered_on else ""
+                print(f"venv: reusing {final} (pins match{on})", flush=True)
+                return self._prepared(env, final, reused=True, marker=have)
             if final.exists():
-                why = "pins or Python differ" if have else "no marker: an unfinished or foreign venv"
+                why = ("its base venv changed or is gone" if not base_ok
+                       else "pins or Python differ" if have else "no marker: an unfinished or foreign venv")
                 print(f"venv: rebuilding {final} ({why})", flush=True)
-            complete = self.wheelhouse.ensure(env)
-            self._build(env, interp, want, final, wheelhouse_only=complete)
-        return self._prepared(env, final, reused=False)
+            plan = None if layering_disabled() else self.layer_plan(env, want)
+            if plan is not None:
+                marker = self._build_layer(env, interp, want, final, plan)
+                return self._prepared(env, final, reused=False, marker=marker)
+            # A derived env's venv is its own cache: copying its torch into the wheelhouse as well
+            # would double the disk each torch probe takes (gigabytes), so it installs from the index.
+            direct = self._direct(env)
+            if direct:
+                complete = self.wheelhouse.is_complete(DownloadPlan.for_env(env))
+            else:
+                complete = self.wheelhouse.ensure(env)
+            self._build(env, interp, want, final, wheelhouse_only=complete, no_cache=direct)
+            if direct:
+                share_identical_files(final, [c for c in self.root.iterdir() if c != final])
+        return self._prepared(env, final, reused=False, marker=want)
 
-    def _prepared(self, env: Env, venv: Path, *, reused: bool) -> Prepared:
-        return Prepared(EngineKind.VENV, env.id, str(venv), str(venv), reused,
-                        {"python": str(venv / "bin" / "python")})
+    def _direct(self, env: Env) -> bool:
+        return env.is_derived and not self.wheelhouse.offline
+
+    def _prepared(self, env: Env, venv: Path, *, reused: bool, marker: VenvMarker | None = None) -> Prepared:
+        details = {"python": str(venv / "bin" / "python")}
+        label = str(venv)
+        if marker is not None and marker.layered_on:
+            details["layered_on"] = str(marker.layered_on["venv"])
+            label = f"{venv} (layered on {marker.layered_on['venv']})"
+        return Prepared(EngineKind.VENV, env.id, str(venv), label, reused, details)
+
+    # -- layers ------------------------------------------------------------------------------
+    def candidates(self, env: Env, exclude: Path) -> list[Candidate]:
+        """Every finished venv in the cache, as a possible base for a layer."""
+        out = []
+        for path in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            if path.name.startswith(".") or path == exclude or not (path / "bin" / "python").exists():
+                continue
+            marker = VenvMarker.read(path)
+            if marker is None:
+                continue
+            root = env.derived_from is not None and marker.env_id == env.derived_from
+            out.append(Candidate(path.name, marker.pins, marker.python,
+                                 layered=marker.layered_on is not None, preferred=root))
+        return out
+
+    def layer_plan(self, env: Env, want: VenvMarker) -> LayerPlan | None:
+        return layer_base(want.pins, want.python, self.candidates(env, self.venv_dir(env)))
+
+    def _base_intact(self, marker: VenvMarker) -> bool:
+        if not marker.layered_on:
+            return True
+        base = Path(str(marker.layered_on.get("venv", "")))
+        have = VenvMarker.read(base)
+        return (have is not None and dict(have.pins) == dict(marker.layered_on.get("pins") or {})
+                and (base / "bin" / "python").exists())
+
+    def _build_layer(self, env: Env, interp: Interpreter, want: VenvMarker, final: Path,
+                     plan: LayerPlan) -> VenvMarker:
+        base = self.root / plan.base
+        base_marker = VenvMarker.read(base)
+        assert base_marker is not None
+        marker = VenvMarker(want.env_id, want.pins, want.python,
+                            {"venv": str(base), "env_id": base_marker.env_id, "pins": dict(base_marker.pins),
+                             "installed": list(plan.install), "unused": list(plan.unused)})
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
+        started = time.monotonic()
+        try:
+            with _locked(self.root / f".{base.name}.lock"):
+                print(f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})",
+                      flush=True)
+                # No pip of its own: the base's pip (the same pinned version) runs from the layer's
+                # interpreter, so it installs into the layer.
+                self._check(cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]), env,
+                            "creating the layer venv")
+                py = str(tmp / "bin" / "python")
+                layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
+                base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False)
+                self._check(layer_lib, env, "locating the layer's site-packages")
+                self._check(base_lib, env, "locating the base's site-packages")
+                link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
+                by_name = {spec.partition("==")[0]: spec for spec in plan.install}
+                for step in env.install_steps():
+                    specs = tuple(s for s in step.specs if s.partition("==")[0] in by_name)
+                    if not specs:
+                        continue
+                    if step.name not in ("deepspeed-deps", "deepspeed"):
+                        raise BuildError(f"layer for {env.id}: step {step.name} would change the base",
+                                         why=f"{', '.join(specs)} differ from {base}")
+                    install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
+                    argv = [py, "-m", "pip", install, *self._sources(False), *rest]
+                    print(f"venv: {step.name} (layer): {' '.join(specs)}", flush=True)
+                    self._check(cmd.run(argv, extra_env=dict(step.environment)), env, f"pip step {step.name}")
+                self._verify(env, py)
+                _relocate(tmp, final)
+                (tmp / MARKER).write_text(marker.to_json())
+                stale = final.with_name(f".{final.name}.stale")
+                if final.exists():
+                    os.rename(final, stale)
+                os.rename(tmp, final)
+                shutil.rmtree(stale, ignore_errors=True)
+            print(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
+            return marker
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def _build(self, env: Env, interp: Interpreter, marker: VenvMarker, final: Path, *,
-               wheelhouse_only: bool) -> None:
+               wheelhouse_only: bool, no_cache: bool = False) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
         try:
@@ -173,6 +282,8 @@ class VenvEngine:
                     continue
                 install, *rest = step.pip_install_args(PYPI_SIMPLE)
                 argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
+                if no_cache:
+                    argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
                 print(f"venv: {step.name}: {' '.join(step.specs)}", flush=True)
                 self._check(cmd.run(argv, extra_env=dict(step.environment)), env, f"pip step {step.name}")
                 if step.check:
@@ -258,6 +369,50 @@ def _relocate(tmp: Path, final: Path) -> None:
         data = path.read_bytes()
         if old in data:
             path.write_bytes(data.replace(old, new))
+
+
+SHARE_MIN_BYTES = 1 << 20
+
+
+def share_identical_files(venv: Path, others: Sequence[Path], min_bytes: int = SHARE_MIN_BYTES) -> int:
+    """Hard-link big files of a just-built venv to byte-identical files at the same path in other
+    finished venvs (torch probes share gigabytes of nvidia-* libraries); returns bytes saved.
+
+    Safe because a finished venv is never modified: a rebuild renames it away and deletes it,
+    which leaves the other venv's link intact. Only venvs with a marker take part.
+    """
+    peers = [o for o in others if not o.name.startswith(".") and (o / MARKER).is_file() and o.is_dir()]
+    saved = 0
+    lib = venv / "lib"
+    if not peers or not lib.is_dir():
+        return 0
+    for path in lib.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        st = path.stat()
+        if st.st_size < min_bytes:
+            continue
+        rel = path.relative_to(venv)
+        for peer in peers:
+            other = peer / rel
+            try:
+                ost = other.stat()
+            except OSError:
+                continue
+            if (ost.st_ino == st.st_ino or ost.st_size != st.st_size or ost.st_dev != st.st_dev
+                    or ost.st_mode != st.st_mode):
+                continue
+            if not filecmp.cmp(path, other, shallow=False):
+                continue
+            tmp = path.with_name(f".{path.name}.link")
+            os.link(other, tmp)
+            os.replace(tmp, path)
+            saved += st.st_size
+            break
+    if saved:
+        print(f"venv: {saved / 2**30:.1f} GiB of {venv.name} hard-linked to identical files of other venvs",
+              flush=True)
+    return saved
 
 
 @contextlib.contextmanager

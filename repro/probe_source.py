@@ -14,13 +14,12 @@ from typing import TYPE_CHECKING, Any
 from . import cmd
 from .engines import EngineKind, Prepared
 from .errors import BuildError, UsageError
+from .venv_layer import PURELIB, link_base
 
 if TYPE_CHECKING:
     from .engines import Engine
 
 _STAGE_IGNORE = (".git", "build", "dist", "*.egg-info", "__pycache__")
-_BASE_PTH = "_mics_repro_base.pth"
-_PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 _DS_VERSION = "import importlib.metadata as m; print(m.version('deepspeed'))"
 
 
@@ -28,7 +27,8 @@ class SourceOverlay:
     """Venv-engine wrapper: the env's cached venv (torch and the pins, built once) plus a small
     venv on top whose own site-packages holds DeepSpeed built from a checkout.
 
-    The overlay sees the base venv through a .pth file, so torch is never reinstalled; its own
+    The overlay sees the base venv through a .pth file (repro/venv_layer.py, the same layering
+    the venv engine uses for DeepSpeed-release probes), so torch is never reinstalled; its own
     site-packages comes first on sys.path, so the checkout's DeepSpeed shadows the release.
     The checkout is built from a staged copy: an in-tree build would leave build/ behind, and
     setuptools would carry files deleted in a later commit into the next bisect step's wheel.
@@ -90,11 +90,11 @@ class SourceOverlay:
                 "creating the overlay venv",
                 env.id,
             )
-        purelib = self._out([str(py), "-c", _PURELIB], "locating site-packages", env.id)
+        purelib = self._out([str(py), "-c", PURELIB], "locating site-packages", env.id)
         base_lib = self._out(
-            [str(base_dir / "bin" / "python"), "-c", _PURELIB], "locating site-packages", env.id
+            [str(base_dir / "bin" / "python"), "-c", PURELIB], "locating site-packages", env.id
         )
-        (Path(purelib) / _BASE_PTH).write_text(base_lib + "\n")
+        link_base(Path(purelib), base_lib)
         commit = self.commit()
         build = {"DS_BUILD_OPS": "0", **({"DS_BUILD_STRING": f"+{commit}"} if commit else {})}
         with tempfile.TemporaryDirectory(prefix="mics-repro-dssrc-") as tmp:

@@ -23,6 +23,7 @@ from repro.engines import EngineKind, Prepared
 from repro.errors import BuildError, UsageError
 from repro.probe import Observation, ProbeSpec
 from repro.probe_source import SourceOverlay
+from repro.venv_layer import base_pth_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -238,7 +239,7 @@ def test_overlay_layers_the_checkout_over_the_cached_venv(tmp_path: Path, checko
     assert pip[1] == {"DS_BUILD_OPS": "0", "DS_BUILD_STRING": "+abc1234"}
     assert runner.staged == ["deepspeed", "setup.py"]  # no .git, no stale build/
     pth = overlay / "site" / "_mics_repro_base.pth"
-    assert pth.read_text().strip() == str(tmp_path / "venvs" / "cpu-abc" / "site")
+    assert pth.read_text() == base_pth_line(str(tmp_path / "venvs" / "cpu-abc" / "site"))
     assert prepared.details["deepspeed"] == "0.14.1+abc1234" and prepared.details["commit"] == "abc1234"
 
 
