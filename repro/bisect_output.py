@@ -5,7 +5,8 @@ bisect.json: kind, axis, env, fixed, scenario, patch, bad_if, reference, candida
   (found | no-transition | no-verdict | too-few | in-progress), direction (regression | fix),
   last_good, first_bad (the good and the bad member of the boundary pair), evidence {last_good,
   first_bad: probe}, unknown_between, change_points (the boundary, in the survey's shape), probes
-  [{version, outcome, signature, verdict, reason, seconds, env, reused_env, record, versions}],
+  [{version, outcome, signature, verdict, reason, seconds, env, reused_env, record, versions,
+  layered_on (the cached venv a DeepSpeed-only probe venv was layered on, or null)}],
   probe_count, envs_built, envs_reused, repro_command, interrupted, resume_command.
 survey.json: kind, axis, env, fixed, scenario, patch, every, candidates, status, interrupted,
   change_points [{before, after, outcome_before, outcome_after, signature_before, signature_after,
@@ -36,6 +37,8 @@ class ProbeLog:
         self.observations[obs.label] = obs
         self.rows.append(obs.as_dict(verdict))
         env = {True: "env reused", False: "env built", None: "no env"}[obs.reused_env]
+        if obs.layered_on:
+            env += f", layered on {obs.layered_on.rsplit('/', 1)[-1]}"
         mark = f"{verdict.value:<8}" if verdict else ""
         self.say(
             f"probe {len(self.rows):>2}: {self.axis} {obs.label:<10} {obs.outcome:<12} "

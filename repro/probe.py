@@ -94,6 +94,7 @@ class Observation:
     reused_env: bool | None = None
     record: str | None = None  # record.json path, relative to the results folder
     versions: dict[str, Any] = field(default_factory=dict)
+    layered_on: str | None = None  # the cached venv a layered probe venv stands on (venv engine)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -110,6 +111,7 @@ class Observation:
             "reused_env": self.reused_env,
             "record": self.record,
             "versions": dict(self.versions),
+            "layered_on": self.layered_on,
         }
         if verdict is not None:
             data["verdict"] = verdict.value
@@ -190,6 +192,7 @@ class _Watch:
         self.inner = inner
         self.kind = inner.kind
         self.reused: bool | None = None
+        self.layered_on: str | None = None
 
     def describe(self) -> str:
         return self.inner.describe()
@@ -200,6 +203,7 @@ class _Watch:
     def prepare(self, env: Any) -> Any:
         prepared = self.inner.prepare(env)
         self.reused = prepared.reused
+        self.layered_on = (getattr(prepared, "details", None) or {}).get("layered_on")
         return prepared
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
@@ -264,6 +268,7 @@ class OrchestratedProbe:
             watch.reused,
             _record_path(log),
             dict(record.get("versions") or {}),
+            watch.layered_on,
         )
 
 

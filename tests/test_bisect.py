@@ -357,7 +357,9 @@ class FakeEngine:
         reused = env.pins_key() in self.built
         self.built.add(env.pins_key())
         self.envs[env.id] = env
-        return Prepared(EngineKind.VENV, env.id, f"/venvs/{env.pins_key()}", env.pins_key(), reused)
+        # Like the venv engine: a DeepSpeed-only probe env is layered on the base env's venv.
+        layered = {"layered_on": "/venvs/base"} if env.torch == "2.1.0" and env.deepspeed != "0.13.1" else {}
+        return Prepared(EngineKind.VENV, env.id, f"/venvs/{env.pins_key()}", env.pins_key(), reused, layered)
 
     def run_suite(
         self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
@@ -534,6 +536,9 @@ def test_deepspeed_axis_keeps_the_torch_pin(tmp_path: Path) -> None:
     data = json.loads((tmp_path / "o" / "bisect.json").read_text())
     # Bad at the start, good at the end: the range shows where it was fixed.
     assert (data["direction"], data["first_bad"], data["last_good"]) == ("fix", "0.12.6", "0.13.0")
+    layered = {p["version"]: p["layered_on"] for p in data["probes"]}
+    assert layered["0.12.6"] == "/venvs/base" and layered.get("0.13.1", None) is None
+    assert any("layered on base" in line for line in lines)
     assert (
         data["repro_command"] == "make repro ENV=cpu TORCH=2.1.0 DEEPSPEED=0.12.6 SCENARIOS=mics PATCH=stock"
     )
