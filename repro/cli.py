@@ -41,6 +41,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None, help="per-run time limit in seconds")
+    p.add_argument("--stall-timeout", type=float, default=None,
+                   help="a run with no training step for this many seconds is hung (default 60)")
+    p.add_argument("--no-sync-proof", action="store_true",
+                   help="skip the extra mics stock run over the sync transport (the cause control)")
     p.add_argument("--out", default=None, help="results folder (default: results/<timestamp>-<envs>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
@@ -111,7 +115,8 @@ def request_from_args(args: Any, default_env: str) -> Any:
     kwargs: dict[str, Any] = dict(env_ids=_csv(args.env) or (default_env,), torch=opt(args.torch),
                                   deepspeed=opt(args.deepspeed), dtype=opt(args.dtype),
                                   config_path=opt(args.config), steps=args.steps, world_size=args.world_size,
-                                  timeout_s=args.timeout)
+                                  timeout_s=args.timeout, stall_s=getattr(args, "stall_timeout", None),
+                                  sync_proof=not getattr(args, "no_sync_proof", False))
     for key, value in (("scenarios", _csv(args.scenarios)), ("patches", _csv(args.patch)),
                        ("transports", _csv(args.transport))):
         if value is not None:

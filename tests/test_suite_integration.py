@@ -1,9 +1,11 @@
-"""The reproduction suite with the real torch and DeepSpeed releases, under real torchrun.
+"""The reproduction with the real torch and DeepSpeed releases, under real torchrun.
 
-Each test runs `python -m repro.workload.suite` in an env's venv (tests/envpython.py says which)
-and checks the records it wrote: the outcomes, the evidence behind them, and that nothing was
-left running. What is asserted is the behaviour these releases show (FACTS.md §2), found by
-the tool itself from losses, log lines and exceptions.
+Each env runs once per module through the front door (`python -m repro repro --engine venv`,
+which reuses the env's cached venv; tests/envpython.py says when one exists) and the tests check
+the records it wrote: the outcomes, the evidence behind them, and that nothing was left running.
+What is asserted is the behaviour these releases show (FACTS.md §2), found by the tool itself
+from losses, log lines and exceptions. The last test merges every invocation into one report
+and reads the report back against the records (several envs, two invocations of one env).
 """
 
 from __future__ import annotations
@@ -11,49 +13,80 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from envpython import env_python
 
 from repro.workload.classify import first_divergent_step
 from repro.workload.record import RECORD_KEYS
 from repro.workload.runner import _alive, _rank_pids
 
-from envpython import env_python
-
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 
-def run_suite(env_id: str, out: Path, *args: str) -> dict[str, Any]:
-    python = env_python(env_id)
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    done = subprocess.run([python, "-m", "repro.workload.suite", "--env", env_id, "--out", str(out), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+def run_repro(env_id: str, out: Path, *args: str) -> dict[str, Any]:
+    """One invocation of the front door for `env_id`; its results.json, checked for shape."""
+    env_python(env_id)  # skips (or fails in CI) when the env's venv is not built
+    done = subprocess.run([sys.executable, "-m", "repro", "repro", "--env", env_id, "--engine", "venv",
+                           "--out", str(out), *args], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    suite = json.loads((out / "suite.json").read_text())
-    for record in suite["runs"]:
+    assert "verdict:" in done.stdout
+    results = json.loads((out / "results.json").read_text())
+    for record in results["runs"]:
         assert set(RECORD_KEYS) <= set(record), sorted(set(RECORD_KEYS) - set(record))
         # No rank of any run may outlive it.
-        run_dir = out / "runs" / record["run_name"]
-        if run_dir.exists():
+        launcher_log = (record.get("logs") or {}).get("launcher")
+        if launcher_log:
+            run_dir = (out / launcher_log).parent
+            assert run_dir.is_dir(), run_dir
             assert not [p for p in _rank_pids(str(run_dir)) if _alive(p)], record["run_name"]
-    return suite
+    return results
 
 
-def by_name(suite: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {(r["scenario"], r["patch"], r["transport"]): r for r in suite["runs"]}
+@pytest.fixture(scope="module")
+def reporter_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """torch 2.1.0 + DeepSpeed 0.13.1: every scenario, stock and fixed, plus the sync control."""
+    out = tmp_path_factory.mktemp("cpu") / "results"
+    return out, run_repro("cpu", out, "--steps", "8")
+
+
+@pytest.fixture(scope="module")
+def reporter_fp16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("cpu-fp16") / "results"
+    return out, run_repro("cpu", out, "--dtype", "fp16", "--scenarios", "mics", "--no-sync-proof",
+                          "--steps", "8")
+
+
+@pytest.fixture(scope="module")
+def newest_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("cpu-latest") / "results"
+    return out, run_repro("cpu-latest", out, "--stall-timeout", "40", "--steps", "8")
+
+
+@pytest.fixture(scope="module")
+def mics_removed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path_factory.mktemp("cpu-ds0198") / "results"
+    return out, run_repro("cpu-ds0198", out, "--scenarios", "mics,mics-hier", "--no-sync-proof",
+                          "--steps", "8")
+
+
+def by_name(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {(r["scenario"], r["patch"], r["transport"]): r for r in results["runs"]}
 
 
 def matches_control(run: dict[str, Any], control: dict[str, Any]) -> bool:
     return bool(run["losses"]) and first_divergent_step(run["losses"], control["losses"], run["dtype"]) is None
 
 
-def test_reporter_stack_on_cpu(tmp_path: Path) -> None:
+def test_reporter_stack_on_cpu(reporter_stack: tuple[Path, dict[str, Any]]) -> None:
     """torch 2.1.0 + DeepSpeed 0.13.1: every scenario, stock and fixed, plus the sync control."""
-    suite = run_suite("cpu", tmp_path, "--steps", "8")
-    runs = by_name(suite)
+    out, results = reporter_stack
+    runs = by_name(results)
     control = runs[("zero3", "stock", "async")]
     assert control["outcome"] == "clean" and control["versions"]["torch"].startswith("2.1.0")
 
@@ -80,15 +113,13 @@ def test_reporter_stack_on_cpu(tmp_path: Path) -> None:
     assert sync["illegal_work_messages"] > 0 and sync["signature"] == "illegal-work-warnings"
     assert matches_control(sync, control)
 
-    artifacts = suite["artifacts"]
-    assert "deepspeed" in (tmp_path / artifacts["ds_report"]).read_text().lower()
-    assert "PyTorch version" in (tmp_path / artifacts["collect_env"]).read_text()
+    artifacts = results["envs"]["cpu"]["artifacts"]
+    assert "deepspeed" in (out / artifacts["ds_report"]).read_text().lower()
+    assert "PyTorch version" in (out / artifacts["collect_env"]).read_text()
 
 
-def test_fp16_overflow_storm_on_reporter_stack(tmp_path: Path) -> None:
-    suite = run_suite("cpu", tmp_path, "--dtype", "fp16", "--scenarios", "mics", "--no-sync-proof",
-                      "--no-artifacts", "--steps", "8")
-    runs = by_name(suite)
+def test_fp16_overflow_storm_on_reporter_stack(reporter_fp16: tuple[Path, dict[str, Any]]) -> None:
+    runs = by_name(reporter_fp16[1])
     control, stock, fixed = (runs[("zero3", "stock", "async")], runs[("mics", "stock", "async")],
                              runs[("mics", "fixed", "async")])
     assert control["outcome"] == "clean", control["reason"]
@@ -98,10 +129,9 @@ def test_fp16_overflow_storm_on_reporter_stack(tmp_path: Path) -> None:
     assert fixed["outcome"] == "clean" and fixed["skipped_steps"] == control["skipped_steps"]
 
 
-def test_newest_stack_with_mics(tmp_path: Path) -> None:
+def test_newest_stack_with_mics(newest_stack: tuple[Path, dict[str, Any]]) -> None:
     """torch 2.13 + DeepSpeed 0.19.6: same bug, ValueError; replica groups deadlock (a hang)."""
-    suite = run_suite("cpu-latest", tmp_path, "--no-artifacts", "--stall-timeout", "40", "--steps", "8")
-    runs = by_name(suite)
+    runs = by_name(newest_stack[1])
     assert runs[("mics", "stock", "async")]["outcome"] == "reproduced"
     hier = runs[("mics-hier", "stock", "async")]
     assert hier["signature"] == "illegal-work-crash" and hier["exception"]["type"] == "ValueError"
@@ -112,11 +142,109 @@ def test_newest_stack_with_mics(tmp_path: Path) -> None:
     assert set(replica["stacks"]) == {"0", "1", "2", "3"} and all(replica["stacks"].values())
 
 
-def test_mics_removed(tmp_path: Path) -> None:
-    suite = run_suite("cpu-ds0198", tmp_path, "--no-artifacts", "--scenarios", "mics,mics-hier",
-                      "--no-sync-proof", "--steps", "8")
-    runs = by_name(suite)
+def test_mics_removed(mics_removed: tuple[Path, dict[str, Any]]) -> None:
+    runs = by_name(mics_removed[1])
     assert runs[("zero3", "stock", "async")]["outcome"] == "clean"
     for key, run in runs.items():
         if key[0] != "zero3":
             assert run["outcome"] == "unsupported" and "MiCS" in run["reason"]
+
+
+# ---- one report from every invocation above, read back against the records ------------------
+
+def _bug(record: dict[str, Any]) -> bool:
+    return record["outcome"] == "reproduced" or (
+        record["outcome"] == "crashed" and record["signature"] == "illegal-work-crash")
+
+
+def _expected_headline(records: list[dict[str, Any]]) -> tuple[str, str]:
+    """(reproduces, fixed) for one env, worked out from its records alone."""
+    stock = [r for r in records
+             if r["scenario"] != "zero3" and r["patch"] == "stock" and r["transport"] != "sync"]
+    if any(_bug(r) for r in stock):
+        reproduces = "yes"
+    elif stock and all(r["outcome"] == "unsupported" for r in stock):
+        reproduces = "unsupported"
+    else:
+        reproduces = "other"
+    fixed_of = {(r["scenario"], r["dtype"], r["transport"], r["world_size"]): r
+                for r in records if r["patch"] == "fixed"}
+    twins = [fixed_of.get((r["scenario"], r["dtype"], r["transport"], r["world_size"]))
+             for r in stock if _bug(r)]
+    if not twins:
+        fixed = "n/a" if reproduces == "unsupported" else "other"
+    elif all(t is not None and t["outcome"] == "clean" and t["illegal_work_messages"] == 0 for t in twins):
+        fixed = "yes"
+    else:
+        fixed = "no"
+    return reproduces, fixed
+
+
+def test_report_from_several_envs_agrees_with_records(
+        reporter_stack: tuple[Path, dict[str, Any]], reporter_fp16: tuple[Path, dict[str, Any]],
+        newest_stack: tuple[Path, dict[str, Any]], mics_removed: tuple[Path, dict[str, Any]],
+        tmp_path: Path) -> None:
+    folders = [reporter_stack[0], reporter_fp16[0], newest_stack[0], mics_removed[0]]
+    done = subprocess.run([sys.executable, "-m", "repro", "report", "--results",
+                           ",".join(map(str, folders)), "--out", str(tmp_path / "report")],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    markdown = (tmp_path / "report" / "REPORT.md").read_text()
+    assert (tmp_path / "report" / "report.html").stat().st_size > 0
+
+    records: dict[str, list[dict[str, Any]]] = {}
+    for _out, results in (reporter_stack, reporter_fp16, newest_stack, mics_removed):
+        for record in results["runs"]:
+            records.setdefault(record["env"], []).append(record)
+    assert set(records) == {"cpu", "cpu-latest", "cpu-ds0198"}
+
+    # Headline: one line per env, each answer as the records have it.
+    headline = {h["env"]: h for h in report["headline"]}
+    assert set(headline) == set(records)
+    for env_id, runs in records.items():
+        reproduces, fixed = _expected_headline(runs)
+        assert headline[env_id]["reproduces"] == reproduces, (env_id, headline[env_id])
+        if fixed != "other":
+            assert headline[env_id]["fixed"] == fixed, (env_id, headline[env_id])
+        assert f"`{env_id}`" in markdown or env_id in markdown
+
+    # The table carries every run of every invocation, with the record's own numbers.
+    cells = {}
+    for row in report["table"]:
+        for side in ("stock", "fixed"):
+            if row[side]:
+                cells[row[side]["run"]] = row[side]
+    for env_id, runs in records.items():
+        for record in runs:
+            matching = [c for ident, c in cells.items()
+                        if ident.endswith("/" + record["run_name"]) and ident.startswith(env_id)]
+            assert matching, f"{env_id}/{record['run_name']} missing from the table"
+            assert any(c["outcome"] == record["outcome"]
+                       and c["illegal_work"] == record["illegal_work_messages"]
+                       and c["skipped_steps"] == record["skipped_steps"]
+                       and c["first_divergent_step"] == record["first_divergent_step"]
+                       for c in matching), (record["run_name"], matching)
+
+    # MiCS logic or ROCm: CPU-only evidence, so the GPU comparison is named as missing, and the
+    # sync-transport control's IllegalWork count is the record's.
+    cause = report["cause"]
+    assert cause["verdict"] == "needs-gpu-evidence"
+    assert any("ROCm" in m["what"] or "nccl" in m["what"] for m in cause["missing"])
+    sync = next(r for r in records["cpu"] if r["transport"] == "sync")
+    assert any(f"{sync['illegal_work_messages']} IllegalWork" in e["text"] for e in cause["evidence"])
+
+    # Upgrading: the newer stack still reproduces, the newest DeepSpeed has no MiCS: not a fix.
+    upgrade = report["upgrade"]
+    steps = {s["env"]: s for s in upgrade["steps"]}
+    assert _expected_headline(records["cpu-latest"])[0] == "yes"
+    assert steps["cpu-latest"]["outcome"] == "still-reproduces"
+    assert steps["cpu-ds0198"]["outcome"] == "mics-removed"
+    assert upgrade["verdict"] == "no"
+
+    # Anything else the runs found: every hung record is a finding with its stacks.
+    hung = sorted((r["env"], r["run_name"])
+                  for runs in records.values() for r in runs if r["outcome"] == "hung")
+    findings = [f for f in report["findings"] if f["kind"] == "hang"]
+    assert sorted((f["env"], f["run"].rsplit("/", 1)[-1]) for f in findings) == hung
+    assert all(f["excerpt"] for f in findings)
