@@ -252,7 +252,7 @@ class VenvEngine:
                     install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
                     argv = [py, "-m", "pip", install, *self._sources(False), *rest]
                     print(f"venv: {step.name} (layer): {' '.join(specs)}", flush=True)
-                    self._check(cmd.run(argv, extra_env=dict(step.environment)), env, f"pip step {step.name}")
+                    self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
                 self._verify(env, py)
                 _relocate(tmp, final)
                 (tmp / MARKER).write_text(marker.to_json())
@@ -285,7 +285,7 @@ class VenvEngine:
                 if no_cache:
                     argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
                 print(f"venv: {step.name}: {' '.join(step.specs)}", flush=True)
-                self._check(cmd.run(argv, extra_env=dict(step.environment)), env, f"pip step {step.name}")
+                self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
                 if step.check:
                     self._check(cmd.run([py, "-m", "pip", "check"]), env, f"pip check after {step.name}")
             self._verify(env, py)
@@ -320,6 +320,21 @@ class VenvEngine:
                 fix="check the wheelhouse and the torch index in env_matrix/envs.toml",
             )
 
+    def _pip(self, argv: list[str], environment: Sequence[tuple[str, str]], tmp: Path, env: Env,
+             what: str) -> None:
+        """Run one pip step, its output shown and kept, so a failure names its cause (a probe's
+        env-error reason then says e.g. which torch API a DeepSpeed release's setup.py lacks)."""
+        log = tmp / ".mics-repro-pip.log"
+        result = cmd.run(argv, extra_env=dict(environment), tee=log)
+        if not result.ok:
+            text = log.read_text(errors="replace") if log.exists() else ""
+            raise BuildError(
+                f"venv for {env.id}: {what} failed (exit {result.returncode})",
+                why=pip_error(text),
+                fix="fix the cause and rerun; nothing half-built was kept",
+            )
+        log.unlink(missing_ok=True)
+
     @staticmethod
     def _check(result: cmd.CmdResult, env: Env, what: str) -> None:
         if not result.ok:
@@ -342,6 +357,18 @@ class VenvEngine:
         result = cmd.run([str(py), "-m", SUITE_MODULE, *args, "--out", str(out_dir)],
                          env=env, timeout_s=timeout_s, tee=log, cwd=self.repo_root)
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
+
+
+_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception)\b.*|ERROR: .*)$")
+
+
+def pip_error(text: str, lines: int = 20) -> str:
+    """The output of a failed pip run, ending with its most telling line: the last exception
+    (`AttributeError: module 'torch.amp' has no attribute 'custom_fwd'`) or pip's own ERROR."""
+    all_lines = text.rstrip().splitlines()
+    tail = "\n".join(all_lines[-lines:])
+    cause = next((ln.strip() for ln in reversed(all_lines) if _ERROR_LINE.match(ln)), None)
+    return f"{tail}\n{cause}" if cause else (tail or "see the output above")
 
 
 def _pair(minor: str) -> tuple[int, int]:

@@ -15,7 +15,8 @@ import pytest
 
 from repro import cmd
 from repro.cmd import CmdResult
-from repro.engine_venv import MARKER, VenvEngine, VenvMarker, share_identical_files
+from repro.engine_venv import MARKER, VenvEngine, VenvMarker, pip_error, share_identical_files
+from repro.errors import BuildError
 from repro.matrix import load_matrix
 from repro.venv_layer import BASE_PTH, Candidate, layer_base, link_base
 from repro.wheelhouse import Wheelhouse
@@ -191,3 +192,43 @@ def test_identical_big_files_are_hard_linked_to_a_finished_peer(tmp_path: Path) 
     assert (new / lib).read_bytes() == big and (new / lib).stat().st_nlink == 2
     assert (half / lib).stat().st_nlink == 1 and (other / lib).stat().st_nlink == 1
     assert share_identical_files(new, [same], min_bytes=1024) == 0  # already linked
+
+
+# -- a failed pip step names its cause ---------------------------------------------------------
+def test_pip_error_ends_with_the_last_exception() -> None:
+    text = """Collecting deepspeed==0.19.7
+      File "deepspeed/compile/custom_ops/all_to_all.py", line 12, in <module>
+          @torch.library.custom_op("autosp::all_to_all", mutates_args=())
+      AttributeError: module 'torch.library' has no attribute 'custom_op'
+      [end of output]
+  note: This error originates from a subprocess, and is likely not a problem with pip.
+error: metadata-generation-failed
+"""
+    cause = "AttributeError: module 'torch.library' has no attribute 'custom_op'"
+    assert pip_error(text).splitlines()[-1] == cause
+    assert pip_error("") == "see the output above"
+
+
+def test_a_deepspeed_that_does_not_build_on_the_base_is_a_build_error_with_its_cause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    matrix = load_matrix()
+    engine = VenvEngine(root=tmp_path / "venvs", wheelhouse=Wheelhouse(tmp_path / "wh", offline=False))
+    _base_venv(engine.root, matrix.get("cpu"))
+    fake = FakeRun()
+
+    def failing(argv: Sequence[Any], **kw: Any) -> CmdResult:
+        if [str(a) for a in argv][2:4] == ["pip", "install"]:
+            kw["tee"].write_text("AttributeError: module 'torch.amp' has no attribute 'custom_fwd'\nerr\n")
+            return CmdResult(tuple(map(str, argv)), 1, "", "")
+        return fake(argv, **kw)
+
+    monkeypatch.setattr(cmd, "run", failing)
+    interp = type("I", (), {"path": "py3", "minor": "3.11", "version": "3.11.7"})()
+    monkeypatch.setattr(engine, "interpreter", lambda env: interp)
+    monkeypatch.setattr("repro.preflight.check_python", lambda *a, **k: None)
+    with pytest.raises(BuildError) as info:
+        engine.prepare(matrix.derive("cpu", deepspeed="0.18.8"))
+    assert info.value.why.endswith("AttributeError: module 'torch.amp' has no attribute 'custom_fwd'")
+    left = [p.name for p in engine.root.iterdir() if "0.18.8" in p.name and not p.name.endswith(".lock")]
+    assert left == []  # nothing half-built kept
