@@ -43,6 +43,8 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=None, help="per-run time limit in seconds")
     p.add_argument("--stall-timeout", type=float, default=None,
                    help="a run with no training step for this many seconds is hung (default 60)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="runs at once inside an env (default: 1 on GPUs, on CPU max(2, cores // ranks))")
     p.add_argument("--no-sync-proof", action="store_true",
                    help="skip the extra mics stock run over the sync transport (the cause control)")
     p.add_argument("--out", default=None, help="results folder (default: results/<timestamp>-<envs>)")
@@ -116,7 +118,8 @@ def request_from_args(args: Any, default_env: str) -> Any:
                                   deepspeed=opt(args.deepspeed), dtype=opt(args.dtype),
                                   config_path=opt(args.config), steps=args.steps, world_size=args.world_size,
                                   timeout_s=args.timeout, stall_s=getattr(args, "stall_timeout", None),
-                                  sync_proof=not getattr(args, "no_sync_proof", False))
+                                  sync_proof=not getattr(args, "no_sync_proof", False),
+                                  jobs=getattr(args, "jobs", None))
     for key, value in (("scenarios", _csv(args.scenarios)), ("patches", _csv(args.patch)),
                        ("transports", _csv(args.transport))):
         if value is not None:

@@ -39,6 +39,7 @@ class Request:
     timeout_s: float | None = None
     stall_s: float | None = None
     sync_proof: bool = True
+    jobs: int | None = None
 
     def __post_init__(self) -> None:
         for name, values, allowed in (("SCENARIOS", self.scenarios, SCENARIOS), ("PATCH", self.patches, PATCHES),
@@ -92,7 +93,8 @@ def suite_args(request: Request, env_id: str, user_config: dict[str, Any] | None
     if user_config is not None:
         args += ["--config-json", json.dumps(user_config, separators=(",", ":"))]
     for flag, value in (("--steps", request.steps), ("--world-size", request.world_size),
-                        ("--timeout", request.timeout_s), ("--stall-timeout", request.stall_s)):
+                        ("--timeout", request.timeout_s), ("--stall-timeout", request.stall_s),
+                        ("--jobs", request.jobs)):
         if value is not None:
             args += [flag, str(value)]
     if not request.sync_proof:
