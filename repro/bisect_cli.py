@@ -465,6 +465,13 @@ def _reference(args: argparse.Namespace) -> tuple[str, str] | None:
     return outcome, signature
 
 
+def _probe_label(torch: str | None, deepspeed: str | None, src: str | None) -> str:
+    """What the probe line names: the release given, or both when torch and DeepSpeed are."""
+    if torch and (deepspeed or src):
+        return f"torch{torch}+" + (f"ds{deepspeed}" if deepspeed else f"src:{src}")
+    return deepspeed or torch or (f"src:{src}" if src else "")
+
+
 def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate | None = None) -> int:
     """Never lets an error look like a verdict: errors exit EXIT_ABORT, Ctrl-C 130 (both stop git)."""
     say = services.say
@@ -478,7 +485,7 @@ def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate |
             torch=args.torch,
             deepspeed=args.deepspeed,
             deepspeed_src=src,
-            label=args.deepspeed or args.torch or (f"src:{src}" if src else ""),
+            label=_probe_label(args.torch, args.deepspeed, src),
             **_probe_fields(args),
         )
         folder: Path | None = None

@@ -51,6 +51,13 @@ def test_exit_codes_follow_the_verdict_table(outcome: str, code: int) -> None:
     assert probe_main(["--env", "cpu", "--torch", "2.1.0"], fixed(outcome)) == code
 
 
+def test_probe_label_names_both_pins_when_both_are_given(capsys: pytest.CaptureFixture[str]) -> None:
+    assert probe_main(["--env", "cpu", "--torch", "2.4.0", "--deepspeed", "0.13.1"], fixed("clean")) == 0
+    assert "probe: torch2.4.0+ds0.13.1 clean" in capsys.readouterr().out
+    assert probe_main(["--env", "cpu", "--deepspeed", "0.13.1"], fixed("clean")) == 0
+    assert "probe: 0.13.1 clean" in capsys.readouterr().out
+
+
 def test_bad_if_failed_makes_a_crash_bad() -> None:
     assert probe_main(["--env", "cpu", "--bad-if", "failed"], fixed("crashed", "crash")) == 1
 
