@@ -327,7 +327,7 @@ class VenvEngine:
         log = tmp / ".mics-repro-pip.log"
         result = cmd.run(argv, extra_env=dict(environment), tee=log)
         if not result.ok:
-            text = log.read_text(errors="replace") if log.exists() else ""
+            text = (log.read_text(errors="replace") if log.exists() else "") or result.tail()
             raise BuildError(
                 f"venv for {env.id}: {what} failed (exit {result.returncode})",
                 why=pip_error(text),
