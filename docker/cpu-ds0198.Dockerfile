@@ -1,8 +1,9 @@
 # Env cpu-ds0198: generated from env_matrix/envs.toml
 # by `python -m repro.dockerfiles --write`: edit the matrix, not this file.
 #
-# DeepSpeed 0.19.8 removed MiCS (mics_shard_size is a config error): MiCS runs are expected to be
-# unsupported, plain ZeRO-3 clean. Shows where the bug stops being reachable, not a fix.
+# DeepSpeed 0.19.8 has no MiCS (removed in 0.19.7; mics_shard_size is a config error): MiCS runs
+# are expected to be unsupported, plain ZeRO-3 clean. Shows where the bug stops being reachable,
+# not a fix.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
 #   docker build -f docker/cpu-ds0198.Dockerfile -t mics-repro:cpu-ds0198-df67a8cbca5a .

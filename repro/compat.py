@@ -177,5 +177,6 @@ def deepspeed_packages(deepspeed: str, platform: Platform) -> tuple[str, ...]:
 
 
 def has_mics(deepspeed: str) -> bool:
-    """MiCS was removed in 0.19.8 (0.19.7 not checked: treated as still having it)."""
-    return Version(Version(deepspeed).public) < Version("0.19.8")
+    """MiCS was removed in 0.19.7: its sdist has no runtime/zero/mics.py, and a survey on torch
+    2.13 measured 0.19.6 reproduced, 0.19.7 and 0.19.8 unsupported."""
+    return Version(Version(deepspeed).public) < Version("0.19.7")

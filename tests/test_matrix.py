@@ -378,3 +378,9 @@ def test_torch_python_table() -> None:
     assert compat.torch_supports_python("2.1.0", "3.12") is False
     assert compat.torch_supports_python("2.9.1", "3.9") is False
     assert compat.torch_supports_python("1.13.1", "3.10") is None
+
+
+def test_mics_is_gone_from_0_19_7() -> None:
+    # measured: 0.19.6 reproduces; 0.19.7 and 0.19.8 have no deepspeed/runtime/zero/mics.py
+    assert compat.has_mics("0.19.6") and compat.has_mics("0.13.1")
+    assert not compat.has_mics("0.19.7") and not compat.has_mics("0.19.8")
