@@ -253,14 +253,7 @@ class VenvEngine:
                     argv = [py, "-m", "pip", install, *self._sources(False), *rest]
                     print(f"venv: {step.name} (layer): {' '.join(specs)}", flush=True)
                     self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
-                self._verify(env, py)
-                _relocate(tmp, final)
-                (tmp / MARKER).write_text(marker.to_json())
-                stale = final.with_name(f".{final.name}.stale")
-                if final.exists():
-                    os.rename(final, stale)
-                os.rename(tmp, final)
-                shutil.rmtree(stale, ignore_errors=True)
+                self._install_finished(env, py, tmp, final, marker)
             print(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
             return marker
         finally:
@@ -288,18 +281,23 @@ class VenvEngine:
                 self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
                 if step.check:
                     self._check(cmd.run([py, "-m", "pip", "check"]), env, f"pip check after {step.name}")
-            self._verify(env, py)
-            _relocate(tmp, final)
-            (tmp / MARKER).write_text(marker.to_json())
-            stale = final.with_name(f".{final.name}.stale")
-            if final.exists():
-                os.rename(final, stale)
-            os.rename(tmp, final)
-            shutil.rmtree(stale, ignore_errors=True)
+            self._install_finished(env, py, tmp, final, marker)
             print(f"venv: ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+
+    def _install_finished(self, env: Env, py: str, tmp: Path, final: Path, marker: VenvMarker) -> None:
+        """Check the built venv (full or layer), point it at its final path, write the marker last
+        (only a finished venv has one) and swap it into place."""
+        self._verify(env, py)
+        _relocate(tmp, final)
+        (tmp / MARKER).write_text(marker.to_json())
+        stale = final.with_name(f".{final.name}.stale")
+        if final.exists():
+            os.rename(final, stale)
+        os.rename(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
 
     def _sources(self, wheelhouse_only: bool) -> list[str]:
         # With an index too, pip prefers the index's copy of a wheel the wheelhouse already has.
