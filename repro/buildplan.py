@@ -20,18 +20,7 @@ if TYPE_CHECKING:
 def docker_run_flags(platform: str) -> list[str]:
     """The `docker run` flags equivalent to what the engine passes to docker-py."""
     opts = run_options(platform, device_gids() if platform == "rocm" else ())
-    flags = ["--network", "none", "--init"]
-    flags += [f"--device={d}" for d in opts.devices]
-    flags += [f"--group-add={g}" for g in opts.group_add]
-    if opts.ipc_mode:
-        flags.append(f"--ipc={opts.ipc_mode}")
-    if opts.shm_size:
-        flags.append(f"--shm-size={opts.shm_size}")
-    flags += [f"--security-opt={s}" for s in opts.security_opt]
-    flags += [f"--cap-add={c}" for c in opts.cap_add]
-    if opts.gpus:
-        flags.append("--gpus=all")
-    return flags
+    return ["--network", "none", "--init", *(f"{flag}={value}" for flag, value in opts.cli_pairs())]
 
 
 def dry_run_text(env: Env) -> str:

@@ -22,9 +22,9 @@ from pathlib import Path
 import jinja2
 
 from repro import __version__
-from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 from repro.errors import ReproError, UsageError
 from repro.workload import ds_config
+from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates_bundle" / "cluster"
 SUMMARY_SOURCE = Path(__file__).resolve().parent / "cluster_summary.py"
@@ -118,27 +118,15 @@ def run_config(layout: Layout, run: ClusterRun) -> dict[str, object]:
     return ds_config.build_config(shape, dtype=layout.dtype).config
 
 
-def docker_cli_flags(platform: str) -> list[str]:
-    """`docker run` flags for the platform's devices, as the Docker engine passes them."""
+def docker_cli_pairs(platform: str) -> list[tuple[str, str]]:
+    """`docker run` (flag, value) pairs for the platform's devices, as the Docker engine passes them."""
     from repro.engine_docker import run_options
 
-    opts = run_options(platform, ())
-    flags: list[str] = []
-    for device in opts.devices:
-        flags += ["--device", device]
-    for group in opts.group_add:
-        flags += ["--group-add", group]
-    for option in opts.security_opt:
-        flags += ["--security-opt", option]
-    for cap in opts.cap_add:
-        flags += ["--cap-add", cap]
-    if opts.ipc_mode:
-        flags += ["--ipc", opts.ipc_mode]
-    if opts.shm_size:
-        flags += ["--shm-size", opts.shm_size]
-    if opts.gpus:
-        flags += ["--gpus", "all"]
-    return flags
+    return run_options(platform, ()).cli_pairs()
+
+
+def docker_cli_flags(platform: str) -> list[str]:
+    return [token for pair in docker_cli_pairs(platform) for token in pair]
 
 
 @dataclass(frozen=True)
@@ -167,7 +155,7 @@ def render(
     )
     sbatch_name = f"mics-{'cpu-twin' if layout.device == 'cpu' else 'hier'}.sbatch"
     # launch-node.sh passes --ipc host itself.
-    device_flags = [f for f in docker_cli_flags(layout.platform) if f not in ("--ipc", "host")]
+    device_pairs = [pair for pair in docker_cli_pairs(layout.platform) if pair[0] != "--ipc"]
     context = dict(
         layout=layout,
         env_id=env_id,
@@ -179,7 +167,7 @@ def render(
         tool_version=__version__,
         time_limit=time_limit,
         docker_device_flags=[
-            " ".join(f'"{x}"' for x in pair) for pair in zip(device_flags[::2], device_flags[1::2])
+            " ".join(f'"{x}"' for x in pair) for pair in device_pairs
         ],
     )
     scripts = [

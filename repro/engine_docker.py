@@ -269,6 +269,18 @@ class RunOptions:
         return kwargs
 
 
+    def cli_pairs(self) -> list[tuple[str, str]]:
+        """The same options as `docker run` (flag, value) pairs, for printed and scripted runs."""
+        pairs = [("--device", d) for d in self.devices] + [("--group-add", g) for g in self.group_add]
+        if self.ipc_mode:
+            pairs.append(("--ipc", self.ipc_mode))
+        if self.shm_size:
+            pairs.append(("--shm-size", self.shm_size))
+        pairs += [("--security-opt", o) for o in self.security_opt] + [("--cap-add", c) for c in self.cap_add]
+        if self.gpus:
+            pairs.append(("--gpus", "all"))
+        return pairs
+
 def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:
     """GIDs owning the ROCm device nodes (and the render nodes under /dev/dri), sorted, unique."""
     gids: set[int] = set()
