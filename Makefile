@@ -56,9 +56,9 @@ lint:
 	$(PYTHON) -m mypy
 
 bench:
-	$(PYTHON) -m repro.bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
+	$(PYTHON) -m repro.run.bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
 
-# Bisection and surveys over releases (repro/bisect_cli.py; README "Bisecting releases").
+# Bisection and surveys over releases (repro/cli/bisect_commands.py; README "Bisecting releases").
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
 #   make survey AXIS=deepspeed FROM=0.12.6 TO=0.19.8 TORCH=2.1.0 [EVERY=1]
 #   make probe ENV=cpu TORCH=2.1.0 [DEEPSPEED_SRC=~/DeepSpeed]   exit 0 good / 1 bad / 125 unknown
@@ -83,7 +83,7 @@ probe:
 	$(REPRO) probe $(PROBE_FLAGS) $(call flag,BAD_IF,bad-if) $(call flag,DEEPSPEED_SRC,deepspeed-src) \
 		$(call flag,REFERENCE,reference)
 
-# Hand-off (repro/bundle_cli.py): a bundle for maintainers, its offline check, cluster scripts,
+# Hand-off (repro/cli/upstream_commands.py): a bundle for maintainers, its offline check, cluster scripts,
 # and the DeepSpeed-style regression test of the fix (fails on stock, passes patched).
 .PHONY: bundle verify-bundle cluster pr-regression
 bundle:

@@ -1,5 +1,5 @@
 # Env rocm61: generated from env_matrix/envs.toml
-# by `python -m repro.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
 #
 # First ROCm 6 stack here; DeepSpeed 0.15.4 is the last 0.15 release. Likely: flat MiCS warns and
 # races, hierarchical MiCS crashes with ValueError (the same DeepSpeed code as on 5.x).

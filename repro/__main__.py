@@ -1,7 +1,7 @@
-"""`python -m repro`: see repro/cli.py."""
+"""`python -m repro`: see repro/cli/main.py."""
 
 import sys
 
-from repro.cli import main
+from repro.cli.main import main
 
 sys.exit(main())

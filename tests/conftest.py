@@ -3,7 +3,7 @@
 The default tier must never reach the real machine's processes or Docker daemon: an accidental
 real call there would make a test slow, flaky and dependent on the host. Tests marked
 `integration`, `docker` or `browser` are exempt; a default-tier test that really means to start
-a process (e.g. checking `repro.cmd` against `sh`) asks for the `real_subprocess` fixture.
+a process (e.g. checking `repro.core.cmd` against `sh`) asks for the `real_subprocess` fixture.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def _refuse(what: str) -> Any:
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise _RefusedCall(
             f"default-tier test tried to use the real {what} (args={args[:1]!r}); fake the seam "
-            "(repro.cmd.run / a fake docker client), mark the test, or request `real_subprocess`"
+            "(repro.core.cmd.run / a fake docker client), mark the test, or request `real_subprocess`"
         )
 
     return refuse

@@ -20,8 +20,8 @@ def env_python(env_id: str) -> str:
         if not Path(given).exists():
             pytest.fail(f"{var}={given} does not exist")
         return given
-    from repro.engine_venv import MARKER, VenvEngine
-    from repro.matrix import load_matrix
+    from repro.engines.venv.engine import MARKER, VenvEngine
+    from repro.matrix.model import load_matrix
 
     venv = VenvEngine().venv_dir(load_matrix().get(env_id))
     python = venv / "bin" / "python"

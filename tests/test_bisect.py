@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro import bisect_cli
-from repro.bisect import Bisection, BisectStatus, Survey, Verdict, bisect, survey
-from repro.engines import EngineKind, Prepared, SuiteRun
-from repro.errors import BuildError, Interrupted, UsageError
-from repro.probe import BadIf, Judge, Observation, verdict_for
+from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
+from repro.bisect.search import Bisection, BisectStatus, Survey, Verdict, bisect, survey
+from repro.cli import bisect_commands as bisect_cli
+from repro.core.errors import BuildError, Interrupted, UsageError
+from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.workload.record import empty_record, write_json_atomic
 
 G, B, U = Verdict.GOOD, Verdict.BAD, Verdict.UNKNOWN

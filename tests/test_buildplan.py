@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from repro import cli
+from repro.cli import main as cli
 
 
 def dry(env: str, capsys: pytest.CaptureFixture[str]) -> str:

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from markdown_it import MarkdownIt
 
-from repro import bundle, bundle_image, issue_comment, patchgen, source_refs, verify_bundle
-from repro.bundle_manifest import Manifest, check_files
-from repro.engines import SuiteRun
-from repro.errors import BundleError
-from repro.scrub import Scrubber
+from repro.core.errors import BundleError
+from repro.engines.base import SuiteRun
+from repro.upstream import bundle, bundle_image, issue_comment, patchgen, source_refs, verify_bundle
+from repro.upstream.bundle_manifest import Manifest, check_files
+from repro.upstream.scrub import Scrubber
 from repro.workload import suite as workload_suite
 from tests.fixtures.fake_bundle_docker import COMM_SOURCE, MICS_SOURCE, FakeClient
 from tests.fixtures.report_records import ResultsBuilder, standard_env
@@ -166,7 +166,7 @@ def test_build_only_files_are_not_in_the_bundled_image(tmp_path: Path, host: dic
     changes = client.import_changes[0]
     assert "ENV PYTHONPATH=/opt/mics-repro/src" in changes and "WORKDIR /results" in changes
     assert 'CMD ["python", "-m", "repro.workload.suite"]' in changes
-    assert f'LABEL "mics-repro.bundle-of"="{SOURCE_ID}"' in changes
+    assert f'LABEL "mics-repro.upstream.bundle-of"="{SOURCE_ID}"' in changes
     assert all(c.removed for c in client.created), "every helper container is removed"
     assert client.images.get(SOURCE_TAG).id == SOURCE_ID  # the source image is untouched
     with pytest.raises(LookupError):  # the flattened copy is not left behind (the tarball has it)
@@ -420,8 +420,8 @@ def test_issue_comment_fits_a_github_comment(tmp_path: Path) -> None:
 def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> None:
     """make bundle ENV=cpu, remove the image, make verify-bundle: same outcomes from the loaded image."""
     docker = pytest.importorskip("docker")
-    from repro.engine_docker import daemon_status
-    from repro.matrix import load_matrix
+    from repro.engines.docker.engine import daemon_status
+    from repro.matrix.model import load_matrix
 
     up, why = daemon_status()
     if not up:
@@ -433,7 +433,7 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
     except docker.errors.ImageNotFound:
         pytest.skip(f"{env.image_tag()} is not built (make build ENV={env.id} ENGINE=docker)")
     results = tmp_path / "results"
-    from repro.cli import main
+    from repro.cli.main import main
 
     # A short suite: the flat and hierarchical MiCS scenarios, stock and fixed, 2 ranks, 3 steps.
     assert main(["repro", "--env", env.id, "--engine", "docker", "--scenarios", "mics,mics-hier",

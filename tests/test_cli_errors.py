@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from repro import cli, engines
-from repro.errors import DeviceUnavailableError, DockerUnavailableError, UnknownEnvError
+from repro.cli import main as cli
+from repro.core.errors import DeviceUnavailableError, DockerUnavailableError, UnknownEnvError
+from repro.engines import base as engines
 
 
 def run(args: list[str], tmp_path: Path) -> int:
@@ -44,7 +45,7 @@ def test_bad_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_docker_without_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_daemon(*a: object, **k: object) -> object:
         raise DockerUnavailableError("no Docker daemon answers", fix="start dockerd or use ENGINE=venv")
-    import repro.engine_docker as engine_docker
+    import repro.engines.docker.engine as engine_docker
     monkeypatch.setattr(engine_docker.DockerEngine, "connect", classmethod(lambda cls, **k: no_daemon()))
     assert run(["repro", "--engine", "docker"], tmp_path) == DockerUnavailableError.exit_code
     assert left_behind(tmp_path) == []
@@ -61,14 +62,14 @@ def test_rocm_env_without_gpu_fails_before_anything_starts(tmp_path: Path, monke
             return "fake"
 
         def preflight(self, env: object) -> None:
-            from repro import preflight
+            from repro.engines import preflight
             preflight.check_devices(env)  # type: ignore[arg-type]
 
         def prepare(self, env: object) -> object:
             built.append("prepared")
             raise AssertionError("must not prepare")
 
-    monkeypatch.setattr("repro.commands._engine", lambda args: FakeEngine())
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda args: FakeEngine())
     monkeypatch.setattr("os.path.exists", lambda p: False if str(p).startswith("/dev/") else Path(p).exists())
     code = run(["repro", "--env", "rocm56"], tmp_path)
     assert code == DeviceUnavailableError.exit_code, capsys.readouterr().err

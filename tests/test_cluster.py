@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from repro import cluster, cluster_summary
-from repro.errors import UsageError
+from repro.core.errors import UsageError
+from repro.upstream import cluster, cluster_summary
 from repro.workload.defaults import DEFAULT_STEPS
 
 BASH = shutil.which("bash") or "/bin/bash"
@@ -241,7 +241,7 @@ def test_cpu_twin_runs_through_launch_node_with_c10d_rendezvous(tmp_path: Path) 
 def test_cpu_twin_runs_in_the_image_through_launch_node(tmp_path: Path) -> None:
     """RUNTIME=docker: the env's image, host networking, the same rendezvous as on a cluster."""
     docker = pytest.importorskip("docker")
-    from repro.matrix import load_matrix
+    from repro.matrix.model import load_matrix
 
     tag = load_matrix().get("cpu").image_tag()
     try:

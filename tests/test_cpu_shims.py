@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from repro.workload import cpu_shims
+from repro.workload.cpu import shims as cpu_shims
 
 
 @pytest.fixture

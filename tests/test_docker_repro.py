@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.engine_docker import daemon_status
+from repro.engines.docker.engine import daemon_status
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.docker, pytest.mark.integration]

@@ -12,11 +12,13 @@ from types import ModuleType
 
 import pytest
 
-from repro import cmd, dockerfiles, dockerlint
-from repro.dockerfiles import REPO_ROOT, Drift, out_of_sync, render
-from repro.dockerlint import Finding, Hadolint, Rule, lint_matrix, lint_text
-from repro.dockerparse import parse, pip_installs
-from repro.matrix import Matrix, load_matrix
+from repro.core import cmd
+from repro.engines.docker import dockerfiles
+from repro.engines.docker import lint as dockerlint
+from repro.engines.docker.dockerfiles import REPO_ROOT, Drift, out_of_sync, render
+from repro.engines.docker.lint import Finding, Hadolint, Rule, lint_matrix, lint_text
+from repro.engines.docker.parse import parse, pip_installs
+from repro.matrix.model import Matrix, load_matrix
 
 
 def _load_verify_image() -> ModuleType:
@@ -232,7 +234,7 @@ def test_hadolint_findings_are_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path:
 
 
 def test_hadolint_required_but_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from repro.errors import MissingToolError
+    from repro.core.errors import MissingToolError
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert dockerlint.run_hadolint([tmp_path / "a"], tmp_path, Hadolint.AUTO) == []

@@ -1,7 +1,7 @@
 """Default tier: the engines, the wheelhouse, preflight and the base image, against fakes.
 
-Two seams are faked: `repro.cmd.run` (every subprocess) and the docker-py client object. The
-Env is a local stand-in with the attributes and methods of `repro.matrix.Env` the engines use.
+Two seams are faked: `repro.core.cmd.run` (every subprocess) and the docker-py client object. The
+Env is a local stand-in with the attributes and methods of `repro.matrix.model.Env` the engines use.
 """
 
 from __future__ import annotations
@@ -20,13 +20,9 @@ import docker.errors
 import pytest
 import requests
 
-from repro import build_context, cmd, engine_docker, engine_venv, engines, preflight, wheelhouse
-from repro.baseimage import BaseImageSpec, make_base_image
-from repro.cmd import CmdResult
-from repro.engine_docker import DockerEngine, ManagedContainer, RunOptions, extract_tree, run_options
-from repro.engine_venv import MARKER, VenvEngine, VenvMarker
-from repro.engines import EngineKind, Prepared
-from repro.errors import (
+from repro.core import cmd
+from repro.core.cmd import CmdResult
+from repro.core.errors import (
     BuildError,
     DeviceUnavailableError,
     DockerUnavailableError,
@@ -34,14 +30,23 @@ from repro.errors import (
     PythonVersionError,
     UsageError,
 )
-from repro.matrix import Env, Platform
-from repro.preflight import DockerFacts
-from repro.wheelhouse import DownloadPlan, Wheelhouse
+from repro.engines import base as engines
+from repro.engines import preflight, wheelhouse
+from repro.engines.base import EngineKind, Prepared
+from repro.engines.docker import build_context
+from repro.engines.docker import engine as engine_docker
+from repro.engines.docker.base_image import BaseImageSpec, make_base_image
+from repro.engines.docker.engine import DockerEngine, ManagedContainer, RunOptions, extract_tree, run_options
+from repro.engines.preflight import DockerFacts
+from repro.engines.venv import engine as engine_venv
+from repro.engines.venv.engine import MARKER, VenvEngine, VenvMarker
+from repro.engines.wheelhouse import DownloadPlan, Wheelhouse
+from repro.matrix.model import Env, Platform
 
 
 # -- envs ------------------------------------------------------------------------------------------
 def StubEnv(**overrides: Any) -> Env:  # noqa: N802 - reads like the dataclass it builds
-    """A small real Env (repro.matrix), independent of env_matrix/envs.toml's contents."""
+    """A small real Env (repro.matrix.model), independent of env_matrix/envs.toml's contents."""
     base = Env(
         id="cpu", platform=Platform.CPU, base_image="python:3.11-slim-bookworm", python="3.11",
         torch="2.1.0", torch_index=None, deepspeed="0.13.1", extra_pins=("numpy==1.26.4",), rocm=None,
@@ -52,7 +57,7 @@ def StubEnv(**overrides: Any) -> Env:  # noqa: N802 - reads like the dataclass i
 
 
 class FakeCmd:
-    """Scripted replacement for `repro.cmd.run`: records argv, answers by a handler."""
+    """Scripted replacement for `repro.core.cmd.run`: records argv, answers by a handler."""
 
     def __init__(self, handler: Any = None) -> None:
         self.calls: list[tuple[str, ...]] = []
@@ -493,14 +498,8 @@ def test_build_error_is_a_build_error_with_a_log(docker_engine: DockerEngine) ->
 def test_derived_env_dockerfile_comes_from_the_generator(
     docker_engine: DockerEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import types
-
     rendered = "FROM mics-repro/base:bookworm\n# derived\n"
-    fake = types.SimpleNamespace(render=lambda env: rendered)
-    monkeypatch.setitem(sys.modules, "repro.dockerfiles", fake)
-    import repro
-
-    monkeypatch.setattr(repro, "dockerfiles", fake, raising=False)
+    monkeypatch.setattr("repro.engines.docker.dockerfiles.render", lambda env: rendered)
     env = StubEnv(id="cpu+torch2.2.2", torch="2.2.2", derived_from="cpu", dockerfile="")
     docker_engine.prepare(env)
     (build,) = docker_engine.client.builds

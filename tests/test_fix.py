@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from repro.patchgen import default_wheelhouse
+from repro.upstream.patchgen import default_wheelhouse
 from repro.workload import fix
 
 COMM, MICS = fix.TARGETS
@@ -219,7 +219,7 @@ def _read_member(sdist: Path, member: str) -> str:
 def sdist_source(version: str, path: str) -> str:
     sdist = default_wheelhouse() / f"deepspeed-{version}.tar.gz"
     if not sdist.is_file():
-        pytest.skip(f"{sdist} missing: `python -m repro.patchgen --check` says how to fetch it")
+        pytest.skip(f"{sdist} missing: `python -m repro.upstream.patchgen --check` says how to fetch it")
     return _read_member(sdist, f"deepspeed-{version}/{path}")
 
 

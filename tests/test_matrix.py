@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from repro import compat
-from repro.compat import Platform
-from repro.errors import MatrixError, PythonVersionError, UnknownEnvError, UsageError
-from repro.matrix import DEFAULT_MATRIX, Env, Matrix, load_matrix
-from repro.matrix_schema import MatrixProblemsError, Problem
+from repro.core.errors import MatrixError, PythonVersionError, UnknownEnvError, UsageError
+from repro.matrix import compat
+from repro.matrix.compat import Platform
+from repro.matrix.model import DEFAULT_MATRIX, Env, Matrix, load_matrix
+from repro.matrix.schema import MatrixProblemsError, Problem
 
 MATRIX_TEXT = DEFAULT_MATRIX.read_text()
 CPU_NOTES = 'notes = """\nThe default'  # where the [env.cpu] table takes new keys in edits

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from repro import patchgen
+from repro.upstream import patchgen
 from repro.workload import fix
 
 REPO = Path(__file__).resolve().parent.parent
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 def sdist(version: str) -> Path:
     path = patchgen.default_wheelhouse() / f"deepspeed-{version}.tar.gz"
     if not path.is_file():
-        pytest.skip(f"{path} missing: `python -m repro.patchgen --check` says how to fetch it")
+        pytest.skip(f"{path} missing: `python -m repro.upstream.patchgen --check` says how to fetch it")
     return path
 
 
@@ -79,7 +79,7 @@ def test_shipped_patch_is_what_the_generator_makes(version: str) -> None:
     sdist(version)
     text, diffs = patchgen.generate(version, patchgen.default_wheelhouse())
     shipped = patchgen.patch_file(version).read_text()
-    assert shipped == text, "run `python -m repro.patchgen --write`"
+    assert shipped == text, "run `python -m repro.upstream.patchgen --write`"
     assert [d.path for d in diffs] == sorted({t.path for t in fix.TARGETS})
     assert all(d.added and d.removed for d in diffs)
 

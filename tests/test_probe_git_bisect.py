@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from repro.bisect_cli import EXIT_ABORT, probe_main
-from repro.cmd import CmdResult
-from repro.engines import EngineKind, Prepared
-from repro.errors import BuildError, UsageError
-from repro.probe import Observation, ProbeSpec
-from repro.probe_source import SourceOverlay
-from repro.venv_layer import base_pth_line
+from repro.bisect.probe import Observation, ProbeSpec
+from repro.bisect.source_overlay import SourceOverlay
+from repro.cli.bisect_commands import EXIT_ABORT, probe_main
+from repro.core.cmd import CmdResult
+from repro.core.errors import BuildError, UsageError
+from repro.engines.base import EngineKind, Prepared
+from repro.engines.venv.layer import base_pth_line
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,8 +97,8 @@ def test_source_and_release_are_exclusive() -> None:
 PROBE_SCRIPT = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from repro.bisect_cli import probe_main
-    from repro.probe import Observation
+    from repro.cli.bisect_commands import probe_main
+    from repro.bisect.probe import Observation
 
     def evaluate(spec):
         # Stands in for "install the checkout and run MiCS": reads the checkout itself.
@@ -271,7 +271,7 @@ def test_overlay_needs_the_venv_engine(tmp_path: Path, checkout: Path) -> None:
 def test_a_bad_checkout_path_aborts_before_any_results_folder(tmp_path: Path) -> None:
     import argparse
 
-    from repro import bisect_cli
+    from repro.cli import bisect_commands as bisect_cli
 
     parser = argparse.ArgumentParser()
     bisect_cli._probe_options(parser)

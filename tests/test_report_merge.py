@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from fixtures.report_records import ResultsBuilder, standard_env
 
-from repro.errors import UsageError
+from repro.core.errors import UsageError
 from repro.report.build import build_report
 from repro.report.merge import load_and_merge
 

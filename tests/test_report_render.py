@@ -14,7 +14,7 @@ import pytest
 from fixtures.report_records import ResultsBuilder, rich_results, standard_env
 from markdown_it import MarkdownIt
 
-from repro.errors import UsageError
+from repro.core.errors import UsageError
 from repro.report.__main__ import main as report_main
 from repro.report.build import ReportPaths, build_report
 from repro.report.render import DATA_ELEMENT_ID, MD_DATA_INFO

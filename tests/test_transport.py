@@ -34,7 +34,7 @@ import contextlib, inspect, json, os, sys
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
-from repro.workload import gloo_transport as gt
+from repro.workload.cpu import gloo_transport as gt
 
 out_dir, rank, world, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 dist.init_process_group("gloo", rank=rank, world_size=world)

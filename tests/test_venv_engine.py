@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from repro import preflight
-from repro.engine_venv import VenvEngine, VenvMarker
-from repro.engines import Prepared
-from repro.errors import PythonVersionError
-from repro.matrix import Env, load_matrix
-from repro.wheelhouse import DownloadPlan, Wheelhouse
+from repro.core.errors import PythonVersionError
+from repro.engines import preflight
+from repro.engines.base import Prepared
+from repro.engines.venv.engine import VenvEngine, VenvMarker
+from repro.engines.wheelhouse import DownloadPlan, Wheelhouse
+from repro.matrix.model import Env, load_matrix
 
 pytestmark = pytest.mark.integration
 

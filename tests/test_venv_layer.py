@@ -1,4 +1,4 @@
-"""Layered probe venvs (repro/venv_layer.py, repro/engine_venv.py): the decision, the engine's
+"""Layered probe venvs (repro/engines/venv/layer.py, repro/engines/venv/engine.py): the decision, the engine's
 use of it with subprocesses faked, one real two-venv layering (cheap: no pip, no torch), and the
 hard-linking of identical files between probe venvs."""
 
@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
-from repro import cmd
-from repro.cmd import CmdResult
-from repro.engine_venv import MARKER, VenvEngine, VenvMarker, pip_error, share_identical_files
-from repro.errors import BuildError
-from repro.matrix import load_matrix
-from repro.venv_layer import BASE_PTH, Candidate, layer_base, link_base
-from repro.wheelhouse import Wheelhouse
+from repro.core import cmd
+from repro.core.cmd import CmdResult
+from repro.core.errors import BuildError
+from repro.engines.venv.engine import MARKER, VenvEngine, VenvMarker, pip_error, share_identical_files
+from repro.engines.venv.layer import BASE_PTH, Candidate, layer_base, link_base
+from repro.engines.wheelhouse import Wheelhouse
+from repro.matrix.model import load_matrix
 
 BASE = {
     "recipe": "1", "platform": "cpu", "base_image": "python:3.11-slim-bookworm", "python": "3.11",
@@ -120,7 +120,7 @@ def test_engine_layers_a_deepspeed_probe_on_the_cached_base_and_reuses_it(
     monkeypatch.setattr(cmd, "run", fake)
     interp = type("I", (), {"path": "py3", "minor": "3.11", "version": "3.11.7"})()
     monkeypatch.setattr(engine, "interpreter", lambda env: interp)
-    monkeypatch.setattr("repro.preflight.check_python", lambda *a, **k: None)
+    monkeypatch.setattr("repro.engines.preflight.check_python", lambda *a, **k: None)
 
     first = engine.prepare(probe_env)
     assert not first.reused and first.details["layered_on"] == str(base)
@@ -142,7 +142,7 @@ def test_engine_layers_a_deepspeed_probe_on_the_cached_base_and_reuses_it(
     monkeypatch.setenv("MICS_REPRO_NO_LAYER", "1")
     built: list[bool] = []
     monkeypatch.setattr(engine, "_build", lambda *a, **k: built.append(k["no_cache"]))
-    monkeypatch.setattr("repro.engine_venv.share_identical_files", lambda *a, **k: 0)
+    monkeypatch.setattr("repro.engines.venv.engine.share_identical_files", lambda *a, **k: 0)
     assert not engine.prepare(probe_env).reused
     assert built == [True]  # a derived env's full build skips the wheelhouse and pip's cache
 
@@ -226,7 +226,7 @@ def test_a_deepspeed_that_does_not_build_on_the_base_is_a_build_error_with_its_c
     monkeypatch.setattr(cmd, "run", failing)
     interp = type("I", (), {"path": "py3", "minor": "3.11", "version": "3.11.7"})()
     monkeypatch.setattr(engine, "interpreter", lambda env: interp)
-    monkeypatch.setattr("repro.preflight.check_python", lambda *a, **k: None)
+    monkeypatch.setattr("repro.engines.preflight.check_python", lambda *a, **k: None)
     with pytest.raises(BuildError) as info:
         engine.prepare(matrix.derive("cpu", deepspeed="0.18.8"))
     assert info.value.why.endswith("AttributeError: module 'torch.amp' has no attribute 'custom_fwd'")

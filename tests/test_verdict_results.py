@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from repro import results, summary
-from repro.errors import UsageError
-from repro.verdict import env_verdict, fixed_runs_clean
+from repro.core import results
+from repro.core.errors import UsageError
+from repro.core.verdict import env_verdict, fixed_runs_clean
+from repro.run import summary
 
 
 def r(scenario: str, patch: str, outcome: str, transport: str = "async", env: str = "cpu") -> dict[str, Any]:

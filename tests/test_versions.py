@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from repro.cmd import CmdResult
-from repro.errors import UsageError
-from repro.versions import (
+from repro.core.cmd import CmdResult
+from repro.core.errors import UsageError
+from repro.matrix.versions import (
     VersionIndex,
     VersionQuery,
     order_versions,

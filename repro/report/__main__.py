@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from repro.errors import ReproError
+from repro.core.errors import ReproError
 from repro.report.answers import DEFAULT_GPU_ENV_HINT, answer_all
 from repro.report.merge import load_and_merge
 from repro.report.plots import Plot, env_plots
@@ -32,7 +32,7 @@ class ReportPaths:
 def gpu_env_ids() -> tuple[str, ...]:
     """ROCm envs first, then CUDA, from the env matrix; the default hint when the matrix is unavailable."""
     try:
-        from repro.matrix import load_matrix  # written by the matrix step; optional here
+        from repro.matrix.model import load_matrix  # written by the matrix step; optional here
     except ImportError:
         return DEFAULT_GPU_ENV_HINT
     try:

@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from repro.errors import UsageError
+from repro.core.errors import UsageError
 from repro.report.model import EnvInfo, Invocation, Run, RunKey, check_closed_sets
 
 RESULTS_FILE = "results.json"

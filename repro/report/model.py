@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from repro.errors import UsageError
+from repro.core.errors import UsageError
 from repro.workload.record import SCENARIOS
 
 SCENARIOS_ORDER: tuple[str, ...] = tuple(SCENARIOS)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.errors import UsageError
+from repro.core.errors import UsageError
 
 TIMELINE_FILES = ("survey.json", "bisect.json")
 CHANGE_KEYS = ("before", "after", "outcome_before", "outcome_after", "signature_before", "signature_after")

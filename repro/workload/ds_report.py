@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     args = p.parse_args(argv)
     if args.device == "cpu":
-        from repro.workload.cpu_shims import deepspeed_version, install_placeholders
+        from repro.workload.cpu.shims import deepspeed_version, install_placeholders
 
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         placed = install_placeholders(deepspeed_version())

@@ -2,7 +2,7 @@
 
 The new function bodies live only here. At run time `apply()` splices them into the installed
 DeepSpeed module's own source (keeping that release's decorators, signature and docstring) and
-compiles the result in the module's globals. `repro.patchgen` splices the same text into the
+compiles the result in the module's globals. `repro.upstream.patchgen` splices the same text into the
 pristine sdist file to write patches/deepspeed-*.patch. One splice function serves both, so the
 shipped patches and the run-time fix cannot drift apart.
 

@@ -21,10 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import classify as cls
-from . import ds_config, runner
-from . import record as rec
-from .defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
+from repro.workload import classify as cls
+from repro.workload import ds_config, runner
+from repro.workload import record as rec
+from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_STALL_S = 60.0

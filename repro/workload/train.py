@@ -188,7 +188,8 @@ def collect_versions() -> dict[str, str | None]:
 def start_distributed(args: argparse.Namespace, dtype: str, out: dict[str, Any]) -> Any:
     """Bring up DeepSpeed's distributed layer; returns the torch device ranks compute on."""
     if args.device == "cpu":
-        from repro.workload import cpu_shims, gloo_transport
+        from repro.workload.cpu import gloo_transport
+        from repro.workload.cpu import shims as cpu_shims
 
         out["backend"], out["transport"] = "gloo", args.transport
         shims = cpu_shims.prepare_cpu(dtype)

@@ -1,0 +1,202 @@
+"""What bisect and survey print and save: one line per probe, OUT/bisect.json, OUT/survey.json,
+and the closing summary. Pure functions of the probes (the report reads the same JSON).
+
+bisect.json: kind, axis, env, fixed, scenario, patch, bad_if, reference, candidates, status
+  (found | no-transition | no-verdict | too-few | in-progress), direction (regression | fix),
+  last_good, first_bad (the good and the bad member of the boundary pair), evidence {last_good,
+  first_bad: probe}, unknown_between, change_points (the boundary, in the survey's shape), probes
+  [{version, outcome, signature, verdict, reason, seconds, env, reused_env, record, versions,
+  layered_on (the cached venv a DeepSpeed-only probe venv was layered on, or null)}],
+  probe_count, envs_built, envs_reused, repro_command, interrupted, resume_command.
+survey.json: kind, axis, env, fixed, scenario, patch, every, candidates, status, interrupted,
+  change_points [{before, after, outcome_before, outcome_after, signature_before, signature_after,
+  unknown_between}], segments [{from, to, outcome, signature}], unknown, probes, probe_count,
+  envs_built, envs_reused, command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from repro.bisect.probe import Observation
+from repro.bisect.search import BisectResult, BisectStatus, SurveyResult, Verdict
+
+Key = tuple[str, str]
+
+
+class ProbeLog:
+    """Prints each probe as it finishes and keeps the rows for the JSON file."""
+
+    def __init__(self, axis: str, say: Callable[[str], None]) -> None:
+        self.axis, self.say = axis, say
+        self.rows: list[dict[str, Any]] = []
+        self.observations: dict[str, Observation] = {}
+
+    def add(self, obs: Observation, verdict: Verdict | None) -> None:
+        self.observations[obs.label] = obs
+        self.rows.append(obs.as_dict(verdict))
+        env = {True: "env reused", False: "env built", None: "no env"}[obs.reused_env]
+        if obs.layered_on:
+            env += f", layered on {obs.layered_on.rsplit('/', 1)[-1]}"
+        mark = f"{verdict.value:<8}" if verdict else ""
+        self.say(
+            f"probe {len(self.rows):>2}: {self.axis} {obs.label:<10} {obs.outcome:<12} "
+            f"{obs.signature:<24} {mark}{obs.seconds:6.0f} s  ({env})"
+        )
+        if obs.outcome in ("env-error", "crashed", "hung", "unsupported"):
+            self.say(f"          {obs.reason}")
+
+    def summary_fields(self) -> dict[str, Any]:
+        return {
+            "probes": self.rows,
+            "probe_count": len(self.rows),
+            "envs_built": sum(1 for r in self.rows if r["reused_env"] is False),
+            "envs_reused": sum(1 for r in self.rows if r["reused_env"] is True),
+        }
+
+
+def _change(before: str, after: str, kb: Key, ka: Key, unknown: list[str]) -> dict[str, Any]:
+    return {
+        "before": before,
+        "after": after,
+        "outcome_before": kb[0],
+        "outcome_after": ka[0],
+        "signature_before": kb[1],
+        "signature_after": ka[1],
+        "unknown_between": unknown,
+    }
+
+
+def bisect_data(
+    header: Mapping[str, Any],
+    names: tuple[str, ...],
+    result: BisectResult,
+    log: ProbeLog,
+    *,
+    done: bool,
+    repro_for: Callable[[str], str],
+    resume: str | None = None,
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "kind": "bisect",
+        **header,
+        "candidates": list(names),
+        "status": result.status.value if done else "in-progress",
+        "direction": None,
+        "last_good": None,
+        "first_bad": None,
+        "evidence": {},
+        "unknown_between": [],
+        "change_points": [],
+        **log.summary_fields(),
+        "repro_command": None,
+        "interrupted": resume is not None,
+        "resume_command": resume,
+    }
+    if done and result.status is BisectStatus.FOUND:
+        assert result.before is not None and result.after is not None
+        before, after = names[result.before], names[result.after]
+        good, bad = (before, after) if result.before_verdict is Verdict.GOOD else (after, before)
+        unknown = [names[i] for i in result.unknown_between]
+        obs = log.observations
+        data.update(
+            direction="regression" if good == before else "fix",
+            last_good=good,
+            first_bad=bad,
+            evidence={"last_good": obs[good].as_dict(), "first_bad": obs[bad].as_dict()},
+            unknown_between=unknown,
+            repro_command=repro_for(bad),
+            change_points=[_change(before, after, obs[before].key, obs[after].key, unknown)],
+        )
+    return data
+
+
+def bisect_summary(data: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"bisect {data['status']}: {data['axis']} on {data['env']}, {data['scenario']}/"
+        f"{data['patch']}, BAD_IF={data['bad_if']}, {data['probe_count']} probes "
+        f"({data['envs_built']} envs built, {data['envs_reused']} reused)",
+    ]
+    if data["status"] != BisectStatus.FOUND.value:
+        seen = sorted({(r["outcome"], r["signature"], r["verdict"]) for r in data["probes"]})
+        lines.append("  no good/bad boundary: " + "; ".join(f"{o} ({s}) = {v}" for o, s, v in seen))
+        lines.append("  try `make survey` over the same range to see every outcome")
+        return lines
+    if data["direction"] == "fix":
+        lines.append("  (the bad release is the older one: this range shows where it was fixed)")
+    for name in ("last_good", "first_bad"):
+        e = data["evidence"][name]
+        lines.append(
+            f"  {name.replace('_', ' ')}: {e['version']}  {e['outcome']} ({e['signature']}): {e['reason']}"
+        )
+    if data["unknown_between"]:
+        lines.append(f"  not decidable between them: {', '.join(data['unknown_between'])} (unknown verdicts)")
+    lines.append(f"  reproduce the first bad: {data['repro_command']}")
+    return lines
+
+
+def survey_data(
+    header: Mapping[str, Any],
+    names: tuple[str, ...],
+    result: SurveyResult[Key],
+    log: ProbeLog,
+    *,
+    done: bool,
+    interrupted: bool = False,
+) -> dict[str, Any]:
+    points = [
+        _change(
+            names[c.before], names[c.after], c.key_before, c.key_after, [names[i] for i in c.unknown_between]
+        )
+        for c in result.change_points
+    ]
+    known = sorted(i for i, k in result.keys.items() if k is not None)
+    segments = []
+    if known:
+        starts = [known[0], *(c.after for c in result.change_points)]
+        ends = [*(c.before for c in result.change_points), known[-1]]
+        for a, b in zip(starts, ends):
+            key = result.keys[a]
+            assert key is not None
+            segments.append({"from": names[a], "to": names[b], "outcome": key[0], "signature": key[1]})
+    return {
+        "kind": "survey",
+        **header,
+        "candidates": list(names),
+        "status": "done" if done else "in-progress",
+        "interrupted": interrupted,
+        "change_points": points,
+        "segments": segments,
+        "unknown": [names[i] for i, k in sorted(result.keys.items()) if k is None],
+        **log.summary_fields(),
+    }
+
+
+def survey_summary(data: Mapping[str, Any]) -> list[str]:
+    lines = [
+        "",
+        f"survey: {data['axis']} on {data['env']}, {data['scenario']}/{data['patch']}: "
+        f"{data['probe_count']} probes for {len(data['candidates'])} candidates "
+        f"({data['envs_built']} envs built, {data['envs_reused']} reused)",
+    ]
+    for seg in data["segments"]:
+        span = seg["from"] if seg["from"] == seg["to"] else f"{seg['from']} .. {seg['to']}"
+        lines.append(f"  {span:<22} {seg['outcome']:<12} {seg['signature']}")
+    if not data["change_points"]:
+        lines.append("  no change of outcome or signature between the probed releases")
+    for c in data["change_points"]:
+        gap = f" (unknown between: {', '.join(c['unknown_between'])})" if c["unknown_between"] else ""
+        lines.append(
+            f"  change {c['before']} -> {c['after']}: {c['outcome_before']}/{c['signature_before']}"
+            f" -> {c['outcome_after']}/{c['signature_after']}{gap}"
+        )
+    if data["unknown"]:
+        lines.append(f"  unknown (env could not run): {', '.join(data['unknown'])}")
+    if not data["every"]:
+        lines.append(
+            "  between two probes with the same result every release is assumed the same; "
+            "EVERY=1 checks them all"
+        )
+    return lines

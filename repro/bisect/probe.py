@@ -1,0 +1,284 @@
+"""One probe: one env (a matrix env, a derived one, or one with a DeepSpeed checkout), one
+scenario and one patch, run through the normal orchestration; its record becomes a verdict.
+
+Outcome -> verdict, the one place this mapping is defined (BAD_IF / --bad-if picks the column):
+
+  outcome       reproduced (default)  failed    differs (from the reference: GOOD's observation)
+  reproduced    bad                   bad       bad if outcome or signature differ, else good
+  clean         good                  good      same rule
+  crashed       unknown               bad       same rule
+  hung          unknown               bad       same rule
+  unsupported   unknown               unknown   same rule ("MiCS removed" is a real answer there)
+  env-error     unknown               unknown   unknown
+  interrupted   unknown               unknown   unknown
+
+Why crashed/hung are unknown for `reproduced`: a run that dies of something else before MiCS
+gathers anything cannot show whether the missing wait is there. Why unsupported is unknown
+except for `differs`: "where does MiCS break" has no answer where MiCS does not exist, but "where
+does the behaviour change" does. An environment that cannot be built (install failure, an
+incompatible torch/DeepSpeed pair, a Python the wheels do not support) is env-error: unknown.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from repro.bisect.search import Verdict
+from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
+from repro.core.results import Invocation
+from repro.run.orchestrate import Request, execute, plan
+
+if TYPE_CHECKING:
+    from repro.engines.base import Engine
+    from repro.matrix.model import Matrix
+
+# Errors that belong to one candidate, not to the host or the command line: the probe is unknown.
+CANDIDATE_ERRORS: tuple[type[Exception], ...] = (BuildError, PythonVersionError, RunError, MatrixError)
+# Raised while deriving the env: the matrix cannot pair this release with the env at all.
+DERIVE_ERRORS: tuple[type[Exception], ...] = (*CANDIDATE_ERRORS, UsageError)
+
+
+class BadIf(enum.Enum):
+    REPRODUCED = "reproduced"
+    FAILED = "failed"
+    DIFFERS = "differs"
+
+    @classmethod
+    def parse(cls, text: str) -> BadIf:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            raise UsageError(
+                f"BAD_IF={text} is not valid", fix=f"use one of: {', '.join(b.value for b in cls)}"
+            ) from None
+
+
+_ALWAYS_UNKNOWN = ("env-error", "interrupted")
+_BY_RULE: dict[BadIf, dict[str, Verdict]] = {
+    BadIf.REPRODUCED: {"reproduced": Verdict.BAD, "clean": Verdict.GOOD},
+    BadIf.FAILED: {
+        "reproduced": Verdict.BAD,
+        "crashed": Verdict.BAD,
+        "hung": Verdict.BAD,
+        "clean": Verdict.GOOD,
+    },
+}
+
+
+def verdict_for(
+    outcome: str, signature: str, bad_if: BadIf, reference: tuple[str, str] | None = None
+) -> Verdict:
+    if outcome in _ALWAYS_UNKNOWN:
+        return Verdict.UNKNOWN
+    if bad_if is BadIf.DIFFERS:
+        if reference is None:
+            raise ValueError("BAD_IF=differs needs the reference observation")
+        return Verdict.GOOD if (outcome, signature) == tuple(reference) else Verdict.BAD
+    return _BY_RULE[bad_if].get(outcome, Verdict.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one probe saw. `seconds` is the whole probe, env preparation included."""
+
+    label: str
+    outcome: str
+    signature: str
+    reason: str
+    seconds: float
+    env_id: str | None = None
+    reused_env: bool | None = None
+    record: str | None = None  # record.json path, relative to the results folder
+    versions: dict[str, Any] = field(default_factory=dict)
+    layered_on: str | None = None  # the cached venv a layered probe venv stands on (venv engine)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.outcome, self.signature
+
+    def as_dict(self, verdict: Verdict | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "version": self.label,
+            "outcome": self.outcome,
+            "signature": self.signature,
+            "reason": self.reason,
+            "seconds": round(self.seconds, 1),
+            "env": self.env_id,
+            "reused_env": self.reused_env,
+            "record": self.record,
+            "versions": dict(self.versions),
+            "layered_on": self.layered_on,
+        }
+        if verdict is not None:
+            data["verdict"] = verdict.value
+        return data
+
+
+class Judge:
+    """Turns observations into verdicts. For `differs`, the first decisive observation (the one
+    the bisection makes at the GOOD end) becomes the reference unless one is given."""
+
+    def __init__(self, bad_if: BadIf, reference: tuple[str, str] | None = None) -> None:
+        self.bad_if = bad_if
+        self.reference = reference
+
+    def __call__(self, obs: Observation) -> Verdict:
+        if self.bad_if is BadIf.DIFFERS and self.reference is None:
+            if obs.outcome in _ALWAYS_UNKNOWN:
+                return Verdict.UNKNOWN
+            self.reference = obs.key
+        return verdict_for(obs.outcome, obs.signature, self.bad_if, self.reference)
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    env_id: str
+    scenario: str = "mics"
+    patch: str = "stock"
+    torch: str | None = None
+    deepspeed: str | None = None
+    deepspeed_src: str | None = None
+    dtype: str | None = None
+    transport: str = "async"
+    timeout_s: float | None = None
+    steps: int | None = None
+    world_size: int | None = None
+    label: str = ""
+
+    def request(self) -> Request:
+        return Request(
+            env_ids=(self.env_id,),
+            torch=self.torch,
+            deepspeed=self.deepspeed,
+            scenarios=(self.scenario,),
+            patches=(self.patch,),
+            dtype=self.dtype,
+            transports=(self.transport,),
+            steps=self.steps,
+            world_size=self.world_size,
+            timeout_s=self.timeout_s,
+            sync_proof=False,
+        )
+
+    def repro_command(self) -> str:
+        """The `make repro` line that runs exactly this probe's env, scenario and patch."""
+        parts = ["make repro", f"ENV={self.env_id}"]
+        for var, value in (
+            ("TORCH", self.torch),
+            ("DEEPSPEED", self.deepspeed),
+            ("SCENARIOS", self.scenario),
+            ("PATCH", self.patch),
+            ("DTYPE", self.dtype),
+            ("TRANSPORT", None if self.transport == "async" else self.transport),
+            ("STEPS", self.steps),
+            ("WORLD_SIZE", self.world_size),
+        ):
+            if value not in (None, ""):
+                parts.append(f"{var}={value}")
+        return " ".join(parts)
+
+
+Evaluate = Callable[[ProbeSpec], Observation]
+
+
+class _Watch:
+    """Wraps the engine to learn whether `prepare` reused a cached env (execute does not say)."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+        self.reused: bool | None = None
+        self.layered_on: str | None = None
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def preflight(self, env: Any) -> None:
+        self.inner.preflight(env)
+
+    def prepare(self, env: Any) -> Any:
+        prepared = self.inner.prepare(env)
+        self.reused = prepared.reused
+        self.layered_on = (getattr(prepared, "details", None) or {}).get("layered_on")
+        return prepared
+
+    def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
+        return self.inner.run_suite(prepared, args, out_dir, timeout_s)
+
+
+class OrchestratedProbe:
+    """The real evaluator: `plan` + `execute` into one shared results folder."""
+
+    def __init__(
+        self, matrix: Matrix, engine: Engine, invocation: Invocation, say: Callable[[str], None] = print
+    ) -> None:
+        self.matrix, self.engine, self.invocation, self.say = matrix, engine, invocation, say
+
+    def __call__(self, spec: ProbeSpec) -> Observation:
+        started = time.monotonic()
+        label = spec.label or spec.torch or spec.deepspeed or spec.env_id
+        watch = _Watch(self.engine)
+        before = len(self.invocation.runs)
+        try:
+            # A release the matrix cannot pair with this env (no wheel index, no wheels for its
+            # Python, not a version) is a fact about the candidate, not a broken command.
+            steps = plan(self.matrix, spec.request())
+        except DERIVE_ERRORS as exc:
+            return Observation(label, "env-error", "none", _one_line(exc), time.monotonic() - started)
+        env_id = steps[0].env.id
+        try:
+            runs = execute(steps, watch, self.invocation, say=self.say)
+        except CANDIDATE_ERRORS as exc:
+            return Observation(
+                label, "env-error", "none", _one_line(exc), time.monotonic() - started, env_id, watch.reused
+            )
+        mine = [
+            r
+            for r in runs[before:]
+            if r.get("scenario") == spec.scenario
+            and r.get("patch") == spec.patch
+            and r.get("transport") != "sync"
+        ]
+        seconds = time.monotonic() - started
+        if not mine:
+            info = self.invocation.data["envs"].get(env_id or "", {})
+            return Observation(
+                label,
+                "env-error",
+                "none",
+                f"the suite produced no {spec.scenario}/{spec.patch} record "
+                f"(suite exit code {info.get('suite_exit_code')})",
+                seconds,
+                env_id,
+                watch.reused,
+            )
+        record = mine[-1]
+        log = record.get("logs") or {}
+        return Observation(
+            label,
+            str(record.get("outcome")),
+            str(record.get("signature")),
+            str(record.get("reason") or ""),
+            seconds,
+            env_id,
+            watch.reused,
+            _record_path(log),
+            dict(record.get("versions") or {}),
+            watch.layered_on,
+        )
+
+
+def _record_path(logs: dict[str, Any]) -> str | None:
+    # The suite writes record.json next to the launcher log, in the run's folder.
+    path = logs.get("launcher")
+    return path.rsplit("/", 1)[0] + "/record.json" if isinstance(path, str) and "/" in path else None
+
+
+def _one_line(exc: Exception) -> str:
+    what = getattr(exc, "what", str(exc))
+    why = (getattr(exc, "why", "") or "").strip().splitlines()
+    return f"{type(exc).__name__}: {what}" + (f" ({why[-1][:200]})" if why else "")

@@ -1,0 +1,224 @@
+"""The core subcommands: list, build, repro, check-fix, matrix, report, base-image."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from repro.cli.main import DEFAULT_RESULTS_ROOT, REPO_ROOT, _add_run_options, command, request_from_args
+from repro.core.errors import FixNotResolvedError, Interrupted, UsageError
+
+
+def _matrix(args: argparse.Namespace) -> Any:
+    from repro.matrix.model import load_matrix
+
+    return load_matrix(args.matrix) if getattr(args, "matrix", None) else load_matrix()
+
+
+def _list_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", default=None)
+
+
+@command("list", "list the envs of the matrix and whether this host can run them", _list_options)
+def cmd_list(args: argparse.Namespace) -> int:
+    from repro.engines.preflight import host_can_run
+
+    matrix = _matrix(args)
+    print(f"{'env':<14} {'platform':<8} {'torch':<8} {'deepspeed':<10} {'rocm/cuda':<10} {'here':<5} notes")
+    for env_id in matrix.ids():
+        env = matrix.get(env_id)
+        ok, _why = host_can_run(env)
+        accel = env.rocm or env.cuda or "-"
+        default = " (default)" if env_id == matrix.default_id else ""
+        print(f"{env_id:<14} {env.platform.value:<8} {env.torch:<8} {env.deepspeed:<10} {accel:<10} "
+              f"{'yes' if ok else 'no':<5} {env.notes.splitlines()[0] if env.notes else ''}{default}")
+    return 0
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    from repro.engines.base import choose_engine
+
+    return choose_engine(args.engine or os.environ.get("ENGINE") or None)
+
+
+@command("build", "build (or reuse) the image / venv of an env", _add_run_options)
+def cmd_build(args: argparse.Namespace) -> int:
+    from repro.run.orchestrate import describe, plan
+
+    matrix = _matrix(args)
+    steps = plan(matrix, request_from_args(args, matrix.default_id))
+    if args.dry_run:
+        from repro.engines.docker.buildplan import dry_run_text
+
+        for step in steps:
+            print(dry_run_text(step.env))
+        return 0
+    engine = _engine(args)
+    print(describe(steps, engine.describe()))
+    for step in steps:
+        engine.preflight(step.env)
+        prepared = engine.prepare(step.env)
+        print(f"{step.env.id}: {'reused' if prepared.reused else 'built'} {prepared.label}")
+    return 0
+
+
+def _run(args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    from dataclasses import replace
+
+    from repro.core.results import Invocation, invocation_meta, new_invocation_dir, point_latest
+    from repro.run.orchestrate import describe, execute, plan
+    from repro.run.summary import render
+
+    matrix = _matrix(args)
+    request = request_from_args(args, matrix.default_id)
+    if env_ids is not None:
+        request = replace(request, env_ids=env_ids)
+    if fixed_only:
+        request = replace(request, patches=("fixed",), sync_proof=False)
+    steps = plan(matrix, request)
+    if args.dry_run:
+        print(describe(steps, "(dry run: no engine chosen)"))
+        for step in steps:
+            print(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
+        return []
+    engine = _engine(args)
+    for step in steps:  # missing devices / daemon / Python: say so before any folder exists
+        engine.preflight(step.env)
+    root = Path(args.results_root)
+    folder = Path(args.out) if args.out else new_invocation_dir(root, [s.env.id for s in steps])
+    if args.out:
+        if (folder / "results.json").exists():
+            raise UsageError(f"OUT={folder} already holds results", why="results are never overwritten",
+                             fix="choose a new OUT= folder (or leave OUT unset for a fresh timestamped one)")
+        folder.mkdir(parents=True, exist_ok=True)
+    invocation = Invocation(folder, invocation_meta(args.argv, _make_command(args)))
+    invocation.save()
+    if not args.out:
+        point_latest(root, folder)
+    print(describe(steps, engine.describe()))
+    print(f"results: {folder}")
+    try:
+        runs = execute(steps, engine, invocation)
+    except Interrupted:
+        print(render(invocation.runs, str(folder)))
+        raise
+    print()
+    print(render(runs, str(folder)))
+    return runs
+
+
+def _make_command(args: argparse.Namespace) -> str:
+    """The make command that reproduces this invocation (goes into reports and bundles)."""
+    parts = [f"make {args.command}"]
+    for var, value in (("ENV", args.env), ("ENGINE", args.engine), ("TORCH", args.torch),
+                       ("DEEPSPEED", args.deepspeed), ("SCENARIOS", args.scenarios), ("PATCH", args.patch),
+                       ("DTYPE", args.dtype), ("TRANSPORT", args.transport), ("CONFIG", args.config),
+                       ("STEPS", args.steps), ("WORLD_SIZE", args.world_size)):
+        if value not in (None, ""):
+            parts.append(f"{var}={value}")
+    return " ".join(parts)
+
+
+@command("repro", "run the control and the MiCS scenarios, stock and fixed, and print the verdict",
+         _add_run_options)
+def cmd_repro(args: argparse.Namespace) -> int:
+    _run(args)
+    return 0
+
+
+@command("check-fix", "run the fixed MiCS scenarios (and the control); exit non-zero unless all are clean",
+         _add_run_options)
+def cmd_check_fix(args: argparse.Namespace) -> int:
+    from repro.core.verdict import fixed_runs_clean
+
+    runs = _run(args, fixed_only=True)
+    if args.dry_run:
+        return 0
+    ok, bad = fixed_runs_clean(runs)
+    if not ok:
+        raise FixNotResolvedError("the fix does not resolve the failure in every fixed run",
+                                  why="; ".join(bad), fix="see the records in the results folder for evidence")
+    print("check-fix: every fixed MiCS run is clean")
+    return 0
+
+
+@command("matrix", "run the reproduction in every env this host can run", _add_run_options)
+def cmd_matrix(args: argparse.Namespace) -> int:
+    from repro.engines.preflight import host_can_run
+
+    matrix = _matrix(args)
+    runnable, skipped = [], []
+    for env_id in matrix.ids():
+        ok, why = host_can_run(matrix.get(env_id))
+        (runnable if ok else skipped).append(env_id if ok else f"{env_id} ({why})")
+    for line in skipped:
+        print(f"skipping {line}")
+    if not runnable:
+        raise UsageError("no env of the matrix can run on this host")
+    _run(args, env_ids=tuple(runnable))
+    return 0
+
+
+def _report_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default=None, help="results folder(s), comma-separated (default results/latest)")
+    p.add_argument("--out", default=None, help="where report.html and REPORT.md go (default: first results folder)")
+    p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
+
+
+@command("report", "write report.html and REPORT.md from one or more results folders", _report_options)
+def cmd_report(args: argparse.Namespace) -> int:
+    from repro.core.results import resolve_results_dir
+    from repro.report import build_report
+
+    root = Path(args.results_root)
+    given = [s for s in (args.results or "").split(",") if s.strip()]
+    folders = [resolve_results_dir(root, g) for g in given] or [resolve_results_dir(root, None)]
+    out = Path(args.out) if args.out else folders[0]
+    paths = build_report(folders, out)
+    for path in (getattr(paths, "html", None), getattr(paths, "markdown", None)):
+        if path:
+            print(f"wrote {path}")
+    return 0
+
+
+def _base_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--force", action="store_true", help="rebuild even if the image exists")
+
+
+@command("base-image", "make the local CPU base image with debootstrap (no registry needed)", _base_options)
+def cmd_base_image(args: argparse.Namespace) -> int:
+    from repro.engines.docker.base_image import make_base_image
+
+    make_base_image(force=args.force)
+    return 0
+
+
+@command("clean", "remove results/ and temporary build folders (not the download/venv cache)")
+def cmd_clean(args: argparse.Namespace) -> int:
+    for path in (DEFAULT_RESULTS_ROOT, REPO_ROOT / "bundles", REPO_ROOT / "test-artifacts"):
+        if path.exists():
+            shutil.rmtree(path)
+            print(f"removed {path}")
+    return 0
+
+
+def _venv_python_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--env", required=True, help="env id (derived ids like cpu+torch2.2.2 work too)")
+    p.add_argument("--matrix", default=None)
+
+
+@command("venv-python", "build (or reuse) an env's cached venv and print its interpreter's path last",
+         _venv_python_options)
+def cmd_venv_python(args: argparse.Namespace) -> int:
+    # For scripts and CI: `PY=$(python -m repro venv-python --env cpu | tail -n 1)`.
+    from repro.engines.venv.engine import VenvEngine
+
+    engine = VenvEngine()
+    env = _matrix(args).get(args.env)
+    engine.preflight(env)
+    prepared = engine.prepare(env)
+    print(prepared.details["python"])
+    return 0

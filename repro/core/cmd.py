@@ -1,0 +1,183 @@
+"""The one door for subprocesses: every external command of the host-side tool goes through `run`.
+
+Keeping a single seam means the command is always echoed (so a user can copy it), a missing tool
+is a typed error instead of a FileNotFoundError traceback, a timeout is a value instead of a hang,
+and the default test tier can forbid real subprocesses by patching one function.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from repro.core.errors import MissingToolError
+
+# How long each escalation step (SIGINT, SIGTERM) gets before the next one; torchrun forwards
+# SIGINT/SIGTERM to its ranks and needs a moment to collect their stacks and exit codes.
+STOP_GRACE_S = 10.0
+
+# Exit code reported for a command stopped by its time limit (same convention as coreutils timeout).
+TIMEOUT_EXIT_CODE = 124
+
+
+@dataclass(frozen=True)
+class CmdResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+    def tail(self, lines: int = 20) -> str:
+        """Last lines of captured output, for error messages."""
+        text = (self.stdout + ("\n" if self.stdout and self.stderr else "") + self.stderr).rstrip()
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def resolve(tool: str, env: Mapping[str, str] | None = None) -> str:
+    """Absolute path of `tool`, searched on the PATH the command will run with."""
+    path = (env or os.environ).get("PATH", os.defpath)
+    found = shutil.which(tool, path=path)
+    if found is None:
+        raise MissingToolError(
+            f"`{tool}` is not installed or not on PATH",
+            why="this step runs it as an external command",
+            fix=f"install `{tool}` (on Debian/Ubuntu: apt-get install the package that provides it) "
+            "and try again",
+        )
+    return found
+
+
+def run(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    capture: bool = False,
+    timeout_s: float | None = None,
+    tee: Path | None = None,
+    echo: bool = True,
+) -> CmdResult:
+    """Run a command to completion and return what happened; never raises for a non-zero exit.
+
+    `capture` keeps stdout/stderr as text; otherwise they go to the terminal, and with `tee` also
+    (both streams, in order) to that file. On timeout or Ctrl-C the whole process group is stopped in three
+    steps (interrupt, terminate, kill) so that no rank of a torchrun job outlives the tool.
+    """
+    args = [os.fspath(a) for a in argv]
+    full_env = dict(os.environ if env is None else env)
+    if extra_env:
+        full_env.update(extra_env)
+    exe = resolve(args[0], full_env)
+    if echo:
+        prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (extra_env or {}).items())
+        print(f"+ {prefix + ' ' if prefix else ''}{shlex.join(args)}", flush=True)
+
+    out: int | None = subprocess.PIPE if (capture or tee) else None
+    err: int | None = subprocess.PIPE if capture else (subprocess.STDOUT if tee else None)
+    started = time.monotonic()
+    # A new session gives the child its own process group, so escalation reaches grandchildren.
+    proc = subprocess.Popen(
+        [exe, *args[1:]], env=full_env, cwd=cwd, stdout=out, stderr=err, start_new_session=True
+    )
+    copier = _start_tee(proc, tee) if (tee and not capture) else None
+    timed_out = False
+    stdout_b = stderr_b = b""
+    try:
+        if copier is None:
+            stdout_b, stderr_b = proc.communicate(timeout=timeout_s)
+        else:
+            proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        print(f"! {Path(exe).name}: time limit of {timeout_s:g} s reached; stopping it", flush=True)
+        stop_process_group(proc)
+        if copier is None:
+            stdout_b, stderr_b = proc.communicate()
+    except BaseException:
+        # Ctrl-C (or any error in this process) must not leave the child running.
+        stop_process_group(proc)
+        raise
+    finally:
+        if copier is not None:
+            copier.join(timeout=30)  # a leftover grandchild may hold the pipe open
+    return CmdResult(
+        argv=tuple(args),
+        returncode=TIMEOUT_EXIT_CODE if timed_out else proc.returncode,
+        stdout=(stdout_b or b"").decode(errors="replace"),
+        stderr=(stderr_b or b"").decode(errors="replace"),
+        timed_out=timed_out,
+        duration_s=time.monotonic() - started,
+    )
+
+
+def _start_tee(proc: subprocess.Popen[bytes], path: Path) -> threading.Thread:
+    assert proc.stdout is not None
+    stream = proc.stdout
+
+    def copy() -> None:
+        with open(path, "ab") as sink:
+            for line in iter(stream.readline, b""):
+                sink.write(line)
+                sink.flush()
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+        stream.close()
+
+    thread = threading.Thread(target=copy, name="cmd-tee", daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float | None = None) -> None:
+    """Interrupt, then terminate, then kill the child's process group, `grace_s` apart.
+
+    Escalation follows the group, not just the child: a shell that dies on SIGINT can leave a
+    background job behind (non-interactive shells start those with SIGINT ignored).
+    """
+    grace = STOP_GRACE_S if grace_s is None else grace_s
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        if not _group_alive(proc):
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and _group_alive(proc):
+            time.sleep(0.05)
+
+
+def _group_alive(proc: subprocess.Popen[bytes]) -> bool:
+    proc.poll()  # reap the leader, or its zombie would keep the group "alive"
+    proc_root = Path("/proc")
+    if not proc_root.is_dir():
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    # Orphaned members that already died stay zombies until init reaps them; they hold nothing.
+    for stat in proc_root.glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(proc.pid) and fields[0] not in ("Z", "X"):
+            return True
+    return False

@@ -1,0 +1,103 @@
+"""One error hierarchy for the host-side tool, caught once in `repro.cli.main.main`.
+
+Each error carries an exit code (distinct per kind, so scripts can tell them apart) and a
+message that says what went wrong, why, and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class ReproError(Exception):
+    """Base class. `exit_code` is what `python -m repro` exits with."""
+
+    exit_code = 2
+
+    def __init__(self, what: str, *, why: str = "", fix: str = "") -> None:
+        self.what, self.why, self.fix = what, why, fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        parts = [f"error: {self.what}"]
+        if self.why:
+            parts.append(f"  why: {self.why}")
+        if self.fix:
+            parts.append(f"  what to do: {self.fix}")
+        return "\n".join(parts)
+
+
+class UsageError(ReproError):
+    """Bad command-line input (unknown option value, bad combination)."""
+
+    exit_code = 2
+
+
+class MatrixError(ReproError):
+    """The env matrix file is malformed (names the file, the env and the key)."""
+
+    exit_code = 3
+
+
+class UnknownEnvError(ReproError):
+    """ENV= names no env in the matrix (the message lists the valid ones and the closest)."""
+
+    exit_code = 4
+
+
+class ConfigError(ReproError):
+    """A user-supplied DeepSpeed config cannot be used."""
+
+    exit_code = 5
+
+
+class DockerUnavailableError(ReproError):
+    """ENGINE=docker but no Docker daemon answers."""
+
+    exit_code = 10
+
+
+class DeviceUnavailableError(ReproError):
+    """A ROCm/CUDA env on a host without the GPU devices or runtime it needs."""
+
+    exit_code = 11
+
+
+class PythonVersionError(ReproError):
+    """The interpreter is too new/old for the pinned torch wheels."""
+
+    exit_code = 12
+
+
+class BuildError(ReproError):
+    """Building an image or installing a venv failed."""
+
+    exit_code = 13
+
+
+class MissingToolError(ReproError):
+    """An external executable the step needs is not installed."""
+
+    exit_code = 14
+
+
+class RunError(ReproError):
+    """The workload could not be run at all (not a run outcome: those are results)."""
+
+    exit_code = 15
+
+
+class BundleError(ReproError):
+    """A bundle is corrupt, truncated or does not match its manifest."""
+
+    exit_code = 16
+
+
+class FixNotResolvedError(ReproError):
+    """`check-fix`: the fixed runs did not come out clean."""
+
+    exit_code = 20
+
+
+class Interrupted(ReproError):
+    """Ctrl-C: what finished was saved; the message says how to resume."""
+
+    exit_code = 130

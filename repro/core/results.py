@@ -1,0 +1,123 @@
+"""The results store: one folder per invocation, written atomically, never overwritten.
+
+Layout (read by the report, bisection and bundles):
+  results/<UTC timestamp>-<env ids>/results.json   {"schema", "tool_version", "invocation",
+                                                    "envs": {id: {...}}, "runs": [record, ...]}
+  results/<...>/<env id>/suite.json, runs/<run>/..., artifacts/...
+  results/latest -> the newest invocation folder
+Record log paths are relative to the invocation folder.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from repro import __version__
+from repro.core.errors import UsageError
+from repro.workload.record import SCHEMA_VERSION, read_json, write_json_atomic
+
+RESULTS_FILE = "results.json"
+LATEST = "latest"
+
+
+def utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def new_invocation_dir(root: Path, env_ids: list[str]) -> Path:
+    """A fresh folder; a name clash (two invocations in one second) gets a suffix, never a reuse."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    label = re.sub(r"[^A-Za-z0-9_.+-]", "_", "_".join(env_ids))[:80]
+    base = root / f"{stamp}-{label}"
+    folder, n = base, 1
+    while True:
+        try:
+            folder.mkdir(parents=True)
+            return folder
+        except FileExistsError:
+            n += 1
+            folder = Path(f"{base}-{n}")
+
+
+def point_latest(root: Path, folder: Path) -> None:
+    """results/latest -> folder, replaced atomically (symlink to a temp name, then rename)."""
+    link = root / LATEST
+    tmp = root / f".{LATEST}.{os.getpid()}"
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(folder.name)
+    os.replace(tmp, link)
+
+
+def host_info() -> dict[str, Any]:
+    # Host facts that help a maintainer; no hostnames, user names or paths (they leak into bundles).
+    return {"os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
+            "python": platform.python_version(), "cpu_count": os.cpu_count()}
+
+
+def invocation_meta(argv: list[str], command: str) -> dict[str, Any]:
+    return {"argv": list(argv), "command": command, "started_at": utc_now(), "finished_at": None,
+            "interrupted": False, "host": host_info(), "python_command": shlex.join(
+                [os.path.basename(sys.executable), "-m", "repro", *argv])}
+
+
+class Invocation:
+    """One invocation's folder. `save()` after every change, so Ctrl-C loses nothing."""
+
+    def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
+        self.folder = folder
+        self.data: dict[str, Any] = {"schema": SCHEMA_VERSION, "tool_version": __version__,
+                                     "invocation": meta, "envs": {}, "runs": []}
+
+    def env_dir(self, env_id: str) -> Path:
+        path = self.folder / env_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def add_env(self, env_id: str, info: dict[str, Any]) -> None:
+        self.data["envs"][env_id] = info
+        self.save()
+
+    def add_runs(self, env_id: str, runs: list[dict[str, Any]]) -> None:
+        prefix = env_id + "/"
+        for run in runs:
+            # The suite ran inside the env's own folder; make log paths relative to the invocation.
+            run["logs"] = {k: v if v.startswith(prefix) else prefix + v for k, v in (run.get("logs") or {}).items()}
+            self.data["runs"].append(run)
+        self.save()
+
+    def finish(self, interrupted: bool = False) -> None:
+        self.data["invocation"]["finished_at"] = utc_now()
+        self.data["invocation"]["interrupted"] = interrupted
+        self.save()
+
+    def save(self) -> None:
+        write_json_atomic(str(self.folder / RESULTS_FILE), self.data)
+
+    @property
+    def runs(self) -> list[dict[str, Any]]:
+        return list(self.data["runs"])
+
+
+def resolve_results_dir(root: Path, given: str | None) -> Path:
+    """A results folder from RESULTS=/--results, or the latest one."""
+    folder = Path(given) if given else root / LATEST
+    if not (folder / RESULTS_FILE).exists():
+        raise UsageError(f"no {RESULTS_FILE} in {folder}",
+                         why="that folder is not a results folder of this tool (or no run finished yet)",
+                         fix="run `make repro` first, or pass RESULTS=<folder> of an earlier invocation")
+    return folder.resolve()
+
+
+def load(folder: Path) -> dict[str, Any]:
+    data = read_json(str(folder / RESULTS_FILE))
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION or "runs" not in data:
+        raise UsageError(f"{folder / RESULTS_FILE} is not a results file of schema {SCHEMA_VERSION}")
+    return data

@@ -1,0 +1,132 @@
+"""`make base-image`: a Debian bookworm base made locally, for hosts that reach no container registry.
+
+debootstrap writes a minimal root filesystem from the Debian archive, which `docker import` turns
+into an image. Bookworm's python3 is 3.11, which torch 2.0-2.4 publish wheels for, so CPU envs
+build FROM it with BASE_IMAGE=mics-repro/base:bookworm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from repro.core import cmd
+from repro.core.errors import BuildError, ReproError
+
+if TYPE_CHECKING:
+    from repro.engines.docker.engine import DockerEngine
+
+BASE_IMAGE_REF = "mics-repro/base:bookworm"
+
+
+@dataclass(frozen=True)
+class BaseImageSpec:
+    ref: str = BASE_IMAGE_REF
+    suite: str = "bookworm"
+    variant: str = "minbase"
+    packages: tuple[str, ...] = ("python3", "python3-venv", "python3-pip", "ca-certificates")
+    mirror: str = "http://deb.debian.org/debian"
+
+    @classmethod
+    def from_environ(cls) -> BaseImageSpec:
+        mirror = os.environ.get("MICS_REPRO_DEBIAN_MIRROR")
+        return cls(mirror=mirror) if mirror else cls()
+
+    def debootstrap_argv(self, rootfs: Path) -> list[str]:
+        return ["debootstrap", f"--variant={self.variant}", f"--include={','.join(self.packages)}",
+                self.suite, str(rootfs), self.mirror]
+
+    def changes(self) -> list[str]:
+        """Dockerfile instructions applied on import: a rootfs tarball carries no image config."""
+        return [
+            "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "ENV LANG=C.UTF-8",
+            f'LABEL mics-repro.base="{self.suite}-{self.variant}" mics-repro.base-mirror="{self.mirror}"',
+            'CMD ["/bin/bash"]',
+        ]
+
+
+# Package caches debootstrap leaves behind: about a third of the rootfs, useless in an image.
+_TRIM = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man")
+
+
+def _trim(rootfs: Path) -> None:
+    for rel in _TRIM:
+        folder = rootfs / rel
+        if not folder.is_dir():
+            continue
+        for child in folder.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            elif child.name != "lock":
+                child.unlink(missing_ok=True)
+
+
+def make_base_image(
+    force: bool = False,
+    *,
+    engine: DockerEngine | None = None,
+    spec: BaseImageSpec | None = None,
+    workdir: Path | None = None,
+) -> str:
+    """Make (or, unless `force`, reuse) the base image; returns its image id."""
+    spec = spec or BaseImageSpec.from_environ()
+    if engine is None:
+        from repro.engines.docker.engine import DockerEngine
+
+        engine = DockerEngine.connect()
+    if not force and engine.image_labels(spec.ref) is not None:
+        print(f"base-image: {spec.ref} already exists (use --force to remake it)", flush=True)
+        return engine.image_id(spec.ref)
+    if os.geteuid() != 0:
+        raise BuildError(
+            "making the base image needs root",
+            why="debootstrap creates device nodes and files owned by other users",
+            fix="run `sudo make base-image` (or `sudo python -m repro base-image`)",
+        )
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix="mics-repro-base-", dir=workdir or "/var/tmp"))
+    try:
+        rootfs, tarball = tmp / "rootfs", tmp / "rootfs.tar"
+        print(f"base-image: debootstrap {spec.suite} ({spec.variant}) from {spec.mirror} (about a minute)",
+              flush=True)
+        result = cmd.run(spec.debootstrap_argv(rootfs))
+        if not result.ok:
+            log = rootfs / "debootstrap" / "debootstrap.log"
+            raise BuildError(f"debootstrap failed (exit {result.returncode})",
+                             why=f"see {log}" if log.exists() else "see the output above",
+                             fix="check access to the Debian mirror (MICS_REPRO_DEBIAN_MIRROR overrides it)")
+        _trim(rootfs)
+        result = cmd.run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."])
+        if not result.ok:
+            raise BuildError("packing the root filesystem failed", why=result.tail())
+        size_mb = tarball.stat().st_size / 1e6
+        print(f"base-image: importing {size_mb:.0f} MB as {spec.ref}", flush=True)
+        image_id = engine.import_rootfs(tarball, spec.ref, spec.changes())
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"base-image: {spec.ref} = {image_id[:19]} in {time.monotonic() - started:.0f} s", flush=True)
+    return image_id
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repro.engines.docker.base_image", description=__doc__)
+    parser.add_argument("--force", action="store_true", help="remake the image even if it exists")
+    args = parser.parse_args(argv)
+    try:
+        make_base_image(force=args.force)
+    except ReproError as exc:
+        print(exc.render())
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,446 @@
+"""The Docker engine: everything that talks to the Docker daemon lives here (docker-py 7.x).
+
+Images are built from an in-memory context (nothing is written into the repo) that mirrors the
+repo paths the Dockerfiles COPY from, with host networking so pip reaches PyPI and the
+wheelhouse served on 127.0.0.1. Suites run in containers with networking off; a container is a
+context manager that is removed on success, failure, Ctrl-C and time-out alike.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import io
+import os
+import re
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from repro.core.errors import BuildError, RunError
+from repro.core.paths import cache_root
+from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
+from repro.engines.docker.build_context import (
+    BuildContext,
+    ca_bundle,
+    image_args,
+    make_context,
+    parse_build_args,
+    source_args,
+)
+from repro.engines.preflight import DockerFacts, check_devices, docker_unavailable
+from repro.engines.wheelhouse import Wheelhouse
+
+if TYPE_CHECKING:
+    from repro.matrix.model import Env
+
+LABEL_CONTEXT = "mics-repro.context-sha"
+LABEL_PINS_KEY = "mics-repro.pins-key"
+
+
+def daemon_status() -> tuple[bool, str]:
+    """(answers, reason) for ENGINE=auto; never raises."""
+    try:
+        client = _client()
+        client.ping()
+        host = os.environ.get("DOCKER_HOST") or "the local socket"
+        return True, f"a Docker daemon answers at {host}"
+    except Exception as exc:  # any failure means "no usable daemon" here
+        return False, f"no Docker daemon answers ({type(exc).__name__}: {str(exc)[:120]})"
+
+
+def _client(timeout: int = 30) -> Any:
+    # Imported by name: the repo's own docker/ folder (Dockerfiles) shadows docker-py for mypy.
+    docker = importlib.import_module("docker")
+    # docker-py 7.2 follows the CLI context unless DOCKER_HOST is set; from_env covers both.
+    return docker.from_env(timeout=timeout)
+
+
+@dataclass
+class _BuildLog:
+    path: Path
+    prefix: str
+    errors: list[str] = field(default_factory=list)
+    image_id: str | None = None
+    tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=25))
+
+
+class DockerEngine:
+    kind = EngineKind.DOCKER
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        repo_root: Path = REPO_ROOT,
+        wheelhouse: Wheelhouse | None = None,
+        log_dir: Path | None = None,
+        base_image: str | None = None,
+        build_args: Mapping[str, str] | None = None,
+    ) -> None:
+        self.client = client
+        self.repo_root = repo_root
+        self.wheelhouse = wheelhouse if wheelhouse is not None else Wheelhouse()
+        self.log_dir = log_dir if log_dir is not None else cache_root() / "logs"
+        self.base_override = base_image or os.environ.get("MICS_REPRO_BASE_IMAGE") or None
+        self.extra_args = dict(build_args) if build_args is not None else parse_build_args(
+            os.environ.get("MICS_REPRO_BUILD_ARGS", ""))
+
+    @classmethod
+    def connect(cls, **kwargs: Any) -> DockerEngine:
+        try:
+            client = _client()
+            client.ping()
+        except Exception as exc:
+            raise docker_unavailable(f"{type(exc).__name__}: {exc}") from exc
+        # The ping had a deadline; the rest must not: a followed log stream is silent for as long
+        # as a run is (a hang waits out its whole limit), and a client timeout would cut it.
+        client.api.timeout = None
+        return cls(client, **kwargs)
+
+    def describe(self) -> str:
+        version = self.client.version()
+        return f"Docker {version.get('Version', '?')} (API {version.get('ApiVersion', '?')})"
+
+    def preflight(self, env: Env) -> None:
+        check_devices(env, docker=DockerFacts.from_info(self.client.info()))
+
+    # -- images ------------------------------------------------------------------------------
+    def image_labels(self, ref: str) -> dict[str, str] | None:
+        import docker.errors
+
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        return dict(image.labels or {})
+
+    def image_id(self, ref: str) -> str:
+        return str(self.client.images.get(ref).id)
+
+    def prepare(self, env: Env) -> Prepared:
+        tag = env.image_tag()
+        ca = ca_bundle()
+        args = image_args(self.base_override, self.extra_args)
+        context = make_context(env, self.repo_root, ca, args)
+        labels = self.image_labels(tag)
+        if labels is not None and labels.get(LABEL_CONTEXT) == context.digest:
+            print(f"docker: reusing image {tag} (Dockerfile and workload unchanged)", flush=True)
+            return Prepared(EngineKind.DOCKER, env.id, self.image_id(tag), tag, True, _details(env))
+        if labels is not None:
+            print(f"docker: {tag} exists but its Dockerfile or workload changed; rebuilding "
+                  "(cached layers are reused)", flush=True)
+        complete = self.wheelhouse.ensure(env)
+        image_id = self.build(env, context, args, wheelhouse_only=complete)
+        return Prepared(EngineKind.DOCKER, env.id, image_id, tag, False, _details(env))
+
+    def build(self, env: Env, context: BuildContext, args: Mapping[str, str], *,
+              wheelhouse_only: bool = False) -> str:
+        """Build `env`'s image; `wheelhouse_only` installs from the served wheelhouse alone."""
+        tag = env.image_tag()
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = _BuildLog(self.log_dir / f"build-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env.id)}.log",
+                        f"[build {env.id}] ")
+        print(f"docker: building {tag} (log: {log.path})", flush=True)
+        started = time.monotonic()
+        with self.wheelhouse.serve() as url, open(log.path, "w") as sink:
+            no_index = wheelhouse_only or self.wheelhouse.offline
+            all_args = {**source_args(url, no_index=no_index, environ=os.environ), **args}
+            stream = self.client.api.build(
+                fileobj=io.BytesIO(context.data), custom_context=True, dockerfile=context.dockerfile,
+                tag=tag, buildargs=all_args, network_mode="host", rm=True, forcerm=True, pull=False,
+                decode=True, labels={LABEL_CONTEXT: context.digest, LABEL_PINS_KEY: env.pins_key()},
+            )
+            for chunk in stream:
+                _record_chunk(chunk, log, sink)
+        if log.errors:
+            hint = ""
+            if any("pull access denied" in e or "no such host" in e or "not found" in e for e in log.errors):
+                hint = ("; if no registry is reachable, make a local base (`make base-image`) and set "
+                        "MICS_REPRO_BASE_IMAGE=mics-repro/base:bookworm (CPU envs)")
+            raise BuildError(f"building {tag} failed", why="\n".join(log.tail)[-3000:],
+                             fix=f"read the whole log in {log.path}{hint}")
+        image_id = self.image_id(tag)
+        print(f"docker: built {tag} ({image_id[:19]}) in {time.monotonic() - started:.0f} s", flush=True)
+        return image_id
+
+    def import_rootfs(self, tar_path: Path, ref: str, changes: Sequence[str]) -> str:
+        """`docker import` a root filesystem tarball (the locally made base image)."""
+        repository, _, tag = ref.rpartition(":")
+        self.client.api.import_image_from_file(str(tar_path), repository=repository, tag=tag,
+                                               changes=list(changes))
+        return self.image_id(ref)
+
+    # -- containers ----------------------------------------------------------------------------
+    def run_suite(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
+    ) -> SuiteRun:
+        command = ["python", "-m", SUITE_MODULE, *args, "--out", RESULTS_DIR]
+        return self.run(prepared.handle, command, out_dir, timeout_s,
+                        platform=prepared.details.get("platform", "cpu"), name_hint=prepared.env_id,
+                        copy_out=RESULTS_DIR)
+
+    def run(
+        self, image: str, command: Sequence[str], out_dir: Path, timeout_s: float | None, *,
+        platform: str = "cpu", name_hint: str = "run", copy_out: str | None = None,
+    ) -> SuiteRun:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log_path = out_dir / "engine.log"
+        options = run_options(platform, device_gids())
+        name = f"mics-repro-{re.sub(r'[^a-zA-Z0-9_.-]+', '-', name_hint)}-{uuid.uuid4().hex[:8]}"
+        started = time.monotonic()
+        with ManagedContainer(self.client, image, list(command), name, options) as box:
+            box.start()
+            logger = threading.Thread(target=box.follow_logs, args=(log_path, f"[{name_hint}] "),
+                                      daemon=True)
+            logger.start()
+            exit_code, timed_out = box.wait(timeout_s)
+            logger.join(timeout=30)
+            if copy_out:
+                box.copy_out(copy_out, out_dir)
+        if exit_code is None:
+            raise RunError(f"container {name} ended without an exit status")
+        return SuiteRun(exit_code, timed_out, time.monotonic() - started, out_dir, log_path)
+
+
+def _details(env: Env) -> dict[str, str]:
+    return {"platform": env.platform.value, "tag": env.image_tag()}
+
+
+def _record_chunk(chunk: Mapping[str, Any], log: _BuildLog, sink: Any) -> None:
+    text = chunk.get("stream") or chunk.get("status") or ""
+    if "error" in chunk:
+        detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
+        log.errors.append(str(detail))
+        text = f"ERROR: {detail}\n"
+    if "aux" in chunk and isinstance(chunk["aux"], dict):
+        log.image_id = chunk["aux"].get("ID", log.image_id)
+    if text:
+        sink.write(text)
+        sink.flush()  # so `tail -f` on the log follows a long build
+        for line in str(text).splitlines():
+            if line.strip():
+                log.tail.append(line)
+                print(log.prefix + line, flush=True)
+
+
+# -- running containers --------------------------------------------------------------------------
+RESULTS_DIR = "/results"
+KEEP_ENV = "MICS_REPRO_KEEP_CONTAINER"
+STOP_GRACE_S = 20  # per step: the suite records hung runs (stacks, records) when interrupted
+CPU_SHM = "8g"  # torch's shared-memory tensors and gloo need more than Docker's 64 MB default
+ROCM_DEVICES = ("/dev/kfd", "/dev/dri")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The platform-dependent part of `containers.create(...)`."""
+
+    devices: tuple[str, ...] = ()
+    group_add: tuple[str, ...] = ()
+    ipc_mode: str | None = None
+    shm_size: str | None = None
+    security_opt: tuple[str, ...] = ()
+    cap_add: tuple[str, ...] = ()
+    gpus: bool = False
+
+    def to_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self.devices:
+            kwargs["devices"] = [f"{d}:{d}:rwm" for d in self.devices]
+        if self.group_add:
+            kwargs["group_add"] = list(self.group_add)
+        if self.ipc_mode:
+            kwargs["ipc_mode"] = self.ipc_mode
+        if self.shm_size:
+            kwargs["shm_size"] = self.shm_size
+        if self.security_opt:
+            kwargs["security_opt"] = list(self.security_opt)
+        if self.cap_add:
+            kwargs["cap_add"] = list(self.cap_add)
+        if self.gpus:
+            from docker.types import DeviceRequest
+
+            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return kwargs
+
+
+    def cli_pairs(self) -> list[tuple[str, str]]:
+        """The same options as `docker run` (flag, value) pairs, for printed and scripted runs."""
+        pairs = [("--device", d) for d in self.devices] + [("--group-add", g) for g in self.group_add]
+        if self.ipc_mode:
+            pairs.append(("--ipc", self.ipc_mode))
+        if self.shm_size:
+            pairs.append(("--shm-size", self.shm_size))
+        pairs += [("--security-opt", o) for o in self.security_opt] + [("--cap-add", c) for c in self.cap_add]
+        if self.gpus:
+            pairs.append(("--gpus", "all"))
+        return pairs
+
+def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:
+    """GIDs owning the ROCm device nodes (and the render nodes under /dev/dri), sorted, unique."""
+    gids: set[int] = set()
+    for path in paths:
+        candidates = [Path(path)]
+        if Path(path).is_dir():
+            candidates += [p for p in Path(path).iterdir() if p.name.startswith(("render", "card"))]
+        for node in candidates:
+            try:
+                gids.add(node.stat().st_gid)
+            except OSError:
+                continue
+    gids.discard(0)
+    return tuple(sorted(gids))
+
+
+def run_options(platform: str, rocm_gids: Sequence[int] = ()) -> RunOptions:
+    if platform == "rocm":
+        # Numeric GIDs work whatever /etc/group the image has; "video" is the documented fallback.
+        groups = tuple(str(g) for g in rocm_gids) or ("video",)
+        return RunOptions(devices=ROCM_DEVICES, group_add=groups, ipc_mode="host",
+                          security_opt=("seccomp=unconfined",), cap_add=("SYS_PTRACE",))
+    if platform == "cuda":
+        return RunOptions(ipc_mode="host", gpus=True)
+    return RunOptions(shm_size=CPU_SHM)
+
+
+class ManagedContainer:
+    """A created container that is always removed on leaving the block (unless KEEP_ENV is set)."""
+
+    def __init__(self, client: Any, image: str, command: list[str], name: str, options: RunOptions,
+                 environment: Mapping[str, str] | None = None) -> None:
+        self.client, self.image, self.command, self.name = client, image, command, name
+        self.options = options
+        self.environment = dict(environment or {"PYTHONUNBUFFERED": "1"})
+        self.container: Any = None
+
+    def __enter__(self) -> ManagedContainer:
+        # A failure inside create leaves nothing behind; anything after it is undone by __exit__.
+        self.container = self.client.containers.create(
+            self.image, self.command, name=self.name, network_disabled=True, init=True,
+            environment=self.environment, labels={"mics-repro": "1"}, **self.options.to_kwargs(),
+        )
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if os.environ.get(KEEP_ENV, "") not in ("", "0"):
+            print(f"docker: keeping container {self.name} ({KEEP_ENV} is set); remove it with "
+                  f"`docker rm -f {self.name}`", flush=True)
+            return
+        if exc_type is not None and self._running():
+            try:
+                self.stop()
+            except BaseException:  # a second Ctrl-C while stopping: fall through to the forced remove
+                pass
+        self._remove()
+
+    def start(self) -> None:
+        self.container.start()
+
+    def _running(self) -> bool:
+        try:
+            self.container.reload()
+            return bool(self.container.status == "running")
+        except Exception:
+            return False
+
+    def wait(self, timeout_s: float | None) -> tuple[int | None, bool]:
+        """(exit code, timed out). On time-out the container is stopped; the code is then 124."""
+        import requests
+
+        try:
+            status = self.container.wait(timeout=timeout_s)
+            return int(status.get("StatusCode", -1)), False
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            print(f"! {self.name}: time limit of {timeout_s:g} s reached; stopping it", flush=True)
+            self.stop()
+            return 124, True
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Interrupt (SIGINT, so the suite can write what it has), then terminate, then kill."""
+        import docker.errors
+        import requests
+
+        try:
+            self.container.kill(signal="SIGINT")
+            self.container.wait(timeout=grace_s)
+            return
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+            pass
+        except docker.errors.APIError:
+            return  # already stopped
+        self.container.stop(timeout=int(grace_s))
+
+    def _remove(self) -> None:
+        import docker.errors
+
+        if self.container is None:
+            return
+        try:
+            self.container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            print(f"warning: could not remove container {self.name}: {exc}", flush=True)
+
+    def follow_logs(self, path: Path, prefix: str) -> None:
+        """Copy the container's output to `path` and to the terminal (prefixed) until it exits."""
+        pending = b""
+        with open(path, "ab") as sink:
+            try:
+                for chunk in self.container.logs(stream=True, follow=True):
+                    sink.write(chunk)
+                    sink.flush()
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        print(prefix + line.decode(errors="replace"), flush=True)
+            except Exception as exc:  # the run goes on; only the live copy of its output stops
+                print(f"warning: lost the log stream of {self.name} ({type(exc).__name__}: {exc}); "
+                      f"`docker logs` has the rest while the container exists", flush=True)
+            if pending:
+                print(prefix + pending.decode(errors="replace"), flush=True)
+
+    def copy_out(self, container_path: str, dest: Path) -> int:
+        """Copy a directory out of the container into `dest`; returns the number of files."""
+        import docker.errors
+
+        try:
+            stream, _stat = self.container.get_archive(container_path)
+        except docker.errors.NotFound:
+            print(f"docker: {container_path} does not exist in {self.name}; nothing to copy", flush=True)
+            return 0
+        buf = io.BytesIO(b"".join(stream))
+        return extract_tree(buf, dest)
+
+
+def extract_tree(fileobj: io.BytesIO, dest: Path) -> int:
+    """Extract a get_archive tar (rooted at the copied directory) into `dest`, refusing to leave it.
+
+    Only regular files and directories are taken: results never need links or devices, and
+    skipping them removes every way a member could write outside `dest`.
+    """
+    count = 0
+    root = dest.resolve()
+    with tarfile.open(fileobj=fileobj, mode="r:*") as tar:
+        for member in tar.getmembers():
+            parts = Path(member.name).parts[1:]  # drop the copied directory's own name
+            if not parts or any(p in ("..", "") for p in parts) or Path(member.name).is_absolute():
+                continue
+            target = root.joinpath(*parts)
+            if root not in target.resolve().parents and target.resolve() != root:
+                continue
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+            elif member.isfile():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                source = tar.extractfile(member)
+                if source is not None:
+                    target.write_bytes(source.read())
+                    count += 1
+    return count

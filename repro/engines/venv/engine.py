@@ -1,0 +1,454 @@
+"""The venv engine: one cached virtualenv per env pins, for hosts without Docker.
+
+A venv is reused only when the marker written as its last install step matches the requested
+pins and interpreter exactly; anything else (half-built, other pins, other Python) is rebuilt.
+Venvs are built under a temporary name and renamed into place, so a crash never leaves a
+directory that looks complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import filecmp
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from repro.core import cmd
+
+from repro.engines import preflight
+from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
+from repro.core.errors import BuildError, PythonVersionError
+from repro.engines.venv.layer import PURELIB, Candidate, LayerPlan, layer_base, layering_disabled, link_base
+from repro.core.paths import cache_root
+from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
+
+if TYPE_CHECKING:
+    from repro.matrix.model import Env
+
+MARKER = "mics-repro-venv.json"
+SUITE_LOG = "engine.log"
+_VERSION_PROBE = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    path: str
+    version: str  # "3.11.7"
+
+    @property
+    def minor(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
+
+@dataclass(frozen=True)
+class VenvMarker:
+    """What a finished venv holds; compared field by field before reuse.
+
+    `layered_on` is set for a layer (repro/engines/venv/layer.py): the base venv's directory and the
+    pins it had when the layer was made; the layer is reused only while that base still holds them.
+    """
+
+    env_id: str
+    pins: Mapping[str, str]
+    python: str  # major.minor of the interpreter the venv was made from
+    layered_on: Mapping[str, Any] | None = None
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"env_id": self.env_id, "pins": dict(self.pins), "python": self.python}
+        if self.layered_on is not None:
+            data["layered_on"] = dict(self.layered_on)
+        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def read(cls, venv: Path) -> VenvMarker | None:
+        try:
+            data: dict[str, Any] = json.loads((venv / MARKER).read_text())
+            layered = data.get("layered_on")
+            return cls(str(data["env_id"]), dict(data["pins"]), str(data["python"]),
+                       dict(layered) if isinstance(layered, dict) else None)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def matches(self, other: VenvMarker) -> bool:
+        return dict(self.pins) == dict(other.pins) and self.python == other.python
+
+
+def venv_root() -> Path:
+    return cache_root() / "venvs"
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+class VenvEngine:
+    kind = EngineKind.VENV
+
+    def __init__(
+        self,
+        *,
+        python: str | None = None,
+        root: Path | None = None,
+        wheelhouse: Wheelhouse | None = None,
+        repo_root: Path = REPO_ROOT,
+    ) -> None:
+        self.python_override = python or os.environ.get("MICS_REPRO_PYTHON") or None
+        self.root = root if root is not None else venv_root()
+        self.wheelhouse = wheelhouse if wheelhouse is not None else Wheelhouse()
+        self.repo_root = repo_root
+
+    def describe(self) -> str:
+        return f"venv engine (cache {self.root})"
+
+    def venv_dir(self, env: Env) -> Path:
+        return self.root / f"{_safe(env.id)}-{env.pins_key()}"
+
+    # -- interpreter -------------------------------------------------------------------------
+    def interpreter(self, env: Env) -> Interpreter:
+        """The override if given, else this Python, else `python<env.python>` from PATH."""
+        default = [sys.executable, f"python{env.python}"]
+        candidates = [self.python_override] if self.python_override else default
+        seen: list[Interpreter] = []
+        for name in candidates:
+            assert name is not None
+            path = shutil.which(name)
+            if path is None:
+                continue
+            found = _probe(path)
+            rng = preflight.python_range(env.torch)
+            if self.python_override or rng is None or rng[0] <= _pair(found.minor) <= rng[1]:
+                if seen:
+                    print(f"venv: using {found.path} (Python {found.version}); {seen[0].path} is "
+                          f"Python {seen[0].version}, which torch {env.torch} has no wheels for", flush=True)
+                return found
+            seen.append(found)
+        if self.python_override:
+            raise PythonVersionError(
+                f"the Python given by --python/MICS_REPRO_PYTHON ({self.python_override}) was not found",
+                fix="pass the path of an installed interpreter",
+            )
+        if seen:
+            preflight.check_python(env, seen[0].version, seen[0].path)
+        raise PythonVersionError(
+            "no Python interpreter found on PATH",
+            fix=f"install Python {env.python} and pass --python or set MICS_REPRO_PYTHON",
+        )
+
+    def preflight(self, env: Env) -> None:
+        interp = self.interpreter(env)
+        preflight.check_python(env, interp.version, interp.path)
+        preflight.check_devices(env)
+
+    # -- prepare -----------------------------------------------------------------------------
+    def prepare(self, env: Env) -> Prepared:
+        interp = self.interpreter(env)
+        preflight.check_python(env, interp.version, interp.path)
+        want = VenvMarker(env.id, env.pins(), interp.minor)
+        final = self.venv_dir(env)
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _locked(self.root / f".{final.name}.lock"):
+            have = VenvMarker.read(final)
+            base_ok = have is None or self._base_intact(have)
+            if have is not None and have.matches(want) and base_ok and (final / "bin" / "python").exists():
+                on = f", layered on {have.layered_on['venv']}" if have.layered_on else ""
+                print(f"venv: reusing {final} (pins match{on})", flush=True)
+                return self._prepared(env, final, reused=True, marker=have)
+            if final.exists():
+                why = ("its base venv changed or is gone" if not base_ok
+                       else "pins or Python differ" if have else "no marker: an unfinished or foreign venv")
+                print(f"venv: rebuilding {final} ({why})", flush=True)
+            plan = None if layering_disabled() else self.layer_plan(env, want)
+            if plan is not None:
+                marker = self._build_layer(env, interp, want, final, plan)
+                return self._prepared(env, final, reused=False, marker=marker)
+            # A derived env's venv is its own cache: copying its torch into the wheelhouse as well
+            # would double the disk each torch probe takes (gigabytes), so it installs from the index.
+            direct = self._direct(env)
+            if direct:
+                complete = self.wheelhouse.is_complete(DownloadPlan.for_env(env))
+            else:
+                complete = self.wheelhouse.ensure(env)
+            self._build(env, interp, want, final, wheelhouse_only=complete, no_cache=direct)
+            if direct:
+                share_identical_files(final, [c for c in self.root.iterdir() if c != final])
+        return self._prepared(env, final, reused=False, marker=want)
+
+    def _direct(self, env: Env) -> bool:
+        return env.is_derived and not self.wheelhouse.offline
+
+    def _prepared(self, env: Env, venv: Path, *, reused: bool, marker: VenvMarker | None = None) -> Prepared:
+        details = {"python": str(venv / "bin" / "python")}
+        label = str(venv)
+        if marker is not None and marker.layered_on:
+            details["layered_on"] = str(marker.layered_on["venv"])
+            label = f"{venv} (layered on {marker.layered_on['venv']})"
+        return Prepared(EngineKind.VENV, env.id, str(venv), label, reused, details)
+
+    # -- layers ------------------------------------------------------------------------------
+    def candidates(self, env: Env, exclude: Path) -> list[Candidate]:
+        """Every finished venv in the cache, as a possible base for a layer."""
+        out = []
+        for path in sorted(self.root.iterdir()) if self.root.is_dir() else []:
+            if path.name.startswith(".") or path == exclude or not (path / "bin" / "python").exists():
+                continue
+            marker = VenvMarker.read(path)
+            if marker is None:
+                continue
+            root = env.derived_from is not None and marker.env_id == env.derived_from
+            out.append(Candidate(path.name, marker.pins, marker.python,
+                                 layered=marker.layered_on is not None, preferred=root))
+        return out
+
+    def layer_plan(self, env: Env, want: VenvMarker) -> LayerPlan | None:
+        return layer_base(want.pins, want.python, self.candidates(env, self.venv_dir(env)))
+
+    def _base_intact(self, marker: VenvMarker) -> bool:
+        if not marker.layered_on:
+            return True
+        base = Path(str(marker.layered_on.get("venv", "")))
+        have = VenvMarker.read(base)
+        return (have is not None and dict(have.pins) == dict(marker.layered_on.get("pins") or {})
+                and (base / "bin" / "python").exists())
+
+    def _build_layer(self, env: Env, interp: Interpreter, want: VenvMarker, final: Path,
+                     plan: LayerPlan) -> VenvMarker:
+        base = self.root / plan.base
+        base_marker = VenvMarker.read(base)
+        assert base_marker is not None
+        marker = VenvMarker(want.env_id, want.pins, want.python,
+                            {"venv": str(base), "env_id": base_marker.env_id, "pins": dict(base_marker.pins),
+                             "installed": list(plan.install), "unused": list(plan.unused)})
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
+        started = time.monotonic()
+        try:
+            with _locked(self.root / f".{base.name}.lock"):
+                print(f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})",
+                      flush=True)
+                # No pip of its own: the base's pip (the same pinned version) runs from the layer's
+                # interpreter, so it installs into the layer.
+                self._check(cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]), env,
+                            "creating the layer venv")
+                py = str(tmp / "bin" / "python")
+                layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
+                base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False)
+                self._check(layer_lib, env, "locating the layer's site-packages")
+                self._check(base_lib, env, "locating the base's site-packages")
+                link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
+                by_name = {spec.partition("==")[0]: spec for spec in plan.install}
+                for step in env.install_steps():
+                    specs = tuple(s for s in step.specs if s.partition("==")[0] in by_name)
+                    if not specs:
+                        continue
+                    if step.name not in ("deepspeed-deps", "deepspeed"):
+                        raise BuildError(f"layer for {env.id}: step {step.name} would change the base",
+                                         why=f"{', '.join(specs)} differ from {base}")
+                    install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
+                    argv = [py, "-m", "pip", install, *self._sources(False), *rest]
+                    print(f"venv: {step.name} (layer): {' '.join(specs)}", flush=True)
+                    self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                self._install_finished(env, py, tmp, final, marker)
+            print(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
+            return marker
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _build(self, env: Env, interp: Interpreter, marker: VenvMarker, final: Path, *,
+               wheelhouse_only: bool, no_cache: bool = False) -> None:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
+        started = time.monotonic()
+        try:
+            print(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)", flush=True)
+            self._check(cmd.run([interp.path, "-m", "venv", str(tmp)]), env, "creating the venv")
+            py = str(tmp / "bin" / "python")
+            # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
+            # of one env hold the same packages; the wheelhouse is tried first by each of them.
+            for step in env.install_steps():
+                if not step.specs:
+                    continue
+                install, *rest = step.pip_install_args(PYPI_SIMPLE)
+                argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
+                if no_cache:
+                    argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
+                print(f"venv: {step.name}: {' '.join(step.specs)}", flush=True)
+                self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                if step.check:
+                    self._check(cmd.run([py, "-m", "pip", "check"]), env, f"pip check after {step.name}")
+            self._install_finished(env, py, tmp, final, marker)
+            print(f"venv: ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+    def _install_finished(self, env: Env, py: str, tmp: Path, final: Path, marker: VenvMarker) -> None:
+        """Check the built venv (full or layer), point it at its final path, write the marker last
+        (only a finished venv has one) and swap it into place."""
+        self._verify(env, py)
+        _relocate(tmp, final)
+        (tmp / MARKER).write_text(marker.to_json())
+        stale = final.with_name(f".{final.name}.stale")
+        if final.exists():
+            os.rename(final, stale)
+        os.rename(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
+
+    def _sources(self, wheelhouse_only: bool) -> list[str]:
+        # With an index too, pip prefers the index's copy of a wheel the wheelhouse already has.
+        base = ["--disable-pip-version-check", "--find-links", str(self.wheelhouse.path)]
+        return [*base, "--no-index"] if wheelhouse_only or self.wheelhouse.offline else base
+
+    def _verify(self, env: Env, py: str) -> None:
+        probe = ("import torch, importlib.metadata as m; "
+                 "print(torch.__version__.split('+')[0], m.version('deepspeed'))")
+        result = cmd.run([py, "-c", probe], capture=True)
+        self._check(result, env, "importing torch")
+        got = result.stdout.split()
+        if got != [env.torch.split("+")[0], env.deepspeed]:
+            raise BuildError(
+                f"the venv for {env.id} holds torch/deepspeed {' '.join(got)}, "
+                f"not {env.torch} / {env.deepspeed}",
+                why="pip resolved different versions than the env pins",
+                fix="check the wheelhouse and the torch index in env_matrix/envs.toml",
+            )
+
+    def _pip(self, argv: list[str], environment: Sequence[tuple[str, str]], tmp: Path, env: Env,
+             what: str) -> None:
+        """Run one pip step, its output shown and kept, so a failure names its cause (a probe's
+        env-error reason then says e.g. which torch API a DeepSpeed release's setup.py lacks)."""
+        log = tmp / ".mics-repro-pip.log"
+        result = cmd.run(argv, extra_env=dict(environment), tee=log)
+        if not result.ok:
+            text = (log.read_text(errors="replace") if log.exists() else "") or result.tail()
+            raise BuildError(
+                f"venv for {env.id}: {what} failed (exit {result.returncode})",
+                why=pip_error(text),
+                fix="fix the cause and rerun; nothing half-built was kept",
+            )
+        log.unlink(missing_ok=True)
+
+    @staticmethod
+    def _check(result: cmd.CmdResult, env: Env, what: str) -> None:
+        if not result.ok:
+            raise BuildError(
+                f"venv for {env.id}: {what} failed (exit {result.returncode})",
+                why=result.tail() or "see the output above",
+                fix="fix the cause and rerun; nothing half-built was kept",
+            )
+
+    # -- run ---------------------------------------------------------------------------------
+    def run_suite(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
+    ) -> SuiteRun:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log = out_dir / SUITE_LOG
+        py = Path(prepared.handle) / "bin" / "python"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        # Only the repo root: the venv must not see the host's site-packages through PYTHONPATH.
+        env["PYTHONPATH"] = str(self.repo_root)
+        result = cmd.run([str(py), "-m", SUITE_MODULE, *args, "--out", str(out_dir)],
+                         env=env, timeout_s=timeout_s, tee=log, cwd=self.repo_root)
+        return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
+
+
+_ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception)\b.*|ERROR: .*)$")
+
+
+def pip_error(text: str, lines: int = 20) -> str:
+    """The output of a failed pip run, ending with its most telling line: the last exception
+    (`AttributeError: module 'torch.amp' has no attribute 'custom_fwd'`) or pip's own ERROR."""
+    all_lines = text.rstrip().splitlines()
+    tail = "\n".join(all_lines[-lines:])
+    cause = next((ln.strip() for ln in reversed(all_lines) if _ERROR_LINE.match(ln)), None)
+    return f"{tail}\n{cause}" if cause else (tail or "see the output above")
+
+
+def _pair(minor: str) -> tuple[int, int]:
+    a, b = minor.split(".")[:2]
+    return int(a), int(b)
+
+
+def _probe(path: str) -> Interpreter:
+    result = cmd.run([path, "-c", _VERSION_PROBE], capture=True, echo=False)
+    if not result.ok:
+        raise PythonVersionError(f"could not run {path}", why=result.tail())
+    return Interpreter(path, result.stdout.strip())
+
+
+def _relocate(tmp: Path, final: Path) -> None:
+    """Rewrite the temporary path baked into scripts (shebangs, activate) to the final one.
+
+    venv writes absolute paths into bin/; without this, console scripts such as `torchrun`
+    and `ds_report` would point at the temporary directory after the rename.
+    """
+    old, new = str(tmp).encode(), str(final).encode()
+    for path in [*(tmp / "bin").iterdir(), tmp / "pyvenv.cfg"]:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+            continue
+        data = path.read_bytes()
+        if old in data:
+            path.write_bytes(data.replace(old, new))
+
+
+SHARE_MIN_BYTES = 1 << 20
+
+
+def share_identical_files(venv: Path, others: Sequence[Path], min_bytes: int = SHARE_MIN_BYTES) -> int:
+    """Hard-link big files of a just-built venv to byte-identical files at the same path in other
+    finished venvs (torch probes share gigabytes of nvidia-* libraries); returns bytes saved.
+
+    Safe because a finished venv is never modified: a rebuild renames it away and deletes it,
+    which leaves the other venv's link intact. Only venvs with a marker take part.
+    """
+    peers = [o for o in others if not o.name.startswith(".") and (o / MARKER).is_file() and o.is_dir()]
+    saved = 0
+    lib = venv / "lib"
+    if not peers or not lib.is_dir():
+        return 0
+    for path in lib.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        st = path.stat()
+        if st.st_size < min_bytes:
+            continue
+        rel = path.relative_to(venv)
+        for peer in peers:
+            other = peer / rel
+            try:
+                ost = other.stat()
+            except OSError:
+                continue
+            if (ost.st_ino == st.st_ino or ost.st_size != st.st_size or ost.st_dev != st.st_dev
+                    or ost.st_mode != st.st_mode):
+                continue
+            if not filecmp.cmp(path, other, shallow=False):
+                continue
+            tmp = path.with_name(f".{path.name}.link")
+            os.link(other, tmp)
+            os.replace(tmp, path)
+            saved += st.st_size
+            break
+    if saved:
+        print(f"venv: {saved / 2**30:.1f} GiB of {venv.name} hard-linked to identical files of other venvs",
+              flush=True)
+    return saved
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """Serialize builds of the same venv between concurrent invocations on one machine."""
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

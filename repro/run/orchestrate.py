@@ -1,0 +1,168 @@
+"""Plan as data, then execute: a request becomes a list of frozen steps; execution walks it.
+
+`plan()` is pure (unit-tested from a small matrix); `execute()` is the only place that calls
+engines, and records every env's runs in the invocation's results folder as soon as they exist.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from repro.core.errors import ConfigError, Interrupted, UsageError
+from repro.core.results import Invocation
+from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, read_json
+
+if TYPE_CHECKING:
+    from repro.engines.base import Engine
+    from repro.matrix.model import Env, Matrix
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the user asked for, already parsed from make variables / CLI flags."""
+
+    env_ids: tuple[str, ...]
+    torch: str | None = None
+    deepspeed: str | None = None
+    scenarios: tuple[str, ...] = SCENARIOS
+    patches: tuple[str, ...] = PATCHES
+    dtype: str | None = None
+    transports: tuple[str, ...] = ("async",)
+    config_path: str | None = None
+    steps: int | None = None
+    world_size: int | None = None
+    timeout_s: float | None = None
+    stall_s: float | None = None
+    sync_proof: bool = True
+    jobs: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, values, allowed in (("SCENARIOS", self.scenarios, SCENARIOS), ("PATCH", self.patches, PATCHES),
+                                      ("TRANSPORT", self.transports, TRANSPORT_MODES)):
+            bad = [v for v in values if v not in allowed]
+            if bad or not values:
+                raise UsageError(f"{name}={','.join(values)} is not valid",
+                                 fix=f"use a comma-separated subset of: {', '.join(allowed)}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UsageError(f"DTYPE={self.dtype} is not valid", fix=f"use one of: {', '.join(DTYPES)}")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One env to prepare and run: the unit `execute` walks."""
+
+    env: Env
+    suite_args: tuple[str, ...]
+    # Time the whole suite may take inside the engine: the sum of the per-run limits + slack.
+    timeout_s: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# Runs a suite may make (control + 3 scenarios x 2 patches + sync proof); used for the engine's
+# overall limit, which only guards against a stuck engine: per-run hangs are caught inside.
+_MAX_RUNS = 9
+_ENGINE_SLACK_S = 600.0
+
+
+def load_user_config(path: str | None) -> dict[str, Any] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read CONFIG={path}", why=str(exc), fix="pass the path of a DeepSpeed config JSON") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"CONFIG={path} is not valid JSON", why=f"line {exc.lineno} column {exc.colno}: {exc.msg}",
+                          fix="fix the JSON (DeepSpeed configs are plain JSON, no comments)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("zero_optimization", {}), dict):
+        raise ConfigError(f"CONFIG={path} is not a DeepSpeed config object",
+                          fix="pass a JSON object like repro/configs/reporter_ds_config.json")
+    return data
+
+
+def suite_args(request: Request, env_id: str, user_config: dict[str, Any] | None) -> tuple[str, ...]:
+    args = ["--env", env_id, "--scenarios", ",".join(request.scenarios), "--patches", ",".join(request.patches),
+            "--transports", ",".join(request.transports)]
+    if request.dtype:
+        args += ["--dtype", request.dtype]
+    if user_config is not None:
+        args += ["--config-json", json.dumps(user_config, separators=(",", ":"))]
+    for flag, value in (("--steps", request.steps), ("--world-size", request.world_size),
+                        ("--timeout", request.timeout_s), ("--stall-timeout", request.stall_s),
+                        ("--jobs", request.jobs)):
+        if value is not None:
+            args += [flag, str(value)]
+    if not request.sync_proof:
+        args.append("--no-sync-proof")
+    return tuple(args)
+
+
+def plan(matrix: Matrix, request: Request) -> list[Step]:
+    """Pure: the steps this request makes. Unknown envs / bad overrides raise before any work."""
+    user_config = load_user_config(request.config_path)
+    steps = []
+    per_run = request.timeout_s or 600.0
+    for env_id in request.env_ids:
+        if request.torch or request.deepspeed:
+            env = matrix.derive(env_id, torch=request.torch, deepspeed=request.deepspeed)
+        else:
+            env = matrix.get(env_id)
+        steps.append(Step(env=env, suite_args=suite_args(request, env.id, user_config),
+                          timeout_s=per_run * _MAX_RUNS + _ENGINE_SLACK_S))
+    return steps
+
+
+def describe(steps: Sequence[Step], engine_label: str) -> str:
+    """The preamble: what is about to happen, with the resolved pins."""
+    lines = [f"engine: {engine_label}"]
+    for step in steps:
+        env = step.env
+        pins = ", ".join(f"{k}={v}" for k, v in env.pins().items())
+        lines.append(f"env {env.id} ({env.platform.value}{', derived from ' + env.derived_from if env.derived_from else ''}): {pins}")
+    return "\n".join(lines)
+
+
+def execute(steps: Sequence[Step], engine: Engine, invocation: Invocation,
+            say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Prepare and run every step; record each env's runs as soon as its suite ends."""
+    for step in steps:
+        engine.preflight(step.env)
+    for n, step in enumerate(steps, 1):
+        env = step.env
+        say(f"== [{n}/{len(steps)}] {env.id}: preparing ({engine.kind.value}) ...")
+        started = time.monotonic()
+        try:
+            prepared = engine.prepare(env)
+            say(f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label} "
+                f"({time.monotonic() - started:.0f} s)")
+            out = invocation.env_dir(env.id)
+            suite = engine.run_suite(prepared, step.suite_args, out, step.timeout_s)
+        except KeyboardInterrupt:
+            _collect(invocation, env, None, invocation.env_dir(env.id), engine.kind.value)
+            invocation.finish(interrupted=True)
+            raise Interrupted("interrupted", why="Ctrl-C",
+                              fix=f"what finished is in {invocation.folder}; run the same command again to redo the rest") from None
+        _collect(invocation, env, prepared, out, engine.kind.value, suite.exit_code, suite.timed_out)
+    invocation.finish()
+    return invocation.runs
+
+
+def _collect(invocation: Invocation, env: Env, prepared: Any, out: Path, engine: str,
+             exit_code: int | None = None, timed_out: bool = False) -> None:
+    suite_file = out / "suite.json"
+    suite: dict[str, Any] = read_json(str(suite_file)) if suite_file.exists() else {"runs": []}
+    info = {"platform": env.platform.value, "engine": engine, "pins": env.pins(),
+            "derived_from": env.derived_from, "image_id": None, "venv": None,
+            "artifacts": {k: f"{env.id}/{v}" for k, v in (suite.get("artifacts") or {}).items()},
+            "suite_exit_code": exit_code, "suite_timed_out": timed_out,
+            "interrupted": bool(suite.get("interrupted"))}
+    if prepared is not None:
+        key = "image_id" if engine == "docker" else "venv"
+        info[key] = prepared.details.get("image_id", prepared.handle) if engine == "docker" else prepared.label
+    invocation.add_env(env.id, info)
+    invocation.add_runs(env.id, list(suite.get("runs") or []))

@@ -1,0 +1,53 @@
+"""Say what happened: the summary table printed at the end of every invocation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from repro.core.verdict import env_verdict
+
+COLUMNS = (("env", 14), ("scenario", 12), ("patch", 6), ("dtype", 5), ("transport", 9), ("ws", 3),
+           ("outcome", 12), ("signature", 23), ("IllegalWork", 11), ("div@", 4), ("skip", 4),
+           ("exception", 22), ("secs", 6))
+
+
+def _cell(run: dict[str, Any], key: str) -> str:
+    if key == "ws":
+        return str(run.get("world_size"))
+    if key == "IllegalWork":
+        return str(run.get("illegal_work_messages", 0))
+    if key == "div@":
+        step = run.get("first_divergent_step")
+        return "-" if step is None else str(step)
+    if key == "skip":
+        return str(run.get("skipped_steps", 0))
+    if key == "exception":
+        exc = run.get("exception")
+        return exc.get("type") or "?" if exc else "-"
+    if key == "secs":
+        secs = (run.get("durations") or {}).get("total_s")
+        return "-" if secs is None else f"{secs:.0f}"
+    value = run.get(key)
+    return "-" if value is None else str(value)
+
+
+def table(runs: list[dict[str, Any]]) -> str:
+    head = "  ".join(name.ljust(width) for name, width in COLUMNS)
+    lines = [head, "-" * len(head)]
+    for run in runs:
+        lines.append("  ".join(_cell(run, name)[:width].ljust(width) for name, width in COLUMNS))
+    return "\n".join(lines)
+
+
+def verdict_lines(runs: list[dict[str, Any]]) -> list[str]:
+    envs = list(dict.fromkeys(r.get("env") for r in runs if r.get("env")))
+    return [env_verdict(env, runs).headline() for env in envs]
+
+
+def render(runs: list[dict[str, Any]], results_dir: str) -> str:
+    if not runs:
+        return f"no runs were recorded (results folder: {results_dir})"
+    parts = [table(runs), "", "verdict:"]
+    parts += [f"  {line}" for line in verdict_lines(runs)]
+    parts += ["", f"results: {results_dir}/results.json"]
+    return "\n".join(parts)

@@ -1,0 +1,387 @@
+"""`make bundle ENV=`: everything a maintainer needs to see the bug, in one folder and one archive.
+
+    bundles/<env>/image.tar.gz      the image, flattened without build-only files, gzipped
+                  manifest.json     image id, pins, sha256 of every file, commands, expected outcomes
+                  SHA256SUMS        the same hashes for `sha256sum -c`
+                  README.md         docker load / docker run --network none / what to expect
+                  ISSUE_COMMENT.md  ready to paste into deepspeedai/DeepSpeed#5080
+                  report/           the verdict report of the env's runs
+                  results/          the records and per-run logs they rest on
+                  deepspeed-<v>.patch, cluster/ (Slurm + Apptainer, torchrun)
+    bundles/<env>.tar               the folder as one archive
+
+Plan as data (`BundleRequest` -> `make_bundle`), Docker behind `repro.upstream.bundle_image`. Every text
+goes through `repro.upstream.scrub` on its way in, and the finished folder is scanned again: a bundle that
+still contains a host value is refused, not shipped.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+import shlex
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from repro import __version__
+from repro.core import paths
+from repro.core.errors import BundleError, ReproError
+from repro.core.results import load as load_results
+from repro.upstream import bundle_image, cluster, issue_comment, patchgen, source_refs
+from repro.upstream.bundle_files import (
+    IMAGE_FILE,
+    archive,
+    artifact,
+    copy_results,
+    copy_scrubbed,
+    scan,
+    write_sums,
+)
+from repro.upstream.bundle_manifest import MANIFEST, Expected, Manifest, file_hashes
+from repro.upstream.scrub import Scrubber
+from repro.workload.record import PATCHES, SCENARIOS
+
+REPO_ROOT = paths.REPO_ROOT
+CONTAINER_OUT = "/out"
+_SUITE_MODULE = "repro.workload.suite"
+
+
+@dataclass(frozen=True)
+class BundleRequest:
+    env_id: str
+    out: Path
+    results: Path
+    gzip_level: int = 1
+    archive: bool = True
+    keep_image: bool = False
+
+
+@dataclass(frozen=True)
+class BundleResult:
+    folder: Path
+    archive: Path | None
+    manifest: Manifest
+
+
+def default_out(env_id: str) -> Path:
+    return REPO_ROOT / "bundles" / re.sub(r"[^A-Za-z0-9_.+-]", "_", env_id)
+
+
+# -- what the bundle says, computed from the results -------------------------------------------
+def env_records(data: Mapping[str, Any], env_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    envs = data.get("envs") or {}
+    if env_id not in envs:
+        raise BundleError(
+            f"the results hold no env {env_id!r}",
+            why=f"envs there: {', '.join(envs) or 'none'}",
+            fix="pass RESULTS= of a run of that env, or leave RESULTS unset to run it first",
+        )
+    records = [r for r in data.get("runs") or [] if r.get("env") == env_id]
+    if not records:
+        raise BundleError(f"the results hold no run of env {env_id!r}", fix="run `make repro ENV=...` first")
+    return dict(envs[env_id]), records
+
+
+def suite_args_from_records(env_id: str, records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The suite command line that plans the same runs as `records` (see repro.workload.suite.plan)."""
+    controls = [r for r in records if r["scenario"] == "zero3" and r["patch"] == "stock"]
+    transports = sorted({str(r["transport"]) for r in controls}) or sorted(
+        {str(r["transport"]) for r in records}
+    )
+    sync_proof = "sync" not in transports and any(
+        (r["scenario"], r["patch"], r["transport"]) == ("mics", "stock", "sync") for r in records
+    )
+    # The suite always runs the zero3 stock control; "zero3" among the scenarios adds zero3 fixed.
+    scenarios = [
+        s
+        for s in SCENARIOS
+        if any(r["scenario"] == s and (s != "zero3" or r["patch"] != "stock") for r in records)
+    ] or ["zero3"]
+    patches = [p for p in PATCHES if any(r["patch"] == p for r in records)]
+    first = records[0]
+    args = [
+        "--env",
+        env_id,
+        "--scenarios",
+        ",".join(scenarios),
+        "--patches",
+        ",".join(patches),
+        "--dtype",
+        str(first["dtype"]),
+        "--world-size",
+        str(max(int(r["world_size"]) for r in records)),
+        "--steps",
+        str(first["steps"]),
+        "--seed",
+        str(first["seed"]),
+    ]
+    if transports != ["native"]:
+        args += ["--transports", ",".join(transports)]
+    if not sync_proof:
+        args.append("--no-sync-proof")
+    user_configs = {
+        json.dumps(r.get("config"), sort_keys=True) for r in records if r.get("config_adaptations")
+    }
+    if user_configs:
+        # A user config was adapted per scenario; the control's adapted config is the closest single one.
+        control = controls[0] if controls else first
+        args += ["--config-json", json.dumps(control["config"], separators=(",", ":"))]
+    return args
+
+
+def suite_timeout(records: Sequence[Mapping[str, Any]]) -> float:
+    per_run = max(float(r.get("timeout_s") or 600.0) for r in records)
+    return per_run * (len(records) + 1) + 600.0
+
+
+def docker_run_command(platform: str, image_ref: str, suite_args: Sequence[str], out: str = "out") -> str:
+    flags = ["--rm", "--network", "none", *cluster.docker_cli_flags(platform)]
+    argv = [
+        "docker",
+        "run",
+        *flags,
+        "-v",
+        f'"$PWD/{out}:{CONTAINER_OUT}"',
+        image_ref,
+        "python",
+        "-m",
+        _SUITE_MODULE,
+        *suite_args,
+        "--out",
+        CONTAINER_OUT,
+    ]
+    quoted = [a if a.startswith('"$PWD') else shlex.quote(a) for a in argv]
+    return " ".join(quoted)
+
+
+PLATFORM_NOTES = {
+    "cpu": "Runs on any x86-64 machine with Docker; no GPU needed.",
+    "rocm": "Needs an AMD GPU host with the ROCm kernel driver; the flags pass /dev/kfd and /dev/dri in.",
+    "cuda": "Needs an NVIDIA GPU host with the NVIDIA container toolkit (`--gpus all`).",
+}
+
+
+# -- sources for the root-cause links ---------------------------------------------------------------
+def release_sources(version: str, client: Any, image_id: str, python: str) -> dict[str, str]:
+    """The two files of the release: from its sdist in the wheelhouse, else read out of the image."""
+    try:
+        return patchgen.read_members(
+            patchgen.sdist_path(version, patchgen.default_wheelhouse()), version, source_refs.PATHS
+        )
+    except (ReproError, KeyError, OSError):
+        return bundle_image.read_files(
+            client,
+            image_id,
+            [f"/opt/venv/lib/python{python}/site-packages/{p}" for p in source_refs.PATHS],
+            source_refs.PATHS,
+        )
+
+
+def patch_text(version: str) -> tuple[str, str, str]:
+    """(file name, text, note): the shipped patch, else one generated from the sdist, else a note why not."""
+    shipped = patchgen.patch_file(version)
+    if shipped.is_file():
+        return shipped.name, shipped.read_text(), ""
+    try:
+        text, _ = patchgen.generate(version, patchgen.default_wheelhouse())
+        return shipped.name, text, ""
+    except ReproError as exc:
+        return "", "", exc.what
+
+
+def _templates() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(issue_comment.TEMPLATES)),
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def make_bundle(
+    request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None] = print
+) -> BundleResult:
+    out = request.out
+    if out.exists() and any(out.iterdir()):
+        raise BundleError(
+            f"{out} already exists and is not empty",
+            why="bundles are never overwritten",
+            fix="remove it, or pass another OUT=",
+        )
+    data = load_results(request.results)
+    env, records = env_records(data, request.env_id)
+    if env.get("engine") != "docker" or not env.get("image_id"):
+        raise BundleError(
+            f"the runs of {request.env_id} in {request.results} did not run in a Docker image",
+            why=f"engine: {env.get('engine')}",
+            fix="rerun with ENGINE=docker, or leave RESULTS unset",
+        )
+    pins = dict(env.get("pins") or {})
+    version = str(pins.get("deepspeed") or records[0]["versions"]["deepspeed"])
+    python = str(pins.get("python") or "3")
+    out.mkdir(parents=True, exist_ok=True)
+    say(f"bundle: {request.env_id} from {request.results} -> {out}")
+    # Where the bundle and its results live on this host says something about the host too.
+    # So do the paths the user passed on the command line (--results-root, --config, --out).
+    argv_paths = [a for a in data["invocation"].get("argv") or [] if isinstance(a, str) and a.startswith("/")]
+    scrubber = scrubber.with_paths(
+        {
+            "<bundle>": out.resolve(),
+            "<results>": Path(request.results).resolve(),
+            **{f"<path{i}>": p for i, p in enumerate(argv_paths, 1)},
+        }
+    )
+
+    copy_results(request.results, request.env_id, out / "results", scrubber, data)
+    from repro.report import build_report
+
+    build_report([out / "results"], out / "report")
+    for path in sorted(p for p in (out / "report").rglob("*") if p.is_file()):
+        copy_scrubbed(path, path, scrubber)  # the report names the folder it was built from
+    name, text, note = patch_text(version)
+    if name:
+        (out / name).write_text(text)
+
+    image = _write_image(request, client, str(env["image_id"]), say)
+    platform = str(env.get("platform") or "cpu")
+    layout = replace(cluster.REPORTER if platform != "cpu" else cluster.CPU_TWIN, platform=platform)
+    cluster.write(
+        cluster.render(layout, env_id=request.env_id, image_ref=image["ref"], image_file=IMAGE_FILE),
+        out / "cluster",
+    )
+
+    suite_args = suite_args_from_records(request.env_id, records)
+    run_command = docker_run_command(platform, image["ref"], suite_args)
+    commands = {
+        "load": f"docker load -i {IMAGE_FILE}",
+        "run": run_command,
+        # Run from a mics-repro checkout; BUNDLE= takes this folder or its .tar archive.
+        "verify": f"make verify-bundle BUNDLE=path/to/{out.name}.tar",
+        "reproduce_from_source": str(data["invocation"].get("command") or f"make repro ENV={request.env_id}"),
+    }
+    expected = tuple(Expected.from_record(r) for r in records)
+    refs = source_refs.find_refs(version, release_sources(version, client, str(env["image_id"]), python))
+    comment = issue_comment.render_fitting(
+        issue_comment.IssueInput(
+            env_id=request.env_id,
+            env=scrubber.data({**env, "built_on": image.get("base")}),
+            records=scrubber.data(records),
+            refs=refs,
+            patch_name=name,
+            patch_text=text,
+            ds_report=scrubber.text(artifact(request.results, env, "ds_report")),
+            collect_env=scrubber.text(artifact(request.results, env, "collect_env")),
+            reproduce=[commands["load"], "mkdir -p out", run_command],
+            results_command=commands["reproduce_from_source"],
+        )
+    )
+    (out / "ISSUE_COMMENT.md").write_text(scrubber.text(comment))
+    heads = issue_comment.headlines([issue_comment.RunRow.from_record(r) for r in records])
+    versions: dict[str, Any] = next((r["versions"] for r in records if r.get("versions")), {})
+    readme = (
+        _templates()
+        .get_template("README.md.j2")
+        .render(
+            env_id=request.env_id,
+            platform=platform,
+            pins=pins,
+            image=image,
+            run_command=run_command,
+            platform_note=PLATFORM_NOTES.get(platform, ""),
+            expected=expected,
+            commands=commands,
+            answer=issue_comment.answer(heads, versions),
+            issue_url=issue_comment.ISSUE_URL,
+            patch_name=name,
+            patch_note=note,
+            tool_version=__version__,
+            results_command=commands["reproduce_from_source"],
+        )
+    )
+    (out / "README.md").write_text(scrubber.text(readme))
+
+    manifest = Manifest(
+        tool_version=__version__,
+        created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        env={
+            "id": request.env_id,
+            "platform": platform,
+            "pins": pins,
+            "derived_from": env.get("derived_from"),
+        },
+        image=image,
+        suite_args=tuple(suite_args),
+        commands=commands,
+        expected=expected,
+        notes=(f"suite time limit {suite_timeout(records):.0f} s",)
+        + ((f"no patch: {note}",) if note else ()),
+    )
+    manifest = _seal(out, manifest, scrubber)
+    say(f"bundle: wrote {out} ({len(manifest.files) + 1} files)")
+    tar = archive(out) if request.archive else None
+    if tar is not None:
+        say(f"bundle: wrote {tar} ({tar.stat().st_size / 1e9:.2f} GB)")
+    return BundleResult(out, tar, manifest)
+
+
+def _write_image(
+    request: BundleRequest, client: Any, source: str, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Flatten, save and gzip the image into the bundle; the manifest's "image" entry."""
+    safe_env = re.sub(r"[^a-z0-9_.-]+", "-", request.env_id.lower())
+    ref = f"mics-repro-bundle:{safe_env}-{source.split(':')[-1][:12]}"
+    flat = bundle_image.flatten(client, source, ref, request.out / ".work", say)
+    say(f"bundle: saving {ref} (gzip level {request.gzip_level}) ...")
+    saved = bundle_image.save_gzip(client, ref, request.out / IMAGE_FILE, request.gzip_level)
+    shutil.rmtree(request.out / ".work", ignore_errors=True)
+    say(
+        f"bundle: {IMAGE_FILE}: {saved.bytes / 1e9:.2f} GB ({saved.uncompressed_bytes / 1e9:.2f} GB "
+        f"uncompressed), flatten {flat.seconds:.0f} s, save+gzip {saved.seconds:.0f} s"
+    )
+    if not request.keep_image:
+        client.images.remove(ref)  # the tarball holds it; a second 5 GB copy helps nobody
+    return {
+        "file": IMAGE_FILE,
+        "ref": ref,
+        "id": flat.image_id,
+        "source_id": flat.source_id,
+        "flattened": True,
+        "removed": list(flat.removed),
+        "bytes": saved.bytes,
+        "uncompressed_bytes": saved.uncompressed_bytes,
+        "gzip_level": saved.gzip_level,
+        "sha256": saved.sha256,
+        "seconds": {"flatten": round(flat.seconds, 1), "save_gzip": round(saved.seconds, 1)},
+        "base": flat.base,
+    }
+
+
+def _seal(out: Path, manifest: Manifest, scrubber: Scrubber) -> Manifest:
+    """Scan for leaks, then write SHA256SUMS and manifest.json with the hash of every file."""
+    scan(out, scrubber)
+    known = {IMAGE_FILE: str(manifest.image["sha256"])}
+    write_sums(out, file_hashes(out, known=known))
+    sealed = replace(manifest, files=file_hashes(out, known=known))
+    (out / MANIFEST).write_text(scrubber.text(sealed.to_json()))
+    scan(out, scrubber)
+    return sealed
+
+
+def summary(result: BundleResult) -> str:
+    m = result.manifest
+    lines = [
+        f"bundle {result.folder}" + (f" (+ {result.archive.name})" if result.archive else ""),
+        f"  image {m.image['ref']} {m.image['id'][:19]}: {m.image['bytes'] / 1e9:.2f} GB gzipped",
+        f"  expected outcomes ({len(m.expected)} runs):",
+    ]
+    lines += [f"    {e.run_name:<34} {e.outcome:<12} {e.signature}" for e in m.expected]
+    lines.append(f"  verify: {m.commands['verify']}")
+    return "\n".join(lines)

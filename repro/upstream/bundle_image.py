@@ -1,0 +1,243 @@
+"""The image part of a bundle: flatten it without build-only files, save it gzipped, load it back.
+
+Everything here takes a docker-py client (the tests pass a fake one). Why flatten: an image keeps
+every layer, so a file deleted in a later layer still ships. The build puts the host's CA bundle
+(for a TLS-intercepting proxy) and pip/apt settings that point at it into the image, and the base
+image may carry the build host's /etc/resolv.conf. Exporting a container's filesystem gives one
+layer in which Docker's own empty /etc/hosts, /etc/hostname and /etc/resolv.conf replace the
+host's, and from which BUILD_ONLY_PATHS are dropped; `docker import` with the original config
+(ENV, WORKDIR, CMD, labels) turns it back into a runnable image.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from repro.core.errors import BundleError
+
+# Paths (relative to the image root) that exist only to let the build reach PyPI through the host.
+BUILD_ONLY_PATHS = (
+    "opt/mics-repro/certs",
+    "opt/mics-repro/ca-bundle.pem",
+    "opt/venv/pip.conf",
+    "etc/apt/apt.conf.d/99mics-repro-ca",
+    ".dockerenv",
+)
+CHUNK = 1 << 20
+LABEL_BUNDLE_OF = "mics-repro.upstream.bundle-of"
+_NEEDS_QUOTES = (" ", "\t", '"')
+
+
+@dataclass(frozen=True)
+class Flattened:
+    image_id: str
+    ref: str
+    source_id: str
+    removed: tuple[str, ...]
+    rootfs_bytes: int
+    seconds: float
+    base: str | None = None  # the base the image was really built on (a stand-in base may replace the pin)
+
+
+@dataclass(frozen=True)
+class Saved:
+    path: Path
+    sha256: str
+    bytes: int
+    uncompressed_bytes: int
+    gzip_level: int
+    seconds: float
+
+
+class _IterReader(io.RawIOBase):
+    """A file object over an iterator of byte chunks (docker-py streams), for tarfile's stream mode."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks: Iterator[bytes] = iter(chunks)
+        self._buf = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not self._buf:
+            try:
+                self._buf = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._buf))
+        buffer[:n] = self._buf[:n]
+        self._buf = self._buf[n:]
+        return n
+
+
+def _dropped(name: str, drop: Sequence[str]) -> bool:
+    path = name[2:] if name.startswith("./") else name
+    path = path.lstrip("/").rstrip("/")
+    return any(path == d or path.startswith(d + "/") for d in drop)
+
+
+def filter_tar(chunks: Iterable[bytes], out: BinaryIO, drop: Sequence[str] = BUILD_ONLY_PATHS) -> list[str]:
+    """Copy a tar stream to `out` without the members under `drop`; returns what was dropped."""
+    removed: list[str] = []
+    source = io.BufferedReader(_IterReader(chunks), CHUNK)
+    with tarfile.open(fileobj=source, mode="r|") as tar_in:
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar_out:
+            for member in tar_in:
+                if _dropped(member.name, drop):
+                    removed.append(member.name.rstrip("/"))
+                    continue
+                data = tar_in.extractfile(member) if member.isreg() else None
+                tar_out.addfile(member, data)
+    return removed
+
+
+def import_changes(config: Mapping[str, Any], extra_labels: Mapping[str, str]) -> list[str]:
+    """Dockerfile instructions that give an imported root filesystem the original image's config."""
+    changes = []
+    for item in config.get("Env") or []:
+        key, _, value = str(item).partition("=")
+        # Quoted only when needed: the Dockerfile parser reads a bare value up to the first space.
+        quoted = json.dumps(value) if any(c in value for c in _NEEDS_QUOTES) else value
+        changes.append(f"ENV {key}={quoted}")
+    if config.get("WorkingDir"):
+        changes.append(f"WORKDIR {config['WorkingDir']}")
+    if config.get("User"):
+        changes.append(f"USER {config['User']}")
+    if config.get("Entrypoint"):
+        changes.append(f"ENTRYPOINT {json.dumps(list(config['Entrypoint']))}")
+    if config.get("Cmd"):
+        changes.append(f"CMD {json.dumps(list(config['Cmd']))}")
+    labels = {**(config.get("Labels") or {}), **extra_labels}
+    changes += [f"LABEL {json.dumps(k)}={json.dumps(v)}" for k, v in sorted(labels.items())]
+    return changes
+
+
+def flatten(
+    client: Any, source: str, ref: str, workdir: Path, say: Callable[[str], None] = print
+) -> Flattened:
+    """One-layer copy of `source` without BUILD_ONLY_PATHS, tagged `ref`."""
+    started = time.monotonic()
+    image = client.images.get(source)
+    config = dict(image.attrs.get("Config") or {})
+    workdir.mkdir(parents=True, exist_ok=True)
+    rootfs = workdir / "rootfs.tar"
+    say(f"bundle: exporting the filesystem of {source} ({image.id[:19]}) without build-only files")
+    container = client.containers.create(image.id, command=["true"], network_disabled=True)
+    try:
+        with open(rootfs, "wb") as out:
+            removed = filter_tar(container.export(chunk_size=CHUNK), out)
+    finally:
+        container.remove(force=True)
+    size = rootfs.stat().st_size
+    say(f"bundle: importing the flattened filesystem ({size / 1e9:.2f} GB) as {ref}")
+    repository, _, tag = ref.rpartition(":")
+    try:
+        client.api.import_image_from_file(
+            str(rootfs),
+            repository=repository,
+            tag=tag,
+            changes=import_changes(config, {LABEL_BUNDLE_OF: image.id}),
+        )
+    finally:
+        rootfs.unlink(missing_ok=True)
+    new_id = str(client.images.get(ref).id)
+    base = (config.get("Labels") or {}).get("org.opencontainers.image.base.name")
+    return Flattened(new_id, ref, str(image.id), tuple(sorted(set(removed))), size,
+                     time.monotonic() - started, str(base) if base else None)
+
+
+def save_gzip(client: Any, ref: str, path: Path, level: int = 1) -> Saved:
+    """`docker save` streamed straight through gzip into `path`; hashes the file as it is written."""
+    started = time.monotonic()
+    image = client.images.get(ref)
+    digest = hashlib.sha256()
+    raw = 0
+
+    class _Hashing(io.RawIOBase):
+        def __init__(self, sink: BinaryIO) -> None:
+            self.sink = sink
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            digest.update(data)
+            return self.sink.write(data)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as sink:
+        # mtime=0 and no file name: the same image gives the same bytes, wherever it was saved.
+        hashing = _Hashing(sink)
+        with gzip.GzipFile(filename="", mode="wb", compresslevel=level, mtime=0, fileobj=hashing) as gz:
+            for chunk in image.save(chunk_size=CHUNK, named=True):
+                raw += len(chunk)
+                gz.write(chunk)
+    tmp.replace(path)
+    return Saved(path, digest.hexdigest(), path.stat().st_size, raw, level, time.monotonic() - started)
+
+
+def gzip_chunks(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:
+    """The decompressed bytes of a .tar.gz; a truncated or corrupt file raises BundleError."""
+    try:
+        with gzip.open(path, "rb") as gz:
+            while True:
+                data = gz.read(chunk)
+                if not data:
+                    return
+                yield data
+    except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
+        raise BundleError(
+            f"{path.name} is truncated or corrupt",
+            why=f"{type(exc).__name__}: {exc}",
+            fix="copy the bundle again (check its size against manifest.json) or rebuild it "
+            "with `make bundle`",
+        ) from None
+
+
+def load(client: Any, path: Path) -> list[str]:
+    """`docker load` of the gzipped tarball; returns the ids of the loaded images."""
+    try:
+        images = client.images.load(gzip_chunks(path))
+    except BundleError:
+        raise
+    except Exception as exc:  # the daemon's answer to a tar it cannot read
+        raise BundleError(
+            f"Docker could not load {path.name}",
+            why=f"{type(exc).__name__}: {exc}",
+            fix="check the file against manifest.json (sha256) or rebuild the bundle",
+        ) from None
+    return [str(i.id) for i in images]
+
+
+def read_files(
+    client: Any, image: str, container_paths: Sequence[str], names: Sequence[str]
+) -> dict[str, str]:
+    """Text of files inside an image (a created, never started container), keyed by `names`."""
+    out: dict[str, str] = {}
+    container = client.containers.create(image, command=["true"], network_disabled=True)
+    try:
+        for path, name in zip(container_paths, names):
+            try:
+                stream, _ = container.get_archive(path)
+            except Exception:  # docker.errors.NotFound: the release has no such file
+                continue
+            with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+                member = next((m for m in tar.getmembers() if m.isreg()), None)
+                handle = tar.extractfile(member) if member is not None else None
+                if handle is not None:
+                    out[name] = handle.read().decode("utf-8")
+    finally:
+        container.remove(force=True)
+    return out

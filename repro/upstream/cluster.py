@@ -1,0 +1,243 @@
+"""Launchers for clusters without Docker: a Slurm batch script (Apptainer/Singularity) and torchrun.
+
+    python -m repro.upstream.cluster --out DIR                      the reporter's layout (2 nodes x 8 GPUs, shard 16)
+    python -m repro.upstream.cluster --out DIR --layout cpu-twin    1 node, 4 CPU ranks, MiCS told 2 per node
+
+Writes DIR/<job>.sbatch, DIR/launch-node.sh (what every node runs: torchrun with c10d rendezvous,
+inside the image), DIR/configs/<run>.json (each run's DeepSpeed config, built by the same code as
+the suite's), DIR/summarize.py and DIR/README.md. Bundles carry them in cluster/. The runs are
+the control (plain ZeRO-3), hierarchical MiCS and flat MiCS, stock and with the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import stat
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import jinja2
+
+from repro import __version__
+from repro.core.errors import ReproError, UsageError
+from repro.workload import ds_config
+from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
+
+TEMPLATES = Path(__file__).resolve().parent / "templates" / "cluster"
+SUMMARY_SOURCE = Path(__file__).resolve().parent / "cluster_summary.py"
+PLATFORMS = ("rocm", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where the ranks go. `ndev_per_node` is what MiCS is told (NDEV_PER_NODE); on one CPU host a
+    value below `procs_per_node` makes MiCS see several nodes, as the suite does."""
+
+    platform: str
+    nodes: int
+    procs_per_node: int
+    ndev_per_node: int
+    shard_size: int
+    dtype: str
+    steps: int = DEFAULT_STEPS
+    seed: int = DEFAULT_SEED
+    port: int = 29500
+    transport: str = "async"
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.platform == "cpu" else "gpu"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+    @property
+    def mics_nodes(self) -> int:
+        return self.world_size // self.ndev_per_node
+
+    def describe(self) -> str:
+        where = (
+            f"{self.nodes} node(s) x {self.procs_per_node} {'CPU ranks' if self.device == 'cpu' else 'GPUs'}"
+        )
+        emulated = (
+            f", MiCS told {self.ndev_per_node} devices per node ({self.mics_nodes} MiCS nodes)"
+            if self.ndev_per_node != self.procs_per_node
+            else ""
+        )
+        return f"{where}{emulated}, MiCS shard {self.shard_size}, {self.dtype}"
+
+    def check(self) -> None:
+        if self.platform not in PLATFORMS:
+            raise UsageError(f"platform {self.platform!r} is not one of {', '.join(PLATFORMS)}")
+        if min(self.nodes, self.procs_per_node, self.ndev_per_node, self.shard_size) < 1:
+            raise UsageError("nodes, ranks per node, devices per node and shard size must be positive")
+        if self.world_size % self.shard_size or self.world_size % self.ndev_per_node:
+            raise UsageError(
+                f"{self.world_size} ranks cannot be split into shards of {self.shard_size} "
+                f"and nodes of {self.ndev_per_node}"
+            )
+        if self.shard_size <= self.ndev_per_node:
+            # DeepSpeed's mics_utils asserts the hierarchical gather's shard group spans > 1 node.
+            raise UsageError(
+                f"shard size {self.shard_size} fits in one node of {self.ndev_per_node}: the "
+                "hierarchical gather needs a shard group spanning more than one node",
+                fix="use a shard size larger than the devices per node",
+            )
+
+
+REPORTER = Layout("rocm", nodes=2, procs_per_node=8, ndev_per_node=8, shard_size=16, dtype="fp16")
+CPU_TWIN = Layout("cpu", nodes=1, procs_per_node=4, ndev_per_node=2, shard_size=4, dtype="fp32")
+LAYOUTS = {"reporter": REPORTER, "cpu-twin": CPU_TWIN}
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    name: str
+    scenario: str
+    patch: str
+
+
+RUNS = (
+    ClusterRun("zero3-stock", "zero3", "stock"),
+    ClusterRun("mics-hier-stock", "mics-hier", "stock"),
+    ClusterRun("mics-hier-fixed", "mics-hier", "fixed"),
+    ClusterRun("mics-stock", "mics", "stock"),
+    ClusterRun("mics-fixed", "mics", "fixed"),
+)
+
+
+def run_config(layout: Layout, run: ClusterRun) -> dict[str, object]:
+    shard = None if run.scenario == "zero3" else layout.shard_size
+    shape = ds_config.ScenarioShape(
+        run.scenario, layout.world_size, shard, run.scenario == "mics-hier", layout.ndev_per_node
+    )
+    return ds_config.build_config(shape, dtype=layout.dtype).config
+
+
+def docker_cli_pairs(platform: str) -> list[tuple[str, str]]:
+    """`docker run` (flag, value) pairs for the platform's devices, as the Docker engine passes them."""
+    from repro.engines.docker.engine import run_options
+
+    return run_options(platform, ()).cli_pairs()
+
+
+def docker_cli_flags(platform: str) -> list[str]:
+    return [token for pair in docker_cli_pairs(platform) for token in pair]
+
+
+@dataclass(frozen=True)
+class Script:
+    path: str
+    text: str
+    executable: bool = False
+
+
+def render(
+    layout: Layout,
+    *,
+    env_id: str,
+    image_ref: str,
+    image_file: str = "image.tar.gz",
+    time_limit: str = "00:45:00",
+) -> list[Script]:
+    layout.check()
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    sbatch_name = f"mics-{'cpu-twin' if layout.device == 'cpu' else 'hier'}.sbatch"
+    # launch-node.sh passes --ipc host itself.
+    device_pairs = [pair for pair in docker_cli_pairs(layout.platform) if pair[0] != "--ipc"]
+    context = dict(
+        layout=layout,
+        env_id=env_id,
+        image_ref=image_ref,
+        image_file=image_file,
+        sif_name=f"mics-repro-{env_id}.sif",
+        sbatch_name=sbatch_name,
+        runs=RUNS,
+        tool_version=__version__,
+        time_limit=time_limit,
+        docker_device_flags=[
+            " ".join(f'"{x}"' for x in pair) for pair in device_pairs
+        ],
+    )
+    scripts = [
+        Script(sbatch_name, env.get_template("job.sbatch.j2").render(**context), executable=True),
+        Script("launch-node.sh", env.get_template("launch-node.sh.j2").render(**context), executable=True),
+        Script("summarize.py", SUMMARY_SOURCE.read_text(), executable=True),
+        Script("README.md", env.get_template("README.md.j2").render(**context)),
+    ]
+    for run in RUNS:
+        text = json.dumps(run_config(layout, run), indent=2, sort_keys=True) + "\n"
+        scripts.append(Script(f"configs/{run.name}.json", text))
+    return scripts
+
+
+def write(scripts: Sequence[Script], out: Path) -> list[Path]:
+    written = []
+    for script in scripts:
+        path = out / script.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(script.text)
+        if script.executable:
+            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+        written.append(path)
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m repro.upstream.cluster", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="reporter")
+    parser.add_argument("--platform", choices=PLATFORMS, default=None)
+    parser.add_argument("--nodes", type=int, default=None)
+    parser.add_argument("--procs-per-node", type=int, default=None)
+    parser.add_argument("--ndev-per-node", type=int, default=None)
+    parser.add_argument("--shard-size", type=int, default=None)
+    parser.add_argument("--dtype", choices=ds_config_dtypes(), default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--env", default="rocm56", help="env id the image belongs to (names and comments)")
+    parser.add_argument("--image-ref", default=None, help="image tag after docker load")
+    args = parser.parse_args(argv)
+    layout = LAYOUTS[args.layout]
+    overrides = {
+        k: v
+        for k, v in (
+            ("platform", args.platform),
+            ("nodes", args.nodes),
+            ("procs_per_node", args.procs_per_node),
+            ("ndev_per_node", args.ndev_per_node),
+            ("shard_size", args.shard_size),
+            ("dtype", args.dtype),
+            ("steps", args.steps),
+        )
+        if v is not None
+    }
+    layout = replace(layout, **overrides)
+    try:
+        scripts = render(layout, env_id=args.env, image_ref=args.image_ref or f"mics-repro-bundle:{args.env}")
+        for path in write(scripts, args.out):
+            print(f"wrote {path}")
+        return 0
+    except ReproError as exc:
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
+
+
+def ds_config_dtypes() -> tuple[str, ...]:
+    from repro.workload.record import DTYPES
+
+    return DTYPES
+
+
+if __name__ == "__main__":
+    sys.exit(main())

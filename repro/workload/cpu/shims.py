@@ -1,0 +1,174 @@
+"""What DeepSpeed needs to run its CPU accelerator over gloo (CPU runs only; never on GPUs).
+
+Test scaffolding, not part of the bug:
+- DeepSpeed < 0.14.1 (before PR #5206) refuses `DS_ACCELERATOR=cpu` unless
+  `intel_extension_for_pytorch` imports, and its CPU accelerator imports
+  `oneccl_bindings_for_pytorch` at module level. Neither exists for the torch releases we test on
+  CPU (IPEX on PyPI starts at torch 2.6). When a module is missing we provide an EMPTY
+  placeholder module of that name (a meta path finder, last in `sys.meta_path`, so a real
+  installation always wins). Nothing in DeepSpeed's CPU path uses their contents.
+- The CPU accelerator names "ccl" as its communication backend; we register a subclass of it
+  (DeepSpeed's documented `set_accelerator`) that names "gloo", and start DeepSpeed's
+  distributed layer with `deepspeed.init_distributed(dist_backend="gloo")`.
+- The accelerator counts devices with `numactl` unless `LOCAL_SIZE` is set; we default it to
+  torchrun's LOCAL_WORLD_SIZE (the launcher sets it smaller to emulate several nodes).
+- DeepSpeed >= 0.14 JIT-compiles its shared-memory all-reduce op ("ShareMemCommBuilder", used
+  only by `inference_all_reduce`) when its comm backend starts: minutes of C++ compilation per
+  environment, in a cache that DeepSpeed releases overwrite for each other. Training never uses
+  it, so the subclass answers that op builder with None, which DeepSpeed treats as "op absent".
+- fp16: the CPU accelerator reports fp16 unsupported unless oneDNN has fp16 kernels for this CPU.
+  When torch itself can run the model's fp16 ops on CPU (torch 2.13 can; 2.1 has no Half
+  addmm/layer_norm on CPU), the subclass reports fp16 as supported. Otherwise it still reports
+  fp16 as supported and the model computes in fp32 over the fp16 weights (`fp16_compute_upcast`,
+  see repro/workload/model.py `Linear`): DeepSpeed's fp16 engine, loss scaler and collectives run
+  as released.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import importlib.util
+import os
+import re
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+PLACEHOLDER_MODULES = ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch")
+_SKIPPED_OP_BUILDERS = ("ShareMemCommBuilder",)
+# DeepSpeed 0.14.1 (PR #5206) falls back to gloo without oneCCL and stopped requiring IPEX.
+_FIRST_DS_WITHOUT_PLACEHOLDERS = (0, 14, 1)
+
+
+class EnvironmentProblem(RuntimeError):
+    """This torch/DeepSpeed install cannot run the requested configuration on CPU."""
+
+
+class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds empty placeholder modules for names no real finder resolved."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = tuple(names)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any | None:
+        if fullname in self.names:
+            return importlib.machinery.ModuleSpec(fullname, self)
+        return None
+
+    def create_module(self, spec: Any) -> types.ModuleType | None:
+        return None
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        module.__doc__ = ("Empty placeholder created by repro.workload.cpu.shims so that DeepSpeed < 0.14.1 "
+                          "can load its CPU accelerator; it provides nothing.")
+        module.__dict__["__repro_placeholder__"] = True
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def deepspeed_version() -> str | None:
+    try:
+        return importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install_placeholders(ds_version: str | None) -> list[str]:
+    """Make missing IPEX/oneCCL importable as empty modules when this DeepSpeed needs them."""
+    if ds_version is None or _version_tuple(ds_version) >= _FIRST_DS_WITHOUT_PLACEHOLDERS:
+        return []
+    missing = [name for name in PLACEHOLDER_MODULES if importlib.util.find_spec(name) is None]
+    if missing and not any(isinstance(f, _PlaceholderFinder) for f in sys.meta_path):
+        sys.meta_path.append(_PlaceholderFinder(missing))
+    return missing
+
+
+def torch_runs_fp16_on_cpu() -> tuple[bool, str]:
+    """Try the fp16 ops the model uses; returns (ok, first error)."""
+    import torch
+    from torch.nn import functional as F
+
+    x = torch.ones(2, 4, dtype=torch.float16)
+    w = torch.ones(4, 4, dtype=torch.float16)
+    try:
+        F.linear(x, w, torch.zeros(4, dtype=torch.float16))
+        F.layer_norm(x, (4,), torch.ones(4, dtype=torch.float16), torch.zeros(4, dtype=torch.float16))
+        F.gelu(x)
+        (x @ w).softmax(dim=-1)
+        F.embedding(torch.zeros(2, dtype=torch.int64), w)
+    except RuntimeError as exc:
+        return False, str(exc).splitlines()[0]
+    return True, ""
+
+
+def _gloo_accelerator(claim_fp16: bool) -> Any:
+    import torch
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    class GlooCpuAccelerator(CPU_Accelerator):
+        """DeepSpeed's CPU accelerator talking gloo (and, when torch can compute it, fp16)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._communication_backend_name = "gloo"
+
+        def is_fp16_supported(self) -> bool:
+            return True if claim_fp16 else bool(super().is_fp16_supported())
+
+        def supported_dtypes(self) -> list[Any]:
+            dtypes = list(super().supported_dtypes())
+            if claim_fp16 and torch.float16 not in dtypes:
+                dtypes.append(torch.float16)
+            return dtypes
+
+        def create_op_builder(self, op_name: str) -> Any:
+            if op_name in _SKIPPED_OP_BUILDERS:
+                return None
+            return super().create_op_builder(op_name)
+
+    return GlooCpuAccelerator()
+
+
+def prepare_cpu(dtype: str) -> dict[str, Any]:
+    """Get DeepSpeed running on CPU/gloo. Must run before `import deepspeed`; imports it.
+
+    Returns what was done, for the run record.
+    """
+    if "deepspeed" in sys.modules:
+        raise RuntimeError("prepare_cpu() must run before deepspeed is imported")
+    done: dict[str, Any] = {}
+    # forced, not defaulted: DeepSpeed < 0.14.1 would otherwise pick cuda on a CUDA build of torch
+    done["DS_ACCELERATOR"] = os.environ["DS_ACCELERATOR"] = "cpu"
+    os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    done["LOCAL_SIZE"] = os.environ["LOCAL_SIZE"]
+    ds_version = deepspeed_version()
+    done["placeholders"] = install_placeholders(ds_version)
+
+    claim_fp16 = False
+    done["fp16_compute_upcast"] = False
+    if dtype == "fp16":
+        ok, error = torch_runs_fp16_on_cpu()
+        if not ok:
+            # No fp16 CPU kernels in this torch: the model computes in fp32 (model.Linear) while
+            # weights, gradients, collectives and the loss scaler stay fp16.
+            done["fp16_compute_upcast"] = True
+            done["fp16_compute_note"] = f"fp32 compute over fp16 weights: {error}"
+        claim_fp16 = True
+
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+
+    if claim_fp16 and get_accelerator().is_fp16_supported():
+        claim_fp16 = False  # DeepSpeed already allows it: nothing to claim
+    set_accelerator(_gloo_accelerator(claim_fp16))
+    done["accelerator"] = "cpu accelerator with communication backend gloo"
+    done["skipped_op_builders"] = list(_SKIPPED_OP_BUILDERS)
+    done["fp16_claimed"] = claim_fp16
+    deepspeed.init_distributed(dist_backend="gloo")
+    done["dist_backend"] = "gloo"
+    return done
