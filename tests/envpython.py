@@ -21,7 +21,7 @@ def env_python(env_id: str) -> str:
             pytest.fail(f"{var}={given} does not exist")
         return given
     from repro.engines.venv.engine import MARKER, VenvEngine
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
 
     venv = VenvEngine().venv_dir(load_matrix().get(env_id))
     python = venv / "bin" / "python"

@@ -421,7 +421,7 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
     """make bundle ENV=cpu, remove the image, make verify-bundle: same outcomes from the loaded image."""
     docker = pytest.importorskip("docker")
     from repro.engines.docker.engine import daemon_status
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
 
     up, why = daemon_status()
     if not up:

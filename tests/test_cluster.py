@@ -241,7 +241,7 @@ def test_cpu_twin_runs_through_launch_node_with_c10d_rendezvous(tmp_path: Path) 
 def test_cpu_twin_runs_in_the_image_through_launch_node(tmp_path: Path) -> None:
     """RUNTIME=docker: the env's image, host networking, the same rendezvous as on a cluster."""
     docker = pytest.importorskip("docker")
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
 
     tag = load_matrix().get("cpu").image_tag()
     try:

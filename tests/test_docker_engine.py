@@ -188,7 +188,7 @@ def test_bad_inputs_leave_no_container(tiny: tuple[DockerEngine, Env, Prepared],
 @pytest.mark.skipif(os.environ.get("MICS_REPRO_TEST_FULL_IMAGE") != "1",
                     reason="builds the full torch image (minutes, ~5 GB): set MICS_REPRO_TEST_FULL_IMAGE=1")
 def test_full_cpu_image_imports_torch_and_deepspeed_offline(client: Any, tmp_path: Path) -> None:
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
 
     env = load_matrix().get("cpu")
     engine = DockerEngine(client, base_image=os.environ.get("MICS_REPRO_BASE_IMAGE") or BASE_IMAGE_REF)
@@ -216,7 +216,7 @@ STAND_IN_ARGS = {"OS_PACKAGES": "", "PYTHON": "python3", "TORCH_INDEX_URL": "htt
                     "MICS_REPRO_TEST_STANDIN to an env id, e.g. rocm56")
 def test_gpu_dockerfile_builds_on_a_stand_in_base(client: Any, tmp_path: Path) -> None:
     from repro.engines.docker.build_context import parse_build_args
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
 
     env = load_matrix().get(os.environ["MICS_REPRO_TEST_STANDIN"])
     args = {**STAND_IN_ARGS, **parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", ""))}

@@ -18,7 +18,8 @@ from repro.engines.docker import lint as dockerlint
 from repro.engines.docker.dockerfiles import REPO_ROOT, Drift, out_of_sync, render
 from repro.engines.docker.lint import Finding, Hadolint, Rule, lint_matrix, lint_text
 from repro.engines.docker.parse import parse, pip_installs
-from repro.matrix.model import Matrix, load_matrix
+from repro.matrix.model import Matrix
+from repro.matrix.schema import load_matrix
 
 
 def _load_verify_image() -> ModuleType:

@@ -10,8 +10,8 @@ import pytest
 from repro.core.errors import MatrixError, PythonVersionError, UnknownEnvError, UsageError
 from repro.matrix import compat
 from repro.matrix.compat import Platform
-from repro.matrix.model import DEFAULT_MATRIX, Env, Matrix, load_matrix
-from repro.matrix.schema import MatrixProblemsError, Problem
+from repro.matrix.model import DEFAULT_MATRIX, Env, Matrix
+from repro.matrix.schema import MatrixProblemsError, Problem, load_matrix
 
 MATRIX_TEXT = DEFAULT_MATRIX.read_text()
 CPU_NOTES = 'notes = """\nThe default'  # where the [env.cpu] table takes new keys in edits

@@ -331,7 +331,7 @@ def test_suite_level_failures_are_findings(b: ResultsBuilder) -> None:
 
 def test_gpu_env_hint_comes_from_the_matrix(monkeypatch: pytest.MonkeyPatch) -> None:
     from repro.core.errors import MatrixError
-    from repro.matrix import model as matrix_module
+    from repro.matrix import schema as matrix_module
     from repro.report.build import gpu_env_ids
 
     m = matrix_module.load_matrix()

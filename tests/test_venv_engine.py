@@ -21,7 +21,8 @@ from repro.engines import preflight
 from repro.engines.base import Prepared
 from repro.engines.venv.engine import VenvEngine, VenvMarker
 from repro.engines.wheelhouse import DownloadPlan, Wheelhouse
-from repro.matrix.model import Env, load_matrix
+from repro.matrix.model import Env
+from repro.matrix.schema import load_matrix
 
 pytestmark = pytest.mark.integration
 

@@ -19,7 +19,7 @@ from repro.core.errors import BuildError
 from repro.engines.venv.engine import MARKER, VenvEngine, VenvMarker, pip_error, share_identical_files
 from repro.engines.venv.layer import BASE_PTH, Candidate, layer_base, link_base
 from repro.engines.wheelhouse import Wheelhouse
-from repro.matrix.model import load_matrix
+from repro.matrix.schema import load_matrix
 
 BASE = {
     "recipe": "1", "platform": "cpu", "base_image": "python:3.11-slim-bookworm", "python": "3.11",

@@ -110,7 +110,7 @@ class Services:
 def _load_matrix(args: argparse.Namespace, services: Services) -> Any:
     if services.matrix is not None:
         return services.matrix
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
 
     return load_matrix(args.matrix) if args.matrix else load_matrix()
 

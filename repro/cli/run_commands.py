@@ -13,7 +13,7 @@ from repro.core.errors import FixNotResolvedError, Interrupted, UsageError
 
 
 def _matrix(args: argparse.Namespace) -> Any:
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
 
     return load_matrix(args.matrix) if getattr(args, "matrix", None) else load_matrix()
 

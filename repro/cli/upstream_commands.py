@@ -56,7 +56,7 @@ def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Pat
          _bundle_options)
 def cmd_bundle(args: argparse.Namespace) -> int:
     from repro.core.results import resolve_results_dir
-    from repro.matrix.model import load_matrix
+    from repro.matrix.schema import load_matrix
     from repro.upstream.bundle import BundleRequest, default_out, make_bundle, summary
     from repro.upstream.scrub import Scrubber
 

@@ -1,6 +1,7 @@
 """The env matrix: named environments from env_matrix/envs.toml, and envs derived from them.
 
-`load_matrix()` reads and validates the file (repro.matrix.schema); `Matrix.get()` returns a named
+`repro.matrix.schema.load_matrix()` reads and validates the file into a `Matrix` (this module holds
+only the model, so the schema depends on it and never the other way). `Matrix.get()` returns a named
 env, `Matrix.derive()` one with torch/DeepSpeed overridden. An `Env` knows every pin it installs and
 the ordered pip steps that install them (`install_steps()`): the Dockerfile generator and the venv
 engine both walk those steps, so an image and a venv of one env hold the same packages.
@@ -22,7 +23,6 @@ from repro.matrix.compat import Platform
 
 __all__ = [
     "DEFAULT_MATRIX", "PYPI_INDEX", "RECIPE", "Env", "InstallStep", "Matrix", "PinTables", "Platform",
-    "load_matrix",
 ]
 
 DEFAULT_MATRIX = paths.DEFAULT_MATRIX
@@ -324,10 +324,3 @@ def unknown_env(env_id: str, valid: list[str], path: Path) -> UnknownEnvError:
     return UnknownEnvError(
         f"no env named '{env_id}' in {path}", why=f"valid envs: {', '.join(valid)}", fix=fix,
     )
-
-
-def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
-    """Read and validate the matrix; raises repro.core.errors.MatrixError naming file, env and key."""
-    from repro.matrix.schema import parse_matrix
-
-    return parse_matrix(Path(path))

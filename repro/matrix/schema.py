@@ -19,7 +19,15 @@ from packaging.version import InvalidVersion, Version
 from repro.core.errors import MatrixError
 from repro.matrix import compat
 from repro.matrix.compat import Platform
-from repro.matrix.model import TOOLING, Env, Matrix, PinTables, compute_pins, named_dockerfile
+from repro.matrix.model import (
+    DEFAULT_MATRIX,
+    TOOLING,
+    Env,
+    Matrix,
+    PinTables,
+    compute_pins,
+    named_dockerfile,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -273,6 +281,11 @@ def _check_extra_pins(checker: _Checker, env_id: str, raw: Any, tables: PinTable
         else:
             out.append(item)
     return tuple(out)
+
+
+def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
+    """Read and validate the matrix; raises repro.core.errors.MatrixError naming file, env and key."""
+    return parse_matrix(Path(path))
 
 
 def parse_matrix(path: Path) -> Matrix:

@@ -32,7 +32,7 @@ class ReportPaths:
 def gpu_env_ids() -> tuple[str, ...]:
     """ROCm envs first, then CUDA, from the env matrix; the default hint when the matrix is unavailable."""
     try:
-        from repro.matrix.model import load_matrix  # written by the matrix step; optional here
+        from repro.matrix.schema import load_matrix  # written by the matrix step; optional here
     except ImportError:
         return DEFAULT_GPU_ENV_HINT
     try:

@@ -23,7 +23,8 @@ from pathlib import Path
 from repro.core import paths
 from repro.core.errors import ReproError
 from repro.matrix import compat
-from repro.matrix.model import PYPI_INDEX, Env, InstallStep, Matrix, Platform, load_matrix
+from repro.matrix.model import PYPI_INDEX, Env, InstallStep, Matrix, Platform
+from repro.matrix.schema import load_matrix
 
 REPO_ROOT = paths.REPO_ROOT
 IMAGE_ROOT = "/opt/mics-repro"

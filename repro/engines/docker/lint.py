@@ -36,7 +36,8 @@ from repro.engines.docker.parse import (
     pip_installs,
 )
 from repro.matrix import compat
-from repro.matrix.model import PYPI_INDEX, Env, Matrix, Platform, load_matrix
+from repro.matrix.model import PYPI_INDEX, Env, Matrix, Platform
+from repro.matrix.schema import load_matrix
 
 
 class Rule(enum.Enum):
