@@ -30,8 +30,7 @@ from repro.core.errors import (
     PythonVersionError,
     UsageError,
 )
-from repro.engines import base as engines
-from repro.engines import preflight, wheelhouse
+from repro.engines import preflight, select, wheelhouse
 from repro.engines.base import EngineKind, Prepared
 from repro.engines.docker import build_context
 from repro.engines.docker import engine as engine_docker
@@ -512,32 +511,32 @@ def test_derived_env_dockerfile_comes_from_the_generator(
 def test_auto_picks_docker_when_a_daemon_answers(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
     sentinel = object()
     monkeypatch.setattr(DockerEngine, "connect", classmethod(lambda cls: sentinel))
-    chosen = engines.choose_engine("auto", docker_probe=lambda: (True, "daemon at test"))
+    chosen = select.choose_engine("auto", docker_probe=lambda: (True, "daemon at test"))
     assert chosen is sentinel
     assert "engine: docker (ENGINE=auto; daemon at test)" in capsys.readouterr().out
 
 
 def test_auto_falls_back_to_venv(cache: Path, capsys: Any) -> None:
-    chosen = engines.choose_engine("auto", docker_probe=lambda: (False, "no daemon"))
+    chosen = select.choose_engine("auto", docker_probe=lambda: (False, "no daemon"))
     assert isinstance(chosen, VenvEngine)
     assert "engine: venv (ENGINE=auto; no daemon)" in capsys.readouterr().out
 
 
 def test_engine_variable_is_read(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ENGINE", "venv")
-    assert engines.choose_engine(None, docker_probe=lambda: (True, "up")).kind is EngineKind.VENV
+    assert select.choose_engine(None, docker_probe=lambda: (True, "up")).kind is EngineKind.VENV
 
 
 def test_explicit_docker_without_daemon_fails_with_exit_10() -> None:
     # docker.from_env is refused by the conftest guard, exactly like an absent daemon would fail.
     with pytest.raises(DockerUnavailableError) as err:
-        engines.choose_engine("docker")
+        select.choose_engine("docker")
     assert err.value.exit_code == 10
 
 
 def test_unknown_engine_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
-        engines.choose_engine("podman", docker_probe=lambda: (True, ""))
+        select.choose_engine("podman", docker_probe=lambda: (True, ""))
 
 
 def test_daemon_status_never_raises() -> None:

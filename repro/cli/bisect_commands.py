@@ -118,7 +118,7 @@ def _load_matrix(args: argparse.Namespace, services: Services) -> Any:
 def _engine(args: argparse.Namespace, services: Services) -> Any:
     if services.engine is not None:
         return services.engine
-    from repro.engines.base import choose_engine
+    from repro.engines.select import choose_engine
 
     return choose_engine(args.engine or os.environ.get("ENGINE") or None)
 

@@ -39,7 +39,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> Any:
-    from repro.engines.base import choose_engine
+    from repro.engines.select import choose_engine
 
     return choose_engine(args.engine or os.environ.get("ENGINE") or None)
 

@@ -1,18 +1,16 @@
 """Where the suite runs: a Docker image or a cached venv, behind one small protocol.
 
-`choose_engine` walks the `docker|venv` chain: with ENGINE=auto the first available wins (Docker
-when a daemon answers) and the choice is printed with its reason, so a log always says where a
-result came from.
+This module holds only the protocol and the types every engine shares; it imports no engine, so
+the engines depend on it and never the other way. Choosing an engine is repro.engines.select.
 """
 
 from __future__ import annotations
 
 import enum
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from repro.core import paths
 from repro.core.errors import UsageError
@@ -86,43 +84,3 @@ class Engine(Protocol):
     ) -> SuiteRun:
         """Run `python -m repro.workload.suite *args --out ...`; results land in `out_dir`."""
         ...
-
-
-DockerProbe = Callable[[], tuple[bool, str]]
-
-
-def _probe_docker() -> tuple[bool, str]:
-    from repro.engines.docker.engine import daemon_status
-
-    return daemon_status()
-
-
-def choose_engine(
-    requested: EngineKind | str | None = None,
-    *,
-    docker_probe: DockerProbe = _probe_docker,
-    python: str | None = None,
-) -> Engine:
-    """Resolve ENGINE (argument, else the ENGINE variable, else auto) to a concrete engine.
-
-    An explicit `docker` with no daemon fails here (DockerUnavailableError) instead of falling
-    back silently: a user who asked for a container must not get a venv result unknowingly.
-    """
-    if requested is None:
-        requested = os.environ.get("ENGINE", "auto") or "auto"
-    kind = requested if isinstance(requested, EngineKind) else EngineKind.parse(requested)
-
-    if kind is EngineKind.AUTO:
-        up, reason = docker_probe()
-        kind = EngineKind.DOCKER if up else EngineKind.VENV
-        print(f"engine: {kind.value} (ENGINE=auto; {reason})", flush=True)
-    else:
-        print(f"engine: {kind.value} (requested)", flush=True)
-
-    if kind is EngineKind.DOCKER:
-        from repro.engines.docker.engine import DockerEngine
-
-        return DockerEngine.connect()
-    from repro.engines.venv.engine import VenvEngine
-
-    return VenvEngine(python=python)

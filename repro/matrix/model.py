@@ -269,7 +269,8 @@ class Matrix:
                 f"no {base.platform.label} wheel index is known for torch {torch}",
                 why="repro/matrix/compat.py lists which PyTorch index carries each torch release "
                 f"for {base.platform.value}, and torch {compat.minor(torch)} is not in it",
-                fix="pick a listed torch release (env_matrix/README.md), or add the index to repro/matrix/compat.py",
+                fix="pick a listed torch release (env_matrix/README.md), "
+                "or add the index to repro/matrix/compat.py",
             )
         notes: list[str] = []
         uncertain: tuple[str, ...] = ()

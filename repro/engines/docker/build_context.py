@@ -97,8 +97,10 @@ def context_files(dockerfile: str, repo_root: Path) -> tuple[list[tuple[str, Pat
             elif source.endswith("/"):
                 empty.append(rel)  # e.g. docker/certs/ in a checkout without it
             else:
-                raise BuildError(f"the Dockerfile copies {source}, which is not in {repo_root}",
-                                 fix="regenerate the Dockerfiles (python -m repro.engines.docker.dockerfiles --write)")
+                raise BuildError(
+                    f"the Dockerfile copies {source}, which is not in {repo_root}",
+                    fix="regenerate the Dockerfiles (python -m repro.engines.docker.dockerfiles --write)",
+                )
     return sorted(files.items()), empty
 
 

@@ -30,8 +30,8 @@ def dry_run_text(env: Env) -> str:
     for key, value in sorted(args.items()):
         build += ["--build-arg", f"{key}={value}"]
     build.append(".")
-    lines = [f"env {env.id} ({env.platform.value}){' derived from ' + env.derived_from if env.derived_from else ''}",
-             "pins:"]
+    derived = f" derived from {env.derived_from}" if env.derived_from else ""
+    lines = [f"env {env.id} ({env.platform.value}){derived}", "pins:"]
     lines += [f"  {name} = {version}" for name, version in sorted(env.pins().items())]
     lines += [f"base image: {env.base_image}", f"torch index: {env.torch_index or 'PyPI'}",
               f"dockerfile: {env.dockerfile}", f"image tag: {env.image_tag()}",

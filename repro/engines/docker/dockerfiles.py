@@ -1,8 +1,8 @@
 """Renders the Dockerfile of an env: one generator for the committed docker/*.Dockerfile and for
 derived envs (written under build/docker/ on demand).
 
-    python -m repro.engines.docker.dockerfiles --check   # exit 1 when a committed file differs from the matrix
-    python -m repro.engines.docker.dockerfiles --write   # regenerate docker/<id>.Dockerfile for every named env
+    python -m repro.engines.docker.dockerfiles --check  # exit 1 when a committed file differs from the matrix
+    python -m repro.engines.docker.dockerfiles --write  # regenerate docker/<id>.Dockerfile, every named env
 
 Layer order (docker/README.md says why): base -> OS packages and CA certificates -> venv ->
 pip/setuptools -> torch (+numpy) -> DeepSpeed's deps -> DeepSpeed -> verification -> workload.
@@ -115,9 +115,13 @@ def _pip(step: InstallStep) -> list[str]:
 
 def _header(env: Env) -> list[str]:
     if env.is_derived:
-        origin = ["# (a derived env: rendered on demand by repro.engines.docker.dockerfiles.materialize, never committed)."]
+        origin = [
+            "# (a derived env: rendered on demand by repro.engines.docker.dockerfiles.materialize, "
+            "never committed)."
+        ]
     else:
-        origin = ["# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file."]
+        origin = ["# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, "
+                  "not this file."]
     return [
         f"# Env {env.id}: generated from env_matrix/envs.toml",
         *origin,
@@ -323,7 +327,9 @@ def write_all(matrix: Matrix, root: Path = REPO_ROOT) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.engines.docker.dockerfiles", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m repro.engines.docker.dockerfiles", description=__doc__.splitlines()[0]
+    )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true", help="exit 1 if a committed Dockerfile is out of sync")
     mode.add_argument("--write", action="store_true", help="regenerate docker/<id>.Dockerfile")

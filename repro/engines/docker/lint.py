@@ -307,7 +307,9 @@ def lint_matrix(matrix: Matrix, root: Path = REPO_ROOT, hadolint: Hadolint = Had
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.engines.docker.lint", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m repro.engines.docker.lint", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--hadolint", choices=[m.value for m in Hadolint], default=Hadolint.AUTO.value)
     parser.add_argument("--root", type=Path, default=REPO_ROOT)
     args = parser.parse_args(argv)
