@@ -51,9 +51,13 @@ test:
 test-unit:
 	$(PYTHON) -m pytest -m "not integration and not docker and not browser" $(PYTEST_ARGS)
 
+# Static checks, run by CI before the tests: ruff, mypy (strict, pyproject.toml) and the import
+# contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload
+# stands alone).
 lint:
 	$(PYTHON) -m ruff check repro tests
 	$(PYTHON) -m mypy
+	lint-imports
 
 bench:
 	$(PYTHON) -m repro.run.bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
