@@ -138,3 +138,83 @@ def test_truncated_results_json(tmp_path: Path) -> None:
     (folder / "results.json").write_text('{"schema": 1, "runs": [')
     with pytest.raises(UsageError, match="not valid JSON"):
         load_and_merge([folder])
+
+
+# ---- results.json is input: damaged fields and paths that leave the folder (issue 12, items 7 and 10) ----
+
+def _one_env_folder(tmp_path: Path) -> Path:
+    b = ResultsBuilder(tmp_path / "results", "20250101T000000Z-cpu")
+    b.env("cpu")
+    standard_env(b, "cpu")
+    return b.write()
+
+
+def _edit(folder: Path, mutate) -> None:  # type: ignore[no-untyped-def]
+    data = json.loads((folder / "results.json").read_text())
+    mutate(data)
+    (folder / "results.json").write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "names"),
+    [
+        (lambda d: d.update(runs=None), "'runs'"),
+        (lambda d: d.update(envs=["cpu"]), "'envs'"),
+        (lambda d: d["runs"][0].update(world_size="four"), "world_size='four'"),
+        (lambda d: d["runs"][1].update(losses="nan"), "losses"),
+        (lambda d: d["runs"][1].update(shard_size=2.5), "shard_size=2.5"),
+        (lambda d: d["runs"].__setitem__(0, "zero3"), "not a JSON object"),
+        (lambda d: d["envs"]["cpu"].update(pins="torch==2.1"), "pins"),
+    ],
+)
+def test_make_report_names_a_malformed_field_instead_of_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate, names: str  # type: ignore[no-untyped-def]
+) -> None:
+    from repro.cli.main import main
+
+    folder = _one_env_folder(tmp_path)
+    _edit(folder, mutate)
+    code = main(["report", "--results", str(folder), "--results-root", str(tmp_path / "results")])
+    err = capsys.readouterr().err
+    assert code == UsageError.exit_code
+    assert names in err and "results.json" in err and "Traceback" not in err
+    assert not (folder / "report.html").exists()
+
+
+def test_artifact_paths_outside_the_results_folder_are_noted_not_read(tmp_path: Path) -> None:
+    from repro.cli.main import main
+
+    canary = "CANARY-8d1f outside the results folder"
+    outside = tmp_path / "private.txt"
+    outside.write_text(canary + "\n")
+    folder = _one_env_folder(tmp_path)
+    (folder / "cpu" / "artifacts" / "linked.txt").symlink_to(outside)
+    climbing = "../" * (len(folder.resolve().parts) + 2) + str(outside).lstrip("/")
+    _edit(folder, lambda d: d["envs"]["cpu"]["artifacts"].update(
+        ds_report=climbing, collect_env=str(outside), linked="cpu/artifacts/linked.txt", near="../private.txt"))
+    assert main(["report", "--results", str(folder), "--results-root", str(tmp_path / "results")]) == 0
+    html = (folder / "report.html").read_text()
+    markdown = (folder / "REPORT.md").read_text()
+    assert canary not in html and canary not in markdown
+    merged = load_and_merge([folder])
+    assert merged.envs["cpu"].artifacts == {}
+    refused = sorted(n.split()[3] for n in merged.notes if "outside the results folder" in n)
+    assert refused == ["collect_env", "ds_report", "linked", "near"]
+    assert "outside the results folder" in markdown  # the note is in the report, not just the log
+
+
+def test_results_json_is_readable_like_any_file_the_user_writes(tmp_path: Path) -> None:
+    import os
+    import stat
+
+    from repro.workload.record import write_json_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_json_atomic(str(tmp_path / "results.json"), {"schema": 1})
+        folder = _one_env_folder(tmp_path)
+        build_report([folder], folder)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) == 0o644
+    assert stat.S_IMODE((folder / "report.html").stat().st_mode) == 0o644

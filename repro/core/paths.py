@@ -19,3 +19,18 @@ def cache_root() -> Path:
     """Root of every cache this tool keeps (wheelhouse, venvs, build logs, release lists)."""
     override = os.environ.get("MICS_REPRO_CACHE")
     return Path(override).expanduser() if override else Path.home() / ".cache" / "mics-repro"
+
+
+def confined(root: Path, relpath: str | Path) -> Path | None:
+    """`root / relpath` when it stays inside `root` once resolved, else None.
+
+    For paths that come from files (results.json, a bundle's manifest): an absolute path, a `..`
+    that climbs out, or a symlink that leads elsewhere all resolve outside `root` and are refused,
+    so nothing the file names can make us read or write outside the folder it describes.
+    """
+    text = str(relpath)
+    if not text or "\x00" in text or Path(text).is_absolute():
+        return None
+    base = Path(root).resolve()
+    target = (base / text).resolve()
+    return target if target == base or base in target.parents else None

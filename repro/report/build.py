@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -50,7 +49,9 @@ def gpu_env_ids() -> tuple[str, ...]:
 def _write_atomic(path: Path, data: bytes) -> None:
     """Readers (a browser, CI) never see half a report."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    # Not mkstemp (0600): the report is for sharing; the umask decides, as for any file written.
+    tmp = str(path.parent / f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

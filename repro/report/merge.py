@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.errors import UsageError
+from repro.core.paths import confined
 from repro.report.model import EnvInfo, Invocation, Run, RunKey, check_closed_sets
 
 RESULTS_FILE = "results.json"
@@ -30,6 +31,7 @@ class ResultsFolder:
     invocation: Invocation
     envs: Mapping[str, EnvInfo]
     runs: tuple[Run, ...]
+    notes: tuple[str, ...] = ()  # what was refused while reading (e.g. an artifact outside the folder)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,64 @@ def _require(data: Mapping[str, Any], key: str, where: Path) -> Any:
     return data[key]
 
 
+# The record fields the report turns into numbers: another type is a damaged or foreign file, and
+# must be named, not met later as a traceback deep inside a table.
+_INT_FIELDS = ("world_size", "shard_size", "illegal_work_messages", "skipped_steps", "first_divergent_step")
+_NUMBER_LIST_FIELDS = ("losses", "loss_scale")
+_OBJECT_FIELDS = ("logs", "versions", "stacks")
+
+
+def _damaged(where: str, what: str) -> UsageError:
+    return UsageError(
+        f"{where}: {what}",
+        why="results.json is written by `make repro`; this one was edited, damaged or is from another tool",
+        fix="re-run the invocation (or restore the file); nothing was reported from it",
+    )
+
+
+def _typed(data: Mapping[str, Any], key: str, kind: type, where: Path) -> Any:
+    value = _require(data, key, where)
+    if not isinstance(value, kind):
+        raise _damaged(str(where), f"{key!r} is {type(value).__name__} {value!r:.60}, not a JSON "
+                       f"{'object' if kind is dict else 'list'}")
+    return value
+
+
+def _check_record_types(record: Any, where: str) -> None:
+    if not isinstance(record, dict):
+        raise _damaged(where, f"the record is {type(record).__name__}, not a JSON object")
+    for key in _INT_FIELDS:
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise _damaged(where, f"{key}={value!r:.60} is not a whole number")
+    for key in _NUMBER_LIST_FIELDS:
+        value = record.get(key)
+        if value is not None and (
+            not isinstance(value, list)
+            or any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in value)
+        ):
+            raise _damaged(where, f"{key} is not a list of numbers (null for a missing step)")
+    for key in _OBJECT_FIELDS:
+        value = record.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise _damaged(where, f"{key} is {type(value).__name__}, not a JSON object")
+
+
+def _artifacts(folder: Path, env_id: str, raw: Any, notes: list[str]) -> dict[str, Path]:
+    """The env's artifacts that lie inside the results folder; any other path is noted, never read."""
+    out: dict[str, Path] = {}
+    for name, rel in (raw if isinstance(raw, dict) else {}).items():
+        if not rel:
+            continue
+        path = confined(folder, str(rel))
+        if path is None:
+            notes.append(f"env {env_id}: artifact {name} names {str(rel)!r:.120}, outside the results folder "
+                         f"{folder.name}; not read")
+            continue
+        out[str(name)] = path
+    return out
+
+
 def load_folder(folder: Path) -> ResultsFolder:
     folder = folder.resolve()
     path = folder / RESULTS_FILE
@@ -82,6 +142,8 @@ def load_folder(folder: Path) -> ResultsFolder:
             why=str(exc),
             fix="the invocation was probably killed while writing; re-run it",
         ) from None
+    if not isinstance(data, dict):
+        raise _damaged(str(path), f"the file holds a JSON {type(data).__name__}, not an object")
     schema = _require(data, "schema", path)
     if schema != SUPPORTED_SCHEMA:
         raise UsageError(
@@ -89,7 +151,7 @@ def load_folder(folder: Path) -> ResultsFolder:
             why=f"this report reads schema {SUPPORTED_SCHEMA}",
             fix="build the report with the tool version that wrote the results",
         )
-    inv_data = _require(data, "invocation", path)
+    inv_data = _typed(data, "invocation", dict, path)
     invocation = Invocation(
         folder=folder,
         tool_version=str(data.get("tool_version") or "unknown"),
@@ -101,8 +163,11 @@ def load_folder(folder: Path) -> ResultsFolder:
         host=dict(inv_data.get("host") or {}),
     )
     envs: dict[str, EnvInfo] = {}
-    for env_id, env in _require(data, "envs", path).items():
-        artifacts = {name: folder / str(rel) for name, rel in (env.get("artifacts") or {}).items() if rel}
+    notes: list[str] = []
+    for env_id, env in _typed(data, "envs", dict, path).items():
+        if not isinstance(env, dict) or not isinstance(env.get("pins") or {}, dict):
+            raise _damaged(str(path), f"env {env_id!r} is not an object with a \"pins\" object")
+        artifacts = _artifacts(folder, env_id, env.get("artifacts"), notes)
         envs[env_id] = EnvInfo(
             id=env_id,
             platform=str(env.get("platform") or "unknown"),
@@ -118,8 +183,9 @@ def load_folder(folder: Path) -> ResultsFolder:
             venv=env.get("venv"),
         )
     runs: list[Run] = []
-    for index, record in enumerate(_require(data, "runs", path)):
+    for index, record in enumerate(_typed(data, "runs", list, path)):
         where = f"{path} run #{index}"
+        _check_record_types(record, where)
         check_closed_sets(record, where)
         env_id = record["env"]
         if env_id not in envs:
@@ -129,7 +195,7 @@ def load_folder(folder: Path) -> ResultsFolder:
                 fix="re-run the invocation; the folder looks damaged",
             )
         runs.append(Run(record=record, invocation=invocation, env_platform=envs[env_id].platform))
-    return ResultsFolder(invocation=invocation, envs=envs, runs=tuple(runs))
+    return ResultsFolder(invocation=invocation, envs=envs, runs=tuple(runs), notes=tuple(notes))
 
 
 def _merge_env(old: EnvInfo, new: EnvInfo, notes: list[str]) -> EnvInfo:
@@ -159,6 +225,7 @@ def merge(folders: Sequence[ResultsFolder]) -> MergedResults:
             notes.append(f"{item.invocation.folder} was given more than once; read once")
             continue
         unique[item.invocation.folder] = item
+        notes.extend(item.notes)
     ordered = sorted(unique.values(), key=lambda f: _timestamp(f.invocation.started_at))
 
     envs: dict[str, EnvInfo] = {}

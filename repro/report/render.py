@@ -13,6 +13,7 @@ import jinja2
 from markupsafe import Markup
 
 from repro import __version__
+from repro.core.paths import confined
 from repro.report.answers import Answers
 from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, Invocation, Run
@@ -45,7 +46,11 @@ class EnvDetails:
         return self.answer.env
 
 
-def _artifact_text(path: Path) -> str:
+def _artifact_text(path: Path, root: Path) -> str:
+    # merge.load_folder keeps only artifacts inside the folder; checked again where the file is read.
+    rel = path.relative_to(root) if path.is_relative_to(root) else None
+    if rel is None or confined(root, rel) is None:
+        return "(not read: the path leads outside the results folder)"
     if not path.is_file():
         return f"(missing: {path})"
     text = path.read_text(errors="replace")
@@ -69,7 +74,7 @@ def env_details(
             str(path.relative_to(env.invocation.folder.parent))
             if path.is_relative_to(env.invocation.folder.parent)
             else str(path),
-            _artifact_text(path),
+            _artifact_text(path, env.invocation.folder),
         )
         for name, path in sorted(env.artifacts.items())
     )

@@ -46,7 +46,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -109,7 +108,10 @@ def write_json_atomic(path: str, data: Any) -> None:
     """Write JSON so that a reader never sees half a file (tmp file + rename in one folder)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    # Not mkstemp: its 0600 would make results unreadable to the group; O_EXCL + 0666 gets the
+    # umask applied by the kernel, as for any file the user writes.
+    tmp = os.path.join(folder, f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "w") as fh:
             json.dump(data, fh, indent=2, sort_keys=True, allow_nan=False)
