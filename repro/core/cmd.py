@@ -12,13 +12,13 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from repro.core import console
 from repro.core.errors import MissingToolError
 
 # How long each escalation step (SIGINT, SIGTERM) gets before the next one; torchrun forwards
@@ -86,7 +86,7 @@ def run(
     exe = resolve(args[0], full_env)
     if echo:
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (extra_env or {}).items())
-        print(f"+ {prefix + ' ' if prefix else ''}{shlex.join(args)}", flush=True)
+        console.info(f"+ {prefix + ' ' if prefix else ''}{shlex.join(args)}")
 
     out: int | None = subprocess.PIPE if (capture or tee) else None
     err: int | None = subprocess.PIPE if capture else (subprocess.STDOUT if tee else None)
@@ -105,7 +105,7 @@ def run(
             proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         timed_out = True
-        print(f"! {Path(exe).name}: time limit of {timeout_s:g} s reached; stopping it", flush=True)
+        console.warn(f"! {Path(exe).name}: time limit of {timeout_s:g} s reached; stopping it")
         stop_process_group(proc)
         if copier is None:
             stdout_b, stderr_b = proc.communicate()
@@ -135,8 +135,7 @@ def _start_tee(proc: subprocess.Popen[bytes], path: Path) -> threading.Thread:
             for line in iter(stream.readline, b""):
                 sink.write(line)
                 sink.flush()
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
+                console.stream(line)
         stream.close()
 
     thread = threading.Thread(target=copy, name="cmd-tee", daemon=True)

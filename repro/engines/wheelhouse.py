@@ -33,7 +33,7 @@ from packaging.utils import (
 )
 from packaging.version import Version
 
-from repro.core import cmd
+from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.core.paths import cache_root
 
@@ -183,7 +183,7 @@ class Wheelhouse:
         """
         plan = DownloadPlan.for_env(env)
         if self.is_complete(plan):
-            print(f"wheelhouse: {env.id} already complete ({self.path})", flush=True)
+            console.info(f"wheelhouse: {env.id} already complete ({self.path})")
             return True
         if self.offline:
             missing = self.missing(plan)
@@ -196,8 +196,8 @@ class Wheelhouse:
                 )
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        print(f"wheelhouse: fetching what {env.id} needs into {self.path} "
-              "(files already there are reused)", flush=True)
+        console.step(f"wheelhouse: fetching what {env.id} needs into {self.path} "
+                     "(files already there are reused)")
         self._pip_download(plan)
         stamp = self._stamp(plan)
         stamp.parent.mkdir(exist_ok=True)
@@ -244,8 +244,8 @@ class Wheelhouse:
         try:
             server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         except OSError as exc:
-            print(f"wheelhouse: port {port} is busy ({exc.strerror}); serving on a free port, so this "
-                  "build cannot reuse cached layers that used the wheelhouse", flush=True)
+            console.warn(f"wheelhouse: port {port} is busy ({exc.strerror}); serving on a free port, so this "
+                         "build cannot reuse cached layers that used the wheelhouse")
             server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         thread = threading.Thread(target=server.serve_forever, name="wheelhouse-http", daemon=True)
         thread.start()

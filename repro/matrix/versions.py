@@ -21,7 +21,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from repro.core import cmd
+from repro.core import cmd, console
 from repro.core.errors import UsageError
 from repro.core.paths import cache_root
 
@@ -159,10 +159,9 @@ class VersionIndex:
         return args
 
     def _fetch(self, query: VersionQuery) -> list[str]:
-        print(
+        console.step(
             f"versions: asking the index for {query.package} releases"
             f"{' on ' + query.index_url if query.index_url else ''}",
-            flush=True,
         )
         pip = [self.python_exe, "-m", "pip"]
         result = self.runner(

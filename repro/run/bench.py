@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.core import paths
+from repro.core import console, paths
 from repro.core.results import host_info, utc_now
 
 REPO = paths.REPO_ROOT
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     base = [sys.executable, "-m", "repro"]
     prepare_s, code = _timed([*base, "build", "--env", args.env, "--engine", args.engine])
     if code:
-        print(f"bench: build failed (exit {code})", file=sys.stderr)
+        console.error(f"bench: build failed (exit {code})")
         return code
     with tempfile.TemporaryDirectory(prefix="mics-bench-") as tmp:
         suite_s, code = _timed([*base, "repro", "--env", args.env, "--engine", args.engine,
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(exist_ok=True)
     with out.open("a") as fh:
         fh.write(json.dumps(figure) + "\n")
-    print(json.dumps(figure, indent=2))
+    console.result(json.dumps(figure, indent=2))
     return code
 
 

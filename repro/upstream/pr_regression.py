@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.core import cmd, paths
+from repro.core import cmd, console, paths
 from repro.core.errors import MissingToolError, ReproError, RunError
 from repro.core.paths import cache_root
 
@@ -237,9 +237,8 @@ def run_variant(
         f"--junitxml={junit}",
         str(test_file),
     ]
-    print(
+    console.step(
         f"== {variant.value}: DeepSpeed {version}{' + ' + patch_for(version).name if patched else ''}",
-        flush=True,
     )
     result = cmd.run(argv, env=env, cwd=work, tee=work / f"pytest-{variant.value}.log")
     if not junit.is_file():

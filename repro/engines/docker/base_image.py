@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.core import cmd
+from repro.core import cmd, console
 from repro.core.errors import BuildError, ReproError
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def make_base_image(
 
         engine = DockerEngine.connect()
     if not force and engine.image_labels(spec.ref) is not None:
-        print(f"base-image: {spec.ref} already exists (use --force to remake it)", flush=True)
+        console.info(f"base-image: {spec.ref} already exists (use --force to remake it)")
         return engine.image_id(spec.ref)
     if os.geteuid() != 0:
         raise BuildError(
@@ -95,8 +95,8 @@ def make_base_image(
     tmp = Path(tempfile.mkdtemp(prefix="mics-repro-base-", dir=workdir or "/var/tmp"))
     try:
         rootfs, tarball = tmp / "rootfs", tmp / "rootfs.tar"
-        print(f"base-image: debootstrap {spec.suite} ({spec.variant}) from {spec.mirror} (about a minute)",
-              flush=True)
+        console.step(f"base-image: debootstrap {spec.suite} ({spec.variant}) from {spec.mirror} "
+                     "(about a minute)")
         result = cmd.run(spec.debootstrap_argv(rootfs))
         if not result.ok:
             log = rootfs / "debootstrap" / "debootstrap.log"
@@ -108,11 +108,11 @@ def make_base_image(
         if not result.ok:
             raise BuildError("packing the root filesystem failed", why=result.tail())
         size_mb = tarball.stat().st_size / 1e6
-        print(f"base-image: importing {size_mb:.0f} MB as {spec.ref}", flush=True)
+        console.step(f"base-image: importing {size_mb:.0f} MB as {spec.ref}")
         image_id = engine.import_rootfs(tarball, spec.ref, spec.changes())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"base-image: {spec.ref} = {image_id[:19]} in {time.monotonic() - started:.0f} s", flush=True)
+    console.info(f"base-image: {spec.ref} = {image_id[:19]} in {time.monotonic() - started:.0f} s")
     return image_id
 
 

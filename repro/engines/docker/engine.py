@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from repro.core import console
 from repro.core.errors import BuildError, RunError
 from repro.core.paths import cache_root
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
@@ -130,11 +131,11 @@ class DockerEngine:
         context = make_context(env, self.repo_root, ca, args)
         labels = self.image_labels(tag)
         if labels is not None and labels.get(LABEL_CONTEXT) == context.digest:
-            print(f"docker: reusing image {tag} (Dockerfile and workload unchanged)", flush=True)
+            console.info(f"docker: reusing image {tag} (Dockerfile and workload unchanged)")
             return Prepared(EngineKind.DOCKER, env.id, self.image_id(tag), tag, True, _details(env))
         if labels is not None:
-            print(f"docker: {tag} exists but its Dockerfile or workload changed; rebuilding "
-                  "(cached layers are reused)", flush=True)
+            console.info(f"docker: {tag} exists but its Dockerfile or workload changed; rebuilding "
+                         "(cached layers are reused)")
         complete = self.wheelhouse.ensure(env)
         image_id = self.build(env, context, args, wheelhouse_only=complete)
         return Prepared(EngineKind.DOCKER, env.id, image_id, tag, False, _details(env))
@@ -146,7 +147,7 @@ class DockerEngine:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = _BuildLog(self.log_dir / f"build-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env.id)}.log",
                         f"[build {env.id}] ")
-        print(f"docker: building {tag} (log: {log.path})", flush=True)
+        console.step(f"docker: building {tag} (log: {log.path})")
         started = time.monotonic()
         with self.wheelhouse.serve() as url, open(log.path, "w") as sink:
             no_index = wheelhouse_only or self.wheelhouse.offline
@@ -166,7 +167,7 @@ class DockerEngine:
             raise BuildError(f"building {tag} failed", why="\n".join(log.tail)[-3000:],
                              fix=f"read the whole log in {log.path}{hint}")
         image_id = self.image_id(tag)
-        print(f"docker: built {tag} ({image_id[:19]}) in {time.monotonic() - started:.0f} s", flush=True)
+        console.info(f"docker: built {tag} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
         return image_id
 
     def import_rootfs(self, tar_path: Path, ref: str, changes: Sequence[str]) -> str:
@@ -226,7 +227,7 @@ def _record_chunk(chunk: Mapping[str, Any], log: _BuildLog, sink: Any) -> None:
         for line in str(text).splitlines():
             if line.strip():
                 log.tail.append(line)
-                print(log.prefix + line, flush=True)
+                console.info(log.prefix + line)
 
 
 # -- running containers --------------------------------------------------------------------------
@@ -329,8 +330,8 @@ class ManagedContainer:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if os.environ.get(KEEP_ENV, "") not in ("", "0"):
-            print(f"docker: keeping container {self.name} ({KEEP_ENV} is set); remove it with "
-                  f"`docker rm -f {self.name}`", flush=True)
+            console.info(f"docker: keeping container {self.name} ({KEEP_ENV} is set); remove it with "
+                         f"`docker rm -f {self.name}`")
             return
         if exc_type is not None and self._running():
             try:
@@ -357,7 +358,7 @@ class ManagedContainer:
             status = self.container.wait(timeout=timeout_s)
             return int(status.get("StatusCode", -1)), False
         except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
-            print(f"! {self.name}: time limit of {timeout_s:g} s reached; stopping it", flush=True)
+            console.warn(f"! {self.name}: time limit of {timeout_s:g} s reached; stopping it")
             self.stop()
             return 124, True
 
@@ -386,7 +387,7 @@ class ManagedContainer:
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
-            print(f"warning: could not remove container {self.name}: {exc}", flush=True)
+            console.warn(f"warning: could not remove container {self.name}: {exc}")
 
     def follow_logs(self, path: Path, prefix: str) -> None:
         """Copy the container's output to `path` and to the terminal (prefixed) until it exits."""
@@ -399,12 +400,12 @@ class ManagedContainer:
                     pending += chunk
                     *lines, pending = pending.split(b"\n")
                     for line in lines:
-                        print(prefix + line.decode(errors="replace"), flush=True)
+                        console.info(prefix + line.decode(errors="replace"))
             except Exception as exc:  # the run goes on; only the live copy of its output stops
-                print(f"warning: lost the log stream of {self.name} ({type(exc).__name__}: {exc}); "
-                      f"`docker logs` has the rest while the container exists", flush=True)
+                console.warn(f"warning: lost the log stream of {self.name} ({type(exc).__name__}: {exc}); "
+                             f"`docker logs` has the rest while the container exists")
             if pending:
-                print(prefix + pending.decode(errors="replace"), flush=True)
+                console.info(prefix + pending.decode(errors="replace"))
 
     def copy_out(self, container_path: str, dest: Path) -> int:
         """Copy a directory out of the container into `dest`; returns the number of files."""
@@ -413,7 +414,7 @@ class ManagedContainer:
         try:
             stream, _stat = self.container.get_archive(container_path)
         except docker.errors.NotFound:
-            print(f"docker: {container_path} does not exist in {self.name}; nothing to copy", flush=True)
+            console.info(f"docker: {container_path} does not exist in {self.name}; nothing to copy")
             return 0
         buf = io.BytesIO(b"".join(stream))
         return extract_tree(buf, dest)

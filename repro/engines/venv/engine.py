@@ -23,13 +23,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from repro.core import cmd
-
+from repro.core import cmd, console
+from repro.core.errors import BuildError, PythonVersionError
+from repro.core.paths import cache_root
 from repro.engines import preflight
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
-from repro.core.errors import BuildError, PythonVersionError
 from repro.engines.venv.layer import PURELIB, Candidate, LayerPlan, layer_base, layering_disabled, link_base
-from repro.core.paths import cache_root
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 
 if TYPE_CHECKING:
@@ -128,8 +127,8 @@ class VenvEngine:
             rng = preflight.python_range(env.torch)
             if self.python_override or rng is None or rng[0] <= _pair(found.minor) <= rng[1]:
                 if seen:
-                    print(f"venv: using {found.path} (Python {found.version}); {seen[0].path} is "
-                          f"Python {seen[0].version}, which torch {env.torch} has no wheels for", flush=True)
+                    console.info(f"venv: using {found.path} (Python {found.version}); {seen[0].path} is "
+                                 f"Python {seen[0].version}, which torch {env.torch} has no wheels for")
                 return found
             seen.append(found)
         if self.python_override:
@@ -161,12 +160,12 @@ class VenvEngine:
             base_ok = have is None or self._base_intact(have)
             if have is not None and have.matches(want) and base_ok and (final / "bin" / "python").exists():
                 on = f", layered on {have.layered_on['venv']}" if have.layered_on else ""
-                print(f"venv: reusing {final} (pins match{on})", flush=True)
+                console.info(f"venv: reusing {final} (pins match{on})")
                 return self._prepared(env, final, reused=True, marker=have)
             if final.exists():
                 why = ("its base venv changed or is gone" if not base_ok
                        else "pins or Python differ" if have else "no marker: an unfinished or foreign venv")
-                print(f"venv: rebuilding {final} ({why})", flush=True)
+                console.info(f"venv: rebuilding {final} ({why})")
             plan = None if layering_disabled() else self.layer_plan(env, want)
             if plan is not None:
                 marker = self._build_layer(env, interp, want, final, plan)
@@ -232,8 +231,7 @@ class VenvEngine:
         started = time.monotonic()
         try:
             with _locked(self.root / f".{base.name}.lock"):
-                print(f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})",
-                      flush=True)
+                console.step(f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})")
                 # No pip of its own: the base's pip (the same pinned version) runs from the layer's
                 # interpreter, so it installs into the layer.
                 self._check(cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]), env,
@@ -254,10 +252,10 @@ class VenvEngine:
                                          why=f"{', '.join(specs)} differ from {base}")
                     install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
                     argv = [py, "-m", "pip", install, *self._sources(False), *rest]
-                    print(f"venv: {step.name} (layer): {' '.join(specs)}", flush=True)
+                    console.step(f"venv: {step.name} (layer): {' '.join(specs)}")
                     self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
                 self._install_finished(env, py, tmp, final, marker)
-            print(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
+            console.info(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}")
             return marker
         finally:
             if tmp.exists():
@@ -268,7 +266,7 @@ class VenvEngine:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
         try:
-            print(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)", flush=True)
+            console.step(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)")
             self._check(cmd.run([interp.path, "-m", "venv", str(tmp)]), env, "creating the venv")
             py = str(tmp / "bin" / "python")
             # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
@@ -280,12 +278,12 @@ class VenvEngine:
                 argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
                 if no_cache:
                     argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
-                print(f"venv: {step.name}: {' '.join(step.specs)}", flush=True)
+                console.step(f"venv: {step.name}: {' '.join(step.specs)}")
                 self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
                 if step.check:
                     self._check(cmd.run([py, "-m", "pip", "check"]), env, f"pip check after {step.name}")
             self._install_finished(env, py, tmp, final, marker)
-            print(f"venv: ready in {time.monotonic() - started:.0f} s: {final}", flush=True)
+            console.info(f"venv: ready in {time.monotonic() - started:.0f} s: {final}")
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -438,8 +436,8 @@ def share_identical_files(venv: Path, others: Sequence[Path], min_bytes: int = S
             saved += st.st_size
             break
     if saved:
-        print(f"venv: {saved / 2**30:.1f} GiB of {venv.name} hard-linked to identical files of other venvs",
-              flush=True)
+        console.info(f"venv: {saved / 2**30:.1f} GiB of {venv.name} hard-linked to identical files of "
+                     "other venvs")
     return saved
 
 
