@@ -54,10 +54,12 @@ test-unit:
 # Static checks, run by CI before the tests: ruff, mypy (strict, pyproject.toml) and the import
 # contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload
 # stands alone).
+# import-linter has no `python -m` entry point; this runs its `lint-imports` with $(PYTHON).
+LINT_IMPORTS = $(PYTHON) -c 'import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())'
 lint:
 	$(PYTHON) -m ruff check repro tests
 	$(PYTHON) -m mypy
-	lint-imports
+	$(LINT_IMPORTS)
 
 bench:
 	$(PYTHON) -m repro.run.bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
