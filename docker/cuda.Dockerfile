@@ -2,17 +2,23 @@
 # by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
 #
 # The reporter's torch and DeepSpeed on NVIDIA: the bug is not ROCm specific (DeepSpeed PR #4792
-# met the _IllegalWork on CUDA CI). The devel base has nvcc for DeepSpeed's JIT ops. Expected: as
-# on rocm56.
+# met the _IllegalWork on CUDA CI). Plain Ubuntu 22.04, not an nvidia/cuda image: NVIDIA deletes
+# end-of-life nvidia/cuda tags, and PyPI's cu121 torch wheels bring the CUDA runtime libraries
+# themselves; only the driver comes from the host (at least 525.60.13 for CUDA 12). No nvcc: the
+# default config JIT-compiles no DeepSpeed op; a config with a fused op needs BASE_IMAGE= a CUDA
+# 12.1 devel image (docker/README.md). Expected: as on rocm56.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/cuda.Dockerfile -t mics-repro:cuda-e18267d4b295 .
+#   docker build -f docker/cuda.Dockerfile -t mics-repro:cuda-3529ba138216 .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
-ARG BASE_IMAGE=nvidia/cuda:12.1.1-devel-ubuntu22.04
+ARG BASE_IMAGE=ubuntu:22.04
 FROM ${BASE_IMAGE}
 ARG BASE_IMAGE
 
+# GPU bases carry AMD's/NVIDIA's apt sources, whose signing keys expire and rotate: they are parked
+# before `apt-get update` (docker/README.md), as only the distribution's own packages are needed.
+COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh
 # Extra CA certificates for a TLS-intercepting proxy: any *.crt/*.pem in docker/certs/ are added
 # to a bundle that apt and pip then use. With none there, nothing changes.
 COPY docker/certs/ /opt/mics-repro/certs/
@@ -27,6 +33,7 @@ RUN set -eu; bundle=/opt/mics-repro/ca-bundle.pem; \
     done; \
     if [ -f "$bundle" ] && [ -d /etc/apt/apt.conf.d ]; then \
         echo "Acquire::https::CAInfo \"$bundle\";" > /etc/apt/apt.conf.d/99mics-repro-ca; fi; \
+    sh /opt/mics-repro/disable-vendor-apt.sh; \
     if [ -n "$OS_PACKAGES" ]; then \
         apt-get update; \
         apt-get install -y --no-install-recommends $OS_PACKAGES; \
@@ -87,12 +94,12 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro cuda" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.1.0, DeepSpeed 0.13.1" \
-      org.opencontainers.image.version="cuda-e18267d4b295" \
+      org.opencontainers.image.version="cuda-3529ba138216" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="cuda" \
-      mics-repro.pins-key="e18267d4b295" \
+      mics-repro.pins-key="3529ba138216" \
       mics-repro.annotated-types="0.8.0" \
-      mics-repro.base-image="nvidia/cuda:12.1.1-devel-ubuntu22.04" \
+      mics-repro.base-image="ubuntu:22.04" \
       mics-repro.cuda="12.1" \
       mics-repro.deepspeed="0.13.1" \
       mics-repro.hjson="3.1.0" \

@@ -1,8 +1,10 @@
 # Env rocm61: generated from env_matrix/envs.toml
 # by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
 #
-# First ROCm 6 stack here; DeepSpeed 0.15.4 is the last 0.15 release. Likely: flat MiCS warns and
-# races, hierarchical MiCS crashes with ValueError (the same DeepSpeed code as on 5.x).
+# First ROCm 6 stack here (its torch wheel adds MI300 = gfx942; PYTORCH_ROCM_ARCH
+# gfx908;gfx90a;gfx942 for the JIT ops of every ROCm 6 env); DeepSpeed 0.15.4 is the last 0.15
+# release. Likely: flat MiCS warns and races, hierarchical MiCS crashes with ValueError (the same
+# DeepSpeed code as on 5.x).
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
 #   docker build -f docker/rocm61.Dockerfile -t mics-repro:rocm61-a81e56cb5000 .
@@ -12,6 +14,9 @@ ARG BASE_IMAGE=rocm/dev-ubuntu-22.04:6.1.2
 FROM ${BASE_IMAGE}
 ARG BASE_IMAGE
 
+# GPU bases carry AMD's/NVIDIA's apt sources, whose signing keys expire and rotate: they are parked
+# before `apt-get update` (docker/README.md), as only the distribution's own packages are needed.
+COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh
 # Extra CA certificates for a TLS-intercepting proxy: any *.crt/*.pem in docker/certs/ are added
 # to a bundle that apt and pip then use. With none there, nothing changes.
 COPY docker/certs/ /opt/mics-repro/certs/
@@ -26,6 +31,7 @@ RUN set -eu; bundle=/opt/mics-repro/ca-bundle.pem; \
     done; \
     if [ -f "$bundle" ] && [ -d /etc/apt/apt.conf.d ]; then \
         echo "Acquire::https::CAInfo \"$bundle\";" > /etc/apt/apt.conf.d/99mics-repro-ca; fi; \
+    sh /opt/mics-repro/disable-vendor-apt.sh; \
     if [ -n "$OS_PACKAGES" ]; then \
         apt-get update; \
         apt-get install -y --no-install-recommends $OS_PACKAGES; \
@@ -65,7 +71,9 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 msgpack=
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use.
 RUN DS_BUILD_OPS=0 python -m pip install --no-deps --no-build-isolation deepspeed==0.15.4
 
-ARG ROCM_ARCH=gfx908
+# The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200
+# (and MI300 on ROCm 6+), so a user config with such an op runs on all of them.
+ARG ROCM_ARCH="gfx908;gfx90a;gfx942"
 ENV PYTORCH_ROCM_ARCH=${ROCM_ARCH}
 
 # Fail the build unless every pin (and, with STRICT=1, the Python/ROCm/CUDA stack) is what the

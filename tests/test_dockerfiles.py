@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from repro.cli import main as cli
 from repro.core import cmd
 from repro.engines.docker import dockerfiles
 from repro.engines.docker import lint as dockerlint
@@ -53,7 +54,7 @@ def test_committed_dockerfiles_match_the_generator(matrix: Matrix) -> None:
 
 
 def test_check_cli_passes_on_the_repo() -> None:
-    assert dockerfiles.main(["--check"]) == 0
+    assert cli.main(["dockerfiles", "--check"]) == 0
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)
@@ -109,10 +110,10 @@ def test_changed_matrix_makes_the_committed_file_stale(tmp_path: Path) -> None:
     drifted = {p.path: p.drift for p in out_of_sync(edited, root)}
     assert drifted and set(drifted.values()) == {Drift.DIFFERS}
     assert "docker/cpu.Dockerfile" in drifted
-    assert dockerfiles.main(["--check", "--root", str(root)]) == 1
+    assert cli.main(["dockerfiles", "--check", "--root", str(root)]) == 1
     findings = lint_text((root / "docker/cpu.Dockerfile").read_text(), edited.get("cpu"), "cpu")
     assert {Rule.PINS, Rule.LABELS} <= rules(findings)
-    assert dockerfiles.main(["--write", "--root", str(root)]) == 0
+    assert cli.main(["dockerfiles", "--write", "--root", str(root)]) == 0
     assert out_of_sync(edited, root) == []
 
 
@@ -173,6 +174,14 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
     ("shell CMD", "cpu", lambda t: t[: t.index("CMD [")] + "CMD python -m repro.workload.suite\n", Rule.CMD),
     ("missing source", "cpu", replace_once("COPY docker/verify_image.py", "COPY docker/verify.py"),
      Rule.MISSING),
+    ("vendor apt left on", "rocm56", replace_once("    sh /opt/mics-repro/disable-vendor-apt.sh; \\\n", ""),
+     Rule.VENDOR_APT),
+    ("vendor apt parked after update", "rocm56",
+     lambda t: replace_once("    sh /opt/mics-repro/disable-vendor-apt.sh; \\\n", "")(t).replace(
+         "rm -rf /var/lib/apt/lists/*; fi", "rm -rf /var/lib/apt/lists/*; fi; sh /opt/mics-repro/disable-vendor-apt.sh"),
+     Rule.VENDOR_APT),
+    ("vendor apt script not copied", "cuda",
+     replace_once("COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh\n", ""), Rule.VENDOR_APT),
 ]
 
 
@@ -273,3 +282,83 @@ def test_derived_rocm_env_checks_torch_and_base_separately(matrix: Matrix) -> No
     assert "--rocm 5.6 --torch-hip 5.6" in (REPO_ROOT / "docker/rocm56.Dockerfile").read_text()
     assert "--torch-cuda 12.1" in (REPO_ROOT / "docker/cuda.Dockerfile").read_text()
 
+
+
+# --- GPU images: vendor apt sources, base images, ROCm architectures ------------------------------
+
+VENDOR_SCRIPT = REPO_ROOT / dockerfiles.VENDOR_APT_SCRIPT
+
+
+def _apt_tree(root: Path) -> Path:
+    """An Ubuntu 20.04 ROCm dev image's apt configuration, as rocm/dev-ubuntu-20.04:5.6 ships it."""
+    lists = root / "etc/apt/sources.list.d"
+    lists.mkdir(parents=True)
+    (root / "etc/apt/sources.list").write_text(
+        "deb http://archive.ubuntu.com/ubuntu/ focal main restricted\n"
+        "deb [arch=amd64] https://repo.radeon.com/amdgpu/5.6/ubuntu focal main\n")
+    (lists / "rocm.list").write_text("deb [arch=amd64] https://repo.radeon.com/rocm/apt/5.6 focal main\n")
+    (lists / "amdgpu.sources").write_text("Types: deb\nURIs: https://repo.radeon.com/amdgpu/5.6/ubuntu\n")
+    (lists / "cuda.list").write_text(
+        "deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64 /\n")
+    (lists / "deadsnakes.list").write_text("deb https://ppa.launchpadcontent.net/deadsnakes/ppa/ubuntu focal main\n")
+    return root
+
+
+def test_vendor_apt_script_parks_only_vendor_sources(real_subprocess: None, tmp_path: Path) -> None:
+    root = _apt_tree(tmp_path / "root")
+    done = cmd.run(["sh", str(VENDOR_SCRIPT), str(root)], capture=True, echo=False)
+    assert done.ok, done.stderr
+    lists = root / "etc/apt/sources.list.d"
+    assert sorted(p.name for p in lists.iterdir()) == ["deadsnakes.list"]
+    parked = root / "etc/apt/vendor-sources.disabled"
+    assert sorted(p.name for p in parked.iterdir()) == ["amdgpu.sources", "cuda.list", "rocm.list"]
+    main = (root / "etc/apt/sources.list").read_text().splitlines()
+    assert main[0].startswith("deb http://archive.ubuntu.com")
+    assert main[1].startswith("# disabled by mics-repro: deb [arch=amd64] https://repo.radeon.com")
+    again = cmd.run(["sh", str(VENDOR_SCRIPT), str(root)], capture=True, echo=False)
+    assert again.ok and again.stdout == ""  # idempotent: a rebuilt layer finds nothing left to do
+
+
+@pytest.mark.parametrize("tree", ["debian", "no-apt"])
+def test_vendor_apt_script_is_harmless_without_vendor_sources(
+    real_subprocess: None, tmp_path: Path, tree: str
+) -> None:
+    root = tmp_path / "root"
+    if tree == "debian":  # the stand-in base: Debian's own list only
+        (root / "etc/apt/sources.list.d").mkdir(parents=True)
+        (root / "etc/apt/sources.list").write_text("deb http://deb.debian.org/debian bookworm main\n")
+    else:
+        root.mkdir()
+    done = cmd.run(["sh", str(VENDOR_SCRIPT), str(root)], capture=True, echo=False)
+    assert done.ok and done.stdout == ""
+    if tree == "debian":
+        assert (root / "etc/apt/sources.list").read_text() == "deb http://deb.debian.org/debian bookworm main\n"
+        assert not (root / "etc/apt/vendor-sources.disabled").exists()
+
+
+def test_gpu_images_park_vendor_sources_and_cpu_images_are_unchanged(matrix: Matrix) -> None:
+    for env_id in matrix.ids():
+        env = matrix.get(env_id)
+        text = render(env)
+        if env.platform.value == "cpu":
+            assert "disable-vendor-apt" not in text
+        else:
+            assert text.index("sh /opt/mics-repro/disable-vendor-apt.sh") < text.index("apt-get update;")
+
+
+def test_cuda_image_does_not_depend_on_an_nvidia_cuda_tag(matrix: Matrix) -> None:
+    env = matrix.get("cuda")
+    assert not env.base_image.startswith("nvidia/cuda"), env.base_image
+    text = (REPO_ROOT / env.dockerfile).read_text()
+    assert "nvidia/cuda" not in text.split("FROM", 1)[1].split("\n", 1)[0]
+    assert "--index-url" in text and "whl/cu121" in text  # the CUDA runtime comes with torch's wheels
+
+
+@pytest.mark.parametrize(("env_id", "arches"), [
+    ("rocm56", "gfx908;gfx90a"), ("rocm57", "gfx908;gfx90a"),
+    ("rocm61", "gfx908;gfx90a;gfx942"), ("rocm64", "gfx908;gfx90a;gfx942"),
+])
+def test_rocm_images_build_jit_ops_for_mi100_mi200_and_mi300(matrix: Matrix, env_id: str, arches: str) -> None:
+    text = (REPO_ROOT / matrix.get(env_id).dockerfile).read_text()
+    assert f'ARG ROCM_ARCH="{arches}"' in text
+    assert "ENV PYTORCH_ROCM_ARCH=${ROCM_ARCH}" in text

@@ -180,3 +180,82 @@ def has_mics(deepspeed: str) -> bool:
     """MiCS was removed in 0.19.7: its sdist has no runtime/zero/mics.py, and a survey on torch
     2.13 measured 0.19.6 reproduced, 0.19.7 and 0.19.8 unsupported."""
     return Version(Version(deepspeed).public) < Version("0.19.7")
+
+
+# -- GPU architectures and drivers (read by the preflight checks) ------------------------------------
+
+# GPU architectures PyTorch's ROCm wheels are compiled for, by wheel index: the PYTORCH_ROCM_ARCH
+# of PyTorch's wheel builder (pytorch/builder manywheel/build_docker.sh, later pytorch's
+# .ci/docker/manywheel/build.sh). ROCm 5.x builds: gfx900;gfx906;gfx908;gfx90a;gfx1030 (gfx1100
+# added for the 5.6/5.7 wheels, believed); ROCm >= 6.0 adds gfx942; the 6.2.4+ builds add RDNA3/4.
+# MI100 = gfx908, MI200 = gfx90a, MI300 = gfx942. An index missing here is not checked.
+_ROCM5 = ("gfx900", "gfx906", "gfx908", "gfx90a", "gfx1030")
+_ROCM6 = (*_ROCM5, "gfx1100", "gfx942")
+_ROCM624 = (*_ROCM6, "gfx1101", "gfx1102", "gfx1200", "gfx1201")
+ROCM_WHEEL_ARCHES: dict[str, tuple[str, ...]] = {
+    "rocm5.4.2": _ROCM5,
+    "rocm5.6": (*_ROCM5, "gfx1100"),
+    "rocm5.7": (*_ROCM5, "gfx1100"),
+    "rocm6.0": _ROCM6, "rocm6.1": _ROCM6, "rocm6.2": _ROCM6,
+    "rocm6.2.4": _ROCM624, "rocm6.3": _ROCM624, "rocm6.4": _ROCM624,
+}
+
+# What DeepSpeed's JIT-compiled ops (FusedAdam...) are built for in the ROCm images: the
+# Instinct accelerators this lab targets (MI100, MI200, MI300). gfx942 is left out for ROCm
+# bases older than 6.0, whose compilers predate it.
+ROCM_JIT_ARCHES = ("gfx908", "gfx90a", "gfx942")
+
+
+def rocm_jit_arches(rocm: str | None) -> tuple[str, ...]:
+    """PYTORCH_ROCM_ARCH for an image on ROCm `rocm` (None: the newest list)."""
+    if rocm is not None and _py_tuple(rocm)[:1] < (6,):
+        return tuple(a for a in ROCM_JIT_ARCHES if a != "gfx942")
+    return ROCM_JIT_ARCHES
+
+
+def gfx_name(target_version: int) -> str | None:
+    """KFD's gfx_target_version (major*10000 + minor*100 + stepping) as an arch name: 90008 ->
+    gfx908, 90010 -> gfx90a, 90402 -> gfx942, 100300 -> gfx1030. 0 (a CPU node) -> None."""
+    if target_version <= 0:
+        return None
+    major, minor, step = target_version // 10000, (target_version // 100) % 100, target_version % 100
+    return f"gfx{major}{minor:x}{step:x}"
+
+
+def gfx_from_override(value: str) -> str | None:
+    """HSA_OVERRIDE_GFX_VERSION ("9.0.8", "10.3.0") as the arch the runtime then reports."""
+    parts = value.strip().split(".")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        return None
+    major, minor, step = (int(p) for p in parts)
+    return gfx_name(major * 10000 + minor * 100 + step)
+
+
+def rocm_wheel_arches(torch: str, torch_index: str | None) -> tuple[str, ...] | None:
+    """The arches a ROCm torch wheel runs on, None when the index is not in the table."""
+    if not torch_index:
+        return None
+    index = index_for_url(Platform.ROCM, torch, torch_index)
+    tag = index.tag if index is not None else torch_index.rstrip("/").rsplit("/", 1)[-1]
+    return ROCM_WHEEL_ARCHES.get(tag)
+
+
+# NVIDIA's CUDA compatibility rules (CUDA Toolkit release notes, "CUDA Toolkit and Corresponding
+# Driver Versions", Linux x86_64). A CUDA runtime of major version X runs on any driver at least
+# DRIVER_FLOOR[X] (minor version compatibility; PTX JIT needs the toolkit's own driver); below it,
+# nothing runs. The driver that shipped with each toolkit is what NVIDIA recommends.
+CUDA_DRIVER_FLOOR: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
+CUDA_TOOLKIT_DRIVER: dict[str, str] = {
+    "11.7": "515.43.04", "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02",
+    "12.2": "535.54.03", "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02",
+    "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
+}
+
+
+def driver_tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.strip().split(".") if p.isdigit())
+
+
+def cuda_driver_floor(cuda: str) -> str | None:
+    """The oldest NVIDIA driver that runs a CUDA `cuda` runtime, None when the major is unknown."""
+    return CUDA_DRIVER_FLOOR.get(_py_tuple(cuda)[0])

@@ -85,9 +85,13 @@ def load_user_config(path: str | None) -> dict[str, Any] | None:
     return data
 
 
-def suite_args(request: Request, env_id: str, user_config: dict[str, Any] | None) -> tuple[str, ...]:
-    args = ["--env", env_id, "--scenarios", ",".join(request.scenarios), "--patches", ",".join(request.patches),
-            "--transports", ",".join(request.transports)]
+def suite_args(request: Request, env_id: str, user_config: dict[str, Any] | None,
+               platform: str = "cpu") -> tuple[str, ...]:
+    """The suite's command line. `--device` is the env's platform: a cpu env runs on CPU also on a
+    GPU host, a rocm/cuda env only on GPUs of its kind (else every run ends env-error), never a
+    silent fallback. Without DTYPE= the suite picks the precision (fp16, the reporter's, on GPUs)."""
+    args = ["--env", env_id, "--device", platform, "--scenarios", ",".join(request.scenarios),
+            "--patches", ",".join(request.patches), "--transports", ",".join(request.transports)]
     if request.dtype:
         args += ["--dtype", request.dtype]
     if user_config is not None:
@@ -112,7 +116,7 @@ def plan(matrix: Matrix, request: Request) -> list[Step]:
             env = matrix.derive(env_id, torch=request.torch, deepspeed=request.deepspeed)
         else:
             env = matrix.get(env_id)
-        steps.append(Step(env=env, suite_args=suite_args(request, env.id, user_config),
+        steps.append(Step(env=env, suite_args=suite_args(request, env.id, user_config, env.platform.value),
                           timeout_s=per_run * _MAX_RUNS + _ENGINE_SLACK_S))
     return steps
 

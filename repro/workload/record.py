@@ -39,6 +39,15 @@ Record keys (`RECORD_KEYS`):
   fix                 what the run-time fix patched (fixed runs), else null
   transport_info      what the CPU adapter / placeholder modules added (CPU runs), else {}
   started_at          ISO 8601 UTC
+  ran_on              what the run really used (repro/workload/device.py), from rank 0:
+                      {"device": "cpu" | "gpu" | null (never launched), "backend": "gloo" | "nccl",
+                       "gpu_count", "gpus": [names], "arch": [gfx arch (ROCm gcnArchName) or
+                       "sm_XY" (CUDA compute capability)], "hip", "cuda" (torch.version.*), "nccl"
+                       (NCCL/RCCL version), "ran": bool, "visible_devices": {*_VISIBLE_DEVICES},
+                       "env_platform": what the env asked for (cpu | rocm | cuda | gpu | null: auto),
+                       "planned_device" (never-launched runs only)}; null in older records.
+                      A run whose ran_on does not match its env's platform is not evidence for that
+                      env (repro/core/evidence.py).
 """
 
 from __future__ import annotations
@@ -77,7 +86,7 @@ RECORD_KEYS = (
     "layout", "backend", "transport", "steps", "seed", "outcome", "signature", "reason", "losses",
     "loss_scale", "skipped_steps", "illegal_work_messages", "first_divergent_step", "exception",
     "exit_codes", "durations", "versions", "weights_checksum", "config", "config_adaptations",
-    "config_problems", "stacks", "logs", "timeout_s", "started_at", "fix", "transport_info",
+    "config_problems", "stacks", "logs", "timeout_s", "started_at", "fix", "transport_info", "ran_on",
 )
 
 

@@ -79,7 +79,9 @@ def _launch_env(spec: RunSpec) -> dict[str, str]:
         env["DS_ACCELERATOR"] = "cpu"
         env["LOCAL_SIZE"] = str(spec.devices_per_node)
         env.setdefault("OMP_NUM_THREADS", "1")  # 2-4 ranks share few cores; oversubscription stalls gloo
+        # A CPU run never touches a GPU, also on a GPU host (PyPI's torch is a CUDA build).
         env["CUDA_VISIBLE_DEVICES"] = ""
+        env["HIP_VISIBLE_DEVICES"] = ""
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
     return env
@@ -256,6 +258,8 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         versions=zero.get("versions") or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
         weights_checksum=zero.get("weights_checksum"), stacks=result.stacks, logs=logs,
         backend=zero.get("backend"), fix=zero.get("fix"), transport_info=zero.get("transport_info") or {},
+        # What rank 0 really ran on; the suite's view (env platform, nothing ran) when it never said.
+        ran_on={**(base.get("ran_on") or {}), **(zero.get("ran_on") or {})} or None,
     )
     status = result.status
     if status == "hung":

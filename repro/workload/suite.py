@@ -22,7 +22,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from repro.workload import classify as cls
+from repro.workload import device as dev
 from repro.workload import ds_config, runner
+from repro.workload import layout as lay
 from repro.workload import record as rec
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
 
@@ -38,46 +40,58 @@ class PlannedRun:
     dtype: str
     transport: str
     shape: ds_config.ScenarioShape
+    # (outcome, reason) for a run that is recorded without being launched: the env cannot run it
+    # (env-error: no GPU of its platform) or the layout cannot (unsupported: too few GPUs).
+    skip: tuple[str, str] | None = None
+
+
+def shape_of(layout: lay.Layout) -> ds_config.ScenarioShape:
+    return ds_config.ScenarioShape(layout.scenario, layout.world_size, layout.shard_size, layout.hierarchical,
+                                   layout.devices_per_node)
 
 
 def scenario_shape(scenario: str, world_size: int, devices_per_node: int) -> ds_config.ScenarioShape:
-    """How each scenario lays ranks out. On one host, nodes are emulated by a per-node device
-    count smaller than the world size (MiCS reads NDEV_PER_NODE / LOCAL_SIZE)."""
-    if scenario == "zero3":
-        return ds_config.ScenarioShape(scenario, world_size, None, False, min(devices_per_node, world_size))
-    if scenario == "mics":
-        return ds_config.ScenarioShape(scenario, world_size, world_size, False,
-                                       min(devices_per_node, world_size))
-    if scenario == "mics-hier":
-        # The hierarchical gather needs the shard group to span > 1 node (mics_utils asserts it).
-        per_node = min(devices_per_node, world_size // 2)
-        return ds_config.ScenarioShape(scenario, world_size, world_size, True, max(per_node, 1))
-    if scenario == "mics-replica":
-        return ds_config.ScenarioShape(scenario, world_size, world_size // 2, False,
-                                       min(devices_per_node, world_size))
-    raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(rec.SCENARIOS)}")
+    """The CPU layout of a scenario (repro/workload/layout.py); `devices_per_node` is the world
+    size there (one host), kept for older callers."""
+    return shape_of(lay.cpu_layout(scenario, world_size))
+
+
+def _skip(layout: lay.Layout, device: str, error: str | None) -> tuple[str, str] | None:
+    if error:
+        return ("env-error", error)
+    if not layout.supported:
+        unit = "GPUs (one rank per GPU)" if device == "gpu" else "ranks"
+        return ("unsupported", f"{layout.scenario} needs at least {layout.needs} {unit}; "
+                               f"this layout has {layout.world_size}")
+    return None
 
 
 def plan(scenarios: list[str], patches: list[str], dtype: str, transports: list[str],
-         world_size: int, devices_per_node: int, sync_proof: bool) -> list[PlannedRun]:
+         world_size: int, devices_per_node: int, sync_proof: bool,
+         layouts: lay.LayoutPlan | None = None, error: str | None = None) -> list[PlannedRun]:
     """Controls first (one zero3 stock run per transport), then each MiCS scenario x patch.
     `sync_proof` adds `mics` stock over the sync transport: IllegalWork messages yet a match
-    with the control proves the missing wait, not the arithmetic, is the cause."""
+    with the control proves the missing wait, not the arithmetic, is the cause.
+    `layouts` (default: the CPU layouts of `world_size`) decides every run's shape; `error` makes
+    every run an env-error that is recorded without being launched."""
+    chosen = layouts or lay.plan_layouts("cpu", world_size)
+
+    def planned(scenario: str, patch: str, transport: str) -> PlannedRun:
+        layout = chosen.get(scenario)
+        return PlannedRun(scenario, patch, dtype, transport, shape_of(layout), _skip(layout, chosen.device, error))
+
     runs: list[PlannedRun] = []
     for transport in transports:
-        runs.append(PlannedRun("zero3", "stock", dtype, transport,
-                               scenario_shape("zero3", world_size, devices_per_node)))
+        runs.append(planned("zero3", "stock", transport))
         for scenario in scenarios:
             for patch in patches:
                 # zero3 stock is the control above; the fix does not touch ZeRO-3's own gather
                 # path, so a zero3 fixed run would only repeat the control.
                 if scenario == "zero3":
                     continue
-                runs.append(PlannedRun(scenario, patch, dtype, transport,
-                                       scenario_shape(scenario, world_size, devices_per_node)))
+                runs.append(planned(scenario, patch, transport))
     if sync_proof and "mics" in scenarios and "sync" not in transports and transports != ["native"]:
-        runs.append(PlannedRun("mics", "stock", dtype, "sync",
-                               scenario_shape("mics", world_size, devices_per_node)))
+        runs.append(planned("mics", "stock", "sync"))
     return runs
 
 
@@ -90,16 +104,31 @@ def mics_available() -> bool:
     return os.path.exists(os.path.join(root, "runtime", "zero", "mics.py"))
 
 
-def detect_device(requested: str) -> tuple[str, int]:
-    """(cpu|gpu, devices per node). GPUs: one device per rank, native backend."""
-    if requested == "cpu":
-        return "cpu", 0
-    import torch  # only here: the CPU path must not pay for CUDA/ROCm probing
+def detect_device(requested: str) -> tuple[dev.Decision, dev.TorchView | None]:
+    """The env's platform decides (repro/workload/device.py); torch is asked only off CPU."""
+    view = None if requested == "cpu" else dev.probe()
+    return dev.decide(requested, view), view
 
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if requested == "gpu" and count == 0:
-        raise SystemExit("error: --device gpu but torch sees no GPU (torch.cuda.is_available() is False)")
-    return ("gpu", count) if count else ("cpu", 0)
+
+def choose_layouts(decision: dev.Decision, world_size: int | None) -> tuple[lay.LayoutPlan, str | None]:
+    """The layouts the runs use, and an error that stops every run (recorded, never launched)."""
+    if decision.device == "cpu":
+        return lay.plan_layouts("cpu", world_size), None
+    if decision.error:  # no usable GPU: the runs are still planned (and named) from the request
+        return lay.plan_layouts("cpu", world_size), decision.error
+    try:
+        return lay.plan_layouts("gpu", world_size, decision.gpus), None
+    except lay.LayoutError as exc:
+        return lay.plan_layouts("cpu", world_size), str(exc)
+
+
+def default_dtype(device: str, user_config: dict[str, Any] | None) -> str:
+    """Without DTYPE=: the user config's precision; else the reporter's fp16 (with their loss-scale
+    settings, which our default config carries) on GPUs, where the overflow storm they saw shows;
+    fp32 on CPU, as always (torch < 2.2 has no fp16 CPU kernels)."""
+    if user_config:
+        return ds_config.config_dtype(user_config)
+    return "fp16" if device == "gpu" else "fp32"
 
 
 class ArtifactCapture:
@@ -117,7 +146,7 @@ class ArtifactCapture:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             p for p in (runner.REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
         if device == "cpu":
-            env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="")
+            env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
         # ds_report goes through our wrapper: on CPU, DeepSpeed < 0.14.1 needs the same placeholder
         # modules as the runs before it can even report.
         commands = {"ds_report": [sys.executable, "-m", "repro.workload.ds_report", "--device", device],
@@ -165,9 +194,9 @@ def _save(out: str, runs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
 def run_suite(args: argparse.Namespace) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
-    device, gpus = detect_device(args.device)
-    devices_per_node = gpus if device == "gpu" else args.world_size
-    world = args.world_size if device == "cpu" else min(args.world_size or gpus, gpus)
+    decision, view = detect_device(args.device)
+    device = decision.device
+    layouts, error = choose_layouts(decision, args.world_size)
     transports = ["native"] if device == "gpu" else args.transports
     user_config = None
     if args.config:
@@ -175,17 +204,24 @@ def run_suite(args: argparse.Namespace) -> int:
             user_config = json.load(fh)
     elif args.config_json:
         user_config = json.loads(args.config_json)
-    dtype = args.dtype or (ds_config.config_dtype(user_config) if user_config else "fp32")
-    planned = plan(args.scenarios, args.patches, dtype, transports, world, devices_per_node,
-                   sync_proof=not args.no_sync_proof)
-    meta: dict[str, Any] = {"env": args.env, "device": device, "started_at": _now(),
-                            "interrupted": False, "artifacts": {}}
+    dtype = args.dtype or default_dtype(device, user_config)
+    planned = plan(args.scenarios, args.patches, dtype, transports, layouts.used, layouts.used,
+                   sync_proof=not args.no_sync_proof, layouts=layouts, error=error)
+    meta: dict[str, Any] = {"env": args.env, "device": device, "platform": decision.platform,
+                            "device_error": error, "layout_notes": list(layouts.notes),
+                            "started_at": _now(), "interrupted": False, "artifacts": {}}
+    # Every record says what ran; a run never launched keeps what the suite saw (nothing ran).
+    not_run = {**dev.view_summary(view, device), "env_platform": decision.platform}
+    if error:
+        print(f"error: {error}", flush=True)
+    for note in layouts.notes:
+        print(f"layout: {note}", flush=True)
     capture = None
     if not args.no_artifacts:
         print("capturing ds_report and collect_env in the background ...", flush=True)
         capture = ArtifactCapture(out, device)
     try:
-        return _run_planned(args, out, planned, meta, device, dtype, user_config, capture)
+        return _run_planned(args, out, planned, meta, device, dtype, user_config, capture, not_run)
     finally:
         if capture is not None:
             capture.abandon()
@@ -202,7 +238,7 @@ def default_jobs(device: str, world_size: int) -> int:
 
 def _run_planned(args: argparse.Namespace, out: str, planned: list[PlannedRun], meta: dict[str, Any],
                  device: str, dtype: str, user_config: dict[str, Any] | None,
-                 capture: ArtifactCapture | None) -> int:
+                 capture: ArtifactCapture | None, not_run: dict[str, Any] | None = None) -> int:
     """Launch up to `jobs` runs at once; classify and record them in plan order, so a run is
     always judged after its control (controls come first in the plan)."""
     has_mics = mics_available()
@@ -214,7 +250,7 @@ def _run_planned(args: argparse.Namespace, out: str, planned: list[PlannedRun], 
         spec = _spec(args, out, item, device)
         built = ds_config.build_config(item.shape, dtype=dtype, user_config=user_config)
         rec.write_json_atomic(spec.ds_config_path, built.config)
-        prepared.append((item, spec, _base_record(args, spec, item, built)))
+        prepared.append((item, spec, {**_base_record(args, spec, item, built), "ran_on": not_run}))
     total = len(prepared)
     jobs = args.jobs or default_jobs(device, prepared[0][1].world_size if prepared else 1)
     stop = threading.Event()
@@ -223,7 +259,7 @@ def _run_planned(args: argparse.Namespace, out: str, planned: list[PlannedRun], 
         if stop.is_set():
             return NOT_STARTED
         _say(f"[{i}/{total}] {spec.run_name} ...")
-        if item.scenario != "zero3" and not has_mics:
+        if item.skip is not None or (item.scenario != "zero3" and not has_mics):
             return None
         return runner.launch(spec, stop=stop)
 
@@ -266,12 +302,16 @@ def _record_run(out: str, result: runner.LaunchResult | None, item: PlannedRun, 
                 base: dict[str, Any], controls: dict[tuple[str, str, int], dict[str, Any]],
                 runs: list[dict[str, Any]], meta: dict[str, Any]) -> str | None:
     """Classify one finished run against its control, write its record and the suite file."""
-    if result is None:  # no MiCS in this DeepSpeed: nothing was launched
+    if result is None and item.skip is not None:  # the env or the layout cannot run it: not launched
+        record = rec.empty_record(**base, run_name=spec.run_name)
+        verdict = cls.Verdict(item.skip[0], "none", item.skip[1], None)
+        status: str | None = item.skip[0]
+    elif result is None:  # no MiCS in this DeepSpeed: nothing was launched
         record = rec.empty_record(**base, run_name=spec.run_name)
         verdict = cls.Verdict(
             "unsupported", "none",
             "this DeepSpeed has no MiCS (deepspeed/runtime/zero/mics.py is absent)", None)
-        status: str | None = "unsupported"
+        status = "unsupported"
     else:
         record, status = runner.assemble(spec, result, base)
         control = None if item.scenario == "zero3" and item.patch == "stock" else _control_for(
@@ -356,7 +396,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--transports", type=_csv(rec.TRANSPORT_MODES), default=["async"],
                    help="CPU adapter modes to run (GPU runs use the native backend)")
     p.add_argument("--no-sync-proof", action="store_true", help="skip the extra mics/stock/sync run")
-    p.add_argument("--world-size", type=int, default=DEFAULT_WORLD_SIZE)
+    p.add_argument("--world-size", type=int, default=None,
+                   help=f"ranks (default: {DEFAULT_WORLD_SIZE} on CPU; every GPU, or the largest even number "
+                        "of them, on GPUs; above the GPU count every run ends env-error)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     p.add_argument("--jobs", type=int, default=0,
                    help="runs at once (default: 1 on GPUs; on CPU max(2, cores // world size))")
@@ -364,7 +406,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-run limit, seconds")
     p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_S,
                    help="a run with no step progress for this long is hung")
-    p.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto")
+    p.add_argument("--device", choices=dev.REQUESTS, default="auto",
+                   help="the env's platform decides: cpu (also on a GPU host), rocm or cuda (GPUs of that "
+                        "kind, else every run ends env-error), gpu (any GPU); auto: a GPU if torch sees one")
     p.add_argument("--config", help="your DeepSpeed config JSON (ZeRO/MiCS/precision/comm settings kept)")
     p.add_argument("--config-json", help="the same, given inline (engines use it: no file to copy in)")
     p.add_argument("--no-artifacts", action="store_true", help="skip ds_report / collect_env")
@@ -374,7 +418,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.world_size < 2 or args.world_size % 2:
+    if args.world_size is not None and (args.world_size < 2 or args.world_size % 2):
         parser().error("--world-size must be an even number >= 2 (MiCS scenarios split it in halves)")
     try:
         return run_suite(args)

@@ -39,6 +39,8 @@ RANK_KEYS = (
     "devices_per_node", "steps_completed",
     # extras: what the CPU scaffolding did ({"adapter": ..., "cpu_shims": ...}) and the model that ran
     "transport_info", "model",
+    # what the run really used: device, backend, GPUs, arch, runtimes (repro/workload/device.py)
+    "ran_on",
 )
 
 
@@ -240,6 +242,10 @@ def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any])
     from repro.workload.model import rank_rows, synthetic_batch
 
     out["versions"] = collect_versions()
+    if out["rank"] == 0:  # rank 0 speaks for the run; every rank uses the same kind of device
+        from repro.workload.device import ran_on
+
+        out["ran_on"] = ran_on(args.device, out["backend"])
     if args.patch == "fixed":
         from repro.workload import fix
 

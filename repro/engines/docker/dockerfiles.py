@@ -33,7 +33,8 @@ RESULTS = "/results"
 SUITE_SCENARIOS = "zero3,mics,mics-hier,mics-replica"
 SUITE_PATCHES = "stock,fixed"
 LABEL_PREFIX = "mics-repro."
-ROCM_ARCH = "gfx908"  # MI100, the reporter's GPU: DeepSpeed's JIT ops compile for it
+# The base image's vendor apt sources are parked by this script before `apt-get update` (GPU images).
+VENDOR_APT_SCRIPT = "docker/disable-vendor-apt.sh"
 WIDTH = 100
 
 
@@ -135,12 +136,32 @@ def _header(env: Env) -> list[str]:
     ]
 
 
+def rocm_arch(env: Env) -> str:
+    """PYTORCH_ROCM_ARCH of a ROCm image: what DeepSpeed's JIT-compiled ops are built for."""
+    return ";".join(compat.rocm_jit_arches(env.rocm))
+
+
+def _vendor_apt(env: Env) -> tuple[list[str], list[str]]:
+    """(COPY lines, shell lines) that park the base's vendor apt sources; none on CPU bases."""
+    if env.platform is Platform.CPU:
+        return [], []
+    script = f"{IMAGE_ROOT}/{Path(VENDOR_APT_SCRIPT).name}"
+    copy = [
+        "# GPU bases carry AMD's/NVIDIA's apt sources, whose signing keys expire and rotate: they are parked",
+        "# before `apt-get update` (docker/README.md), as only the distribution's own packages are needed.",
+        f"COPY {VENDOR_APT_SCRIPT} {script}",
+    ]
+    return copy, [f"sh {script};"]
+
+
 def _base_and_os(env: Env) -> list[str]:
+    vendor_copy, vendor_run = _vendor_apt(env)
     return [
         f"ARG BASE_IMAGE={env.base_image}",
         "FROM ${BASE_IMAGE}",
         "ARG BASE_IMAGE",
         "",
+        *vendor_copy,
         "# Extra CA certificates for a TLS-intercepting proxy: any *.crt/*.pem in docker/certs/ are added",
         "# to a bundle that apt and pip then use. With none there, nothing changes.",
         f"COPY docker/certs/ {IMAGE_ROOT}/certs/",
@@ -156,6 +177,7 @@ def _base_and_os(env: Env) -> list[str]:
             "done;",
             'if [ -f "$bundle" ] && [ -d /etc/apt/apt.conf.d ]; then',
             '    echo "Acquire::https::CAInfo \\"$bundle\\";" > /etc/apt/apt.conf.d/99mics-repro-ca; fi;',
+            *vendor_run,
             'if [ -n "$OS_PACKAGES" ]; then',
             "    apt-get update;",
             "    apt-get install -y --no-install-recommends $OS_PACKAGES;",
@@ -185,7 +207,13 @@ def _venv(env: Env) -> list[str]:
 
 def _installs(env: Env) -> list[str]:
     steps = {step.name: step for step in env.install_steps()}
-    rocm = [f"ARG ROCM_ARCH={ROCM_ARCH}", "ENV PYTORCH_ROCM_ARCH=${ROCM_ARCH}", ""] if env.rocm else []
+    rocm = [
+        "# The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200",
+        "# (and MI300 on ROCm 6+), so a user config with such an op runs on all of them.",
+        f'ARG ROCM_ARCH="{rocm_arch(env)}"',
+        "ENV PYTORCH_ROCM_ARCH=${ROCM_ARCH}",
+        "",
+    ] if env.rocm else []
     index = [f"ARG TORCH_INDEX_URL={env.torch_index}"] if env.torch_index else []
     return [
         "# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;",

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from repro.core import cmd, console
 from repro.core.errors import MissingToolError, ReproError
-from repro.engines.docker.dockerfiles import REPO_ROOT, RESULTS, expected_labels
+from repro.engines.docker.dockerfiles import REPO_ROOT, RESULTS, VENDOR_APT_SCRIPT, expected_labels
 from repro.engines.docker.parse import (
     EXACT_PIN,
     PIP_UNVERIFIABLE,
@@ -52,6 +52,7 @@ class Rule(enum.Enum):
     ORDER = "MR009"  # torch -> DeepSpeed deps -> DeepSpeed -> workload COPY
     CMD = "MR010"  # the default command runs the suite for this env into /results
     MISSING = "MR011"  # the Dockerfile or a COPY source does not exist
+    VENDOR_APT = "MR012"  # GPU images park the base's vendor apt sources before `apt-get update`
     HADOLINT = "HL"  # a hadolint finding (its own code is in the message)
 
 
@@ -225,6 +226,31 @@ class _Lint:
             if problem:
                 self.add(cmds[-1].line, Rule.CMD, f"the suite rejects the CMD's arguments: {problem}")
 
+    def vendor_apt(self) -> None:
+        """AMD's (and NVIDIA's) apt keys expire and rotate: with the base's vendor lists enabled,
+        `apt-get update` fails on older GPU bases, so the script that parks them must run first."""
+        if self.env.platform is Platform.CPU:
+            return
+        script = Path(VENDOR_APT_SCRIPT).name
+        copied = next((ins.line for ins in self.ins if ins.keyword == "COPY"
+                       and VENDOR_APT_SCRIPT in shlex.split(ins.value)), None)
+        parked_at: int | None = None
+        for ins in self.ins:
+            if ins.keyword != "RUN":
+                continue
+            update = ins.value.find("apt-get update")
+            call = ins.value.find(script)
+            if parked_at is None and call >= 0 and (update < 0 or call < update):
+                parked_at = ins.line
+            if update >= 0 and parked_at is None:
+                self.add(ins.line, Rule.VENDOR_APT,
+                         f"`apt-get update` runs before {script} parks the base's vendor apt sources "
+                         "(repo.radeon.com keys expire: the build would stop)")
+                return
+            if update >= 0 and (copied is None or copied > parked_at):
+                self.add(ins.line, Rule.VENDOR_APT, f"{VENDOR_APT_SCRIPT} is not copied in before it runs")
+                return
+
     def copies_exist(self, root: Path) -> None:
         for ins in self.ins:
             if ins.keyword == "COPY":
@@ -252,7 +278,7 @@ def lint_text(text: str, env: Env, path: str, root: Path | None = None) -> list[
     """Findings of our rules for one Dockerfile that should build `env`."""
     lint = _Lint(path, env, parse(text))
     for check in (lint.base_image, lint.pins, lint.torch_index, lint.labels, lint.deepspeed_build, lint.order,
-                  lint.command):
+                  lint.command, lint.vendor_apt):
         check()
     if root is not None:
         lint.copies_exist(root)
