@@ -93,7 +93,8 @@ def _suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: dev.TorchView 
     return data
 
 
-def test_rocm_env_without_gpu_ends_every_run_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rocm_env_without_gpu_ends_every_run_env_error(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     data = _suite(tmp_path, monkeypatch, ROCM_NO_GPU, "--env", "rocm56", "--device", "rocm")
     runs = data["runs"]
     assert len(runs) == 7  # control + 3 scenarios x 2 patches, nothing over a CPU transport
@@ -148,7 +149,8 @@ def test_eight_gpus_run_the_reporters_layouts(tmp_path: Path, monkeypatch: pytes
               for s in launched.specs}
     assert shapes == {"zero3": (8, None, False, 8), "mics": (8, 8, False, 8), "mics-hier": (8, 8, True, 4),
                       "mics-replica": (8, 4, False, 8)}
-    assert {runner._launch_env(s)["NDEV_PER_NODE"] for s in launched.specs if s.scenario == "mics-hier"} == {"4"}
+    hier = [s for s in launched.specs if s.scenario == "mics-hier"]
+    assert {runner._launch_env(s)["NDEV_PER_NODE"] for s in hier} == {"4"}
 
 
 def test_world_size_above_the_gpus_is_an_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

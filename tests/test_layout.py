@@ -94,7 +94,8 @@ def test_world_size_chooses_a_subset_and_may_not_exceed_the_gpus() -> None:
 
 def test_cpu_keeps_the_layout_it_always_had() -> None:
     plan = lay.plan_layouts("cpu")
-    shapes = {l.scenario: (l.world_size, l.shard_size, l.hierarchical, l.devices_per_node) for l in plan.layouts}
+    shapes = {x.scenario: (x.world_size, x.shard_size, x.hierarchical, x.devices_per_node)
+              for x in plan.layouts}
     assert shapes == {"zero3": (4, None, False, 4), "mics": (4, 4, False, 4), "mics-hier": (4, 4, True, 2),
                       "mics-replica": (4, 2, False, 4)}
     assert plan.get("mics-hier").how("cpu") == (

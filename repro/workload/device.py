@@ -76,7 +76,8 @@ def _rocm_causes(view: TorchView) -> list[str]:
     causes.append("the GPU's gfx arch is not one this torch wheel was built for (rocminfo | grep gfx; "
                   "MI100 is gfx908, MI200 gfx90a, MI300 gfx942): use an env whose torch supports it")
     causes.append("HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES hide every GPU: unset them or list GPUs")
-    causes.append("the ROCm kernel driver or runtime is missing or too old for this torch (dmesg | grep amdgpu)")
+    causes.append("the ROCm kernel driver or runtime is missing or too old for this torch "
+                  "(dmesg | grep amdgpu)")
     return causes
 
 

@@ -69,7 +69,8 @@ class Layout:
         if not self.emulated:
             return f"{self.nodes} nodes of {self.devices_per_node}"
         if device == "cpu":
-            return (f"{self.nodes} nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE={self.devices_per_node}"
+            return (f"{self.nodes} nodes emulated on one host: "
+                    f"NDEV_PER_NODE/LOCAL_SIZE={self.devices_per_node}"
                     f" with world size {self.world_size}")
         return f"{self.nodes} nodes emulated on one host: NDEV_PER_NODE={self.devices_per_node}"
 

@@ -78,7 +78,8 @@ def plan(scenarios: list[str], patches: list[str], dtype: str, transports: list[
 
     def planned(scenario: str, patch: str, transport: str) -> PlannedRun:
         layout = chosen.get(scenario)
-        return PlannedRun(scenario, patch, dtype, transport, shape_of(layout), _skip(layout, chosen.device, error))
+        return PlannedRun(scenario, patch, dtype, transport, shape_of(layout),
+                          _skip(layout, chosen.device, error))
 
     runs: list[PlannedRun] = []
     for transport in transports:
