@@ -247,7 +247,8 @@ class _Lint:
                          f"`apt-get update` runs before {script} parks the base's vendor apt sources "
                          "(repo.radeon.com keys expire: the build would stop)")
                 return
-            if update >= 0 and (copied is None or copied > parked_at):
+            # parked_at is set here: an update before the script returned above
+            if update >= 0 and parked_at is not None and (copied is None or copied > parked_at):
                 self.add(ins.line, Rule.VENDOR_APT, f"{VENDOR_APT_SCRIPT} is not copied in before it runs")
                 return
 
