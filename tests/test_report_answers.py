@@ -228,6 +228,31 @@ def test_hang_is_reported_with_scenario_and_stack(b: ResultsBuilder) -> None:
     assert len(replica) == 1
 
 
+def test_replica_hang_with_the_bug_reproduced_report_and_summary_agree(b: ResultsBuilder) -> None:
+    """`make repro ENV=cpu TORCH=2.13.0 DEEPSPEED=0.19.6`: the bug reproduces, the fix resolves it and
+    the replica-group hang (stock and fixed alike) is a separate finding. The summary printed at the
+    end of the run says the same as the report: it once said "FIX DOES NOT RESOLVE IT"."""
+    from repro.core.verdict import check_fix
+    from repro.run import summary
+
+    b.env("cpu", torch="2.13.0", deepspeed="0.19.6")
+    standard_env(b, "cpu")
+    b.hang("cpu", "mics-replica", "stock")
+    b.hang("cpu", "mics-replica", "fixed")
+    a = answers_of(b)
+    cpu = env(a, "cpu")
+    assert (cpu.reproduces, cpu.fixed) == (Reproduces.YES, FixVerdict.YES)
+    assert "fixed by the patch: yes" in cpu.headline()
+    assert {f.run for f in a.findings if f.kind is FindingKind.HANG} == {
+        "cpu/mics-replica-stock-fp32-async-w4",
+        "cpu/mics-replica-fixed-fp32-async-w4",
+    }
+    text = summary.render(b.runs, "results/x")
+    assert "cpu: REPRODUCED; fix resolves it" in text and "FIX DOES NOT RESOLVE IT" not in text
+    assert "not the IllegalWork bug, not addressed by the fix" in text
+    assert check_fix(b.runs).ok
+
+
 def test_only_a_hang_is_inconclusive(b: ResultsBuilder) -> None:
     b.env("cpu")
     b.clean("cpu", "zero3", world_size=4)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from repro.bisect.search import Verdict
 from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
-from repro.core.results import Invocation
+from repro.core.results import InvocationDir
 from repro.run.orchestrate import Request, execute, plan
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class OrchestratedProbe:
     """The real evaluator: `plan` + `execute` into one shared results folder."""
 
     def __init__(
-        self, matrix: Matrix, engine: Engine, invocation: Invocation, say: Callable[[str], None] = print
+        self, matrix: Matrix, engine: Engine, invocation: InvocationDir, say: Callable[[str], None] = print
     ) -> None:
         self.matrix, self.engine, self.invocation, self.say = matrix, engine, invocation, say
 

@@ -30,7 +30,7 @@ from repro.bisect.search import Bisection, Survey, Verdict
 from repro.bisect.source_overlay import SourceOverlay
 from repro.cli.main import DEFAULT_RESULTS_ROOT, command
 from repro.core.errors import Interrupted, ReproError, UsageError
-from repro.core.results import Invocation, invocation_meta, new_invocation_dir, point_latest
+from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES, write_json_atomic
 
@@ -139,8 +139,8 @@ def _open_folder(args: argparse.Namespace, label: str, marker: str) -> tuple[Pat
     return new_invocation_dir(Path(args.results_root), [label]), True
 
 
-def _invocation(args: argparse.Namespace, folder: Path, make_command: str) -> Invocation:
-    inv = Invocation(folder, invocation_meta(list(getattr(args, "argv", sys.argv[1:])), make_command))
+def _invocation(args: argparse.Namespace, folder: Path, make_command: str) -> InvocationDir:
+    inv = InvocationDir(folder, invocation_meta(list(getattr(args, "argv", sys.argv[1:])), make_command))
     inv.save()
     return inv
 

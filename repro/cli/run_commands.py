@@ -10,6 +10,7 @@ from typing import Any
 
 from repro.cli.main import DEFAULT_RESULTS_ROOT, REPO_ROOT, _add_run_options, command, request_from_args
 from repro.core.errors import FixNotResolvedError, Interrupted, UsageError
+from repro.workload.record import RunRecord
 
 
 def _matrix(args: argparse.Namespace) -> Any:
@@ -65,10 +66,10 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+def _run(args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[str, ...] | None = None) -> list[RunRecord]:
     from dataclasses import replace
 
-    from repro.core.results import Invocation, invocation_meta, new_invocation_dir, point_latest
+    from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
     from repro.run.orchestrate import describe, execute, plan
     from repro.run.summary import render
 
@@ -94,7 +95,7 @@ def _run(args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[s
             raise UsageError(f"OUT={folder} already holds results", why="results are never overwritten",
                              fix="choose a new OUT= folder (or leave OUT unset for a fresh timestamped one)")
         folder.mkdir(parents=True, exist_ok=True)
-    invocation = Invocation(folder, invocation_meta(args.argv, _make_command(args)))
+    invocation = InvocationDir(folder, invocation_meta(args.argv, _make_command(args)))
     invocation.save()
     if not args.out:
         point_latest(root, folder)
@@ -132,16 +133,23 @@ def cmd_repro(args: argparse.Namespace) -> int:
 @command("check-fix", "run the fixed MiCS scenarios (and the control); exit non-zero unless all are clean",
          _add_run_options)
 def cmd_check_fix(args: argparse.Namespace) -> int:
-    from repro.core.verdict import fixed_runs_clean
+    from repro.core.errors import NothingVerifiedError
+    from repro.core.verdict import check_fix
 
     runs = _run(args, fixed_only=True)
     if args.dry_run:
         return 0
-    ok, bad = fixed_runs_clean(runs)
-    if not ok:
+    result = check_fix(runs)  # THE env verdict, the same one the summary and the report give
+    if result.failures:
         raise FixNotResolvedError("the fix does not resolve the failure in every fixed run",
-                                  why="; ".join(bad), fix="see the records in the results folder for evidence")
-    print("check-fix: every fixed MiCS run is clean")
+                                  why="; ".join(result.failures),
+                                  fix="see the records in the results folder for evidence")
+    if result.unverified:
+        raise NothingVerifiedError(
+            "check-fix verified nothing: no fixed MiCS run ran steps and matched a clean control",
+            why="; ".join(result.unverified),
+            fix="look at the control's record; check STEPS/WORLD_SIZE, and that this DeepSpeed has MiCS")
+    print(f"check-fix: {result.verified} fixed MiCS run(s) ran clean and matched the ZeRO-3 control")
     return 0
 
 

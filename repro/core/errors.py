@@ -97,6 +97,13 @@ class FixNotResolvedError(ReproError):
     exit_code = 20
 
 
+class NothingVerifiedError(ReproError):
+    """`check-fix`: no fixed MiCS run could be compared with a clean control (control crashed,
+    no steps ran, every fixed run unsupported...): nothing was verified, so no pass."""
+
+    exit_code = 6
+
+
 class Interrupted(ReproError):
     """Ctrl-C: what finished was saved; the message says how to resume."""
 

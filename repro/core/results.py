@@ -17,13 +17,23 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from repro import __version__
 from repro.core.errors import UsageError
-from repro.workload.record import SCHEMA_VERSION, read_json, write_json_atomic
+from repro.workload.record import SCHEMA_VERSION, RunRecord, read_json, write_json_atomic
 
 RESULTS_FILE = "results.json"
+
+
+class ResultsData(TypedDict):
+    """results.json as the host side types it (the JSON itself, so its bytes never change)."""
+
+    schema: int
+    tool_version: str
+    invocation: dict[str, Any]
+    envs: dict[str, dict[str, Any]]
+    runs: list[RunRecord]
 LATEST = "latest"
 
 
@@ -68,13 +78,14 @@ def invocation_meta(argv: list[str], command: str) -> dict[str, Any]:
                 [os.path.basename(sys.executable), "-m", "repro", *argv])}
 
 
-class Invocation:
-    """One invocation's folder. `save()` after every change, so Ctrl-C loses nothing."""
+class InvocationDir:
+    """One invocation's folder (results.json and the envs' folders). `save()` after every change,
+    so Ctrl-C loses nothing."""
 
     def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
         self.folder = folder
-        self.data: dict[str, Any] = {"schema": SCHEMA_VERSION, "tool_version": __version__,
-                                     "invocation": meta, "envs": {}, "runs": []}
+        self.data: ResultsData = {"schema": SCHEMA_VERSION, "tool_version": __version__,
+                                  "invocation": meta, "envs": {}, "runs": []}
 
     def env_dir(self, env_id: str) -> Path:
         path = self.folder / env_id
@@ -85,7 +96,7 @@ class Invocation:
         self.data["envs"][env_id] = info
         self.save()
 
-    def add_runs(self, env_id: str, runs: list[dict[str, Any]]) -> None:
+    def add_runs(self, env_id: str, runs: list[RunRecord]) -> None:
         prefix = env_id + "/"
         for run in runs:
             # The suite ran inside the env's own folder; make log paths relative to the invocation.
@@ -102,7 +113,7 @@ class Invocation:
         write_json_atomic(str(self.folder / RESULTS_FILE), self.data)
 
     @property
-    def runs(self) -> list[dict[str, Any]]:
+    def runs(self) -> list[RunRecord]:
         return list(self.data["runs"])
 
 
@@ -116,8 +127,8 @@ def resolve_results_dir(root: Path, given: str | None) -> Path:
     return folder.resolve()
 
 
-def load(folder: Path) -> dict[str, Any]:
-    data = read_json(str(folder / RESULTS_FILE))
+def load(folder: Path) -> ResultsData:
+    data: ResultsData = read_json(str(folder / RESULTS_FILE))
     if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION or "runs" not in data:
         raise UsageError(f"{folder / RESULTS_FILE} is not a results file of schema {SCHEMA_VERSION}")
     return data

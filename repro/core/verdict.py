@@ -1,61 +1,416 @@
-"""Per-env verdict from the records: does MiCS break here, and does our fix repair it?
+"""THE env verdict: does MiCS show the bug in this env, does our fix resolve it, and was anything
+verified. One decision, read by the end-of-run summary, `check-fix`, the report, the issue comment
+and the bundle, so they can never disagree.
 
-Pure functions of the records; used by the end-of-run summary, `check-fix` and bisection.
+Pure functions of typed run views (repro.core.runs.RunView over the record dicts).
+
+- reproduces: a stock MiCS run (sync-transport runs are cause controls and do not count) shows the
+  bug (Reproduces).
+- fixed: stock and fixed runs are paired by scenario/dtype/transport/layout; a fixed run counts as
+  resolved only if it is clean, silent and matches the ZeRO-3 control. A failure that the stock run
+  has too and that is not the IllegalWork bug (e.g. the replica-group hang of DeepSpeed 0.19.x,
+  FACTS §2) is a separate finding, never counted against the fix (FixVerdict).
+- verified: at least one fixed MiCS run ran steps, has finite losses, and matches a clean control
+  with finite losses. Without one, `check-fix` has checked nothing and must not pass.
 """
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-FAILURE_OUTCOMES = ("reproduced", "crashed", "hung")
+from repro.core.runs import RunView, describe, run_label, shows_bug
+from repro.workload.classify import first_divergent_step
+from repro.workload.controls import choose_control
+from repro.workload.record import Outcome, Patch
+
+
+R = TypeVar("R", bound=RunView)
+
+
+class Reproduces(str, enum.Enum):
+    YES = "yes"  # a stock MiCS run shows the IllegalWork bug
+    NO = "no"  # the reporter's MiCS configurations ran clean
+    UNSUPPORTED = "unsupported"  # MiCS is not available in this install (removed, or config rejected)
+    INCONCLUSIVE = "inconclusive"  # runs failed in other ways (hang, env-error, interrupted)
+    NOT_TESTED = "not-tested"  # no stock MiCS run in the results
+
+
+class FixVerdict(str, enum.Enum):
+    YES = "yes"  # every reproduced run is clean with the fix and matches the control
+    NO = "no"  # a fixed run still fails, or the fix broke a run that was clean
+    UNVERIFIED = "unverified"  # fixed runs are clean but there is no usable control to compare with
+    INCONCLUSIVE = "inconclusive"  # fixed counterparts missing or did not run to an outcome
+    NOT_APPLICABLE = "n/a"  # nothing reproduced in this env, so there is nothing to fix
+    NOT_TESTED = "not-tested"  # no fixed MiCS run in the results
+
+
+class PairStatus(str, enum.Enum):
+    """Stock vs fixed run of the same scenario/dtype/transport/layout in one env."""
+
+    RESOLVED = "resolved"
+    RESOLVED_UNVERIFIED = "resolved-unverified"
+    NOT_RESOLVED = "not-resolved"
+    REGRESSION = "regression"
+    BOTH_CLEAN = "both-clean"
+    OTHER_FAILURE_PERSISTS = "other-failure-persists"
+    OTHER_FAILURE_GONE = "other-failure-gone"
+    FIXED_MISSING = "fixed-missing"
+    STOCK_MISSING = "stock-missing"
+    NO_OUTCOME = "no-outcome"  # one side was interrupted, env-error or unsupported
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One sentence of evidence and the runs (`RunView.ident`) it rests on."""
+
+    text: str
+    runs: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": self.text, "runs": list(self.runs)}
+
+
+NO_OUTCOME = (Outcome.INTERRUPTED, Outcome.ENV_ERROR, Outcome.UNSUPPORTED)
+
+
+def control_for(run: RunView, runs: Sequence[RunView]) -> RunView | None:
+    """The ZeRO-3 run the MiCS run was compared with: the record names it (control_run); older records
+    get one by the suite's own rule (repro.workload.controls)."""
+    if run.control_run:
+        named = next((c for c in runs if c.env == run.env and c.name == run.control_run), None)
+        if named is not None:
+            return named
+    controls = [c for c in runs if c.is_control and c.env == run.env]
+    return choose_control(run.key.control_key, controls, lambda c: c.key.control_key)
+
+
+def control_usable(control: RunView | None) -> bool:
+    return control is not None and control.outcome is Outcome.CLEAN
+
+
+@dataclass(frozen=True)
+class FixPair:
+    stock: RunView | None
+    fixed: RunView | None
+    control: RunView | None
+    status: PairStatus
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "stock": self.stock.ident if self.stock else None,
+            "fixed": self.fixed.ident if self.fixed else None,
+            "control": self.control.ident if self.control else None,
+            "status": self.status.value,
+            "detail": self.detail,
+        }
+
+    @property
+    def label(self) -> str:
+        run = self.stock or self.fixed
+        assert run is not None  # a pair has at least one side
+        return run_label(run)
+
+
+def fixed_matches_control(fixed: RunView, control: RunView | None) -> tuple[bool, str]:
+    """A fixed run counts as resolved only if it is clean, silent and indistinguishable from ZeRO-3."""
+    if fixed.outcome is not Outcome.CLEAN:
+        return False, f"fixed run {fixed.outcome.value} ({fixed.signature.value})"
+    if fixed.illegal_work_messages:
+        return False, f"fixed run still logs {fixed.illegal_work_messages} IllegalWork messages"
+    if fixed.first_divergent_step is not None:
+        return False, f"fixed run leaves the control's losses at step {fixed.first_divergent_step}"
+    if control is not None and control.outcome is Outcome.CLEAN and fixed.skipped_steps > control.skipped_steps:
+        return False, f"fixed run skipped {fixed.skipped_steps} steps, the control {control.skipped_steps}"
+    same_weights = (
+        control is not None
+        and fixed.weights_checksum is not None
+        and fixed.weights_checksum == control.weights_checksum
+    )
+    return True, "clean, no IllegalWork, losses match the control" + (
+        "; final weights identical to the control's" if same_weights else ""
+    )
+
+
+def pair_status(stock: RunView | None, fixed: RunView | None, control: RunView | None) -> tuple[PairStatus, str]:
+    if fixed is None:
+        return PairStatus.FIXED_MISSING, "no fixed run"
+    if stock is None:
+        return PairStatus.STOCK_MISSING, "no stock run"
+    if stock.outcome in NO_OUTCOME or fixed.outcome in NO_OUTCOME:
+        return PairStatus.NO_OUTCOME, f"stock {stock.outcome.value}, fixed {fixed.outcome.value}"
+    good, why = fixed_matches_control(fixed, control)
+    if shows_bug(stock):
+        if not good:
+            return PairStatus.NOT_RESOLVED, why
+        if not control_usable(control):
+            state = "missing" if control is None else control.outcome.value
+            return PairStatus.RESOLVED_UNVERIFIED, f"{why}, but the control is {state}: not compared"
+        return PairStatus.RESOLVED, why
+    if stock.outcome is Outcome.CLEAN:
+        return (
+            (PairStatus.BOTH_CLEAN, "clean with and without the fix")
+            if good
+            else (PairStatus.REGRESSION, f"stock run clean, {why}")
+        )
+    if good:
+        return PairStatus.OTHER_FAILURE_GONE, f"stock {stock.outcome.value} ({stock.signature.value}); {why}"
+    return PairStatus.OTHER_FAILURE_PERSISTS, (
+        f"stock {stock.outcome.value} ({stock.signature.value}), fixed {fixed.outcome.value} "
+        f"({fixed.signature.value}): not the IllegalWork bug, not addressed by the fix"
+    )
+
+
+def fix_pairs(runs: Sequence[RunView]) -> list[FixPair]:
+    """Stock/fixed pairs of every MiCS run of one env, in run order."""
+    groups: dict[tuple[Any, ...], dict[str, RunView]] = {}
+    for run in runs:
+        if run.is_mics:
+            groups.setdefault(run.key.without_patch(), {})[run.patch] = run
+    pairs = []
+    for sides in groups.values():
+        stock, fixed = sides.get(Patch.STOCK.value), sides.get(Patch.FIXED.value)
+        if fixed is None and stock is not None and stock.is_sync_control:
+            continue  # a cause control: it has no fixed twin by design
+        either = stock or fixed
+        assert either is not None  # every group was made from one of its runs
+        control = control_for(either, runs)
+        status, detail = pair_status(stock, fixed, control)
+        pairs.append(FixPair(stock=stock, fixed=fixed, control=control, status=status, detail=detail))
+    return pairs
+
+
+def stock_attempts(runs: Sequence[R]) -> list[R]:
+    """Stock MiCS runs that try to reproduce; sync-transport runs are cause controls and do not count."""
+    return [r for r in runs if r.is_mics and r.patch == Patch.STOCK.value and not r.is_sync_control]
+
+
+# The two configurations in the bug report: flat gather (the reporter's config) and hierarchical.
+REPORTER_SCENARIOS = ("mics", "mics-hier")
+
+
+def reproduces(runs: Sequence[RunView]) -> tuple[Reproduces, list[Evidence]]:
+    stock = stock_attempts(runs)
+    if not stock:
+        return Reproduces.NOT_TESTED, [Evidence("no stock MiCS run in these results")]
+    bug = [r for r in stock if shows_bug(r)]
+    if bug:
+        return Reproduces.YES, [Evidence(describe(r), (r.ident,)) for r in bug]
+    if all(r.outcome is Outcome.UNSUPPORTED for r in stock):
+        return Reproduces.UNSUPPORTED, [
+            Evidence(f"{run_label(r)}: {r.reason or 'unsupported'}", (r.ident,)) for r in stock
+        ]
+    evidence = [Evidence(describe(r), (r.ident,)) for r in stock]
+    considered = [
+        r for r in stock if r.scenario in REPORTER_SCENARIOS and r.outcome is not Outcome.UNSUPPORTED
+    ]
+    if considered and all(r.outcome is Outcome.CLEAN for r in considered):
+        return Reproduces.NO, evidence
+    return Reproduces.INCONCLUSIVE, evidence
+
+
+def fix_verdict(pairs: Sequence[FixPair]) -> tuple[FixVerdict, list[Evidence]]:
+    evidence = [
+        Evidence(
+            f"{p.label}: {p.status.value}: {p.detail}",
+            tuple(r.ident for r in (p.stock, p.fixed) if r is not None),
+        )
+        for p in pairs
+    ]
+    statuses = {p.status for p in pairs}
+    if not any(p.fixed is not None for p in pairs):
+        return FixVerdict.NOT_TESTED, evidence or [Evidence("no MiCS run in these results")]
+    if statuses & {PairStatus.NOT_RESOLVED, PairStatus.REGRESSION}:
+        return FixVerdict.NO, evidence
+    bug_pairs = [p for p in pairs if p.stock is not None and shows_bug(p.stock)]
+    if not bug_pairs:
+        return FixVerdict.NOT_APPLICABLE, evidence
+    bug_statuses = {p.status for p in bug_pairs}
+    if bug_statuses == {PairStatus.RESOLVED}:
+        return FixVerdict.YES, evidence
+    if bug_statuses <= {PairStatus.RESOLVED, PairStatus.RESOLVED_UNVERIFIED}:
+        return FixVerdict.UNVERIFIED, evidence
+    return FixVerdict.INCONCLUSIVE, evidence
+
+
+def control_problems(runs: Sequence[RunView]) -> list[Evidence]:
+    return [
+        Evidence(f"control {describe(r)}: losses of MiCS runs could not be compared with it", (r.ident,))
+        for r in runs
+        if r.is_control and r.outcome is not Outcome.CLEAN
+    ]
+
+
+def _finite_losses(run: RunView) -> bool:
+    losses = run.losses
+    return bool(losses) and all(v is not None for v in losses)
+
+
+def why_not_verified(fixed: RunView, runs: Sequence[RunView]) -> str | None:
+    """None when this fixed run verifies the fix: it ran steps, its losses are finite and match a
+    clean control's finite losses (recomputed here, not taken from the record). Else why not."""
+    if fixed.outcome is not Outcome.CLEAN:
+        return f"{fixed.name}: {fixed.outcome.value} ({fixed.reason or fixed.signature.value})"
+    if not fixed.losses:
+        return f"{fixed.name}: ran no steps (no losses recorded)"
+    if not _finite_losses(fixed):
+        return f"{fixed.name}: NaN/inf losses"
+    control = control_for(fixed, runs)
+    if control is None:
+        return f"{fixed.name}: no ZeRO-3 control of the same dtype and world size to compare with"
+    if control.outcome is not Outcome.CLEAN or not _finite_losses(control):
+        return (f"{fixed.name}: its control {control.name} is {control.outcome.value} "
+                f"({control.reason or 'no finite losses'}): nothing to compare with")
+    step = first_divergent_step(fixed.losses, control.losses, fixed.key.dtype)
+    if step is not None:
+        return f"{fixed.name}: losses leave the control's at step {step}"
+    good, why = fixed_matches_control(fixed, control)
+    return None if good else f"{fixed.name}: {why}"
+
+
+def verification(runs: Sequence[RunView]) -> tuple[tuple[str, ...], str]:
+    """(fixed runs that verify the fix, why nothing is verified; "" when something is).
+
+    Sync-transport runs do not count: a synchronous transport hides the missing wait, so a clean
+    fixed run over it proves nothing about the fix."""
+    fixed = [r for r in runs if r.is_mics and r.patch == Patch.FIXED.value and not r.is_sync_control]
+    if not fixed:
+        return (), "no fixed MiCS run was made"
+    reasons = {r.ident: why_not_verified(r, runs) for r in fixed}
+    verified = tuple(ident for ident, why in reasons.items() if why is None)
+    if verified:
+        return verified, ""
+    if all(r.outcome is Outcome.UNSUPPORTED for r in fixed):
+        return (), f"every fixed MiCS run is unsupported ({fixed[0].reason or 'no MiCS in this DeepSpeed'})"
+    return (), "; ".join(why for why in reasons.values() if why)
+
+
+def _fix_failures(pairs: Sequence[FixPair]) -> tuple[Evidence, ...]:
+    """Fixed runs that count against the fix. A fixed run without a stock twin (check-fix runs only
+    fixed ones) that did not come out clean counts too: nothing here shows it is a separate bug."""
+    failing = []
+    for p in pairs:
+        against = p.status in (PairStatus.NOT_RESOLVED, PairStatus.REGRESSION) or (
+            p.status in (PairStatus.STOCK_MISSING, PairStatus.NO_OUTCOME)
+            and p.fixed is not None
+            and p.fixed.outcome not in (Outcome.CLEAN, Outcome.UNSUPPORTED)
+        )
+        if against and p.fixed is not None:
+            detail = p.detail if p.stock is not None else f"{p.detail}; fixed {describe(p.fixed)}"
+            failing.append(Evidence(f"{p.fixed.name}: {p.status.value}: {detail}", (p.fixed.ident,)))
+    return tuple(failing)
+
+
+_REPRODUCES_WORDS = {
+    Reproduces.YES: "REPRODUCED",
+    Reproduces.NO: "not reproduced",
+    Reproduces.UNSUPPORTED: "MiCS unsupported",
+    Reproduces.INCONCLUSIVE: "inconclusive",
+    Reproduces.NOT_TESTED: "no stock MiCS run",
+}
+_FIX_WORDS = {
+    FixVerdict.YES: "fix resolves it",
+    FixVerdict.NO: "FIX DOES NOT RESOLVE IT",
+    FixVerdict.UNVERIFIED: "fix unverified (no usable control)",
+    FixVerdict.INCONCLUSIVE: "fix inconclusive",
+    FixVerdict.NOT_APPLICABLE: "fix not evaluated (nothing reproduced)",
+    FixVerdict.NOT_TESTED: "fix not evaluated",
+}
 
 
 @dataclass(frozen=True)
 class EnvVerdict:
+    """The one verdict of one env, with the evidence behind each part."""
+
     env: str
-    reproduces: bool | None     # None: no stock MiCS run produced evidence either way
-    fix_resolves: bool | None   # None: no fixed MiCS run, or nothing to fix
-    stock: tuple[str, ...]      # "scenario: outcome (signature)" for stock MiCS runs
-    fixed: tuple[str, ...]
-    problems: tuple[str, ...]   # env-error / unsupported / hung runs worth a look
+    reproduces: Reproduces
+    signatures: tuple[str, ...]  # of the stock runs that show the bug
+    reproduce_evidence: tuple[Evidence, ...]
+    fixed: FixVerdict
+    fix_evidence: tuple[Evidence, ...]
+    pairs: tuple[FixPair, ...]
+    control_problems: tuple[Evidence, ...]
+    # Failures the stock run has too and that are not the IllegalWork bug: reported on their own.
+    other_failures: tuple[Evidence, ...]
+    fix_failures: tuple[Evidence, ...]  # fixed runs that count against the fix
+    verified: tuple[str, ...]  # fixed runs (idents) that ran steps and matched a clean control
+    unverified_reason: str  # why `verified` is empty; "" when it is not
+
+    @property
+    def nothing_verified(self) -> bool:
+        return not self.verified
 
     def headline(self) -> str:
-        rep = {True: "REPRODUCED", False: "not reproduced", None: "no evidence"}[self.reproduces]
-        fix = {True: "fix resolves it", False: "FIX DOES NOT RESOLVE IT", None: "fix not evaluated"}[
-            self.fix_resolves]
-        return f"{self.env}: {rep}; {fix}"
+        return f"{self.env}: {_REPRODUCES_WORDS[self.reproduces]}; {_FIX_WORDS[self.fixed]}"
+
+    def notes(self) -> list[str]:
+        """What the summary prints under the headline."""
+        lines = [f"separate problem, not counted against the fix: {e.text}" for e in self.other_failures]
+        if self.nothing_verified and any(p.fixed is not None for p in self.pairs):
+            lines.append(f"nothing verified: {self.unverified_reason}")
+        return lines
 
 
-def _mics(runs: list[dict[str, Any]], patch: str) -> list[dict[str, Any]]:
-    return [r for r in runs if r.get("scenario") != "zero3" and r.get("patch") == patch
-            and r.get("transport") != "sync"]
+def env_verdict(env: str, runs: Sequence[RunView]) -> EnvVerdict:
+    """The verdict of `env` from its runs (runs of other envs are ignored)."""
+    mine = [r for r in runs if r.env == env]
+    repro, repro_evidence = reproduces(mine)
+    pairs = fix_pairs(mine)
+    fixed, fix_evidence = fix_verdict(pairs)
+    verified, unverified_reason = verification(mine)
+    return EnvVerdict(
+        env=env,
+        reproduces=repro,
+        signatures=tuple(sorted({r.signature.value for r in stock_attempts(mine) if shows_bug(r)})),
+        reproduce_evidence=tuple(repro_evidence),
+        fixed=fixed,
+        fix_evidence=tuple(fix_evidence),
+        pairs=tuple(pairs),
+        control_problems=tuple(control_problems(mine)),
+        other_failures=tuple(
+            Evidence(f"{p.label}: {p.detail}", tuple(r.ident for r in (p.stock, p.fixed) if r is not None))
+            for p in pairs
+            if p.status is PairStatus.OTHER_FAILURE_PERSISTS
+        ),
+        fix_failures=_fix_failures(pairs),
+        verified=verified,
+        unverified_reason=unverified_reason,
+    )
 
 
-def _label(run: dict[str, Any]) -> str:
-    return f"{run.get('scenario')}/{run.get('patch')}/{run.get('transport')}: {run.get('outcome')} ({run.get('signature')})"
+def views(records: Iterable[Mapping[str, Any]]) -> list[RunView]:
+    return [RunView(r) for r in records]
 
 
-def env_verdict(env: str, runs: list[dict[str, Any]]) -> EnvVerdict:
-    mine = [r for r in runs if r.get("env") == env]
-    stock, fixed = _mics(mine, "stock"), _mics(mine, "fixed")
-    decisive = [r for r in stock if r.get("outcome") in ("reproduced", "clean")]
-    reproduces = any(r["outcome"] == "reproduced" for r in decisive) if decisive else None
-    judged = [r for r in fixed if r.get("outcome") not in ("unsupported", "interrupted")]
-    if not judged or reproduces is None:
-        fix_resolves = None
-    else:
-        fix_resolves = all(r.get("outcome") == "clean" for r in judged)
-    problems = tuple(_label(r) for r in mine if r.get("outcome") in ("env-error", "unsupported", "hung",
-                                                                     "crashed", "interrupted"))
-    return EnvVerdict(env, reproduces, fix_resolves, tuple(_label(r) for r in stock),
-                      tuple(_label(r) for r in fixed), problems)
+def env_verdicts(records: Sequence[Mapping[str, Any]]) -> list[EnvVerdict]:
+    """One verdict per env of the records, in the order the envs first appear."""
+    runs = views(records)
+    envs = list(dict.fromkeys(r.env for r in runs))
+    return [env_verdict(env, runs) for env in envs]
 
 
-def fixed_runs_clean(runs: list[dict[str, Any]]) -> tuple[bool, list[str]]:
-    """For `check-fix`: every fixed MiCS run that could run is clean. Returns (ok, failures)."""
-    fixed = [r for r in runs if r.get("patch") == "fixed" and r.get("scenario") != "zero3"]
-    bad = [_label(r) for r in fixed if r.get("outcome") not in ("clean", "unsupported")]
-    if not fixed:
-        return False, ["no fixed MiCS run was made"]
-    return not bad, bad
+@dataclass(frozen=True)
+class FixCheck:
+    """`check-fix`'s answer: failures first, then whether anything was verified at all."""
+
+    failures: tuple[str, ...]
+    unverified: tuple[str, ...]  # "<env>: <why nothing was verified>"
+    verified: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not self.unverified
+
+
+def check_fix(records: Sequence[Mapping[str, Any]]) -> FixCheck:
+    verdicts = env_verdicts(records)
+    if not verdicts:
+        return FixCheck((), ("no run was recorded",), 0)
+    return FixCheck(
+        failures=tuple(f"{v.env}: {e.text}" for v in verdicts for e in v.fix_failures),
+        unverified=tuple(f"{v.env}: {v.unverified_reason}" for v in verdicts if v.nothing_verified),
+        verified=sum(len(v.verified) for v in verdicts),
+    )

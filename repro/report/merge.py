@@ -20,7 +20,7 @@ from typing import Any
 
 from repro.core.errors import UsageError
 from repro.core.paths import confined
-from repro.report.model import EnvInfo, Invocation, Run, RunKey, check_closed_sets
+from repro.report.model import EnvInfo, InvocationView, Run, RunKey, check_closed_sets
 
 RESULTS_FILE = "results.json"
 SUPPORTED_SCHEMA = 1
@@ -28,7 +28,7 @@ SUPPORTED_SCHEMA = 1
 
 @dataclass(frozen=True)
 class ResultsFolder:
-    invocation: Invocation
+    invocation: InvocationView
     envs: Mapping[str, EnvInfo]
     runs: tuple[Run, ...]
     notes: tuple[str, ...] = ()  # what was refused while reading (e.g. an artifact outside the folder)
@@ -36,7 +36,7 @@ class ResultsFolder:
 
 @dataclass(frozen=True)
 class MergedResults:
-    invocations: tuple[Invocation, ...]  # oldest first
+    invocations: tuple[InvocationView, ...]  # oldest first
     envs: Mapping[str, EnvInfo]  # in first-seen order
     runs: tuple[Run, ...]
     superseded: tuple[Run, ...]
@@ -152,7 +152,7 @@ def load_folder(folder: Path) -> ResultsFolder:
             fix="build the report with the tool version that wrote the results",
         )
     inv_data = _typed(data, "invocation", dict, path)
-    invocation = Invocation(
+    invocation = InvocationView(
         folder=folder,
         tool_version=str(data.get("tool_version") or "unknown"),
         command=str(inv_data.get("command") or ""),

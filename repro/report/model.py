@@ -14,42 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.errors import UsageError
+from repro.core.runs import RunKey as RunKey
+from repro.core.runs import RunView
+from repro.core.verdict import REPORTER_SCENARIOS as REPORTER_SCENARIOS
+from repro.workload.record import CONTROL_SCENARIO as CONTROL_SCENARIO
+from repro.workload.record import MICS_SCENARIOS as MICS_SCENARIOS
 from repro.workload.record import SCENARIOS
+from repro.workload.record import Outcome as Outcome
+from repro.workload.record import Signature as Signature
 
 SCENARIOS_ORDER: tuple[str, ...] = tuple(SCENARIOS)
-MICS_SCENARIOS = ("mics", "mics-hier", "mics-replica")
-CONTROL_SCENARIO = "zero3"
-# The two configurations in the bug report: flat gather (the reporter's config) and hierarchical.
-REPORTER_SCENARIOS = ("mics", "mics-hier")
-
-
-class Outcome(str, enum.Enum):
-    """Mirror of record.OUTCOMES (a test keeps the two in step)."""
-
-    REPRODUCED = "reproduced"
-    CLEAN = "clean"
-    CRASHED = "crashed"
-    HUNG = "hung"
-    ENV_ERROR = "env-error"
-    UNSUPPORTED = "unsupported"
-    INTERRUPTED = "interrupted"
-
-
-class Signature(str, enum.Enum):
-    """Mirror of record.SIGNATURES (a test keeps the two in step)."""
-
-    ILLEGAL_WORK_CRASH = "illegal-work-crash"
-    ILLEGAL_WORK_DIVERGENCE = "illegal-work-divergence"
-    ILLEGAL_WORK_WARNINGS = "illegal-work-warnings"
-    DIVERGENCE = "divergence"
-    OVERFLOW_STORM = "overflow-storm"
-    CRASH = "crash"
-    HANG = "hang"
-    NONE = "none"
-
-    @property
-    def is_illegal_work(self) -> bool:
-        return self.value.startswith("illegal-work")
 
 
 # What the reporter saw (deepspeedai/DeepSpeed#5080): warnings plus an fp16 overflow storm with the
@@ -83,8 +57,8 @@ class Backend(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class Invocation:
-    """One `make repro` invocation = one results folder."""
+class InvocationView:
+    """One `make repro` invocation = one results folder, as the report reads it."""
 
     folder: Path
     tool_version: str
@@ -105,7 +79,7 @@ class EnvInfo:
     pins: Mapping[str, str]
     derived_from: str | None
     artifacts: Mapping[str, Path]  # absolute paths
-    invocation: Invocation  # the newest invocation that ran this env
+    invocation: InvocationView  # the newest invocation that ran this env
     suite_exit_code: int | None = None
     suite_timed_out: bool = False
     interrupted: bool = False
@@ -120,106 +94,11 @@ class EnvInfo:
 
 
 @dataclass(frozen=True)
-class RunKey:
-    """Identifies a run within a merged result set; `patch` aside, it pairs stock with fixed."""
+class Run(RunView):
+    """A run record plus where it was found: its invocation folder and its env's platform."""
 
-    env: str
-    scenario: str
-    patch: str
-    dtype: str
-    transport: str
-    world_size: int
-    shard_size: int | None
-    hierarchical: bool
-
-    def without_patch(self) -> tuple[str, str, str, str, int, int | None, bool]:
-        return (
-            self.env,
-            self.scenario,
-            self.dtype,
-            self.transport,
-            self.world_size,
-            self.shard_size,
-            self.hierarchical,
-        )
-
-
-@dataclass(frozen=True)
-class Run:
-    record: Mapping[str, Any] = field(repr=False)
-    invocation: Invocation = field(repr=False)
+    invocation: InvocationView = field(repr=False)
     env_platform: str = ""
-
-    # -- identity -------------------------------------------------------------------------
-    @property
-    def key(self) -> RunKey:
-        r = self.record
-        return RunKey(
-            env=str(r["env"]),
-            scenario=str(r["scenario"]),
-            patch=str(r["patch"]),
-            dtype=str(r["dtype"]),
-            transport=str(r.get("transport") or "native"),
-            world_size=int(r.get("world_size") or 0),
-            shard_size=None if r.get("shard_size") is None else int(r["shard_size"]),
-            hierarchical=bool(r.get("hierarchical")),
-        )
-
-    @property
-    def name(self) -> str:
-        """The record's run_name (unique within an env); rebuilt the same way for older records."""
-        given = self.record.get("run_name")
-        if given:
-            return str(given)
-        k = self.key
-        return f"{k.scenario}-{k.patch}-{k.dtype}-{k.transport}-w{k.world_size}"
-
-    @property
-    def ident(self) -> str:
-        return f"{self.env}/{self.name}"
-
-    @property
-    def env(self) -> str:
-        return self.key.env
-
-    @property
-    def scenario(self) -> str:
-        return self.key.scenario
-
-    @property
-    def patch(self) -> str:
-        return self.key.patch
-
-    @property
-    def is_sync_control(self) -> bool:
-        """Sync transport completes every collective at once: a cause control, not a reproduction try."""
-        return self.key.transport == "sync"
-
-    @property
-    def control_run(self) -> str | None:
-        value = self.record.get("control_run")
-        return str(value) if value else None
-
-    @property
-    def is_mics(self) -> bool:
-        return self.scenario in MICS_SCENARIOS
-
-    @property
-    def is_control(self) -> bool:
-        return self.scenario == CONTROL_SCENARIO
-
-    # -- evidence -------------------------------------------------------------------------
-    @property
-    def outcome(self) -> Outcome:
-        return Outcome(self.record["outcome"])
-
-    @property
-    def signature(self) -> Signature:
-        return Signature(self.record["signature"])
-
-    @property
-    def reason(self) -> str:
-        return str(self.record.get("reason") or "")
 
     @property
     def backend(self) -> Backend:
@@ -233,51 +112,6 @@ class Run:
         if versions.get("cuda") or self.env_platform == "cuda":
             return Backend.CUDA_NCCL
         return Backend.GPU_UNKNOWN
-
-    @property
-    def losses(self) -> list[float | None]:
-        return [None if v is None else float(v) for v in (self.record.get("losses") or [])]
-
-    @property
-    def loss_scale(self) -> list[float | None]:
-        return [None if v is None else float(v) for v in (self.record.get("loss_scale") or [])]
-
-    @property
-    def illegal_work_messages(self) -> int:
-        return int(self.record.get("illegal_work_messages") or 0)
-
-    @property
-    def skipped_steps(self) -> int:
-        return int(self.record.get("skipped_steps") or 0)
-
-    @property
-    def first_divergent_step(self) -> int | None:
-        value = self.record.get("first_divergent_step")
-        return None if value is None else int(value)
-
-    @property
-    def exception(self) -> Mapping[str, Any] | None:
-        exc = self.record.get("exception")
-        return exc if isinstance(exc, Mapping) else None
-
-    @property
-    def exception_line(self) -> str | None:
-        exc = self.exception
-        if exc is None:
-            return None
-        message = str(exc.get("message") or "").strip().splitlines()
-        head = f"{exc.get('type') or 'Exception'}: {message[0] if message else ''}".rstrip(": ")
-        rank = exc.get("rank")
-        return head if rank is None else f"{head} (rank {rank})"
-
-    @property
-    def stacks(self) -> Mapping[str, str]:
-        stacks = self.record.get("stacks") or {}
-        return {str(k): str(v) for k, v in stacks.items()}
-
-    @property
-    def versions(self) -> Mapping[str, Any]:
-        return dict(self.record.get("versions") or {})
 
     @property
     def started_at(self) -> str:

@@ -16,7 +16,7 @@ from repro import __version__
 from repro.core.paths import confined
 from repro.report.answers import Answers
 from repro.report.merge import MergedResults
-from repro.report.model import EnvInfo, Invocation, Run
+from repro.report.model import EnvInfo, InvocationView, Run
 from repro.report.per_env import EnvAnswer
 from repro.report.plots import Plot
 from repro.report.tables import COLUMNS, Row, md_escape, row_values
@@ -38,7 +38,7 @@ class EnvDetails:
     findings: tuple[Finding, ...]
     versions_seen: tuple[Mapping[str, Any], ...]
     artifacts: tuple[tuple[str, str, str], ...]  # (name, shown path, text)
-    invocation: Invocation
+    invocation: InvocationView
     fix_info: str  # what the run-time fix patched, as the first fixed run recorded it ("" if none)
 
     @property

@@ -10,37 +10,12 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-
-class Reproduces(str, enum.Enum):
-    YES = "yes"  # a stock MiCS run shows the IllegalWork bug
-    NO = "no"  # the reporter's MiCS configurations ran clean
-    UNSUPPORTED = "unsupported"  # MiCS is not available in this install (removed, or config rejected)
-    INCONCLUSIVE = "inconclusive"  # runs failed in other ways (hang, env-error, interrupted)
-    NOT_TESTED = "not-tested"  # no stock MiCS run in the results
-
-
-class FixVerdict(str, enum.Enum):
-    YES = "yes"  # every reproduced run is clean with the fix and matches the control
-    NO = "no"  # a fixed run still fails, or the fix broke a run that was clean
-    UNVERIFIED = "unverified"  # fixed runs are clean but there is no usable control to compare with
-    INCONCLUSIVE = "inconclusive"  # fixed counterparts missing or did not run to an outcome
-    NOT_APPLICABLE = "n/a"  # nothing reproduced in this env, so there is nothing to fix
-    NOT_TESTED = "not-tested"  # no fixed MiCS run in the results
-
-
-class PairStatus(str, enum.Enum):
-    """Stock vs fixed run of the same scenario/dtype/transport/layout in one env."""
-
-    RESOLVED = "resolved"
-    RESOLVED_UNVERIFIED = "resolved-unverified"
-    NOT_RESOLVED = "not-resolved"
-    REGRESSION = "regression"
-    BOTH_CLEAN = "both-clean"
-    OTHER_FAILURE_PERSISTS = "other-failure-persists"
-    OTHER_FAILURE_GONE = "other-failure-gone"
-    FIXED_MISSING = "fixed-missing"
-    STOCK_MISSING = "stock-missing"
-    NO_OUTCOME = "no-outcome"  # one side was interrupted, env-error or unsupported
+# The per-env answers (reproduces? fixed? and the pairing behind them) are THE env verdict of
+# repro.core.verdict, shared with the summary, check-fix and the bundle.
+from repro.core.verdict import Evidence as Evidence
+from repro.core.verdict import FixVerdict as FixVerdict
+from repro.core.verdict import PairStatus as PairStatus
+from repro.core.verdict import Reproduces as Reproduces
 
 
 class CauseVerdict(str, enum.Enum):
@@ -85,17 +60,6 @@ class FindingKind(str, enum.Enum):
     CONTROL_FAILED = "control-failed"
     FIX_REGRESSION = "fix-regression"
     CONFIG_PROBLEM = "config-problem"
-
-
-@dataclass(frozen=True)
-class Evidence:
-    """One sentence of evidence and the runs (`Run.ident`) it rests on."""
-
-    text: str
-    runs: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"text": self.text, "runs": list(self.runs)}
 
 
 def evidence_dicts(items: tuple[Evidence, ...]) -> list[dict[str, Any]]:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.core.errors import ConfigError, Interrupted, UsageError
-from repro.core.results import Invocation
-from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, read_json
+from repro.core.results import InvocationDir
+from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord, read_json
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -131,8 +131,8 @@ def describe(steps: Sequence[Step], engine_label: str) -> str:
     return "\n".join(lines)
 
 
-def execute(steps: Sequence[Step], engine: Engine, invocation: Invocation,
-            say: Callable[[str], None] = print) -> list[dict[str, Any]]:
+def execute(steps: Sequence[Step], engine: Engine, invocation: InvocationDir,
+            say: Callable[[str], None] = print) -> list[RunRecord]:
     """Prepare and run every step; record each env's runs as soon as its suite ends."""
     for step in steps:
         engine.preflight(step.env)
@@ -156,7 +156,7 @@ def execute(steps: Sequence[Step], engine: Engine, invocation: Invocation,
     return invocation.runs
 
 
-def _collect(invocation: Invocation, env: Env, prepared: Any, out: Path, engine: str,
+def _collect(invocation: InvocationDir, env: Env, prepared: Any, out: Path, engine: str,
              exit_code: int | None = None, timed_out: bool = False) -> None:
     suite_file = out / "suite.json"
     suite: dict[str, Any] = read_json(str(suite_file)) if suite_file.exists() else {"runs": []}

@@ -1,17 +1,19 @@
-"""Say what happened: the summary table printed at the end of every invocation."""
+"""Say what happened: the summary table printed at the end of every invocation, and under it THE env
+verdict (repro.core.verdict), the same one the report and the bundle give."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from repro.core.verdict import env_verdict
+from repro.core.verdict import env_verdicts
+from repro.workload.record import RunRecord
 
 COLUMNS = (("env", 14), ("scenario", 12), ("patch", 6), ("dtype", 5), ("transport", 9), ("ws", 3),
            ("outcome", 12), ("signature", 23), ("IllegalWork", 11), ("div@", 4), ("skip", 4),
            ("exception", 22), ("secs", 6))
 
 
-def _cell(run: dict[str, Any], key: str) -> str:
+def _cell(run: RunRecord, key: str) -> str:
     if key == "ws":
         return str(run.get("world_size"))
     if key == "IllegalWork":
@@ -31,7 +33,7 @@ def _cell(run: dict[str, Any], key: str) -> str:
     return "-" if value is None else str(value)
 
 
-def table(runs: list[dict[str, Any]]) -> str:
+def table(runs: Sequence[RunRecord]) -> str:
     head = "  ".join(name.ljust(width) for name, width in COLUMNS)
     lines = [head, "-" * len(head)]
     for run in runs:
@@ -39,12 +41,16 @@ def table(runs: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def verdict_lines(runs: list[dict[str, Any]]) -> list[str]:
-    envs = list(dict.fromkeys(r.get("env") for r in runs if r.get("env")))
-    return [env_verdict(env, runs).headline() for env in envs]
+def verdict_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """Each env's headline, then what it adds: separate problems, or that nothing was verified."""
+    lines: list[str] = []
+    for verdict in env_verdicts([r for r in runs if r.get("env")]):
+        lines.append(verdict.headline())
+        lines += [f"  {note}" for note in verdict.notes()]
+    return lines
 
 
-def render(runs: list[dict[str, Any]], results_dir: str) -> str:
+def render(runs: Sequence[RunRecord], results_dir: str) -> str:
     if not runs:
         return f"no runs were recorded (results folder: {results_dir})"
     parts = [table(runs), "", "verdict:"]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.errors import BundleError
-from repro.core.results import Invocation, invocation_meta, new_invocation_dir
+from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir
 from repro.engines.base import EngineKind, Prepared
 from repro.upstream import bundle_image
 from repro.upstream.bundle_manifest import Expected, Manifest, check_files
@@ -127,7 +127,7 @@ def verify(bundle: Path, client: Any, results_root: Path, *, argv: Sequence[str]
                               why=f"manifest: {image_id}; loaded: {', '.join(loaded) or 'nothing'}",
                               fix="make the bundle again")
         out_root = new_invocation_dir(results_root, [f"verify-{env_id}"])
-        invocation = Invocation(out_root, invocation_meta(list(argv), f"make verify-bundle BUNDLE={bundle}"))
+        invocation = InvocationDir(out_root, invocation_meta(list(argv), f"make verify-bundle BUNDLE={bundle}"))
         invocation.save()
         engine = engine_factory(client) if engine_factory else _docker_engine(client)
         prepared = Prepared(EngineKind.DOCKER, env_id, image_id, str(manifest.image["ref"]), True,

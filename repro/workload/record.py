@@ -52,34 +52,85 @@ Record keys (`RECORD_KEYS`):
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Dict, List, Optional, TypedDict
 
 SCHEMA_VERSION = 1
 
-SCENARIOS = ("zero3", "mics", "mics-hier", "mics-replica")
-CONTROL_SCENARIO = "zero3"
-PATCHES = ("stock", "fixed")
-DTYPES = ("fp32", "bf16", "fp16")
-TRANSPORT_MODES = ("async", "sync", "strict")
 
-# Outcome of one run: a closed set.
-OUTCOMES = ("reproduced", "clean", "crashed", "hung", "env-error", "unsupported", "interrupted")
+class Scenario(str, enum.Enum):
+    """What a run trains with: the ZeRO-3 control or one of the MiCS gather paths."""
 
-# Which kind of evidence the outcome rests on: a closed set, so that bisection and the report
-# can tell two runs with the same outcome but a different failure mode apart.
-SIGNATURES = (
-    "illegal-work-crash",       # the run died with an exception raised from an _IllegalWork object
-    "illegal-work-divergence",  # IllegalWork warnings and losses leave the control's (or overflow storm)
-    "illegal-work-warnings",    # IllegalWork warnings, yet losses match the control
-    "divergence",               # losses leave the control's without any IllegalWork message
-    "overflow-storm",           # fp16 overflow/skipped steps the control does not have, nothing else
-    "crash",                    # another exception / non-zero exit
-    "hang",                     # timed out
-    "none",                     # no evidence of anything wrong
-)
+    ZERO3 = "zero3"
+    MICS = "mics"
+    MICS_HIER = "mics-hier"
+    MICS_REPLICA = "mics-replica"
+
+
+class Patch(str, enum.Enum):
+    STOCK = "stock"  # DeepSpeed as released
+    FIXED = "fixed"  # our fix applied at run time
+
+
+class Dtype(str, enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class Transport(str, enum.Enum):
+    """How collectives travel: NCCL/RCCL on GPUs, else one of the gloo adapter's modes."""
+
+    NATIVE = "native"
+    ASYNC = "async"
+    SYNC = "sync"
+    STRICT = "strict"
+
+
+class Outcome(str, enum.Enum):
+    """Outcome of one run: a closed set (see classify.py for what each means)."""
+
+    REPRODUCED = "reproduced"
+    CLEAN = "clean"
+    CRASHED = "crashed"
+    HUNG = "hung"
+    ENV_ERROR = "env-error"
+    UNSUPPORTED = "unsupported"
+    INTERRUPTED = "interrupted"
+
+
+class Signature(str, enum.Enum):
+    """Which kind of evidence the outcome rests on: a closed set, so that bisection and the report
+    can tell two runs with the same outcome but a different failure mode apart."""
+
+    ILLEGAL_WORK_CRASH = "illegal-work-crash"  # died with an exception raised from an _IllegalWork object
+    ILLEGAL_WORK_DIVERGENCE = "illegal-work-divergence"  # warnings and losses leave the control's / storm
+    ILLEGAL_WORK_WARNINGS = "illegal-work-warnings"  # IllegalWork warnings, yet losses match the control
+    DIVERGENCE = "divergence"  # losses leave the control's without any IllegalWork message
+    OVERFLOW_STORM = "overflow-storm"  # fp16 overflow/skipped steps the control does not have, nothing else
+    CRASH = "crash"  # another exception / non-zero exit
+    HANG = "hang"  # timed out
+    NONE = "none"  # no evidence of anything wrong
+
+    @property
+    def is_illegal_work(self) -> bool:
+        return self.value.startswith("illegal-work")
+
+
+# The same sets as plain tuples of their values (argparse choices, CLI validation, older callers).
+SCENARIOS = tuple(s.value for s in Scenario)
+CONTROL_SCENARIO = Scenario.ZERO3.value
+MICS_SCENARIOS = tuple(s.value for s in Scenario if s is not Scenario.ZERO3)
+PATCHES = tuple(p.value for p in Patch)
+DTYPES = tuple(d.value for d in Dtype)
+TRANSPORTS = tuple(t.value for t in Transport)
+# The gloo adapter's modes (CPU); GPUs always use "native".
+TRANSPORT_MODES = tuple(t.value for t in Transport if t is not Transport.NATIVE)
+OUTCOMES = tuple(o.value for o in Outcome)
+SIGNATURES = tuple(s.value for s in Signature)
 
 RECORD_KEYS = (
     "schema", "env", "scenario", "patch", "run_name", "control_run", "dtype", "world_size", "shard_size", "hierarchical",
@@ -88,6 +139,25 @@ RECORD_KEYS = (
     "exit_codes", "durations", "versions", "weights_checksum", "config", "config_adaptations",
     "config_problems", "stacks", "logs", "timeout_s", "started_at", "fix", "transport_info", "ran_on",
 )
+
+
+# The record as the host side types it (results store, summary, verdict, report, bundle). A TypedDict
+# over the JSON object itself, so reading and writing keep the exact same bytes. total=False: records
+# of older tools lack newer keys. typing.Dict/List/Optional: the workload still runs on Python 3.8,
+# where a TypedDict's annotations must stay evaluable.
+RunRecord = TypedDict("RunRecord", {
+    "schema": int, "env": str, "scenario": str, "patch": str, "run_name": str,
+    "control_run": Optional[str], "dtype": str, "world_size": int, "shard_size": Optional[int],
+    "hierarchical": bool, "layout": Dict[str, Any], "backend": str, "transport": str, "steps": int,
+    "seed": int, "outcome": str, "signature": str, "reason": str, "losses": List[Optional[float]],
+    "loss_scale": Optional[List[Optional[float]]], "skipped_steps": int, "illegal_work_messages": int,
+    "first_divergent_step": Optional[int], "exception": Optional[Dict[str, Any]],
+    "exit_codes": Dict[str, Optional[int]], "durations": Dict[str, Optional[float]],
+    "versions": Dict[str, Optional[str]], "weights_checksum": Optional[str], "config": Any,
+    "config_adaptations": List[str], "config_problems": List[str], "stacks": Dict[str, str],
+    "logs": Dict[str, str], "timeout_s": Optional[float], "started_at": str, "fix": Any,
+    "transport_info": Dict[str, Any], "ran_on": Optional[Dict[str, Any]],
+}, total=False)
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -28,9 +28,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
-from repro.workload.record import SCENARIOS, TRANSPORT_MODES, finite_or_none, write_json_atomic
+from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES, finite_or_none, write_json_atomic
 
-PATCHES = ("stock", "fixed")
 DEVICES = ("cpu", "gpu")
 
 RANK_KEYS = (

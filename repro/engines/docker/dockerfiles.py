@@ -24,14 +24,15 @@ from repro.core import paths
 from repro.core.errors import ReproError
 from repro.matrix import compat
 from repro.matrix.model import PYPI_INDEX, Env, InstallStep, Matrix, Platform
+from repro.workload.record import PATCHES, SCENARIOS
 from repro.matrix.schema import load_matrix
 
 REPO_ROOT = paths.REPO_ROOT
 IMAGE_ROOT = "/opt/mics-repro"
 VENV = "/opt/venv"
 RESULTS = "/results"
-SUITE_SCENARIOS = "zero3,mics,mics-hier,mics-replica"
-SUITE_PATCHES = "stock,fixed"
+SUITE_SCENARIOS = ",".join(SCENARIOS)
+SUITE_PATCHES = ",".join(PATCHES)
 LABEL_PREFIX = "mics-repro."
 # The base image's vendor apt sources are parked by this script before `apt-get update` (GPU images).
 VENDOR_APT_SCRIPT = "docker/disable-vendor-apt.sh"

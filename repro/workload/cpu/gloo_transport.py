@@ -45,13 +45,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-MODES = ("async", "sync", "strict")
+from repro.workload.record import TRANSPORT_MODES as MODES
+from repro.workload.record import Transport
 
 
 class Mode(enum.Enum):
-    ASYNC = "async"
-    SYNC = "sync"
-    STRICT = "strict"
+    """The adapter's modes: the record's transports other than native (one closed set)."""
+
+    ASYNC = Transport.ASYNC.value
+    SYNC = Transport.SYNC.value
+    STRICT = Transport.STRICT.value
 
 
 # ProcessGroup methods torch's Python layer calls for the tensor collectives; which of them exist
