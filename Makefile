@@ -62,7 +62,7 @@ lint:
 	$(LINT_IMPORTS)
 
 bench:
-	$(PYTHON) -m repro.run.bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
+	$(REPRO) bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
 
 # Bisection and surveys over releases (repro/cli/bisect_commands.py; README "Bisecting releases").
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]

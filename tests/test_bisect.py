@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from repro.bisect.driver import WalkRequest
 from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
 from repro.bisect.search import Bisection, BisectStatus, Survey, Verdict, bisect, survey
 from repro.cli import bisect_commands as bisect_cli
@@ -405,12 +406,13 @@ def torch_behaviour(env: FakeEnv) -> tuple[str, str]:
     )
 
 
-def parse(command: str, argv: list[str]) -> argparse.Namespace:
+def parse(command: str, argv: list[str]) -> WalkRequest:
+    """The command's options as the driver's typed request (what the CLI hands it)."""
     parser = argparse.ArgumentParser()
     {"bisect": bisect_cli._bisect_options, "survey": bisect_cli._survey_options}[command](parser)
     args = parser.parse_args(argv)
     args.argv = [command, *argv]
-    return args
+    return bisect_cli.walk_request(args)
 
 
 TORCHES = "2.0.0,2.0.1,2.1.0,2.1.1,2.1.2,2.2.0,2.2.1,2.3.0"
@@ -710,7 +712,7 @@ def test_report_reads_the_timeline_files(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError):  # the bisect already wrote results.json there
         bisect_cli.run_survey(args, bisect_cli.Services(matrix=FakeMatrix(), engine=FakeEngine(ds_landscape)))
-    args.out = str(tmp_path / "survey")
+    args = replace(args, folder=replace(args.folder, out=tmp_path / "survey"))
     bisect_cli.run_survey(
         args, bisect_cli.Services(matrix=FakeMatrix(), engine=FakeEngine(ds_landscape), say=lambda _: None)
     )

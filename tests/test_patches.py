@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from repro.cli import main as cli
 from repro.upstream import patchgen
 from repro.workload import fix
 
@@ -148,16 +149,16 @@ def test_check_catches_a_hand_edited_patch(version: str, tmp_path: Path,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     wheelhouse = str(sdist(version).parent)
     args = ["--patch-dir", str(tmp_path), "--wheelhouse", wheelhouse, "--versions", version]
-    assert patchgen.main(["--write", *args]) == 0
-    assert patchgen.main(["--check", *args]) == 0
+    assert cli.main(["patches", "--write", *args]) == 0
+    assert cli.main(["patches", "--check", *args]) == 0
     path = tmp_path / f"deepspeed-{version}.patch"
     path.write_text(path.read_text().replace("return cm\n", "return reqs[-1]\n"))
-    assert patchgen.main(["--check", *args]) == patchgen.PatchDriftError.exit_code
+    assert cli.main(["patches", "--check", *args]) == patchgen.PatchDriftError.exit_code
     assert "--write" in capsys.readouterr().err
 
 
 def test_missing_sdist_is_a_typed_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = patchgen.main(["--check", "--wheelhouse", str(tmp_path), "--patch-dir", str(tmp_path)])
+    code = cli.main(["patches", "--check", "--wheelhouse", str(tmp_path), "--patch-dir", str(tmp_path)])
     assert code == patchgen.SdistMissingError.exit_code
     err = capsys.readouterr().err
     assert "deepspeed-0.13.1.tar.gz not found" in err and "pip download" in err

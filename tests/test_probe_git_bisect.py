@@ -269,26 +269,15 @@ def test_overlay_needs_the_venv_engine(tmp_path: Path, checkout: Path) -> None:
 
 
 def test_a_bad_checkout_path_aborts_before_any_results_folder(tmp_path: Path) -> None:
-    import argparse
-
     from repro.cli import bisect_commands as bisect_cli
+    from repro.cli import main as cli
 
-    parser = argparse.ArgumentParser()
-    bisect_cli._probe_options(parser)
-    args = parser.parse_args(
-        [
-            "--env",
-            "cpu",
-            "--deepspeed-src",
-            str(tmp_path / "nope"),
-            "--results-root",
-            str(tmp_path / "results"),
-        ]
-    )
-    args.argv = ["probe"]
+    argv = ["--env", "cpu", "--deepspeed-src", str(tmp_path / "nope"), "--results-root", str(tmp_path / "results")]
     matrix = type("Matrix", (), {"default_id": "cpu"})()
     services = bisect_cli.Services(
         matrix=matrix, engine=FakeVenvEngine(tmp_path / "venvs"), say=lambda _: None
     )
-    assert bisect_cli.run_probe(args, services) == EXIT_ABORT
+    # Through the front door, which turns the probe's error into EXIT_ABORT.
+    code = cli.main(["probe", *argv], handler=lambda args: bisect_cli.run_probe(args, services))
+    assert code == EXIT_ABORT
     assert not (tmp_path / "results").exists()

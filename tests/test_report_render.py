@@ -14,8 +14,8 @@ import pytest
 from fixtures.report_records import ResultsBuilder, rich_results, standard_env
 from markdown_it import MarkdownIt
 
+from repro.cli import main as cli
 from repro.core.errors import UsageError
-from repro.report.__main__ import main as report_main
 from repro.report.build import ReportPaths, build_report
 from repro.report.render import DATA_ELEMENT_ID, MD_DATA_INFO
 
@@ -339,8 +339,8 @@ def test_rebuilding_into_the_same_folder_drops_stale_plots(tmp_path: Path) -> No
 
 def test_module_entry_point(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     folders = rich_results(tmp_path)
-    assert report_main([str(f) for f in folders]) == 0
+    assert cli.main(["report", "--results", ",".join(str(f) for f in folders)]) == 0
     assert (folders[0] / "report.html").is_file() and (folders[0] / "REPORT.md").is_file()
     assert "report.html" in capsys.readouterr().out
-    assert report_main([str(tmp_path / "missing")]) == UsageError.exit_code
+    assert cli.main(["report", "--results", str(tmp_path / "missing")]) == UsageError.exit_code
     assert "no results.json" in capsys.readouterr().err

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from repro.bisect.search import Verdict
 from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
+from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
 from repro.run.orchestrate import Request, execute, plan
 
@@ -166,20 +167,20 @@ class ProbeSpec:
 
     def repro_command(self) -> str:
         """The `make repro` line that runs exactly this probe's env, scenario and patch."""
-        parts = ["make repro", f"ENV={self.env_id}"]
-        for var, value in (
-            ("TORCH", self.torch),
-            ("DEEPSPEED", self.deepspeed),
-            ("SCENARIOS", self.scenario),
-            ("PATCH", self.patch),
-            ("DTYPE", self.dtype),
-            ("TRANSPORT", None if self.transport == "async" else self.transport),
-            ("STEPS", self.steps),
-            ("WORLD_SIZE", self.world_size),
-        ):
-            if value not in (None, ""):
-                parts.append(f"{var}={value}")
-        return " ".join(parts)
+        return make_line(
+            "repro",
+            [
+                ("ENV", self.env_id),
+                ("TORCH", self.torch),
+                ("DEEPSPEED", self.deepspeed),
+                ("SCENARIOS", self.scenario),
+                ("PATCH", self.patch),
+                ("DTYPE", self.dtype),
+                ("TRANSPORT", None if self.transport == "async" else self.transport),
+                ("STEPS", self.steps),
+                ("WORLD_SIZE", self.world_size),
+            ],
+        )
 
 
 Evaluate = Callable[[ProbeSpec], Observation]

@@ -6,50 +6,61 @@ import argparse
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from repro.cli.main import DEFAULT_RESULTS_ROOT, REPO_ROOT, _add_run_options, command, request_from_args
-from repro.core.errors import FixNotResolvedError, Interrupted, UsageError
+from repro.cli.options import (
+    DEFAULT_RESULTS_ROOT,
+    RunTarget,
+    add_matrix_option,
+    add_run_options,
+    request_from_args,
+    run_target_from_args,
+)
+from repro.cli.registry import command
+from repro.core.errors import FixNotResolvedError, Interrupted, SuiteFailedError, UsageError
+from repro.core.paths import REPO_ROOT
 from repro.workload.record import RunRecord
 
+if TYPE_CHECKING:
+    from repro.matrix.model import Matrix
+    from repro.run.orchestrate import Request
 
-def _matrix(args: argparse.Namespace) -> Any:
+
+def _matrix(path: str | None) -> Matrix:
     from repro.matrix.schema import load_matrix
 
-    return load_matrix(args.matrix) if getattr(args, "matrix", None) else load_matrix()
+    return load_matrix(path) if path else load_matrix()
 
 
-def _list_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", default=None)
-
-
-@command("list", "list the envs of the matrix and whether this host can run them", _list_options)
+@command("list", "list the envs of the matrix and whether this host can run them", add_matrix_option)
 def cmd_list(args: argparse.Namespace) -> int:
     from repro.engines.preflight import host_can_run
 
-    matrix = _matrix(args)
+    matrix = _matrix(args.matrix)
     print(f"{'env':<14} {'platform':<8} {'torch':<8} {'deepspeed':<10} {'rocm/cuda':<10} {'here':<5} notes")
     for env_id in matrix.ids():
         env = matrix.get(env_id)
         ok, _why = host_can_run(env)
         accel = env.rocm or env.cuda or "-"
         default = " (default)" if env_id == matrix.default_id else ""
-        print(f"{env_id:<14} {env.platform.value:<8} {env.torch:<8} {env.deepspeed:<10} {accel:<10} "
-              f"{'yes' if ok else 'no':<5} {env.notes.splitlines()[0] if env.notes else ''}{default}")
+        print(
+            f"{env_id:<14} {env.platform.value:<8} {env.torch:<8} {env.deepspeed:<10} {accel:<10} "
+            f"{'yes' if ok else 'no':<5} {env.notes.splitlines()[0] if env.notes else ''}{default}"
+        )
     return 0
 
 
-def _engine(args: argparse.Namespace) -> Any:
+def _engine(choice: str | None) -> Any:
     from repro.engines.select import choose_engine
 
-    return choose_engine(args.engine or os.environ.get("ENGINE") or None)
+    return choose_engine(choice or os.environ.get("ENGINE") or None)
 
 
-@command("build", "build (or reuse) the image / venv of an env", _add_run_options)
+@command("build", "build (or reuse) the image / venv of an env", add_run_options)
 def cmd_build(args: argparse.Namespace) -> int:
     from repro.run.orchestrate import describe, plan
 
-    matrix = _matrix(args)
+    matrix = _matrix(args.matrix)
     steps = plan(matrix, request_from_args(args, matrix.default_id))
     if args.dry_run:
         from repro.engines.docker.buildplan import dry_run_text
@@ -57,7 +68,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         for step in steps:
             print(dry_run_text(step.env))
         return 0
-    engine = _engine(args)
+    engine = _engine(args.engine)
     print(describe(steps, engine.describe()))
     for step in steps:
         engine.preflight(step.env)
@@ -66,39 +77,35 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run(args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[str, ...] | None = None) -> list[RunRecord]:
-    from dataclasses import replace
-
+def run_request(request: Request, target: RunTarget, matrix: Matrix | None = None) -> list[RunRecord]:
+    """Plan, preflight, run and summarize one request; raises SuiteFailedError when a suite did
+    not run its plan (its exit code, a timeout, no record), so the verdict printed is incomplete."""
     from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
-    from repro.run.orchestrate import describe, execute, plan
+    from repro.run.orchestrate import describe, execute, plan, suite_failures
     from repro.run.summary import render
 
-    matrix = _matrix(args)
-    request = request_from_args(args, matrix.default_id)
-    if env_ids is not None:
-        request = replace(request, env_ids=env_ids)
-    if fixed_only:
-        request = replace(request, patches=("fixed",), sync_proof=False)
-    steps = plan(matrix, request)
-    if args.dry_run:
+    steps = plan(matrix or _matrix(target.matrix), request)
+    if target.dry_run:
         print(describe(steps, "(dry run: no engine chosen)"))
         for step in steps:
             print(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
         return []
-    engine = _engine(args)
+    engine = _engine(target.engine)
     for step in steps:  # missing devices / daemon / Python: say so before any folder exists
         engine.preflight(step.env)
-    root = Path(args.results_root)
-    folder = Path(args.out) if args.out else new_invocation_dir(root, [s.env.id for s in steps])
-    if args.out:
+    folder = target.out or new_invocation_dir(target.results_root, [s.env.id for s in steps])
+    if target.out:
         if (folder / "results.json").exists():
-            raise UsageError(f"OUT={folder} already holds results", why="results are never overwritten",
-                             fix="choose a new OUT= folder (or leave OUT unset for a fresh timestamped one)")
+            raise UsageError(
+                f"OUT={folder} already holds results",
+                why="results are never overwritten",
+                fix="choose a new OUT= folder (or leave OUT unset for a fresh timestamped one)",
+            )
         folder.mkdir(parents=True, exist_ok=True)
-    invocation = InvocationDir(folder, invocation_meta(args.argv, _make_command(args)))
+    invocation = InvocationDir(folder, invocation_meta(list(target.argv), target.make_command))
     invocation.save()
-    if not args.out:
-        point_latest(root, folder)
+    if not target.out:
+        point_latest(target.results_root, folder)
     print(describe(steps, engine.describe()))
     print(f"results: {folder}")
     try:
@@ -108,30 +115,43 @@ def _run(args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[s
         raise
     print()
     print(render(runs, str(folder)))
+    problems = suite_failures(invocation)
+    if problems:
+        raise SuiteFailedError(
+            f"the suite did not run its whole plan in {len(problems)} env(s)",
+            why="; ".join(problems),
+            fix=f"read the suite output in {folder}/<env>/ (the records that exist are kept)",
+        )
     return runs
 
 
-def _make_command(args: argparse.Namespace) -> str:
-    """The make command that reproduces this invocation (goes into reports and bundles)."""
-    parts = [f"make {args.command}"]
-    for var, value in (("ENV", args.env), ("ENGINE", args.engine), ("TORCH", args.torch),
-                       ("DEEPSPEED", args.deepspeed), ("SCENARIOS", args.scenarios), ("PATCH", args.patch),
-                       ("DTYPE", args.dtype), ("TRANSPORT", args.transport), ("CONFIG", args.config),
-                       ("STEPS", args.steps), ("WORLD_SIZE", args.world_size)):
-        if value not in (None, ""):
-            parts.append(f"{var}={value}")
-    return " ".join(parts)
+def _run(
+    args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[str, ...] | None = None
+) -> list[RunRecord]:
+    from dataclasses import replace
+
+    matrix = _matrix(args.matrix)
+    request = request_from_args(args, matrix.default_id)
+    if env_ids is not None:
+        request = replace(request, env_ids=env_ids)
+    if fixed_only:
+        request = replace(request, patches=("fixed",), sync_proof=False)
+    return run_request(request, run_target_from_args(args), matrix)
 
 
-@command("repro", "run the control and the MiCS scenarios, stock and fixed, and print the verdict",
-         _add_run_options)
+@command(
+    "repro", "run the control and the MiCS scenarios, stock and fixed, and print the verdict", add_run_options
+)
 def cmd_repro(args: argparse.Namespace) -> int:
     _run(args)
     return 0
 
 
-@command("check-fix", "run the fixed MiCS scenarios (and the control); exit non-zero unless all are clean",
-         _add_run_options)
+@command(
+    "check-fix",
+    "run the fixed MiCS scenarios (and the control); exit non-zero unless all are clean",
+    add_run_options,
+)
 def cmd_check_fix(args: argparse.Namespace) -> int:
     from repro.core.errors import NothingVerifiedError
     from repro.core.verdict import check_fix
@@ -141,23 +161,26 @@ def cmd_check_fix(args: argparse.Namespace) -> int:
         return 0
     result = check_fix(runs)  # THE env verdict, the same one the summary and the report give
     if result.failures:
-        raise FixNotResolvedError("the fix does not resolve the failure in every fixed run",
-                                  why="; ".join(result.failures),
-                                  fix="see the records in the results folder for evidence")
+        raise FixNotResolvedError(
+            "the fix does not resolve the failure in every fixed run",
+            why="; ".join(result.failures),
+            fix="see the records in the results folder for evidence",
+        )
     if result.unverified:
         raise NothingVerifiedError(
             "check-fix verified nothing: no fixed MiCS run ran steps and matched a clean control",
             why="; ".join(result.unverified),
-            fix="look at the control's record; check STEPS/WORLD_SIZE, and that this DeepSpeed has MiCS")
+            fix="look at the control's record; check STEPS/WORLD_SIZE, and that this DeepSpeed has MiCS",
+        )
     print(f"check-fix: {result.verified} fixed MiCS run(s) ran clean and matched the ZeRO-3 control")
     return 0
 
 
-@command("matrix", "run the reproduction in every env this host can run", _add_run_options)
+@command("matrix", "run the reproduction in every env this host can run", add_run_options)
 def cmd_matrix(args: argparse.Namespace) -> int:
     from repro.engines.preflight import host_can_run
 
-    matrix = _matrix(args)
+    matrix = _matrix(args.matrix)
     runnable, skipped = [], []
     for env_id in matrix.ids():
         ok, why = host_can_run(matrix.get(env_id))
@@ -171,8 +194,12 @@ def cmd_matrix(args: argparse.Namespace) -> int:
 
 
 def _report_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", default=None, help="results folder(s), comma-separated (default results/latest)")
-    p.add_argument("--out", default=None, help="where report.html and REPORT.md go (default: first results folder)")
+    p.add_argument(
+        "--results", default=None, help="results folder(s), comma-separated (default results/latest)"
+    )
+    p.add_argument(
+        "--out", default=None, help="where report.html and REPORT.md go (default: first results folder)"
+    )
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
 
 
@@ -215,17 +242,20 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 def _venv_python_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", required=True, help="env id (derived ids like cpu+torch2.2.2 work too)")
-    p.add_argument("--matrix", default=None)
+    add_matrix_option(p)
 
 
-@command("venv-python", "build (or reuse) an env's cached venv and print its interpreter's path last",
-         _venv_python_options)
+@command(
+    "venv-python",
+    "build (or reuse) an env's cached venv and print its interpreter's path last",
+    _venv_python_options,
+)
 def cmd_venv_python(args: argparse.Namespace) -> int:
     # For scripts and CI: `PY=$(python -m repro venv-python --env cpu | tail -n 1)`.
     from repro.engines.venv.engine import VenvEngine
 
     engine = VenvEngine()
-    env = _matrix(args).get(args.env)
+    env = _matrix(args.matrix).get(args.env)
     engine.preflight(env)
     prepared = engine.prepare(env)
     print(prepared.details["python"])

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-from repro.cli.main import DEFAULT_RESULTS_ROOT, REPO_ROOT, build_parser, command
+from repro.cli.options import DEFAULT_RESULTS_ROOT, RunTarget, add_matrix_option
+from repro.cli.registry import command
 from repro.core.errors import DockerUnavailableError, UsageError
+from repro.core.makeline import make_line
+from repro.core.paths import REPO_ROOT
 
 
 def _docker_client() -> Any:
@@ -17,43 +19,74 @@ def _docker_client() -> Any:
 
     up, why = daemon_status()
     if not up:
-        raise DockerUnavailableError("a bundle needs a Docker daemon", why=why,
-                                     fix="start one (.ci/start-docker.sh on Debian) or set DOCKER_HOST")
+        raise DockerUnavailableError(
+            "a bundle needs a Docker daemon",
+            why=why,
+            fix="start one (.ci/start-docker.sh on Debian) or set DOCKER_HOST",
+        )
     return DockerEngine.connect().client
 
 
 def _bundle_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default=None, help="env id (default: the matrix default, cpu)")
     p.add_argument("--out", default=None, help="bundle folder (default bundles/<env>/); never overwritten")
-    p.add_argument("--results", default=None,
-                   help="results folder of a Docker run of the env (default: run `make repro ENV=` now)")
-    p.add_argument("--gzip-level", type=int, default=1, choices=range(1, 10), metavar="1-9",
-                   help="gzip level of image.tar.gz (1: fastest, default)")
+    p.add_argument(
+        "--results",
+        default=None,
+        help="results folder of a Docker run of the env (default: run `make repro ENV=` now)",
+    )
+    p.add_argument(
+        "--gzip-level",
+        type=int,
+        default=1,
+        choices=range(1, 10),
+        metavar="1-9",
+        help="gzip level of image.tar.gz (1: fastest, default)",
+    )
     p.add_argument("--no-archive", action="store_true", help="skip bundles/<env>.tar")
     p.add_argument("--keep-image", action="store_true", help="keep the flattened image after saving it")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
-    p.add_argument("--matrix", default=None)
+    add_matrix_option(p)
 
 
 def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Path:
     """`make repro ENV=<env> ENGINE=docker` into a fresh results folder; returns it."""
-    from repro.cli.run_commands import _run
+    from repro.cli.run_commands import run_request
     from repro.core.results import new_invocation_dir
+    from repro.run.orchestrate import Request
 
     folder = new_invocation_dir(results_root, [env_id])
-    argv = ["repro", "--env", env_id, "--engine", "docker", "--out", str(folder),
-            "--results-root", str(results_root)]
+    argv = [
+        "repro",
+        "--env",
+        env_id,
+        "--engine",
+        "docker",
+        "--out",
+        str(folder),
+        "--results-root",
+        str(results_root),
+    ]
     if matrix:
         argv += ["--matrix", matrix]
-    args = build_parser().parse_args(argv)
-    args.argv = argv
+    target = RunTarget(
+        engine="docker",
+        results_root=results_root,
+        out=folder,
+        matrix=matrix,
+        argv=tuple(argv),
+        make_command=make_line("repro", [("ENV", env_id), ("ENGINE", "docker")]),
+    )
     print(f"bundle: no RESULTS= given; running the reproduction of {env_id} in Docker first")
-    _run(args)
+    run_request(Request(env_ids=(env_id,)), target)
     return folder
 
 
-@command("bundle", "package an env's image, results, report, fix and issue comment for maintainers",
-         _bundle_options)
+@command(
+    "bundle",
+    "package an env's image, results, report, fix and issue comment for maintainers",
+    _bundle_options,
+)
 def cmd_bundle(args: argparse.Namespace) -> int:
     from repro.core.results import resolve_results_dir
     from repro.matrix.schema import load_matrix
@@ -66,13 +99,21 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         matrix.get(env_id)  # an unknown id fails here with the list of valid ones
     client = _docker_client()
     root = Path(args.results_root)
-    results = (resolve_results_dir(root, args.results) if args.results
-               else _run_repro_first(env_id, root, args.matrix))
+    results = (
+        resolve_results_dir(root, args.results)
+        if args.results
+        else _run_repro_first(env_id, root, args.matrix)
+    )
     cache = os.environ.get("MICS_REPRO_CACHE")
     scrubber = Scrubber.from_host(paths={"<repo>": str(REPO_ROOT), **({"<cache>": cache} if cache else {})})
-    request = BundleRequest(env_id=env_id, out=Path(args.out) if args.out else default_out(env_id),
-                            results=results, gzip_level=args.gzip_level, archive=not args.no_archive,
-                            keep_image=args.keep_image)
+    request = BundleRequest(
+        env_id=env_id,
+        out=Path(args.out) if args.out else default_out(env_id),
+        results=results,
+        gzip_level=args.gzip_level,
+        archive=not args.no_archive,
+        keep_image=args.keep_image,
+    )
     print(summary(make_bundle(request, client, scrubber)))
     return 0
 
@@ -81,57 +122,124 @@ def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True, help="bundle folder or its .tar archive")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--remove-image", action="store_true", help="remove the loaded image afterwards")
+    p.add_argument("--allow-gpu-privileges", action="store_true",
+                   help="consent to a ROCm/CUDA bundle's device access and weaker isolation "
+                   "(make: ALLOW_PRIVILEGES=1)")
 
 
-@command("verify-bundle", "load a bundle's image, rerun the reproduction offline, compare with its manifest",
-         _verify_options)
+@command(
+    "verify-bundle",
+    "load a bundle's image, rerun the reproduction offline, compare with its manifest",
+    _verify_options,
+)
 def cmd_verify_bundle(args: argparse.Namespace) -> int:
     from repro.upstream.verify_bundle import report, require_match, verify
 
-    client = _docker_client()
-    result = verify(Path(args.bundle), client, Path(args.results_root), argv=list(args.argv))
+    clients: list[Any] = []  # Docker is asked for only once the bundle itself has passed its checks
+
+    def connect() -> Any:
+        clients.append(_docker_client())
+        return clients[-1]
+
+    result = verify(Path(args.bundle), None, Path(args.results_root), argv=list(args.argv), connect=connect,
+                    allow_privileges=args.allow_gpu_privileges)
     print(report(result))
-    if args.remove_image:
-        client.images.remove(result.image_id, force=True)
+    if args.remove_image and clients:
+        clients[-1].images.remove(result.image_id, force=True)
     require_match(result)
     return 0
 
 
 def _cluster_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", required=True)
+    p.add_argument("--out", type=Path, required=True)
     p.add_argument("--layout", default="reporter", help="reporter | cpu-twin")
-    p.add_argument("--env", default="rocm56")
-    p.add_argument("--image-ref", default=None)
+    p.add_argument("--platform", choices=("rocm", "cuda", "cpu"), default=None)
+    p.add_argument("--nodes", type=int, default=None)
+    p.add_argument("--procs-per-node", type=int, default=None)
+    p.add_argument("--ndev-per-node", type=int, default=None)
+    p.add_argument("--shard-size", type=int, default=None)
+    p.add_argument("--dtype", default=None, help="fp32|bf16|fp16 (default: the layout's)")
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--env", default="rocm56", help="env id the image belongs to (names and comments)")
+    p.add_argument("--image-ref", default=None, help="image tag after docker load")
 
 
-@command("cluster", "write Slurm (Apptainer/Singularity) and torchrun launchers for a multi-node run",
-         _cluster_options)
+@command(
+    "cluster",
+    "write Slurm (Apptainer/Singularity) and torchrun launchers for a multi-node run",
+    _cluster_options,
+)
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from repro.upstream.cluster import main as cluster_main
+    from dataclasses import replace
 
-    argv = ["--out", args.out, "--layout", args.layout, "--env", args.env]
-    if args.image_ref:
-        argv += ["--image-ref", args.image_ref]
-    return cluster_main(argv)
+    from repro.upstream import cluster
+    from repro.workload.record import DTYPES
+
+    if args.layout not in cluster.LAYOUTS:
+        raise UsageError(
+            f"LAYOUT={args.layout} is not valid", fix=f"use one of: {', '.join(sorted(cluster.LAYOUTS))}"
+        )
+    if args.dtype is not None and args.dtype not in DTYPES:
+        raise UsageError(f"DTYPE={args.dtype} is not valid", fix=f"use one of: {', '.join(DTYPES)}")
+    overrides = {
+        key: value
+        for key, value in (
+            ("platform", args.platform),
+            ("nodes", args.nodes),
+            ("procs_per_node", args.procs_per_node),
+            ("ndev_per_node", args.ndev_per_node),
+            ("shard_size", args.shard_size),
+            ("dtype", args.dtype),
+            ("steps", args.steps),
+        )
+        if value is not None
+    }
+    layout = replace(cluster.LAYOUTS[args.layout], **overrides)
+    scripts = cluster.render(
+        layout, env_id=args.env, image_ref=args.image_ref or f"mics-repro-bundle:{args.env}"
+    )
+    for path in cluster.write(scripts, args.out):
+        print(f"wrote {path}")
+    return 0
 
 
 def _pr_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--python", default=None,
-                   help="python of a venv with torch + DeepSpeed (default $MICS_TEST_PYTHON_T21)")
+    p.add_argument(
+        "--python",
+        default=None,
+        help="python of a venv with torch + DeepSpeed (default $MICS_TEST_PYTHON_T21)",
+    )
+    p.add_argument("--variant", choices=("stock", "patched", "both"), default="both")
     p.add_argument("--transport", default="async", choices=("async", "sync", "strict"))
+    p.add_argument("--work", type=Path, default=None, help="folder for reports and the patched copy")
 
 
-@command("pr-regression", "run the PR's regression test on stock, then patched DeepSpeed (fail, then pass)",
-         _pr_options)
+@command(
+    "pr-regression",
+    "run the PR's regression test on stock, then patched DeepSpeed (fail, then pass)",
+    _pr_options,
+)
 def cmd_pr_regression(args: argparse.Namespace) -> int:
-    from repro.upstream.pr_regression import main as pr_main
+    import tempfile
+
+    from repro.upstream.pr_regression import RegressionTestError, Variant, discriminates, run_variant, summary
 
     python = args.python or os.environ.get("MICS_TEST_PYTHON_T21")
     if not python:
-        raise UsageError("no venv python given",
-                         fix="pass --python (PYTHON= with make) or set MICS_TEST_PYTHON_T21")
-    return pr_main(["--python", python, "--transport", args.transport])
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use: python -m repro bundle|verify-bundle|cluster|pr-regression")
+        raise UsageError(
+            "no venv python given", fix="pass --python (PYTHON_VENV= with make) or set MICS_TEST_PYTHON_T21"
+        )
+    work = args.work or Path(tempfile.mkdtemp(prefix="mics-pr-"))
+    variants = [Variant.STOCK, Variant.PATCHED] if args.variant == "both" else [Variant(args.variant)]
+    runs = [run_variant(python, v, work / v.value, args.transport) for v in variants]
+    print(summary(runs))
+    if len(runs) == 2:
+        problems = discriminates(*runs)
+        if problems:
+            raise RegressionTestError(
+                "the regression test does not tell stock from patched DeepSpeed",
+                why="; ".join(problems),
+                fix=f"read the pytest logs in {work}",
+            )
+        print("ok: every test fails on stock DeepSpeed and passes with the patch")
+    return 0

@@ -85,6 +85,11 @@ class RunError(ReproError):
     exit_code = 15
 
 
+class SuiteFailedError(RunError):
+    """The suite of an env exited non-zero, timed out or recorded no run: the verdict is
+    incomplete, so `make repro` must not exit 0 (same code as RunError: the workload failed)."""
+
+
 class BundleError(ReproError):
     """A bundle is corrupt, truncated or does not match its manifest."""
 

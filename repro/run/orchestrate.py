@@ -7,6 +7,7 @@ engines, and records every env's runs in the invocation's results folder as soon
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,6 +51,25 @@ class Request:
                                  fix=f"use a comma-separated subset of: {', '.join(allowed)}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise UsageError(f"DTYPE={self.dtype} is not valid", fix=f"use one of: {', '.join(DTYPES)}")
+        _check_numbers(self)
+
+
+def _check_numbers(request: Request) -> None:
+    """Numbers are checked here, before any build: the suite would only reject them (or, for
+    TIMEOUT=nan, silently run with no time limit) after a possibly multi-GB install."""
+    for name, value in (("STEPS", request.steps), ("JOBS", request.jobs)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name}={value} is not valid", fix=f"use a whole number >= 1 for {name}")
+    size = request.world_size
+    if size is not None and (size < 2 or size % 2):
+        raise UsageError(f"WORLD_SIZE={size} is not valid", why="the MiCS scenarios split the ranks in halves",
+                         fix="use an even number >= 2 (2, 4, 6, ...)")
+    for name, seconds in (("TIMEOUT", request.timeout_s), ("STALL_TIMEOUT", request.stall_s)):
+        if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+            raise UsageError(f"{name}={seconds} is not valid", why="a time limit must be a finite number",
+                             fix=f"use a number of seconds > 0 and finite for {name} (e.g. 600)")
+
+
 
 
 @dataclass(frozen=True)
@@ -170,3 +190,20 @@ def _collect(invocation: InvocationDir, env: Env, prepared: Any, out: Path, engi
         info[key] = prepared.details.get("image_id", prepared.handle) if engine == "docker" else prepared.label
     invocation.add_env(env.id, info)
     invocation.add_runs(env.id, list(suite.get("runs") or []))
+
+
+def suite_failures(invocation: InvocationDir) -> list[str]:
+    """Why the verdict of this invocation is incomplete, one line per env ([] when every suite
+    ran its plan). A suite exits 0 once every planned run has a record; anything else (bad
+    arguments it rejected, a crash, a timeout, no record at all) must not end `make repro` with 0."""
+    problems = []
+    for env_id, info in invocation.data["envs"].items():
+        recorded = sum(1 for run in invocation.runs if run.get("env") == env_id)
+        code = info.get("suite_exit_code")
+        if info.get("suite_timed_out"):
+            problems.append(f"{env_id}: the suite ran past its time limit")
+        elif code != 0:
+            problems.append(f"{env_id}: the suite exited with {code}")
+        elif recorded == 0:
+            problems.append(f"{env_id}: the suite recorded no run")
+    return problems

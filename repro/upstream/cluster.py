@@ -11,18 +11,16 @@ the control (plain ZeRO-3), hierarchical MiCS and flat MiCS, stock and with the 
 
 from __future__ import annotations
 
-import argparse
 import json
 import stat
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
 from repro import __version__
-from repro.core.errors import ReproError, UsageError
+from repro.core.errors import UsageError
 from repro.workload import ds_config
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 
@@ -194,50 +192,7 @@ def write(scripts: Sequence[Script], out: Path) -> list[Path]:
     return written
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.upstream.cluster", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="reporter")
-    parser.add_argument("--platform", choices=PLATFORMS, default=None)
-    parser.add_argument("--nodes", type=int, default=None)
-    parser.add_argument("--procs-per-node", type=int, default=None)
-    parser.add_argument("--ndev-per-node", type=int, default=None)
-    parser.add_argument("--shard-size", type=int, default=None)
-    parser.add_argument("--dtype", choices=ds_config_dtypes(), default=None)
-    parser.add_argument("--steps", type=int, default=None)
-    parser.add_argument("--env", default="rocm56", help="env id the image belongs to (names and comments)")
-    parser.add_argument("--image-ref", default=None, help="image tag after docker load")
-    args = parser.parse_args(argv)
-    layout = LAYOUTS[args.layout]
-    overrides = {
-        k: v
-        for k, v in (
-            ("platform", args.platform),
-            ("nodes", args.nodes),
-            ("procs_per_node", args.procs_per_node),
-            ("ndev_per_node", args.ndev_per_node),
-            ("shard_size", args.shard_size),
-            ("dtype", args.dtype),
-            ("steps", args.steps),
-        )
-        if v is not None
-    }
-    layout = replace(layout, **overrides)
-    try:
-        scripts = render(layout, env_id=args.env, image_ref=args.image_ref or f"mics-repro-bundle:{args.env}")
-        for path in write(scripts, args.out):
-            print(f"wrote {path}")
-        return 0
-    except ReproError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-
-
 def ds_config_dtypes() -> tuple[str, ...]:
     from repro.workload.record import DTYPES
 
     return DTYPES
-
-
-if __name__ == "__main__":
-    sys.exit(main())

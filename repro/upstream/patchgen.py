@@ -11,10 +11,8 @@ run-time fix also uses. Standard library only.
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import os
-import sys
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,42 +145,3 @@ def check(versions: Sequence[str], wheelhouse: Path, patch_dir: Path) -> list[st
         if not ok:
             drifted.append(version)
     return drifted
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.upstream.patchgen", description=__doc__.split("\n")[0])
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="fail if a shipped patch differs")
-    mode.add_argument("--write", action="store_true", help="regenerate the shipped patches")
-    mode.add_argument("--print", metavar="VERSION", help="print the patch for one release")
-    parser.add_argument("--wheelhouse", type=Path, default=None, help="folder with deepspeed-*.tar.gz")
-    parser.add_argument("--patch-dir", type=Path, default=PATCH_DIR)
-    parser.add_argument("--versions", nargs="+", default=list(SHIPPED))
-    args = parser.parse_args(argv)
-    wheelhouse = args.wheelhouse or default_wheelhouse()
-    try:
-        if args.print:
-            sys.stdout.write(generate(args.print, wheelhouse)[0])
-            return 0
-        if args.write:
-            args.patch_dir.mkdir(parents=True, exist_ok=True)
-            for version in args.versions:
-                text, diffs = generate(version, wheelhouse)
-                patch_file(version, args.patch_dir).write_text(text)
-                print(f"wrote {patch_file(version, args.patch_dir)}: {stats(diffs)}")
-            return 0
-        drifted = check(args.versions, wheelhouse, args.patch_dir)
-        if drifted:
-            raise PatchDriftError(
-                f"shipped patches differ from repro/workload/fix.py for {', '.join(drifted)}",
-                why="the fix's text changed (or a patch was edited by hand)",
-                fix="run `python -m repro.upstream.patchgen --write` and review the diff",
-            )
-        return 0
-    except ReproError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,6 @@ The check passes when every test fails on stock DeepSpeed and passes with the pa
 
 from __future__ import annotations
 
-import argparse
 import enum
 import importlib.metadata
 import os
@@ -257,34 +256,3 @@ def summary(runs: Sequence[VariantRun]) -> str:
         cells = [run.outcomes().get(test_id, None) for run in runs]
         lines.append(f"{test_id:<{width}}  " + "  ".join(f"{c.value if c else '-':<8}" for c in cells))
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.upstream.pr_regression", description=__doc__.split("\n")[0])
-    parser.add_argument("--python", required=True, help="python of a venv with torch + DeepSpeed")
-    parser.add_argument("--variant", choices=("stock", "patched", "both"), default="both")
-    parser.add_argument("--transport", choices=("async", "sync", "strict"), default="async")
-    parser.add_argument("--work", type=Path, default=None, help="folder for reports and the patched copy")
-    args = parser.parse_args(argv)
-    try:
-        work = args.work or Path(tempfile.mkdtemp(prefix="mics-pr-"))
-        variants = [Variant.STOCK, Variant.PATCHED] if args.variant == "both" else [Variant(args.variant)]
-        runs = [run_variant(args.python, v, work / v.value, args.transport) for v in variants]
-        print(summary(runs))
-        if len(runs) == 2:
-            problems = discriminates(*runs)
-            if problems:
-                raise RegressionTestError(
-                    "the regression test does not tell stock from patched DeepSpeed",
-                    why="; ".join(problems),
-                    fix=f"read the pytest logs in {work}",
-                )
-            print("ok: every test fails on stock DeepSpeed and passes with the patch")
-        return 0
-    except ReproError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

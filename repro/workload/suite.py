@@ -26,6 +26,7 @@ from repro.workload import device as dev
 from repro.workload import ds_config, runner
 from repro.workload import layout as lay
 from repro.workload import record as rec
+from repro.workload.controls import ControlKey, choose_control, record_key
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -331,13 +332,9 @@ def _record_run(out: str, result: runner.LaunchResult | None, item: PlannedRun, 
 
 def _control_for(controls: dict[tuple[str, str, int], dict[str, Any]],
                  item: PlannedRun) -> dict[str, Any] | None:
-    """The zero3 run of the same dtype and world size; same transport preferred (transports do
-    not change the arithmetic, so any transport's control is a valid comparison)."""
-    key = (item.dtype, item.transport, item.shape.world_size)
-    if key in controls:
-        return controls[key]
-    return next((c for (d, _t, w), c in controls.items()
-                 if d == item.dtype and w == item.shape.world_size), None)
+    """The stock zero3 run this run is compared with (the one rule in workload/controls.py)."""
+    want = ControlKey(item.dtype, item.transport, item.shape.world_size, item.patch)
+    return choose_control(want, list(controls.values()), record_key)
 
 
 def _spec(args: argparse.Namespace, out: str, item: PlannedRun, device: str) -> runner.RunSpec:

@@ -7,18 +7,16 @@ build FROM it with BASE_IMAGE=mics-repro/base:bookworm.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from repro.core import cmd, console
-from repro.core.errors import BuildError, ReproError
+from repro.core.errors import BuildError
 
 if TYPE_CHECKING:
     from repro.engines.docker.engine import DockerEngine
@@ -114,19 +112,3 @@ def make_base_image(
         shutil.rmtree(tmp, ignore_errors=True)
     console.info(f"base-image: {spec.ref} = {image_id[:19]} in {time.monotonic() - started:.0f} s")
     return image_id
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m repro.engines.docker.base_image", description=__doc__)
-    parser.add_argument("--force", action="store_true", help="remake the image even if it exists")
-    args = parser.parse_args(argv)
-    try:
-        make_base_image(force=args.force)
-    except ReproError as exc:
-        print(exc.render())
-        return exc.exit_code
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

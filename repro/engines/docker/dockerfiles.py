@@ -12,20 +12,16 @@ vary (base image, wheel sources, CA certificates, strictness of the stack check)
 
 from __future__ import annotations
 
-import argparse
 import enum
-import sys
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro.core import paths
-from repro.core.errors import ReproError
 from repro.matrix import compat
 from repro.matrix.model import PYPI_INDEX, Env, InstallStep, Matrix, Platform
 from repro.workload.record import PATCHES, SCENARIOS
-from repro.matrix.schema import load_matrix
 
 REPO_ROOT = paths.REPO_ROOT
 IMAGE_ROOT = "/opt/mics-repro"
@@ -353,38 +349,3 @@ def write_all(matrix: Matrix, root: Path = REPO_ROOT) -> list[Path]:
             path.write_text(text)
             written.append(path)
     return written
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m repro.engines.docker.dockerfiles", description=__doc__.splitlines()[0]
-    )
-    mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--check", action="store_true", help="exit 1 if a committed Dockerfile is out of sync")
-    mode.add_argument("--write", action="store_true", help="regenerate docker/<id>.Dockerfile")
-    mode.add_argument("--print", metavar="ENV", help="print the Dockerfile of ENV (derived ids work too)")
-    parser.add_argument("--matrix", type=Path, default=None, help="envs.toml (default: the repo's)")
-    parser.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
-    args = parser.parse_args(argv)
-    try:
-        matrix = load_matrix(args.matrix or args.root / "env_matrix" / "envs.toml")
-        if args.print:
-            sys.stdout.write(render(matrix.get(args.print)))
-            return 0
-    except ReproError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-    if args.write:
-        for path in write_all(matrix, args.root):
-            print(f"wrote {path.relative_to(args.root)}")
-    problems = out_of_sync(matrix, args.root)
-    for problem in problems:
-        print(problem.render())
-    if problems:
-        return 1
-    print(f"{len(matrix)} Dockerfiles in sync with {matrix.path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

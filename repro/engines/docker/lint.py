@@ -9,7 +9,6 @@ describes. Each finding names the file, the line and the rule; exit status 1 whe
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import enum
 import importlib
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.core import cmd, console
-from repro.core.errors import MissingToolError, ReproError
+from repro.core.errors import MissingToolError
 from repro.engines.docker.dockerfiles import REPO_ROOT, RESULTS, VENDOR_APT_SCRIPT, expected_labels
 from repro.engines.docker.parse import (
     EXACT_PIN,
@@ -37,7 +36,6 @@ from repro.engines.docker.parse import (
 )
 from repro.matrix import compat
 from repro.matrix.model import PYPI_INDEX, Env, Matrix, Platform
-from repro.matrix.schema import load_matrix
 
 
 class Rule(enum.Enum):
@@ -331,26 +329,3 @@ def lint_matrix(matrix: Matrix, root: Path = REPO_ROOT, hadolint: Hadolint = Had
         present.append(path)
         findings += lint_text(path.read_text(), env, env.dockerfile, root)
     return findings + run_hadolint(present, root, hadolint)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m repro.engines.docker.lint", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--hadolint", choices=[m.value for m in Hadolint], default=Hadolint.AUTO.value)
-    parser.add_argument("--root", type=Path, default=REPO_ROOT)
-    args = parser.parse_args(argv)
-    try:
-        matrix = load_matrix(args.root / "env_matrix" / "envs.toml")
-        findings = lint_matrix(matrix, args.root, Hadolint(args.hadolint))
-    except ReproError as exc:
-        print(exc.render(), file=sys.stderr)
-        return exc.exit_code
-    for finding in findings:
-        print(finding.render())
-    print(f"{len(matrix)} Dockerfiles, {len(findings)} finding(s)")
-    return 1 if findings else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
