@@ -3,7 +3,17 @@
 #   make repro                    CPU twin of the reporter's stack (the default env), all scenarios
 #   make repro ENV=rocm56         the reporter's stack in a ROCm 5.6 container (AMD host)
 #   make test                     every test tier this host can run
-PYTHON ?= python3
+# Only Python 3.9-3.11 is needed: the first run sets up the host side in a project-local venv,
+# .venv/ (made with BOOTSTRAP_PYTHON, default python3, and `pip install -e .[dev]`), reused while
+# pyproject.toml is unchanged. PYTHON=/path/to/python uses that interpreter as it is instead.
+#
+PYTHON_GIVEN := $(PYTHON)
+BOOTSTRAP_PYTHON ?= python3
+VENV := .venv
+ifeq ($(PYTHON_GIVEN),)
+PYTHON := $(VENV)/bin/python
+HOST_PYTHON_READY := $(VENV)/.mics-repro-installed
+endif
 REPRO = $(PYTHON) -m repro
 
 # Make variables -> CLI flags (only those given on the command line or in the environment).
@@ -15,7 +25,21 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 	$(call flag,STALL_TIMEOUT,stall-timeout) $(if $(NO_SYNC_PROOF),--no-sync-proof) $(call flag,JOBS,jobs) \
 	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(DRY_RUN),--dry-run)
 
-.PHONY: help list build repro check-fix matrix report base-image test test-unit lint bench clean
+.PHONY: help list build repro check-fix matrix report base-image test test-unit lint bench clean venv
+
+# Every target that runs Python needs the host side set up first (nothing to do with PYTHON=).
+help list build repro check-fix matrix report base-image test test-unit lint bench clean: $(HOST_PYTHON_READY)
+bisect survey probe bundle verify-bundle cluster pr-regression: $(HOST_PYTHON_READY)
+venv: $(HOST_PYTHON_READY)
+
+# Remade when pyproject.toml changes; `-m venv` on an existing .venv/ re-points it at
+# BOOTSTRAP_PYTHON and keeps what is installed, so pip only adds what changed.
+$(VENV)/.mics-repro-installed: pyproject.toml
+	@echo "== setting up the host-side Python in $(VENV)/ (once; again when pyproject.toml changes)"
+	$(BOOTSTRAP_PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --disable-pip-version-check --progress-bar off -q -e ".[dev]"
+	@touch $@
+	@echo "== host-side Python ready: $(VENV)/bin/python"
 
 help:
 	@sed -n '1,/^PYTHON/p' Makefile | sed -n 's/^# \{0,1\}//p' | head -n -1
@@ -43,13 +67,14 @@ base-image:
 	$(REPRO) base-image $(if $(FORCE),--force)
 
 # All tiers: unit (fakes), integration (real torch + DeepSpeed under torchrun, venv engine),
-# docker (real engine), browser (headless chromium). Tiers whose tools are missing skip with a
+# docker (real engine), browser (headless chromium), bootstrap (a fresh clone and a bare Python
+# run `make repro DRY_RUN=1` and `make test`). Tiers whose tools are missing skip with a
 # reason, except under MICS_REPRO_REQUIRE_TIERS=1 (CI), where a skip is a failure.
 test:
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-unit:
-	$(PYTHON) -m pytest -m "not integration and not docker and not browser" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not integration and not docker and not browser and not bootstrap" $(PYTEST_ARGS)
 
 # Static checks, run by CI before the tests: ruff, mypy (strict, pyproject.toml) and the import
 # contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload

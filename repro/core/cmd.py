@@ -20,10 +20,15 @@ from pathlib import Path
 
 from repro.core import console
 from repro.core.errors import MissingToolError
+from repro.workload.defaults import SUITE_STOP_S
 
-# How long each escalation step (SIGINT, SIGTERM) gets before the next one; torchrun forwards
-# SIGINT/SIGTERM to its ranks and needs a moment to collect their stacks and exit codes.
-STOP_GRACE_S = 10.0
+# Time the stopped suite gets, after its own escalation, to write suite.json and exit.
+RECORD_MARGIN_S = 5.0
+# How long each escalation step (SIGINT, SIGTERM) gets before the next one. The suite is the
+# slowest child: interrupted, it stops its runs' process groups itself (they are in sessions of
+# their own, out of our reach) in up to SUITE_STOP_S, then records them; killed sooner, it would
+# leave stubborn ranks running and lose their records.
+STOP_GRACE_S = SUITE_STOP_S + RECORD_MARGIN_S
 
 # Exit code reported for a command stopped by its time limit (same convention as coreutils timeout).
 TIMEOUT_EXIT_CODE = 124

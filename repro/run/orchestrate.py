@@ -83,10 +83,20 @@ class Step:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-# Runs a suite may make (control + 3 scenarios x 2 patches + sync proof); used for the engine's
-# overall limit, which only guards against a stuck engine: per-run hangs are caught inside.
-_MAX_RUNS = 9
+# The engine's overall limit only guards against a stuck engine (per-run hangs are caught inside
+# the suite): the sum of the per-run limits of the runs the suite will plan, plus this slack.
 _ENGINE_SLACK_S = 600.0
+def planned_runs(request: Request) -> int:
+    """How many runs the suite plans for `request`: the same rule as repro.workload.suite.plan
+    (a control per transport, each MiCS scenario x patch per transport, the sync proof), which a
+    test keeps in step. An upper bound on GPUs, where the suite runs the native transport only."""
+    mics = [s for s in request.scenarios if s != "zero3"]
+    runs = len(request.transports) * (1 + len(mics) * len(request.patches))
+    if request.sync_proof and "mics" in request.scenarios and "sync" not in request.transports:
+        runs += 1
+    return runs
+
+
 
 
 def load_user_config(path: str | None) -> dict[str, Any] | None:
@@ -137,7 +147,7 @@ def plan(matrix: Matrix, request: Request) -> list[Step]:
         else:
             env = matrix.get(env_id)
         steps.append(Step(env=env, suite_args=suite_args(request, env.id, user_config, env.platform.value),
-                          timeout_s=per_run * _MAX_RUNS + _ENGINE_SLACK_S))
+                          timeout_s=per_run * planned_runs(request) + _ENGINE_SLACK_S))
     return steps
 
 

@@ -3,7 +3,7 @@
 A hang is a result: when the run exceeds its time limit (or stops making progress), every rank's
 Python stack is dumped (the ranks register faulthandler on SIGUSR1), the whole process group is
 stopped in three steps (interrupt, terminate, kill) and the record says `hung` with the stacks.
-Nothing is left running, also on Ctrl-C.
+Nothing is left running, also on Ctrl-C, SIGTERM or SIGHUP (see `install_stop_handlers`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from repro.workload import record as rec
+from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STOP_GRACE_S = 5.0
-STACK_WAIT_S = 3.0
+STOP_GRACE_S = RANK_STOP_GRACE_S
 POLL_S = 0.25
 MONITOR_INTERVAL_S = 0.5
 
@@ -165,6 +165,29 @@ def _stop_group(proc: subprocess.Popen[bytes], run_dir: str) -> None:
     proc.wait()
 
 
+def install_stop_handlers() -> None:
+    """SIGTERM/SIGHUP stop the suite like Ctrl-C: a KeyboardInterrupt in the main thread, which
+    stops every run's process group and writes the records so far. `timeout`, `docker stop`
+    and a closed terminal send these, not SIGINT; by default they would kill the suite at once
+    and orphan the launchers (each in its own session) with their ranks.
+
+    Only the first signal interrupts; later ones are ignored so they cannot cut the clean-up short
+    (SIGKILL still can). Same policy as the host's repro/core/signals.py, which this package may
+    not import (it runs in envs that have only torch and DeepSpeed).
+    """
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        if received:
+            return
+        received.append(signum)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # `nohup` asked for SIGHUP to be ignored
+            signal.signal(sig, handler)
+
+
 def _last_heartbeat(run_dir: str, since: float) -> float:
     beats = [os.path.getmtime(p) for p in glob.glob(os.path.join(run_dir, "rank*.heartbeat"))]
     return max(beats, default=since)
@@ -255,7 +278,8 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         illegal_work_messages=sum(int(d.get("illegal_work_messages") or 0) for d in ranks.values()),
         exception=_pick_exception(ranks), exit_codes=exit_codes,
         durations={"total_s": round(result.wall_s, 2), "train_s": zero.get("train_s")},
-        versions=zero.get("versions") or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
+        versions=zero.get("versions")
+        or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
         weights_checksum=zero.get("weights_checksum"), stacks=result.stacks, logs=logs,
         backend=zero.get("backend"), fix=zero.get("fix"), transport_info=zero.get("transport_info") or {},
         # What rank 0 really ran on; the suite's view (env platform, nothing ran) when it never said.
@@ -270,9 +294,10 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         # torchrun or the interpreter failed before any rank could report: the environment.
         status = "env-error"
         tail = _tail(os.path.join(spec.run_dir, "launcher.log"))
-        record["exception"] = {"type": "LaunchFailure", "message": tail.strip().splitlines()[-1] if tail.strip()
-                               else f"torchrun exited {result.launcher_code}", "rank": None, "traceback": tail}
-        record["reason"] = f"no rank reported (torchrun exit {result.launcher_code}): environment could not run"
+        last = tail.strip().splitlines()[-1] if tail.strip() else f"torchrun exited {result.launcher_code}"
+        record["exception"] = {"type": "LaunchFailure", "message": last, "rank": None, "traceback": tail}
+        record["reason"] = (f"no rank reported (torchrun exit {result.launcher_code}): "
+                            "environment could not run")
     elif status is None and record["exception"] and record["exception"]["type"] in ENV_ERROR_TYPES:
         status = "env-error"
         record["reason"] = f"environment: {record['exception']['type']}: {record['exception']['message']}"

@@ -3,7 +3,8 @@
 Runs inside the env (container or venv): `python -m repro.workload.suite --env ID --out DIR ...`.
 Writes DIR/suite.json ({"runs": [...]}, rewritten after every run so an interruption loses
 nothing), DIR/runs/<run>/ (rank logs, stacks), DIR/artifacts/ (ds_report, collect_env).
-Exits 0 when every planned run produced a record, whatever the outcomes; 130 on Ctrl-C.
+Exits 0 when every planned run produced a record, whatever the outcomes; 130 on Ctrl-C,
+SIGTERM or SIGHUP (the runs started so far are stopped and recorded).
 """
 
 from __future__ import annotations
@@ -415,6 +416,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a real command line (tests pass argv): SIGTERM/SIGHUP act like Ctrl-C
+        runner.install_stop_handlers()
     args = parser().parse_args(argv)
     if args.world_size is not None and (args.world_size < 2 or args.world_size % 2):
         parser().error("--world-size must be an even number >= 2 (MiCS scenarios split it in halves)")

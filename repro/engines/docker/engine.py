@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.core import console
+from repro.core.cmd import STOP_GRACE_S as HOST_STOP_GRACE_S
 from repro.core.errors import BuildError, RunError
 from repro.core.paths import cache_root
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
@@ -196,12 +197,19 @@ class DockerEngine:
         name = f"mics-repro-{re.sub(r'[^a-zA-Z0-9_.-]+', '-', name_hint)}-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         with ManagedContainer(self.client, image, list(command), name, options) as box:
-            box.start()
-            logger = threading.Thread(target=box.follow_logs, args=(log_path, f"[{name_hint}] "),
-                                      daemon=True)
-            logger.start()
-            exit_code, timed_out = box.wait(timeout_s)
-            logger.join(timeout=30)
+            try:
+                box.start()
+                logger = threading.Thread(target=box.follow_logs, args=(log_path, f"[{name_hint}] "),
+                                          daemon=True)
+                logger.start()
+                exit_code, timed_out = box.wait(timeout_s)
+                logger.join(timeout=30)
+            except BaseException:
+                # Ctrl-C/SIGTERM/SIGHUP: the suite, interrupted, records what it has; keep those
+                # records (copied out before the container is removed on leaving the block).
+                if copy_out:
+                    box.stop_and_copy_out(copy_out, out_dir)
+                raise
             if copy_out:
                 box.copy_out(copy_out, out_dir)
         if exit_code is None:
@@ -233,7 +241,10 @@ def _record_chunk(chunk: Mapping[str, Any], log: _BuildLog, sink: Any) -> None:
 # -- running containers --------------------------------------------------------------------------
 RESULTS_DIR = "/results"
 KEEP_ENV = "MICS_REPRO_KEEP_CONTAINER"
-STOP_GRACE_S = 20  # per step: the suite records hung runs (stacks, records) when interrupted
+# Per step (SIGINT, then SIGTERM, then SIGKILL): the same as for a suite in a venv, which is
+# longer than the suite's own escalation (workload/defaults.py SUITE_STOP_S), so the suite
+# stops its ranks and writes their records before Docker would kill it.
+STOP_GRACE_S = HOST_STOP_GRACE_S
 CPU_SHM = "8g"  # torch's shared-memory tensors and gloo need more than Docker's 64 MB default
 ROCM_DEVICES = ("/dev/kfd", "/dev/dri")
 
@@ -376,6 +387,19 @@ class ManagedContainer:
         except docker.errors.APIError:
             return  # already stopped
         self.container.stop(timeout=int(grace_s))
+
+    def stop_and_copy_out(self, container_path: str, dest: Path) -> None:
+        """On an interruption: stop the suite the gentle way, then save what it wrote. Never raises
+        (the interruption being handled is what the caller re-raises); a second interruption
+        while stopping skips to the removal."""
+        try:
+            if self._running():
+                self.stop()
+            print(f"docker: copying what {self.name} recorded before removing it", flush=True)
+            self.copy_out(container_path, dest)
+        except BaseException as exc:  # noqa: B036 - see the docstring
+            print(f"warning: could not keep the records of {self.name}: {type(exc).__name__}: {exc}",
+                  flush=True)
 
     def _remove(self) -> None:
         import docker.errors

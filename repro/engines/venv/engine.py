@@ -155,6 +155,7 @@ class VenvEngine:
         want = VenvMarker(env.id, env.pins(), interp.minor)
         final = self.venv_dir(env)
         self.root.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.root)
         with _locked(self.root / f".{final.name}.lock"):
             have = VenvMarker.read(final)
             base_ok = have is None or self._base_intact(have)
@@ -439,6 +440,45 @@ def share_identical_files(venv: Path, others: Sequence[Path], min_bytes: int = S
         console.info(f"venv: {saved / 2**30:.1f} GiB of {venv.name} hard-linked to identical files of "
                      "other venvs")
     return saved
+
+
+def remove_stale_temps(root: Path) -> list[Path]:
+    """Delete half-built venvs that a killed run left behind (GBs each with torch); returns them.
+
+    A build works in `.<venv>.<random>` (or swaps through `.<venv>.stale`) while it holds
+    `.<venv>.lock`, and the kernel drops that lock when the builder dies, however it dies. So a
+    temporary folder whose lock can be taken right now has no live builder; one whose lock is
+    held is another invocation's build in progress and is left alone.
+    """
+    removed: list[Path] = []
+    for path in sorted(root.iterdir()) if root.is_dir() else []:
+        if not path.name.startswith(".") or path.is_symlink() or not path.is_dir():
+            continue
+        owner = path.name[1:].rpartition(".")[0]
+        if not owner:
+            continue
+        with _try_locked(root / f".{owner}.lock") as free:
+            if free:
+                print(f"venv: removing {path} (left by an interrupted build; no build holds its lock)",
+                      flush=True)
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def _try_locked(lock_path: Path) -> Iterator[bool]:
+    """Take the build lock without waiting: True when taken (no live builder), else False."""
+    with open(lock_path, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 @contextlib.contextmanager
