@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from repro.cli import main as cli
-from repro.core.errors import DeviceUnavailableError, DockerUnavailableError, UnknownEnvError
+from repro.core.errors import (
+    DeviceUnavailableError,
+    DockerUnavailableError,
+    Interrupted,
+    NothingVerifiedError,
+    ReproError,
+    SuiteFailedError,
+    UnknownEnvError,
+    UsageError,
+)
 from repro.engines import base as engines
+from repro.workload.record import empty_record, write_json_atomic
 
 
 def run(args: list[str], tmp_path: Path) -> int:
@@ -81,3 +93,179 @@ def test_dry_run_prints_plan_without_running(tmp_path: Path, capsys: pytest.Capt
     out = capsys.readouterr().out
     assert "torch=2.1.0" in out and "repro.workload.suite" in out
     assert left_behind(tmp_path) == []
+
+
+# -- numbers are checked at the front door, before any engine or folder ---------------------------
+class CountingEngine:
+    """An engine that must not be reached: bad numbers fail before preflight."""
+
+    kind = engines.EngineKind.VENV
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def describe(self) -> str:
+        return "counting"
+
+    def preflight(self, env: object) -> None:
+        self.calls.append("preflight")
+
+    def prepare(self, env: object) -> object:
+        self.calls.append("prepare")
+        raise AssertionError("must not prepare")
+
+
+@pytest.mark.parametrize(
+    "flag,value,name,allowed",
+    [
+        ("--steps", "0", "STEPS", ">= 1"),
+        ("--steps", "-1", "STEPS", ">= 1"),
+        ("--world-size", "0", "WORLD_SIZE", "even number >= 2"),
+        ("--world-size", "3", "WORLD_SIZE", "even number >= 2"),
+        ("--timeout", "nan", "TIMEOUT", "> 0 and finite"),
+        ("--timeout", "inf", "TIMEOUT", "> 0 and finite"),
+        ("--timeout", "0", "TIMEOUT", "> 0 and finite"),
+        ("--timeout", "-5", "TIMEOUT", "> 0 and finite"),
+        ("--stall-timeout", "nan", "STALL_TIMEOUT", "> 0 and finite"),
+        ("--stall-timeout", "0", "STALL_TIMEOUT", "> 0 and finite"),
+        ("--jobs", "-3", "JOBS", ">= 1"),
+        ("--jobs", "0", "JOBS", ">= 1"),
+    ],
+)
+@pytest.mark.parametrize("command", ["repro", "check-fix", "build"])
+def test_bad_numbers_fail_before_any_build(
+    command: str, flag: str, value: str, name: str, allowed: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    engine = CountingEngine()
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
+    code = run([command, "--env", "cpu", f"{flag}={value}"], tmp_path)
+    err = capsys.readouterr().err
+    assert code == UsageError.exit_code, err
+    assert f"{name}={value}" in err or f"{name}={float(value)}" in err
+    assert allowed in err  # the message names the allowed range
+    assert engine.calls == [] and left_behind(tmp_path) == []
+
+
+@pytest.mark.parametrize("flag,value", [("--world-size", "4"), ("--world-size", "2"), ("--steps", "1"),
+                                        ("--timeout", "0.5"), ("--jobs", "1")])
+def test_numbers_the_suite_accepts_pass_the_front_door(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["repro", "--env", "cpu", flag, value, "--dry-run"], tmp_path) == 0
+    assert f"{flag} {value}" in capsys.readouterr().out  # handed to the suite as given
+
+
+# -- a suite that did not run its plan ends `make repro` non-zero ---------------------------------
+class SuiteEngine:
+    """Runs a scripted 'suite': writes `runs` records to suite.json and exits with `code`."""
+
+    kind = engines.EngineKind.VENV
+
+    def __init__(self, code: int, runs: int, timed_out: bool = False) -> None:
+        self.code, self.runs, self.timed_out = code, runs, timed_out
+
+    def describe(self) -> str:
+        return "scripted suite"
+
+    def preflight(self, env: object) -> None:
+        pass
+
+    def prepare(self, env: Any) -> engines.Prepared:
+        return engines.Prepared(engines.EngineKind.VENV, env.id, "/fake", "fake venv", True)
+
+    def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> engines.SuiteRun:
+        runs = [empty_record(env=prepared.env_id, run_name=f"run{i}", scenario="zero3", patch="stock",
+                             transport="async", outcome="clean", signature="none") for i in range(self.runs)]
+        write_json_atomic(str(out_dir / "suite.json"), {"env": prepared.env_id, "runs": runs})
+        return engines.SuiteRun(self.code, self.timed_out, 0.1, out_dir, None)
+
+
+@pytest.mark.parametrize(
+    "code,runs,timed_out,why",
+    [
+        (2, 0, False, "exited with 2"),  # e.g. the suite rejected its arguments
+        (1, 3, False, "exited with 1"),  # a crash after some records
+        (124, 2, True, "time limit"),
+        (0, 0, False, "no run"),
+    ],
+)
+def test_an_incomplete_suite_is_a_suite_failure(
+    code: int, runs: int, timed_out: bool, why: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: SuiteEngine(code, runs, timed_out))
+    out = tmp_path / "out"
+    assert run(["repro", "--env", "cpu", "--out", str(out)], tmp_path) == SuiteFailedError.exit_code
+    assert why in capsys.readouterr().err
+    assert (out / "results.json").is_file()  # what ran is kept
+
+
+def test_a_complete_suite_exits_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: SuiteEngine(0, 2))
+    assert run(["repro", "--env", "cpu", "--out", str(tmp_path / "out")], tmp_path) == 0
+
+
+# -- exit codes --------------------------------------------------------------------------------
+def test_exit_codes_are_distinct_per_kind() -> None:
+    kinds = {"usage": UsageError, "env": DockerUnavailableError, "suite": SuiteFailedError,
+             "nothing verified": NothingVerifiedError, "interrupted": Interrupted}
+    codes = {name: cls.exit_code for name, cls in kinds.items()}
+    assert len(set(codes.values())) == len(codes), codes
+    assert codes["interrupted"] == 130 and 0 not in codes.values()
+
+
+def test_readme_documents_every_exit_code() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("## Exit codes"):]
+    table = table[: table.index("\n## ", 3)] if "\n## " in table[3:] else table
+    documented = {int(m) for m in re.findall(r"^\|\s*`?(\d+)", table, re.M)}
+    import repro.core.errors as errors_module
+
+    codes = {cls.exit_code for cls in vars(errors_module).values()
+             if isinstance(cls, type) and issubclass(cls, ReproError)}
+    assert codes <= documented, sorted(codes - documented)
+    assert {0, 1, 2, 125, 128, 130} <= documented
+
+
+def test_options_argparse_rejects_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["repro", "--steps", "many"]) == UsageError.exit_code
+    assert "--steps" in capsys.readouterr().err
+    assert cli.main(["no-such-command"]) == UsageError.exit_code
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["probe", "--bad-if", "sometimes"],  # an invalid choice (argparse)
+        ["probe", "--no-such-option"],  # an unknown option (argparse, top-level parser)
+        ["probe", "--steps", "many"],  # a value of the wrong type
+        ["probe", "--bad-if", "differs"],  # a bad combination (the tool's own UsageError)
+    ],
+)
+def test_probe_option_errors_exit_128_so_git_bisect_stops(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `git bisect run` reads 1-127 (2 included) as bad or skip; 128 and above stop it.
+    assert cli.main(argv) == 128
+    assert "error" in capsys.readouterr().err
+
+
+def test_interrupt_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def interrupted(choice: object) -> object:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("repro.cli.run_commands._engine", interrupted)
+    assert run(["repro", "--env", "cpu"], tmp_path) == 130
+
+
+def test_python_m_repro_is_the_front_door(tmp_path: Path, real_subprocess: None) -> None:
+    """Through a real `python -m repro`: a bad number exits with the usage code and no traceback."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, "-m", "repro", "repro", "--world-size", "3", "--results-root",
+                           str(tmp_path)], cwd=root, capture_output=True, text=True)
+    assert proc.returncode == UsageError.exit_code, proc.stderr
+    assert "WORLD_SIZE=3" in proc.stderr and "Traceback" not in proc.stderr
