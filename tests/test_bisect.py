@@ -17,26 +17,26 @@ from hypothesis import strategies as st
 
 from repro.bisect.driver import WalkRequest
 from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
-from repro.bisect.search import Bisection, BisectStatus, Survey, Verdict, bisect, survey
+from repro.bisect.search import Bisection, BisectStatus, Survey, ProbeVerdict, bisect, survey
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.errors import BuildError, Interrupted, UsageError
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.workload.record import empty_record, write_json_atomic
 
-G, B, U = Verdict.GOOD, Verdict.BAD, Verdict.UNKNOWN
+G, B, U = ProbeVerdict.GOOD, ProbeVerdict.BAD, ProbeVerdict.UNKNOWN
 
 
-def scripted(verdicts: Sequence[Verdict]) -> tuple[list[int], Callable[[int], Verdict]]:
+def scripted(verdicts: Sequence[ProbeVerdict]) -> tuple[list[int], Callable[[int], ProbeVerdict]]:
     asked: list[int] = []
 
-    def judge(i: int) -> Verdict:
+    def judge(i: int) -> ProbeVerdict:
         asked.append(i)
         return verdicts[i]
 
     return asked, judge
 
 
-def regression(n: int, first_bad: int) -> list[Verdict]:
+def regression(n: int, first_bad: int) -> list[ProbeVerdict]:
     return [G if i < first_bad else B for i in range(n)]
 
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from repro.bisect.probe import Observation
-from repro.bisect.search import BisectResult, BisectStatus, SurveyResult, Verdict
+from repro.bisect.search import BisectResult, BisectStatus, SurveyResult, ProbeVerdict
 
 Key = tuple[str, str]
 
@@ -33,7 +33,7 @@ class ProbeLog:
         self.rows: list[dict[str, Any]] = []
         self.observations: dict[str, Observation] = {}
 
-    def add(self, obs: Observation, verdict: Verdict | None) -> None:
+    def add(self, obs: Observation, verdict: ProbeVerdict | None) -> None:
         self.observations[obs.label] = obs
         self.rows.append(obs.as_dict(verdict))
         env = {True: "env reused", False: "env built", None: "no env"}[obs.reused_env]
@@ -97,7 +97,7 @@ def bisect_data(
     if done and result.status is BisectStatus.FOUND:
         assert result.before is not None and result.after is not None
         before, after = names[result.before], names[result.after]
-        good, bad = (before, after) if result.before_verdict is Verdict.GOOD else (after, before)
+        good, bad = (before, after) if result.before_verdict is ProbeVerdict.GOOD else (after, before)
         unknown = [names[i] for i in result.unknown_between]
         obs = log.observations
         data.update(

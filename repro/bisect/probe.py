@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from repro.bisect.search import Verdict
+from repro.bisect.search import ProbeVerdict
 from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
@@ -59,27 +59,27 @@ class BadIf(enum.Enum):
 
 
 _ALWAYS_UNKNOWN = ("env-error", "interrupted")
-_BY_RULE: dict[BadIf, dict[str, Verdict]] = {
-    BadIf.REPRODUCED: {"reproduced": Verdict.BAD, "clean": Verdict.GOOD},
+_BY_RULE: dict[BadIf, dict[str, ProbeVerdict]] = {
+    BadIf.REPRODUCED: {"reproduced": ProbeVerdict.BAD, "clean": ProbeVerdict.GOOD},
     BadIf.FAILED: {
-        "reproduced": Verdict.BAD,
-        "crashed": Verdict.BAD,
-        "hung": Verdict.BAD,
-        "clean": Verdict.GOOD,
+        "reproduced": ProbeVerdict.BAD,
+        "crashed": ProbeVerdict.BAD,
+        "hung": ProbeVerdict.BAD,
+        "clean": ProbeVerdict.GOOD,
     },
 }
 
 
 def verdict_for(
     outcome: str, signature: str, bad_if: BadIf, reference: tuple[str, str] | None = None
-) -> Verdict:
+) -> ProbeVerdict:
     if outcome in _ALWAYS_UNKNOWN:
-        return Verdict.UNKNOWN
+        return ProbeVerdict.UNKNOWN
     if bad_if is BadIf.DIFFERS:
         if reference is None:
             raise ValueError("BAD_IF=differs needs the reference observation")
-        return Verdict.GOOD if (outcome, signature) == tuple(reference) else Verdict.BAD
-    return _BY_RULE[bad_if].get(outcome, Verdict.UNKNOWN)
+        return ProbeVerdict.GOOD if (outcome, signature) == tuple(reference) else ProbeVerdict.BAD
+    return _BY_RULE[bad_if].get(outcome, ProbeVerdict.UNKNOWN)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Observation:
     def key(self) -> tuple[str, str]:
         return self.outcome, self.signature
 
-    def as_dict(self, verdict: Verdict | None = None) -> dict[str, Any]:
+    def as_dict(self, verdict: ProbeVerdict | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {
             "version": self.label,
             "outcome": self.outcome,
@@ -127,10 +127,10 @@ class Judge:
         self.bad_if = bad_if
         self.reference = reference
 
-    def __call__(self, obs: Observation) -> Verdict:
+    def __call__(self, obs: Observation) -> ProbeVerdict:
         if self.bad_if is BadIf.DIFFERS and self.reference is None:
             if obs.outcome in _ALWAYS_UNKNOWN:
-                return Verdict.UNKNOWN
+                return ProbeVerdict.UNKNOWN
             self.reference = obs.key
         return verdict_for(obs.outcome, obs.signature, self.bad_if, self.reference)
 

@@ -24,7 +24,9 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 
-class Verdict(enum.Enum):
+class ProbeVerdict(enum.Enum):
+    """What one probe says about the bisected property (not the env verdict of core/verdict.py)."""
+
     GOOD = "good"
     BAD = "bad"
     UNKNOWN = "unknown"
@@ -43,9 +45,9 @@ class BisectResult:
     # Indices of the boundary: `before` shows `before_verdict`, `after` the other verdict.
     before: int | None
     after: int | None
-    before_verdict: Verdict | None
+    before_verdict: ProbeVerdict | None
     unknown_between: tuple[int, ...]  # untestable candidates inside the boundary (ambiguity)
-    probes: tuple[tuple[int, Verdict], ...]  # in probe order
+    probes: tuple[tuple[int, ProbeVerdict], ...]  # in probe order
 
     @property
     def probe_count(self) -> int:
@@ -67,11 +69,11 @@ class Bisection:
 
     def __init__(self, count: int) -> None:
         self.count = count
-        self.verdicts: dict[int, Verdict] = {}
+        self.verdicts: dict[int, ProbeVerdict] = {}
         self.order: list[int] = []
         self._lo: int | None = None  # first known index from the start side
         self._hi: int | None = None  # first known index from the end side
-        self._before: Verdict | None = None
+        self._before: ProbeVerdict | None = None
 
     # -- state ---------------------------------------------------------------------------------
     def _tried(self, i: int) -> bool:
@@ -82,20 +84,20 @@ class Bisection:
         for i in range(self.count):
             if i not in self.verdicts:
                 return i
-            if self.verdicts[i] is not Verdict.UNKNOWN:
+            if self.verdicts[i] is not ProbeVerdict.UNKNOWN:
                 return None
         return None
 
     def _first_known(self, indices: range) -> int | None:
         return next(
-            (i for i in indices if self.verdicts.get(i, Verdict.UNKNOWN) is not Verdict.UNKNOWN), None
+            (i for i in indices if self.verdicts.get(i, ProbeVerdict.UNKNOWN) is not ProbeVerdict.UNKNOWN), None
         )
 
     def _walk_end(self, floor: int) -> int | None:
         for i in range(self.count - 1, floor, -1):
             if i not in self.verdicts:
                 return i
-            if self.verdicts[i] is not Verdict.UNKNOWN:
+            if self.verdicts[i] is not ProbeVerdict.UNKNOWN:
                 return None
         return None
 
@@ -123,14 +125,14 @@ class Bisection:
             return None
         return _nearest_untried(self._lo, self._hi, self._tried)
 
-    def record(self, index: int, verdict: Verdict) -> None:
+    def record(self, index: int, verdict: ProbeVerdict) -> None:
         if index in self.verdicts:
             raise ValueError(f"candidate {index} was already probed")
         if not 0 <= index < self.count:
             raise IndexError(index)
         self.verdicts[index] = verdict
         self.order.append(index)
-        if self._before is None or verdict is Verdict.UNKNOWN:
+        if self._before is None or verdict is ProbeVerdict.UNKNOWN:
             return
         assert self._lo is not None and self._hi is not None
         if self._lo < index < self._hi:
@@ -149,7 +151,7 @@ class Bisection:
         probes = tuple((i, self.verdicts[i]) for i in self.order)
         if self.count < 2:
             return BisectResult(BisectStatus.TOO_FEW, None, None, None, (), probes)
-        known = [i for i in self.order if self.verdicts[i] is not Verdict.UNKNOWN]
+        known = [i for i in self.order if self.verdicts[i] is not ProbeVerdict.UNKNOWN]
         if not known:
             return BisectResult(BisectStatus.NO_VERDICT, None, None, None, (), probes)
         if self._lo is None or self._hi is None or self.verdicts[self._hi] is self.verdicts[self._lo]:
@@ -158,7 +160,7 @@ class Bisection:
         return BisectResult(BisectStatus.FOUND, self._lo, self._hi, self.verdicts[self._lo], between, probes)
 
 
-def bisect(items: Sequence[T], judge: Callable[[T], Verdict]) -> BisectResult:
+def bisect(items: Sequence[T], judge: Callable[[T], ProbeVerdict]) -> BisectResult:
     """Run a whole bisection with `judge` (tests and simple callers)."""
     state = Bisection(len(items))
     while (i := state.next_probe()) is not None:

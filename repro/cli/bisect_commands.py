@@ -31,7 +31,7 @@ from repro.bisect.driver import (
     run_survey,
 )
 from repro.bisect.probe import BadIf, Evaluate, Judge, OrchestratedProbe, ProbeSpec
-from repro.bisect.search import Verdict
+from repro.bisect.search import ProbeVerdict
 from repro.cli.options import DEFAULT_RESULTS_ROOT
 from repro.cli.registry import command
 from repro.core.errors import UsageError
@@ -42,7 +42,7 @@ __all__ = ["EXIT_ABORT", "Services", "probe_main", "run_bisect", "run_survey", "
 
 # `git bisect run`: 0 good, 1 bad, 125 skip; anything above 127 stops the bisection, which is
 # what a broken probe (bad options, no engine) must do instead of marking commits bad.
-EXIT_FOR = {Verdict.GOOD: 0, Verdict.BAD: 1, Verdict.UNKNOWN: 125}
+EXIT_FOR = {ProbeVerdict.GOOD: 0, ProbeVerdict.BAD: 1, ProbeVerdict.UNKNOWN: 125}
 EXIT_ABORT = 128
 
 

@@ -39,7 +39,10 @@ _ILLEGAL_WORK_MARKERS = ("IllegalWork", "_IllegalWork")
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Classification:
+    """One run's outcome, signature and reason (values of record.Outcome / record.Signature; plain
+    strings so the record's JSON stays as it was). Not the env verdict: see repro/core/verdict.py."""
+
     outcome: str
     signature: str
     reason: str
@@ -87,14 +90,14 @@ def _describe_losses(losses: list[float | None]) -> str:
 
 
 def classify(record: dict[str, Any], control: dict[str, Any] | None,
-             status: str | None = None) -> Verdict:
+             status: str | None = None) -> Classification:
     """Classify one run. `control` is the classified zero3 record of the same env, dtype and
     world size (None for the control itself or when it is missing). `status` is the runner's
     verdict on how the run ended ("hung", "interrupted", "unsupported", "env-error" or None)."""
     if status in STATUS_OUTCOMES:
         outcome = STATUS_OUTCOMES[status]
         signature = "hang" if outcome == "hung" else "none"
-        return Verdict(outcome, signature, record.get("reason") or outcome, None)
+        return Classification(outcome, signature, record.get("reason") or outcome, None)
 
     exc = record.get("exception")
     losses: list[float | None] = list(record.get("losses") or [])
@@ -107,17 +110,17 @@ def classify(record: dict[str, Any], control: dict[str, Any] | None,
         summary = f"{exc.get('type')}: {exc.get('message')}" if exc else "non-zero exit"
         if _raised_from_illegal_work(exc):
             extra = f"; {illegal} IllegalWork messages before it" if illegal else ""
-            return Verdict("reproduced", "illegal-work-crash",
+            return Classification("reproduced", "illegal-work-crash",
                            f"crash raised from an IllegalWork object{where}: {summary}{extra}", None)
-        return Verdict("crashed", "crash", f"crashed{where}: {summary}", None)
+        return Classification("crashed", "crash", f"crashed{where}: {summary}", None)
 
     is_control = control is None and record.get("scenario") == "zero3"
     if is_control:
         bad = _first_non_finite(losses)
         if not losses or bad is not None:
             what = "no losses recorded" if not losses else f"non-finite loss from step {bad}"
-            return Verdict("crashed", "crash", f"control run produced {what}", None)
-        return Verdict("clean", "none", f"control: {len(losses)} finite losses", None)
+            return Classification("crashed", "crash", f"control run produced {what}", None)
+        return Classification("clean", "none", f"control: {len(losses)} finite losses", None)
 
     evidence: list[str] = []
     diverged_at: int | None = None
@@ -145,11 +148,11 @@ def classify(record: dict[str, Any], control: dict[str, Any] | None,
         evidence.insert(0, f"{illegal} IllegalWork messages")
     reason = "; ".join(evidence)
     if illegal and (diverged_at is not None or storm):
-        return Verdict("reproduced", "illegal-work-divergence", reason, diverged_at)
+        return Classification("reproduced", "illegal-work-divergence", reason, diverged_at)
     if illegal:
-        return Verdict("reproduced", "illegal-work-warnings", f"{reason}; {compared}", None)
+        return Classification("reproduced", "illegal-work-warnings", f"{reason}; {compared}", None)
     if diverged_at is not None:
-        return Verdict("reproduced", "divergence", reason, diverged_at)
+        return Classification("reproduced", "divergence", reason, diverged_at)
     if storm:
-        return Verdict("reproduced", "overflow-storm", reason, None)
-    return Verdict("clean", "none", f"no IllegalWork messages; {compared}", None)
+        return Classification("reproduced", "overflow-storm", reason, None)
+    return Classification("clean", "none", f"no IllegalWork messages; {compared}", None)

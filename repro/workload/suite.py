@@ -307,11 +307,11 @@ def _record_run(out: str, result: runner.LaunchResult | None, item: PlannedRun, 
     """Classify one finished run against its control, write its record and the suite file."""
     if result is None and item.skip is not None:  # the env or the layout cannot run it: not launched
         record = rec.empty_record(**base, run_name=spec.run_name)
-        verdict = cls.Verdict(item.skip[0], "none", item.skip[1], None)
+        verdict = cls.Classification(item.skip[0], "none", item.skip[1], None)
         status: str | None = item.skip[0]
     elif result is None:  # no MiCS in this DeepSpeed: nothing was launched
         record = rec.empty_record(**base, run_name=spec.run_name)
-        verdict = cls.Verdict(
+        verdict = cls.Classification(
             "unsupported", "none",
             "this DeepSpeed has no MiCS (deepspeed/runtime/zero/mics.py is absent)", None)
         status = "unsupported"
