@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from repro.core.evidence import as_evidence
 from repro.core.runs import RunView, describe, run_label, shows_bug
 from repro.workload.classify import first_divergent_step
 from repro.workload.controls import choose_control
@@ -381,8 +382,10 @@ def env_verdict(env: str, runs: Sequence[RunView]) -> EnvVerdict:
     )
 
 
-def views(records: Iterable[Mapping[str, Any]]) -> list[RunView]:
-    return [RunView(r) for r in records]
+def views(records: Iterable[Mapping[str, Any]], platforms: Mapping[str, str] | None = None) -> list[RunView]:
+    """Runs as evidence: one that did not run on its env's platform (repro/core/evidence.py) is an
+    env-error naming why. `platforms`: env id -> platform where known (else the record's own)."""
+    return [RunView(r) for r in as_evidence(records, platforms)]
 
 
 def env_verdicts(records: Sequence[Mapping[str, Any]]) -> list[EnvVerdict]:
