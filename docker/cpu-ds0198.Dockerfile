@@ -1,5 +1,5 @@
 # Env cpu-ds0198: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # DeepSpeed 0.19.8 has no MiCS (removed in 0.19.7; mics_shard_size is a config error): MiCS runs
 # are expected to be unsupported, plain ZeRO-3 clean. Shows where the bug stops being reachable,

@@ -1,5 +1,5 @@
 # Env cpu-latest: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # The newest stack that still has MiCS: DeepSpeed 0.19.6 with torch 2.13.0 (CPU build, about 1
 # GB). 2.13.0, not PyPI's newest 2.15.0: it is the release whose behaviour was checked for this

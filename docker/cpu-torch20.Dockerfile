@@ -1,5 +1,5 @@
 # Env cpu-torch20: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # Before torch 2.1 changed the coalescing manager: DeepSpeed's reqs[-1] is a real Work here.
 # Expected clean: MiCS matches plain ZeRO-3, no IllegalWork message.

@@ -1,5 +1,5 @@
 # Env cpu: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # The default: the reporter's torch and DeepSpeed on CPU. torch 2.1.0 from PyPI is the CUDA 12.1
 # build (2.7 GB download), which runs on CPU. Expected with the asynchronous transport: flat MiCS

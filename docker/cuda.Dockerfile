@@ -1,5 +1,5 @@
 # Env cuda: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # The reporter's torch and DeepSpeed on NVIDIA: the bug is not ROCm specific (DeepSpeed PR #4792
 # met the _IllegalWork on CUDA CI). Plain Ubuntu 22.04, not an nvidia/cuda image: NVIDIA deletes

@@ -1,5 +1,5 @@
 # Env rocm56: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # The reporter's stack: ROCm 5.6, torch 2.1.0 built for ROCm 5.6, DeepSpeed 0.13.1, NumPy 1.26
 # (MI100 = gfx908). No official rocm/pytorch image pairs torch 2.1 with ROCm 5.6 (its 5.6 tags

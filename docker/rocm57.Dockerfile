@@ -1,5 +1,5 @@
 # Env rocm57: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # torch 2.2 raises ValueError from _IllegalWork; DeepSpeed 0.14.5 is the first release checked
 # that catches it in the MiCS handle without the 0.13.2-0.14.2 debug print. Likely (the code path

@@ -1,5 +1,5 @@
 # Env rocm61: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # First ROCm 6 stack here (its torch wheel adds MI300 = gfx942; PYTORCH_ROCM_ARCH
 # gfx908;gfx90a;gfx942 for the JIT ops of every ROCm 6 env); DeepSpeed 0.15.4 is the last 0.15

@@ -1,5 +1,5 @@
 # Env rocm62: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # torch 2.5 has wheels for both ROCm 6.1 and 6.2; the 6.2 ones match this base. DeepSpeed 0.16.9
 # is the last 0.16 release. Likely: flat MiCS warns and races, hierarchical MiCS crashes with

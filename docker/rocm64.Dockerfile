@@ -1,5 +1,5 @@
 # Env rocm64: generated from env_matrix/envs.toml
-# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, not this file.
+# by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # The newest ROCm whose torch pairs with DeepSpeed 0.19.6, the last release with MiCS. Likely: the
 # same bug; DeepSpeed 0.19.6 logs the IllegalWork message only with its logger at INFO.

@@ -32,6 +32,7 @@ import jinja2
 from repro import __version__
 from repro.core import paths
 from repro.core.errors import BundleError, ReproError
+from repro.core.makeline import make_line
 from repro.core.results import load as load_results
 from repro.upstream import bundle_image, cluster, issue_comment, patchgen, source_refs
 from repro.upstream.bundle_files import (
@@ -264,8 +265,10 @@ def make_bundle(
         "load": f"docker load -i {IMAGE_FILE}",
         "run": run_command,
         # Run from a mics-repro checkout; BUNDLE= takes this folder or its .tar archive.
-        "verify": f"make verify-bundle BUNDLE=path/to/{out.name}.tar",
-        "reproduce_from_source": str(data["invocation"].get("command") or f"make repro ENV={request.env_id}"),
+        "verify": make_line("verify-bundle", [("BUNDLE", f"path/to/{out.name}.tar")]),
+        "reproduce_from_source": str(
+            data["invocation"].get("command") or make_line("repro", [("ENV", request.env_id)])
+        ),
     }
     expected = tuple(Expected.from_record(r) for r in records)
     refs = source_refs.find_refs(version, release_sources(version, client, str(env["image_id"]), python))

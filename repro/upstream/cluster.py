@@ -1,7 +1,7 @@
 """Launchers for clusters without Docker: a Slurm batch script (Apptainer/Singularity) and torchrun.
 
-    python -m repro.upstream.cluster --out DIR                      the reporter's layout (2 nodes x 8 GPUs, shard 16)
-    python -m repro.upstream.cluster --out DIR --layout cpu-twin    1 node, 4 CPU ranks, MiCS told 2 per node
+    python -m repro cluster --out DIR                      the reporter's layout (2 nodes x 8 GPUs, shard 16)
+    python -m repro cluster --out DIR --layout cpu-twin    1 node, 4 CPU ranks, MiCS told 2 per node
 
 Writes DIR/<job>.sbatch, DIR/launch-node.sh (what every node runs: torchrun with c10d rendezvous,
 inside the image), DIR/configs/<run>.json (each run's DeepSpeed config, built by the same code as

@@ -1,6 +1,6 @@
 """Run the PR's DeepSpeed-style regression test on CPU, stock and patched, and check it discriminates.
 
-    python -m repro.upstream.pr_regression --python ~/.cache/mics-repro/dev/t21-ds0131/bin/python
+    python -m repro pr-regression --python ~/.cache/mics-repro/dev/t21-ds0131/bin/python
 
 The test (patches/pr/tests/unit/runtime/zero/test_mics_coalesced_wait.py) is written for
 DeepSpeed's own tree and launcher. Here it runs in an existing venv through our harness
@@ -176,7 +176,7 @@ def patch_for(version: str) -> Path:
     if not path.is_file():
         raise RunError(
             f"no patch for DeepSpeed {version} in patches/",
-            fix=f"make one: python -m repro.upstream.patchgen --print {version} > {path}",
+            fix=f"make one: python -m repro patches --print {version} > {path}",
         )
     return path
 

@@ -99,7 +99,7 @@ def context_files(dockerfile: str, repo_root: Path) -> tuple[list[tuple[str, Pat
             else:
                 raise BuildError(
                     f"the Dockerfile copies {source}, which is not in {repo_root}",
-                    fix="regenerate the Dockerfiles (python -m repro.engines.docker.dockerfiles --write)",
+                    fix="regenerate the Dockerfiles (python -m repro dockerfiles --write)",
                 )
     return sorted(files.items()), empty
 
@@ -112,7 +112,7 @@ def dockerfile_text(env: Env, repo_root: Path) -> str:
     path = repo_root / env.dockerfile
     if not path.is_file():
         raise BuildError(f"{env.dockerfile} (Dockerfile of env {env.id}) does not exist",
-                         fix="regenerate the Dockerfiles: python -m repro.engines.docker.dockerfiles --write")
+                         fix="regenerate the Dockerfiles: python -m repro dockerfiles --write")
     return path.read_text()
 
 

@@ -1,8 +1,8 @@
 """Renders the Dockerfile of an env: one generator for the committed docker/*.Dockerfile and for
 derived envs (written under build/docker/ on demand).
 
-    python -m repro.engines.docker.dockerfiles --check  # exit 1 when a committed file differs from the matrix
-    python -m repro.engines.docker.dockerfiles --write  # regenerate docker/<id>.Dockerfile, every named env
+    python -m repro dockerfiles --check  # exit 1 when a committed file differs from the matrix
+    python -m repro dockerfiles --write  # regenerate docker/<id>.Dockerfile, every named env
 
 Layer order (docker/README.md says why): base -> OS packages and CA certificates -> venv ->
 pip/setuptools -> torch (+numpy) -> DeepSpeed's deps -> DeepSpeed -> verification -> workload.
@@ -118,7 +118,7 @@ def _header(env: Env) -> list[str]:
             "never committed)."
         ]
     else:
-        origin = ["# by `python -m repro.engines.docker.dockerfiles --write`: edit the matrix, "
+        origin = ["# by `python -m repro dockerfiles --write`: edit the matrix, "
                   "not this file."]
     return [
         f"# Env {env.id}: generated from env_matrix/envs.toml",
@@ -304,8 +304,8 @@ def materialize(env: Env, root: Path = REPO_ROOT) -> Path:
 
 
 class Drift(enum.Enum):
-    MISSING = "missing: run `python -m repro.engines.docker.dockerfiles --write`"
-    DIFFERS = "differs from the matrix: run `python -m repro.engines.docker.dockerfiles --write`"
+    MISSING = "missing: run `python -m repro dockerfiles --write`"
+    DIFFERS = "differs from the matrix: run `python -m repro dockerfiles --write`"
     STALE = "names no env in the matrix: remove it (or add the env)"
 
 

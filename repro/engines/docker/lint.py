@@ -1,7 +1,7 @@
 """Static checks of docker/*.Dockerfile against the env matrix, plus hadolint when it is installed.
 
-    python -m repro.engines.docker.lint                 # every named env's Dockerfile; hadolint if found
-    python -m repro.engines.docker.lint --hadolint require
+    python -m repro lint-dockerfiles                 # every named env's Dockerfile; hadolint if found
+    python -m repro lint-dockerfiles --hadolint require
 
 Our rules (MRxxx) check what hadolint cannot know: that the file builds the env the matrix
 describes. Each finding names the file, the line and the rule; exit status 1 when there is any.
@@ -17,7 +17,6 @@ import json
 import re
 import shlex
 import shutil
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -324,7 +323,7 @@ def lint_matrix(matrix: Matrix, root: Path = REPO_ROOT, hadolint: Hadolint = Had
         path = root / env.dockerfile
         if not path.is_file():
             findings.append(Finding(env.dockerfile, 1, Rule.MISSING,
-                                    "missing: run python -m repro.engines.docker.dockerfiles --write"))
+                                    "missing: run python -m repro dockerfiles --write"))
             continue
         present.append(path)
         findings += lint_text(path.read_text(), env, env.dockerfile, root)
