@@ -36,7 +36,6 @@ from repro.engines.docker import build_context
 from repro.engines.docker import engine as engine_docker
 from repro.engines.docker.base_image import BaseImageSpec, make_base_image
 from repro.engines.docker.engine import DockerEngine, ManagedContainer, RunOptions, extract_tree, run_options
-from repro.engines.preflight import DockerFacts
 from repro.engines.venv import engine as engine_venv
 from repro.engines.venv.engine import MARKER, VenvEngine, VenvMarker
 from repro.engines.wheelhouse import DownloadPlan, Wheelhouse
@@ -776,66 +775,7 @@ def test_cache_root_follows_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 # -- preflight ---------------------------------------------------------------------------------------
-@dataclass
-class FakeHost:
-    paths: tuple[str, ...] = ()
-    tools: dict[str, str] = field(default_factory=dict)
-    smi: list[str] | None = None
-
-    def exists(self, path: str) -> bool:
-        return path in self.paths
-
-    def glob(self, pattern: str) -> list[str]:
-        import fnmatch
-
-        return [p for p in self.paths if fnmatch.fnmatch(p, pattern)]
-
-    def which(self, tool: str) -> str | None:
-        return self.tools.get(tool)
-
-    def gpu_lines(self, tool: str, args: tuple[str, ...]) -> list[str] | None:
-        return self.smi
-
-
-ROCM_NODES = ("/dev/kfd", "/dev/dri", "/dev/dri/renderD128")
-
-
-@pytest.mark.parametrize("paths", [(), ("/dev/dri", "/dev/dri/renderD128"), ("/dev/kfd", "/dev/dri")])
-def test_rocm_without_devices_is_refused(paths: tuple[str, ...]) -> None:
-    with pytest.raises(DeviceUnavailableError) as err:
-        preflight.check_devices(StubEnv(platform=Platform.ROCM), FakeHost(paths))
-    assert err.value.exit_code == 11 and err.value.fix
-
-
-def test_rocm_with_devices_passes() -> None:
-    preflight.check_devices(StubEnv(platform=Platform.ROCM), FakeHost(ROCM_NODES))
-
-
-def test_cuda_without_gpu_is_refused() -> None:
-    with pytest.raises(DeviceUnavailableError):
-        preflight.check_devices(StubEnv(platform=Platform.CUDA), FakeHost())
-
-
-def test_cuda_in_docker_needs_the_nvidia_runtime() -> None:
-    host = FakeHost(smi=["GPU 0: NVIDIA H100 (UUID: GPU-1)"])
-    env = StubEnv(platform=Platform.CUDA)
-    with pytest.raises(DeviceUnavailableError) as err:
-        preflight.check_devices(env, host, DockerFacts(("runc",)))
-    assert "nvidia-container-toolkit" in err.value.fix
-    preflight.check_devices(env, host, DockerFacts(("nvidia", "runc")))
-    preflight.check_devices(env, host, None)  # venv engine: the driver is enough
-
-
-def test_docker_facts_from_info() -> None:
-    facts = DockerFacts.from_info({"Runtimes": {"runc": {}, "nvidia": {}}})
-    assert facts.runtimes == ("nvidia", "runc")
-
-
-def test_cpu_env_needs_nothing() -> None:
-    preflight.check_devices(StubEnv(), FakeHost())
-    assert preflight.host_can_run(StubEnv(), FakeHost()) == (True, "")
-    ok, why = preflight.host_can_run(StubEnv(platform=Platform.ROCM), FakeHost())
-    assert not ok and "/dev/kfd" in why
+# Device checks (fake /dev, /sys, nvidia-smi and docker info): tests/test_gpu_preflight.py.
 
 
 @pytest.mark.parametrize(("torch", "python", "ok"), [

@@ -61,6 +61,39 @@ class DeviceUnavailableError(ReproError):
     exit_code = 11
 
 
+# GPU host problems found before anything is built: each its own exit code (41-45), all kinds of
+# DeviceUnavailableError, so `list`/`matrix` and callers that only ask "can this host run it" treat
+# them alike.
+class DevicePermissionError(DeviceUnavailableError):
+    """The GPU device nodes exist but this user may not open them (not in their render/video group)."""
+
+    exit_code = 41
+
+
+class GpuArchError(DeviceUnavailableError):
+    """The GPU's architecture (gfx arch) is not one the env's torch wheel was built for."""
+
+    exit_code = 42
+
+
+class GpuDriverError(DeviceUnavailableError):
+    """The NVIDIA driver does not answer, or is older than the env's CUDA runtime needs."""
+
+    exit_code = 43
+
+
+class ContainerGpuError(DeviceUnavailableError):
+    """The Docker daemon cannot hand GPUs to containers (no NVIDIA runtime hook or CDI spec)."""
+
+    exit_code = 44
+
+
+class GpuCountError(DeviceUnavailableError):
+    """WORLD_SIZE asks for more ranks than the host has GPUs (one rank per GPU)."""
+
+    exit_code = 45
+
+
 class PythonVersionError(ReproError):
     """The interpreter is too new/old for the pinned torch wheels."""
 
