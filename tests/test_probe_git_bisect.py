@@ -272,7 +272,8 @@ def test_a_bad_checkout_path_aborts_before_any_results_folder(tmp_path: Path) ->
     from repro.cli import bisect_commands as bisect_cli
     from repro.cli import main as cli
 
-    argv = ["--env", "cpu", "--deepspeed-src", str(tmp_path / "nope"), "--results-root", str(tmp_path / "results")]
+    argv = ["--env", "cpu", "--deepspeed-src", str(tmp_path / "nope")]
+    argv += ["--results-root", str(tmp_path / "results")]
     matrix = type("Matrix", (), {"default_id": "cpu"})()
     services = bisect_cli.Services(
         matrix=matrix, engine=FakeVenvEngine(tmp_path / "venvs"), say=lambda _: None

@@ -181,7 +181,8 @@ def cmd_matrix(args: argparse.Namespace) -> int:
     from repro.engines.preflight import host_can_run
 
     matrix = _matrix(args.matrix)
-    runnable, skipped = [], []
+    runnable: list[str] = []
+    skipped: list[str] = []
     for env_id in matrix.ids():
         ok, why = host_can_run(matrix.get(env_id))
         (runnable if ok else skipped).append(env_id if ok else f"{env_id} ({why})")
