@@ -7,6 +7,7 @@ Env is a local stand-in with the attributes and methods of `repro.matrix.model.E
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
 import tarfile
@@ -850,3 +851,64 @@ def test_failed_debootstrap_cleans_up(
     with pytest.raises(BuildError):
         make_base_image(force=True, engine=DockerEngine(FakeClient()), workdir=tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- pass-through of the host's GPU selection and NCCL/RCCL/HSA settings ---------------------------
+HOST_GPU_ENV = {
+    "HIP_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "2",
+    "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0", "RCCL_MSCCL_ENABLE": "0",
+    "HSA_FORCE_FINE_GRAIN_PCIE": "1", "MIOPEN_USER_DB_PATH": "/scratch/miopen",
+}
+NOT_PASSED = {"AWS_SECRET_ACCESS_KEY": "x", "HOME": "/root", "NCCLX": "1", "MY_NCCL_DEBUG": "1"}
+
+
+def test_passthrough_allowlist() -> None:
+    from repro.engines.passthrough import PASSTHROUGH_VAR, passthrough, run_environment
+
+    environ = {**HOST_GPU_ENV, **NOT_PASSED}
+    assert passthrough(environ, "rocm") == dict(sorted(HOST_GPU_ENV.items()))
+    assert passthrough(environ, "cuda") == passthrough(environ, "rocm")
+    assert passthrough(environ, "cpu") == {}  # CPU runs never touch a GPU
+    described = run_environment(environ, "rocm")
+    assert json.loads(described.pop(PASSTHROUGH_VAR)) == HOST_GPU_ENV and described == HOST_GPU_ENV
+    assert run_environment(environ, "cpu") == {PASSTHROUGH_VAR: "{}"}
+
+
+@pytest.mark.parametrize("platform", ["rocm", "cuda", "cpu"])
+def test_docker_run_passes_only_allowlisted_host_variables(
+    docker_engine: DockerEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, platform: str
+) -> None:
+    for name, value in {**HOST_GPU_ENV, **NOT_PASSED}.items():
+        monkeypatch.setenv(name, value)
+    docker_engine.run_suite(_prepared(platform=platform), [], tmp_path / "out", timeout_s=None)
+    (box,) = docker_engine.client.created
+    environment = dict(box.kwargs["environment"])
+    described = json.loads(environment.pop("MICS_REPRO_PASSTHROUGH"))
+    expected = HOST_GPU_ENV if platform != "cpu" else {}
+    assert environment == {"PYTHONUNBUFFERED": "1", **expected}
+    assert described == expected
+
+
+def test_venv_run_names_the_passed_variables(venv_engine: VenvEngine, fake_cmd: FakeCmd, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in HOST_GPU_ENV.items():
+        monkeypatch.setenv(name, value)
+    prepared = Prepared(EngineKind.VENV, "rocm56", "/v", "/v", True, {"platform": "rocm"})
+    venv_engine.run_suite(prepared, ["--env", "rocm56"], tmp_path / "out", timeout_s=3)
+    env = fake_cmd.kwargs[0]["env"]
+    assert json.loads(env["MICS_REPRO_PASSTHROUGH"]) == HOST_GPU_ENV
+    assert all(env[k] == v for k, v in HOST_GPU_ENV.items())
+
+
+def test_records_carry_the_passed_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from repro.engines.passthrough import run_environment
+    from repro.workload import device
+
+    described = run_environment(HOST_GPU_ENV, "rocm")["MICS_REPRO_PASSTHROUGH"]
+    monkeypatch.setenv("MICS_REPRO_PASSTHROUGH", described)
+    assert device.passed_env() == HOST_GPU_ENV
+    assert device.ran_on("cpu", "gloo")["passed_env"] == HOST_GPU_ENV
+    monkeypatch.setenv("MICS_REPRO_PASSTHROUGH", "not json")
+    assert device.passed_env() == {}
+    monkeypatch.delenv("MICS_REPRO_PASSTHROUGH")
+    assert device.passed_env() == {}

@@ -13,6 +13,7 @@ rank, what a run really used (the record's `ran_on`).
 from __future__ import annotations
 
 import glob
+import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -140,13 +141,24 @@ def view_summary(view: TorchView | None, device: str | None) -> dict[str, Any]:
             "nccl": None, "ran": False}
 
 
+def passed_env() -> dict[str, str]:
+    """The host variables the engine passed through (NCCL_*, HSA_*, *_VISIBLE_DEVICES...), as it
+    described them in MICS_REPRO_PASSTHROUGH (repro/engines/passthrough.py); {} when run directly."""
+    try:
+        passed = json.loads(os.environ.get("MICS_REPRO_PASSTHROUGH") or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in passed.items()} if isinstance(passed, dict) else {}
+
+
 def ran_on(device: str, backend: str | None) -> dict[str, Any]:
     """What a rank actually used (train.py, rank 0, after the process group is up)."""
     found: dict[str, Any] = {"device": device, "backend": backend, "gpu_count": 0, "gpus": [], "arch": [],
                              "hip": None, "cuda": None, "nccl": None, "ran": True,
                              "visible_devices": {k: os.environ[k] for k in
                                                  ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                                                  "ROCR_VISIBLE_DEVICES") if k in os.environ}}
+                                                  "ROCR_VISIBLE_DEVICES") if k in os.environ},
+                             "passed_env": passed_env()}
     try:
         import torch
     except ImportError:

@@ -44,6 +44,8 @@ Record keys (`RECORD_KEYS`):
                        "gpu_count", "gpus": [names], "arch": [gfx arch (ROCm gcnArchName) or
                        "sm_XY" (CUDA compute capability)], "hip", "cuda" (torch.version.*), "nccl"
                        (NCCL/RCCL version), "ran": bool, "visible_devices": {*_VISIBLE_DEVICES},
+                       "passed_env": {host NCCL_*/RCCL_*/HSA_*/MIOPEN_*/*_VISIBLE_DEVICES the engine
+                       passed (repro/engines/passthrough.py)},
                        "env_platform": what the env asked for (cpu | rocm | cuda | gpu | null: auto),
                        "planned_device" (never-launched runs only)}; null in older records.
                       A run whose ran_on does not match its env's platform is not evidence for that

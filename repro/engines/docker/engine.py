@@ -35,6 +35,7 @@ from repro.engines.docker.build_context import (
     parse_build_args,
     source_args,
 )
+from repro.engines.passthrough import run_environment
 from repro.engines.preflight import DockerFacts, check_devices, docker_unavailable
 from repro.engines.wheelhouse import Wheelhouse
 
@@ -196,7 +197,9 @@ class DockerEngine:
         options = run_options(platform, device_gids())
         name = f"mics-repro-{re.sub(r'[^a-zA-Z0-9_.-]+', '-', name_hint)}-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
-        with ManagedContainer(self.client, image, list(command), name, options) as box:
+        # Containers get none of the host's environment but the GPU selection and NCCL/RCCL/HSA settings.
+        environment = {"PYTHONUNBUFFERED": "1", **run_environment(os.environ, platform)}
+        with ManagedContainer(self.client, image, list(command), name, options, environment) as box:
             try:
                 box.start()
                 logger = threading.Thread(target=box.follow_logs, args=(log_path, f"[{name_hint}] "),

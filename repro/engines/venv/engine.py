@@ -28,6 +28,7 @@ from repro.core.errors import BuildError, PythonVersionError
 from repro.core.paths import cache_root
 from repro.engines import preflight
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
+from repro.engines.passthrough import run_environment
 from repro.engines.venv.layer import PURELIB, Candidate, LayerPlan, layer_base, layering_disabled, link_base
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 
@@ -187,7 +188,7 @@ class VenvEngine:
         return env.is_derived and not self.wheelhouse.offline
 
     def _prepared(self, env: Env, venv: Path, *, reused: bool, marker: VenvMarker | None = None) -> Prepared:
-        details = {"python": str(venv / "bin" / "python")}
+        details = {"python": str(venv / "bin" / "python"), "platform": env.platform.value}
         label = str(venv)
         if marker is not None and marker.layered_on:
             details["layered_on"] = str(marker.layered_on["venv"])
@@ -354,6 +355,8 @@ class VenvEngine:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         # Only the repo root: the venv must not see the host's site-packages through PYTHONPATH.
         env["PYTHONPATH"] = str(self.repo_root)
+        # The whole environment reaches a venv run anyway; this names the GPU/NCCL part for the records.
+        env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
         result = cmd.run([str(py), "-m", SUITE_MODULE, *args, "--out", str(out_dir)],
                          env=env, timeout_s=timeout_s, tee=log, cwd=self.repo_root)
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
