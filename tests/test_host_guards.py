@@ -1,0 +1,76 @@
+"""Small guards of the host side: the Python version check that runs before any import, and the
+engine-level time guard that follows the planned number of runs."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from repro import __main__ as entry
+from repro.core.errors import PythonVersionError
+from repro.run.orchestrate import _ENGINE_SLACK_S, Request, planned_runs
+from repro.workload import suite
+from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_old_python_gets_a_message_not_a_traceback() -> None:
+    message = entry.python_too_old((3, 8, 18))
+    assert message is not None and "needs Python >= 3.9" in message and "3.8.18" in message
+    assert entry.python_too_old((3, 9, 0)) is None and entry.python_too_old((3, 11, 7)) is None
+    assert entry.PYTHON_VERSION_EXIT == PythonVersionError.exit_code
+
+
+def _old_python() -> str | None:
+    for name in ("python3.8", "python3.7"):
+        found = shutil.which(name)
+        if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+            return found
+    pyenv = Path.home() / ".pyenv" / "versions"
+    for path in sorted(pyenv.glob("3.[78].*/bin/python3")) if pyenv.is_dir() else []:
+        return str(path)
+    return None
+
+
+def test_python_38_through_the_front_door(real_subprocess: None) -> None:
+    old = _old_python()
+    if old is None:
+        pytest.skip("no Python 3.7/3.8 on this machine (the message itself is tested above)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([old, "-m", "repro", "list"], cwd=REPO_ROOT, env=env, capture_output=True,
+                          text=True)
+    assert done.returncode == PythonVersionError.exit_code, done.stderr
+    assert "needs Python >= 3.9" in done.stderr and "Traceback" not in done.stderr
+
+
+def _subsets(items: tuple[str, ...]) -> list[tuple[str, ...]]:
+    return [c for n in range(1, len(items) + 1) for c in itertools.combinations(items, n)]
+
+
+@pytest.mark.parametrize("sync_proof", [True, False])
+def test_engine_time_guard_counts_the_runs_the_suite_plans(sync_proof: bool) -> None:
+    scenarios = tuple(str(s) for s in SCENARIOS)
+    for chosen, patches, transports in itertools.product(
+            _subsets(scenarios), _subsets(tuple(str(p) for p in PATCHES)),
+            _subsets(tuple(str(t) for t in TRANSPORT_MODES))):
+        request = Request(env_ids=("cpu",), scenarios=chosen, patches=patches, transports=transports,
+                          sync_proof=sync_proof)
+        planned = suite.plan(list(chosen), list(patches), "fp32", list(transports), 4, 4,
+                             sync_proof=sync_proof)
+        assert planned_runs(request) == len(planned), (chosen, patches, transports)
+
+
+def test_engine_time_guard_grows_with_the_plan() -> None:
+    from repro.matrix.schema import load_matrix
+    from repro.run import orchestrate
+
+    every = Request(env_ids=("cpu",), transports=("async", "sync", "strict"), timeout_s=100.0)
+    (step,) = orchestrate.plan(load_matrix(), every)
+    assert planned_runs(every) > 9  # more than the 9 the old fixed guard assumed
+    assert step.timeout_s == 100.0 * planned_runs(every) + _ENGINE_SLACK_S
