@@ -178,10 +178,12 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
      Rule.VENDOR_APT),
     ("vendor apt parked after update", "rocm56",
      lambda t: replace_once("    sh /opt/mics-repro/disable-vendor-apt.sh; \\\n", "")(t).replace(
-         "rm -rf /var/lib/apt/lists/*; fi", "rm -rf /var/lib/apt/lists/*; fi; sh /opt/mics-repro/disable-vendor-apt.sh"),
+         "rm -rf /var/lib/apt/lists/*; fi",
+         "rm -rf /var/lib/apt/lists/*; fi; sh /opt/mics-repro/disable-vendor-apt.sh"),
      Rule.VENDOR_APT),
     ("vendor apt script not copied", "cuda",
-     replace_once("COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh\n", ""), Rule.VENDOR_APT),
+     replace_once("COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh\n", ""),
+     Rule.VENDOR_APT),
 ]
 
 
@@ -300,7 +302,8 @@ def _apt_tree(root: Path) -> Path:
     (lists / "amdgpu.sources").write_text("Types: deb\nURIs: https://repo.radeon.com/amdgpu/5.6/ubuntu\n")
     (lists / "cuda.list").write_text(
         "deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64 /\n")
-    (lists / "deadsnakes.list").write_text("deb https://ppa.launchpadcontent.net/deadsnakes/ppa/ubuntu focal main\n")
+    (lists / "deadsnakes.list").write_text(
+        "deb https://ppa.launchpadcontent.net/deadsnakes/ppa/ubuntu focal main\n")
     return root
 
 
@@ -332,7 +335,8 @@ def test_vendor_apt_script_is_harmless_without_vendor_sources(
     done = cmd.run(["sh", str(VENDOR_SCRIPT), str(root)], capture=True, echo=False)
     assert done.ok and done.stdout == ""
     if tree == "debian":
-        assert (root / "etc/apt/sources.list").read_text() == "deb http://deb.debian.org/debian bookworm main\n"
+        debian = "deb http://deb.debian.org/debian bookworm main\n"
+        assert (root / "etc/apt/sources.list").read_text() == debian
         assert not (root / "etc/apt/vendor-sources.disabled").exists()
 
 
@@ -358,7 +362,9 @@ def test_cuda_image_does_not_depend_on_an_nvidia_cuda_tag(matrix: Matrix) -> Non
     ("rocm56", "gfx908;gfx90a"), ("rocm57", "gfx908;gfx90a"),
     ("rocm61", "gfx908;gfx90a;gfx942"), ("rocm64", "gfx908;gfx90a;gfx942"),
 ])
-def test_rocm_images_build_jit_ops_for_mi100_mi200_and_mi300(matrix: Matrix, env_id: str, arches: str) -> None:
+def test_rocm_images_build_jit_ops_for_mi100_mi200_and_mi300(
+    matrix: Matrix, env_id: str, arches: str
+) -> None:
     text = (REPO_ROOT / matrix.get(env_id).dockerfile).read_text()
     assert f'ARG ROCM_ARCH="{arches}"' in text
     assert "ENV PYTORCH_ROCM_ARCH=${ROCM_ARCH}" in text
