@@ -67,3 +67,14 @@ def test_as_evidence_turns_mismatches_into_env_errors() -> None:
     assert "reproduced" in out[0]["reason"]
     assert records[0]["outcome"] == "reproduced"  # copies: the stored record is untouched
     assert evidence.platforms_of({"rocm56": {"platform": "rocm"}, "odd": {}}) == {"rocm56": "rocm"}
+
+
+def test_the_bundle_refuses_runs_of_another_platform() -> None:
+    from repro.core.errors import BundleError
+    from repro.upstream.bundle import refuse_other_platform
+
+    refuse_other_platform("rocm56", "rocm", [record("rocm56", ROCM_RAN)])
+    with pytest.raises(BundleError, match="did not run on its platform") as caught:
+        refuse_other_platform("rocm56", "rocm", [record("rocm56", ROCM_RAN, run_name="ok"),
+                                                 record("rocm56", CPU_RAN, run_name="mics-stock")])
+    assert "mics-stock: env platform is rocm but the run ran on CPU" in str(caught.value.why)

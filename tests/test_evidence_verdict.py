@@ -3,6 +3,8 @@ it did not run on: repro/core/verdict.py reads records through repro.core.eviden
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from repro.core.verdict import check_fix, env_verdicts
@@ -38,3 +40,23 @@ def test_the_verdict_refuses_a_cpu_run_as_rocm_evidence() -> None:
     on_cpu = env_verdicts(_suite_of("rocm56", CPU_RAN))[0]
     assert "REPRODUCED" not in on_cpu.headline() and "resolves" not in on_cpu.headline()
     assert not check_fix(_suite_of("rocm56", CPU_RAN)).ok
+
+
+def test_the_report_refuses_a_silent_cpu_fallback_as_rocm_evidence(tmp_path: Path) -> None:
+    from fixtures.report_records import ResultsBuilder, standard_env
+
+    from repro.report.build import build_report
+    from repro.report.merge import load_and_merge
+
+    b = ResultsBuilder(tmp_path, "20250102T000000Z-rocm56", command="make repro ENV=rocm56")
+    b.env("rocm56", platform="rocm", rocm="5.6")
+    standard_env(b, "rocm56")
+    for record in b.runs:  # what the old `--device auto` did without a GPU: gloo on CPU
+        record.update(backend="gloo", transport="async", ran_on=dict(CPU_RAN))
+    folder = b.write()
+    merged = load_and_merge([folder])
+    assert {r.outcome.value for r in merged.runs} == {"env-error"}
+    assert all("not evidence: env platform is rocm" in r.reason for r in merged.runs)
+    data = json.loads(build_report([folder], tmp_path / "out").data.read_text())
+    headline = next(h for h in data["headline"] if h["env"] == "rocm56")
+    assert headline["reproduces"] == "inconclusive" and headline["fixed"] != "yes", headline

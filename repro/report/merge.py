@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.errors import UsageError
+from repro.core.evidence import as_evidence
 from repro.core.paths import confined
 from repro.report.model import EnvInfo, InvocationView, Run, RunKey, check_closed_sets
 
@@ -194,6 +195,8 @@ def load_folder(folder: Path) -> ResultsFolder:
                 why=f"described envs: {', '.join(envs) or 'none'}",
                 fix="re-run the invocation; the folder looks damaged",
             )
+        # A run that did not run on its env's platform is shown as what it is: no evidence.
+        record = as_evidence([record], {env_id: envs[env_id].platform})[0]
         runs.append(Run(record=record, invocation=invocation, env_platform=envs[env_id].platform))
     return ResultsFolder(invocation=invocation, envs=envs, runs=tuple(runs), notes=tuple(notes))
 

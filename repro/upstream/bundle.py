@@ -32,6 +32,7 @@ import jinja2
 from repro import __version__
 from repro.core import paths
 from repro.core.errors import BundleError, ReproError
+from repro.core.evidence import platform_mismatch
 from repro.core.makeline import make_line
 from repro.core.results import load as load_results
 from repro.upstream import bundle_image, cluster, issue_comment, patchgen, source_refs
@@ -87,6 +88,18 @@ def env_records(data: Mapping[str, Any], env_id: str) -> tuple[dict[str, Any], l
     if not records:
         raise BundleError(f"the results hold no run of env {env_id!r}", fix="run `make repro ENV=...` first")
     return dict(envs[env_id]), records
+
+
+def refuse_other_platform(env_id: str, platform: str | None, records: Sequence[Mapping[str, Any]]) -> None:
+    """A bundle presents its runs as evidence for the env: never runs that ran elsewhere (a rocm
+    env's runs that fell back to CPU, the cpu env's runs on a GPU)."""
+    wrong = [(r.get("run_name"), why) for r in records if (why := platform_mismatch(r, platform))]
+    if wrong:
+        raise BundleError(
+            f"{len(wrong)} run(s) of {env_id} did not run on its platform ({platform}): no evidence for it",
+            why="; ".join(f"{name}: {why}" for name, why in wrong[:3]),
+            fix=f"rerun `make repro ENV={env_id}` on a host where the env's devices are visible, then bundle",
+        )
 
 
 def suite_args_from_records(env_id: str, records: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -225,6 +238,7 @@ def make_bundle(
             why=f"engine: {env.get('engine')}",
             fix="rerun with ENGINE=docker, or leave RESULTS unset",
         )
+    refuse_other_platform(request.env_id, str(env.get("platform") or "") or None, records)
     pins = dict(env.get("pins") or {})
     version = str(pins.get("deepspeed") or records[0]["versions"]["deepspeed"])
     python = str(pins.get("python") or "3")
@@ -259,7 +273,8 @@ def make_bundle(
         out / "cluster",
     )
 
-    suite_args = suite_args_from_records(request.env_id, records)
+    # The env's platform decides the device in the bundle's run too: no silent CPU fallback.
+    suite_args = [*suite_args_from_records(request.env_id, records), "--device", platform]
     run_command = docker_run_command(platform, image["ref"], suite_args)
     commands = {
         "load": f"docker load -i {IMAGE_FILE}",
