@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fixtures.report_records import STEPS, ResultsBuilder, standard_env
 
 from repro.core import results
@@ -217,3 +216,35 @@ def test_invocation_folder_never_reused_and_latest_points_to_newest(tmp_path: Pa
 def test_missing_results_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         results.resolve_results_dir(tmp_path, None)
+
+
+# -- the issue comment and the bundle's README read the same verdict --------------------------------
+
+
+def comment_answer(b: ResultsBuilder) -> Any:
+    from repro.upstream import issue_comment as ic
+
+    heads = ic.headlines([ic.RunRow.from_record(r) for r in b.runs])
+    return ic.answer(heads, b.runs[0]["versions"], b.runs)
+
+
+def test_issue_comment_says_fixed_when_the_fix_resolves_it(b: ResultsBuilder) -> None:
+    standard_env(b, "cpu")
+    a = comment_answer(b)
+    assert a.fixed is True and a.reproduced == ("Flat MiCS", "Hierarchical MiCS")
+    assert "With the patch below every MiCS run is **clean** (losses match plain ZeRO-3)." in a.summary
+
+
+def test_issue_comment_reports_the_replica_hang_apart_from_the_fix(b: ResultsBuilder) -> None:
+    standard_env(b, "cpu")
+    b.hang("cpu", "mics-replica", "stock")
+    b.hang("cpu", "mics-replica", "fixed")
+    a = comment_answer(b)
+    assert a.fixed is True and "not every MiCS run is clean" not in a.summary
+    assert "Separately, and with or without the patch: MiCS with replica groups" in a.summary
+
+
+def test_issue_comment_names_the_fixed_run_that_fails(b: ResultsBuilder) -> None:
+    standard_env(b, "cpu", fix_works=False)
+    a = comment_answer(b)
+    assert a.fixed is False and "(mics-fixed-fp32-async-w2: reproduced)" in a.summary

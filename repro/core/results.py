@@ -100,7 +100,8 @@ class InvocationDir:
         prefix = env_id + "/"
         for run in runs:
             # The suite ran inside the env's own folder; make log paths relative to the invocation.
-            run["logs"] = {k: v if v.startswith(prefix) else prefix + v for k, v in (run.get("logs") or {}).items()}
+            logs = run.get("logs") or {}
+            run["logs"] = {k: v if v.startswith(prefix) else prefix + v for k, v in logs.items()}
             self.data["runs"].append(run)
         self.save()
 

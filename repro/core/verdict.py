@@ -27,7 +27,6 @@ from repro.workload.classify import first_divergent_step
 from repro.workload.controls import choose_control
 from repro.workload.record import Outcome, Patch
 
-
 R = TypeVar("R", bound=RunView)
 
 
@@ -124,7 +123,8 @@ def fixed_matches_control(fixed: RunView, control: RunView | None) -> tuple[bool
         return False, f"fixed run still logs {fixed.illegal_work_messages} IllegalWork messages"
     if fixed.first_divergent_step is not None:
         return False, f"fixed run leaves the control's losses at step {fixed.first_divergent_step}"
-    if control is not None and control.outcome is Outcome.CLEAN and fixed.skipped_steps > control.skipped_steps:
+    more_skips = control is not None and fixed.skipped_steps > control.skipped_steps
+    if control is not None and control.outcome is Outcome.CLEAN and more_skips:
         return False, f"fixed run skipped {fixed.skipped_steps} steps, the control {control.skipped_steps}"
     same_weights = (
         control is not None
@@ -136,7 +136,9 @@ def fixed_matches_control(fixed: RunView, control: RunView | None) -> tuple[bool
     )
 
 
-def pair_status(stock: RunView | None, fixed: RunView | None, control: RunView | None) -> tuple[PairStatus, str]:
+def pair_status(
+    stock: RunView | None, fixed: RunView | None, control: RunView | None
+) -> tuple[PairStatus, str]:
     if fixed is None:
         return PairStatus.FIXED_MISSING, "no fixed run"
     if stock is None:

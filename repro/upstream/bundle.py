@@ -316,7 +316,7 @@ def make_bundle(
             platform_note=PLATFORM_NOTES.get(platform, ""),
             expected=expected,
             commands=commands,
-            answer=issue_comment.answer(heads, versions),
+            answer=issue_comment.answer(heads, versions, records),
             issue_url=issue_comment.ISSUE_URL,
             patch_name=name,
             patch_note=note,

@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from repro.core.verdict import EnvVerdict, FixVerdict, Reproduces, env_verdicts
 from repro.upstream.source_refs import Refs
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -145,13 +146,22 @@ class Answer:
     fixed: bool | None  # None: no patched MiCS run
 
 
-def answer(heads: Sequence[Headline], versions: Mapping[str, Any]) -> Answer:
-    """The first lines of the comment: what reproduced and whether the patch fixes it."""
+def answer(
+    heads: Sequence[Headline], versions: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+) -> Answer:
+    """The first lines of the comment: what reproduced and whether the patch fixes it, as THE env
+    verdict (repro.core.verdict) says, so the comment, the report and the summary agree."""
     stack = f"torch {versions.get('torch', '?')} + DeepSpeed {versions.get('deepspeed', '?')}"
+    verdicts = env_verdicts(records)
+    verdict = verdicts[0] if len(verdicts) == 1 else None
+    bug_runs = (
+        {ident.split("/", 1)[1] for e in verdict.reproduce_evidence for ident in e.runs}
+        if verdict is not None and verdict.reproduces is Reproduces.YES
+        else set()
+    )
     mics = [h for h in heads if h.scenario != "zero3"]
-    reproduced = tuple(h.title for h in mics if h.stock and h.stock.outcome == "reproduced")
+    reproduced = tuple(h.title for h in mics if h.stock and h.stock.run_name in bug_runs)
     patched = [h.fixed for h in mics if h.fixed]
-    fixed = all(r.outcome == "clean" for r in patched) if patched else None
     control = next((h.stock for h in heads if h.scenario == "zero3" and h.stock), None)
     if reproduced:
         title = f"Reproduced on {stack}: {', '.join(reproduced)}"
@@ -160,12 +170,43 @@ def answer(heads: Sequence[Headline], versions: Mapping[str, Any]) -> Answer:
     parts = []
     if control is not None:
         parts.append(f"Plain ZeRO-3 on the same install: **{control.outcome}**.")
+    fixed = _fixed(verdict, patched)
     if fixed is True:
-        parts.append("With the patch below every MiCS run is **clean** (losses match plain ZeRO-3).")
+        parts.append(_resolved_sentence(verdict, patched))
     elif fixed is False:
-        bad = ", ".join(f"{r.run_name}: {r.outcome}" for r in patched if r.outcome != "clean")
+        # `fixed is False` only comes from a verdict; its fix failures name the runs to blame.
+        failures = verdict.fix_failures if verdict else ()
+        against = {ident.split("/", 1)[1] for e in failures for ident in e.runs}
+        bad = ", ".join(f"{r.run_name}: {r.outcome}" for r in patched if r.run_name in against)
         parts.append(f"With the patch below not every MiCS run is clean ({bad}).")
+    elif verdict is not None and verdict.fixed is FixVerdict.UNVERIFIED:
+        parts.append("With the patch below the MiCS runs are clean, but the ZeRO-3 control failed, so their "
+                     "losses could not be compared.")
     return Answer(title, " ".join(parts), reproduced, fixed)
+
+
+def _fixed(verdict: EnvVerdict | None, patched: Sequence[RunRow]) -> bool | None:
+    """True: the patch resolves what reproduced (or, nothing having reproduced, every patched run is
+    clean); False: a patched run counts against it; None: no patched run, or no verdict either way."""
+    if verdict is None or not patched:
+        return None
+    if verdict.fixed is FixVerdict.YES:
+        return True
+    if verdict.fixed is FixVerdict.NO:
+        return False
+    if verdict.fixed is FixVerdict.NOT_APPLICABLE:
+        return True if all(r.outcome == "clean" for r in patched) else None
+    return None
+
+
+def _resolved_sentence(verdict: EnvVerdict | None, patched: Sequence[RunRow]) -> str:
+    if all(r.outcome == "clean" for r in patched) or verdict is None:
+        return "With the patch below every MiCS run is **clean** (losses match plain ZeRO-3)."
+    others = "; ".join(e.text for e in verdict.other_failures)
+    return (
+        "With the patch below every MiCS run that shows the bug is **clean** (losses match plain ZeRO-3). "
+        f"Separately, and with or without the patch: {others}."
+    )
 
 
 def _backend(records: Sequence[Mapping[str, Any]]) -> str:
@@ -225,7 +266,7 @@ def render(data: IssueInput, *, artifact_limit: int | None = None) -> str:
             heads=heads,
             proof=sync_proof(rows),
             versions=versions,
-            answer=answer(heads, versions),
+            answer=answer(heads, versions, data.records),
             transport=primary_transport(rows),
             pins=dict(data.env.get("pins") or {}),
             platform=str(data.env.get("platform") or "?"),

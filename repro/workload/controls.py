@@ -11,7 +11,8 @@ valid comparison), then the same patch, then a stock one; ties go to the earlies
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 T = TypeVar("T")
 
@@ -25,7 +26,7 @@ class ControlKey(NamedTuple):
     patch: str
 
 
-def choose_control(want: ControlKey, candidates: Sequence[T], key: Callable[[T], ControlKey]) -> Optional[T]:
+def choose_control(want: ControlKey, candidates: Sequence[T], key: Callable[[T], ControlKey]) -> T | None:
     """The best control run among `candidates` (already filtered to zero3 runs of the same env)."""
     usable = [c for c in candidates if key(c).dtype == want.dtype and key(c).world_size == want.world_size]
 

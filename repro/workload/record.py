@@ -58,7 +58,7 @@ import enum
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, TypedDict
+from typing import Any, TypedDict
 
 SCHEMA_VERSION = 1
 
@@ -135,31 +135,56 @@ OUTCOMES = tuple(o.value for o in Outcome)
 SIGNATURES = tuple(s.value for s in Signature)
 
 RECORD_KEYS = (
-    "schema", "env", "scenario", "patch", "run_name", "control_run", "dtype", "world_size", "shard_size", "hierarchical",
-    "layout", "backend", "transport", "steps", "seed", "outcome", "signature", "reason", "losses",
-    "loss_scale", "skipped_steps", "illegal_work_messages", "first_divergent_step", "exception",
+    "schema", "env", "scenario", "patch", "run_name", "control_run", "dtype", "world_size", "shard_size",
+    "hierarchical", "layout", "backend", "transport", "steps", "seed", "outcome", "signature", "reason",
+    "losses", "loss_scale", "skipped_steps", "illegal_work_messages", "first_divergent_step", "exception",
     "exit_codes", "durations", "versions", "weights_checksum", "config", "config_adaptations",
     "config_problems", "stacks", "logs", "timeout_s", "started_at", "fix", "transport_info", "ran_on",
 )
 
 
-# The record as the host side types it (results store, summary, verdict, report, bundle). A TypedDict
+# The record as the host side types it (results store, summary, verdict, report, bundle): a TypedDict
 # over the JSON object itself, so reading and writing keep the exact same bytes. total=False: records
-# of older tools lack newer keys. typing.Dict/List/Optional: the workload still runs on Python 3.8,
-# where a TypedDict's annotations must stay evaluable.
-RunRecord = TypedDict("RunRecord", {
-    "schema": int, "env": str, "scenario": str, "patch": str, "run_name": str,
-    "control_run": Optional[str], "dtype": str, "world_size": int, "shard_size": Optional[int],
-    "hierarchical": bool, "layout": Dict[str, Any], "backend": str, "transport": str, "steps": int,
-    "seed": int, "outcome": str, "signature": str, "reason": str, "losses": List[Optional[float]],
-    "loss_scale": Optional[List[Optional[float]]], "skipped_steps": int, "illegal_work_messages": int,
-    "first_divergent_step": Optional[int], "exception": Optional[Dict[str, Any]],
-    "exit_codes": Dict[str, Optional[int]], "durations": Dict[str, Optional[float]],
-    "versions": Dict[str, Optional[str]], "weights_checksum": Optional[str], "config": Any,
-    "config_adaptations": List[str], "config_problems": List[str], "stacks": Dict[str, str],
-    "logs": Dict[str, str], "timeout_s": Optional[float], "started_at": str, "fix": Any,
-    "transport_info": Dict[str, Any], "ran_on": Optional[Dict[str, Any]],
-}, total=False)
+# of older tools lack newer keys. (Annotations stay strings, so Python 3.8 in the envs is fine.)
+class RunRecord(TypedDict, total=False):
+    schema: int
+    env: str
+    scenario: str
+    patch: str
+    run_name: str
+    control_run: str | None
+    dtype: str
+    world_size: int
+    shard_size: int | None
+    hierarchical: bool
+    layout: dict[str, Any]
+    backend: str
+    transport: str
+    steps: int
+    seed: int
+    outcome: str
+    signature: str
+    reason: str
+    losses: list[float | None]
+    loss_scale: list[float | None] | None
+    skipped_steps: int
+    illegal_work_messages: int
+    first_divergent_step: int | None
+    exception: dict[str, Any] | None
+    exit_codes: dict[str, int | None]
+    durations: dict[str, float | None]
+    versions: dict[str, str | None]
+    weights_checksum: str | None
+    config: Any
+    config_adaptations: list[str]
+    config_problems: list[str]
+    stacks: dict[str, str]
+    logs: dict[str, str]
+    timeout_s: float | None
+    started_at: str
+    fix: Any
+    transport_info: dict[str, Any]
+    ran_on: dict[str, Any] | None
 
 
 def finite_or_none(value: float | None) -> float | None:
