@@ -398,11 +398,10 @@ class ManagedContainer:
         try:
             if self._running():
                 self.stop()
-            print(f"docker: copying what {self.name} recorded before removing it", flush=True)
+            console.info(f"docker: copying what {self.name} recorded before removing it")
             self.copy_out(container_path, dest)
         except BaseException as exc:  # noqa: B036 - see the docstring
-            print(f"warning: could not keep the records of {self.name}: {type(exc).__name__}: {exc}",
-                  flush=True)
+            console.warn(f"warning: could not keep the records of {self.name}: {type(exc).__name__}: {exc}")
 
     def _remove(self) -> None:
         import docker.errors

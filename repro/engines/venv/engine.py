@@ -462,8 +462,7 @@ def remove_stale_temps(root: Path) -> list[Path]:
             continue
         with _try_locked(root / f".{owner}.lock") as free:
             if free:
-                print(f"venv: removing {path} (left by an interrupted build; no build holds its lock)",
-                      flush=True)
+                console.info(f"venv: removing {path} (left by an interrupted build; no build holds its lock)")
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
