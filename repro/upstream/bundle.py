@@ -34,6 +34,7 @@ from repro.core import paths
 from repro.core.errors import BundleError, ReproError
 from repro.core.evidence import platform_mismatch
 from repro.core.makeline import make_line
+from repro.core.results import ResultsData
 from repro.core.results import load as load_results
 from repro.upstream import bundle_image, cluster, issue_comment, patchgen, source_refs
 from repro.upstream.bundle_files import (
@@ -47,7 +48,7 @@ from repro.upstream.bundle_files import (
 )
 from repro.upstream.bundle_manifest import MANIFEST, Expected, Manifest, file_hashes
 from repro.upstream.scrub import Scrubber
-from repro.workload.record import PATCHES, SCENARIOS
+from repro.workload.record import PATCHES, SCENARIOS, RunRecord
 
 REPO_ROOT = paths.REPO_ROOT
 CONTAINER_OUT = "/out"
@@ -76,7 +77,7 @@ def default_out(env_id: str) -> Path:
 
 
 # -- what the bundle says, computed from the results -------------------------------------------
-def env_records(data: Mapping[str, Any], env_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def env_records(data: ResultsData, env_id: str) -> tuple[dict[str, Any], list[RunRecord]]:
     envs = data.get("envs") or {}
     if env_id not in envs:
         raise BundleError(
