@@ -327,6 +327,326 @@ def test_an_unsafe_archive_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "outside.txt").exists()
 
 
+# ---- a bundle is untrusted input (issue 12, item 1) -----------------------------------------------
+
+class _Door:
+    """`python -m repro verify-bundle` with a fake Docker: counts connections, never a real daemon."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, client: FakeClient,
+                 records: list[dict[str, Any]]) -> None:
+        self.client, self.connects, self.engine = client, 0, FakeEngine(records)
+
+        def connect() -> FakeClient:
+            self.connects += 1
+            return self.client
+
+        monkeypatch.setattr("repro.cli.upstream_commands._docker_client", connect)
+        monkeypatch.setattr(verify_bundle, "_docker_engine", lambda _c: self.engine)
+
+    def __call__(self, *argv: str) -> int:
+        from repro.cli.main import main
+
+        return main(["verify-bundle", *argv])
+
+
+def _craft(folder: Path, mutate: Any) -> None:
+    path = folder / "manifest.json"
+    data = json.loads(path.read_text())
+    mutate(data)
+    path.write_text(json.dumps(data))
+
+
+def _files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")} if root.exists() else set()
+
+
+@pytest.mark.parametrize(("mutate", "named"), [
+    (lambda d: d["env"].update(id="../../../../tmp/x"), "env.id"),
+    (lambda d: d["env"].update(id="/tmp/x"), "env.id"),
+    (lambda d: d["env"].update(platform="rocm --privileged"), "env.platform"),
+    (lambda d: d["image"].update(file="../image.tar.gz"), "image.file"),
+    (lambda d: d["image"].update(id="sha256:abc; rm -rf /"), "image.id"),
+    (lambda d: d["files"].update({"../../outside.txt": "0" * 64}), "outside the bundle"),
+    (lambda d: d["suite_args"].extend(["--out", "/host"]), "--out"),
+    (lambda d: d.update(notes=["suite time limit nan s"]), "time limit"),
+    (lambda d: d["expected"][0].update(outcome="\x1b[2Jclean"), "expected[0].outcome"),
+    (lambda d: d["expected"][0].update(world_size="four"), "world_size"),
+    (lambda d: d["commands"].update(run="docker run x\nrm -rf ~"), "control characters"),
+])
+def test_a_crafted_manifest_is_refused_before_docker_and_writes_nothing(
+        tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], mutate: Any, named: str) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    _craft(result.folder, mutate)
+    door = _Door(monkeypatch, client, _recorded(result.folder))
+    results = tmp_path / "verify-results"
+    escape = Path("/tmp/x")
+    before = _files_under(tmp_path) | _files_under(escape)
+    assert door("--bundle", str(result.folder), "--results-root", str(results)) == BundleError.exit_code
+    err = capsys.readouterr().err
+    assert "not a manifest this tool writes" in err and named in err
+    assert door.connects == 0 and client.loaded == [] and door.engine.calls == []
+    assert _files_under(tmp_path) | _files_under(escape) == before  # nothing written anywhere
+
+
+def test_a_bundle_with_a_link_is_refused(tmp_path: Path, host: dict[str, str],
+                                         monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("private\n")
+    (result.folder / "README.md").unlink()
+    (result.folder / "README.md").symlink_to(secret)
+    door = _Door(monkeypatch, client, _recorded(result.folder))
+    code = door("--bundle", str(result.folder), "--results-root", str(tmp_path / "v"))
+    assert code == BundleError.exit_code
+    assert "README.md" in capsys.readouterr().err and door.connects == 0
+
+
+def test_a_missing_bundle_is_named_before_anything_about_docker(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from repro.core.errors import DockerUnavailableError
+
+    def no_daemon() -> Any:
+        raise DockerUnavailableError("a bundle needs a Docker daemon")
+
+    monkeypatch.setattr("repro.cli.upstream_commands._docker_client", no_daemon)
+    from repro.cli.main import main
+
+    code = main(["verify-bundle", "--bundle", str(tmp_path / "nope.tar"),
+                 "--results-root", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == BundleError.exit_code
+    assert "nope.tar does not exist" in err and "Docker" not in err
+
+
+class _DeviceCheck:
+    """Stands in for the ROCm device check (repro.engines.preflight): records it ran, or fails."""
+
+    def __init__(self, devices: bool) -> None:
+        self.devices, self.calls = devices, 0
+
+    def __call__(self, host: Any) -> None:
+        from repro.core.errors import DeviceUnavailableError
+
+        self.calls += 1
+        if not self.devices:
+            raise DeviceUnavailableError("this ROCm env needs /dev/kfd and /dev/dri; this host has neither")
+
+
+def _rocm_bundle(tmp_path: Path, host: dict[str, str], client: FakeClient) -> Path:
+    """A CPU bundle relabelled rocm: the platform is what decides the container's privileges."""
+    folder = new_bundle(tmp_path, host, client).folder
+    _craft(folder, lambda d: d["env"].update(platform="rocm"))
+    return folder
+
+
+def test_a_gpu_bundle_needs_the_users_consent(tmp_path: Path, host: dict[str, str],
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    from repro.core.errors import UsageError
+
+    client = FakeClient()
+    folder = _rocm_bundle(tmp_path, host, client)
+    door = _Door(monkeypatch, client, _recorded(folder))
+    devices = _DeviceCheck(devices=True)
+    monkeypatch.setattr(verify_bundle, "check_rocm", devices)
+    assert door("--bundle", str(folder), "--results-root", str(tmp_path / "v")) == UsageError.exit_code
+    err = capsys.readouterr().err
+    assert "ALLOW_PRIVILEGES=1" in err and "--cap-add SYS_PTRACE" in err
+    assert door.connects == 0 and client.loaded == [] and not (tmp_path / "v").exists()
+    assert devices.calls == 0  # refused on consent alone
+
+
+def test_a_gpu_bundle_needs_a_host_with_the_devices(tmp_path: Path, host: dict[str, str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from repro.core.errors import DeviceUnavailableError
+
+    client = FakeClient()
+    folder = _rocm_bundle(tmp_path, host, client)
+    door = _Door(monkeypatch, client, _recorded(folder))
+    monkeypatch.setattr(verify_bundle, "check_rocm", _DeviceCheck(devices=False))
+    code = door("--bundle", str(folder), "--results-root", str(tmp_path / "v"), "--allow-gpu-privileges")
+    assert code == DeviceUnavailableError.exit_code
+    assert client.loaded == [] and door.engine.calls == []
+
+
+def test_with_consent_a_gpu_bundle_says_what_will_run_then_runs(
+        tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    client = FakeClient()
+    folder = _rocm_bundle(tmp_path, host, client)
+    door = _Door(monkeypatch, client, _recorded(folder))
+    devices = _DeviceCheck(devices=True)
+    monkeypatch.setattr(verify_bundle, "check_rocm", devices)
+    assert door("--bundle", str(folder), "--results-root", str(tmp_path / "v"), "--allow-gpu-privileges") == 0
+    assert devices.calls == 1
+    out = capsys.readouterr().out
+    plan = out.index("will run: docker run --network none --device /dev/kfd")
+    assert plan < out.index("loading image.tar.gz") and "--out /results" in out
+    prepared, _args = door.engine.calls[0]
+    assert prepared.details["platform"] == "rocm"
+
+
+def test_a_verification_writes_only_under_the_results_root(tmp_path: Path, host: dict[str, str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    records = _recorded(result.folder)
+    door = _Door(monkeypatch, client, records)
+
+    def run_suite(prepared: Any, args: list[str], out_dir: Path, timeout_s: float | None) -> SuiteRun:
+        out_dir.mkdir(parents=True, exist_ok=True)  # what a crafted image's suite could write
+        (out_dir / "suite.json").write_text(json.dumps(
+            {"runs": [*records, "junk"],
+             "artifacts": {"ds_report": "../../../../etc/passwd", "ok": "a/b.txt"}}))
+        return SuiteRun(0, False, 1.0, out_dir, None)
+
+    monkeypatch.setattr(door.engine, "run_suite", run_suite)
+    root = tmp_path / "v"
+    assert door("--bundle", str(result.archive), "--results-root", str(root)) == 0
+    written = [p for p in tmp_path.rglob("*") if p.stat().st_mtime and root not in p.parents and p != root]
+    folder = next(root.glob("*-verify-cpu"))
+    data = json.loads((folder / "results.json").read_text())
+    assert data["envs"]["cpu"]["artifacts"] == {"ok": "cpu/a/b.txt"}
+    assert len(data["runs"]) == len(records)
+    assert all(tmp_path / "home" in p.parents or p == tmp_path / "home" for p in written)  # only new_bundle's
+
+
+def test_files_copied_out_of_a_container_stay_in_their_folder(tmp_path: Path) -> None:
+    from repro.engines.docker.engine import extract_tree
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in (("results/ok.json", b"{}"), ("results/../../escaped.txt", b"x"),
+                           ("/abs.txt", b"x"), ("results/sub/../../../up.txt", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for kind, name, target in ((tarfile.SYMTYPE, "results/link", "/etc"),
+                                   (tarfile.LNKTYPE, "results/hard", "/etc/passwd")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            tar.addfile(info)
+        info = tarfile.TarInfo("results/link/written-through-link")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    dest = tmp_path / "work" / "out"
+    assert extract_tree(io.BytesIO(buf.getvalue()), dest) == 2
+    inside = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert inside == ["link/written-through-link", "ok.json"]
+    assert not (dest / "link").is_symlink() and not (dest / "hard").exists()
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["ok.json", "written-through-link"]
+
+
+# ---- nothing secret ships, whatever the bundling shell's environment (issue 12, item 8) -------------
+
+PLANTED = {
+    "aws": "AKIA" + "Q7RZ2XNB4KFD8W3M",
+    "hf": "hf_" + "kTqXbWvNmRzLpYcJdHsGfAeUoIi0123456",
+    "github": "ghp_" + "1a2B3c4D5e6F7g8H9i0JkLmNoPqRsTuVwXyZ",
+    "github_pat": "github_pat_" + "11ABCDE0123456789_abcdefghijklmnopqrstuv",
+    "slack": "xoxb-" + "123456789012-abcdefABCDEF",
+    "url_password": "s3cr3t-pw-9",
+    "key_body": "MIIEowIBAAKCAQEAplanted0key0body0line",
+}
+
+
+def _plant_secrets(folder: Path) -> None:
+    text = (f"AWS_ACCESS_KEY_ID={PLANTED['aws']} HF {PLANTED['hf']} gh {PLANTED['github']} "
+            f"{PLANTED['github_pat']} slack {PLANTED['slack']}\n"
+            f"pip index https://bob:{PLANTED['url_password']}@pypi.corp.example/simple\n"
+            f"-----BEGIN RSA PRIVATE KEY-----\n{PLANTED['key_body']}\n-----END RSA PRIVATE KEY-----\n")
+    (folder / "cpu" / "artifacts" / "collect_env.txt").write_text("PyTorch version: 2.1.0\n" + text)
+    data = json.loads((folder / "results.json").read_text())
+    data["runs"][0]["reason"] += " " + text
+    data["runs"][1]["exception"] = {"type": "RuntimeError", "message": text, "rank": 0, "traceback": text}
+    (folder / "results.json").write_text(json.dumps(data))
+
+
+def test_planted_secrets_are_scrubbed_with_a_clean_environment(
+        tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secrets that reached records and collect_env from elsewhere: found by shape, through `make bundle`."""
+    from repro.cli.main import main
+
+    for name in list(os.environ):  # the bundling shell holds no secret at all
+        if any(w in name.upper() for w in ("TOKEN", "SECRET", "KEY", "PASS", "AUTH", "AWS", "HF_")):
+            monkeypatch.delenv(name)
+    client = FakeClient()
+    client.add_source_image(SOURCE_ID, SOURCE_TAG)
+    work = Path(host["home"]) / "mics"
+    results = make_results(work / "results", host)
+    _plant_secrets(results)
+    monkeypatch.setattr("repro.cli.upstream_commands._docker_client", lambda: client)
+    out = work / "bundles" / "cpu"
+    assert main(["bundle", "--env", "cpu", "--results", str(results), "--out", str(out),
+                 "--results-root", str(work / "results")]) == 0
+    found = [f"{name}: {what}" for name, data in all_bytes(out).items()
+             for what, value in PLANTED.items() if value.encode() in data]
+    assert found == []
+    comment = (out / "ISSUE_COMMENT.md").read_text()  # collect_env is quoted there, scrubbed
+    for placeholder in ("<aws-access-key-id>", "<hf-token>", "<github-token>", "<slack-token>",
+                        "https://<credentials>@pypi.corp.example", "<private-key>"):
+        assert placeholder in comment, placeholder
+    assert "PyTorch version: 2.1.0" in comment  # the evidence around them stays
+
+
+def test_the_leak_scan_finds_secret_shapes_without_any_host_value(tmp_path: Path) -> None:
+    (tmp_path / "records.json").write_text(json.dumps({"reason": f"token {PLANTED['hf']}"}))
+    with pytest.raises(BundleError) as err:
+        bundle.scan(tmp_path, Scrubber(()))
+    assert "records.json: <hf-token>" in err.value.render() and PLANTED["hf"] not in err.value.render()
+
+
+@pytest.mark.parametrize(("name", "secret"), [
+    ("DB_PASS", True), ("MY_PW", True), ("PWD", True), ("SSH_KEY", True), ("GITHUB_TOKEN", True),
+    ("AWS_SECRET_ACCESS_KEY", True), ("SESSION_COOKIE", True), ("MY_CREDENTIALS", True),
+    ("BASIC_AUTH", True),
+    ("PATH", False), ("KEYBOARD_LAYOUT", False), ("BYPASS_CACHE", False), ("COMPASS_DIR", False),
+    ("DEBIAN_FRONTEND", False),
+])
+def test_secret_names_are_matched_by_their_parts(name: str, secret: bool) -> None:
+    scrubber = Scrubber.from_host({name: "v4lue-of-it"}, home="/nonexistent", hostnames=[], user="")
+    assert (scrubber.text("x v4lue-of-it y") != "x v4lue-of-it y") is secret
+
+
+def test_db_pass_and_my_pw_never_reach_a_bundle_file(tmp_path: Path) -> None:
+    scrubber = Scrubber.from_host({"DB_PASS": "hunter2!", "MY_PW": "pw-1234", "PWD": "/srv/checkout"},
+                                  home="/nonexistent", hostnames=[], user="", paths={"<repo>": "/work/r"})
+    (tmp_path / "log.txt").write_text("login hunter2! pw-1234 in /srv/checkout/results\n")
+    with pytest.raises(BundleError):
+        bundle.scan(tmp_path, scrubber)
+    bundle.copy_scrubbed(tmp_path / "log.txt", tmp_path / "log.txt", scrubber)
+    assert (tmp_path / "log.txt").read_text() == "login <DB_PASS> <MY_PW> in <PWD>/results\n"
+    bundle.scan(tmp_path, scrubber)
+
+
+def test_a_bundle_copies_no_file_from_outside_the_results(tmp_path: Path, host: dict[str, str]) -> None:
+    """Item 7 for bundles: an artifact path or a symlink that leaves the results folder is not followed."""
+    canary = "CANARY-2b7e from outside the results"
+    outside = tmp_path / "outside.txt"
+    outside.write_text(canary + "\n")
+    client = FakeClient()
+    client.add_source_image(SOURCE_ID, SOURCE_TAG)
+    work = Path(host["home"]) / "mics"
+    results = make_results(work / "results", host)
+    (results / "cpu" / "artifacts" / "linked.txt").symlink_to(outside)
+    data = json.loads((results / "results.json").read_text())
+    data["envs"]["cpu"]["artifacts"]["collect_env"] = "../" * 12 + str(outside).lstrip("/")
+    data["envs"]["cpu"]["artifacts"]["ds_report"] = str(outside)
+    (results / "results.json").write_text(json.dumps(data))
+    said: list[str] = []
+    request = bundle.BundleRequest(env_id="cpu", out=work / "bundles" / "cpu", results=results)
+    result = bundle.make_bundle(request, client, Scrubber.from_host(paths={"<repo>": str(bundle.REPO_ROOT)}),
+                                say=said.append)
+    assert not any(canary.encode() in data for data in all_bytes(result.folder).values())
+    assert any("not copied: cpu/artifacts/linked.txt" in line for line in said)
+    comment = (result.folder / "ISSUE_COMMENT.md").read_text()
+    assert "collect_env not read: its path leads outside the results folder" in comment
+
+
 # ---- the issue comment ------------------------------------------------------------------------------
 
 def _tables(tokens: list[Any]) -> list[list[list[str]]]:

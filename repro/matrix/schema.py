@@ -27,6 +27,7 @@ from repro.matrix.model import (
     PinTables,
     compute_pins,
     named_dockerfile,
+    parse_derived_id,
 )
 
 if sys.version_info >= (3, 11):
@@ -43,6 +44,7 @@ ENV_KEYS = (
 REQUIRED_ENV_KEYS = ("platform", "base_image", "python", "torch", "deepspeed", "notes")
 NUMPY_KEYS = ("numpy1_below_torch", "numpy1")
 _ENV_ID = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
+ENV_ID_RULE = "use lower-case letters, digits, '.' and '-' ('+' marks derived envs)"
 _PYTHON = re.compile(r"^3\.\d+$")
 _PLATFORM_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
 _PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[^=<>!~,; ]+)$")
@@ -105,15 +107,37 @@ class _Checker:
     def version(self, env: str | None, key: str, value: str | None) -> str | None:
         if value is None:
             return None
-        try:
-            parsed = Version(value)
-        except InvalidVersion:
-            self.add(env, key, f"'{value}' is not a version number")
-            return None
-        if parsed.local is not None:
-            self.add(env, key, f"'{value}' has a local label; the index decides it", parsed.public)
+        problem = version_problem(value)
+        if problem is not None:
+            local = "local label" in problem
+            self.add(env, key, problem, Version(value).public if local else None)
             return None
         return value
+
+
+def version_problem(value: str) -> str | None:
+    """Why `value` cannot be an env's torch/DeepSpeed version; None when it can."""
+    try:
+        parsed = Version(value)
+    except InvalidVersion:
+        return f"'{value}' is not a version number"
+    if parsed.local is not None:
+        return f"'{value}' has a local label; the index decides it"
+    return None
+
+
+def env_id_problem(env_id: str) -> str | None:
+    """Why `env_id` is not an id this tool could have written (named, or derived "BASE+torchX+dsY");
+    None when it is. Ids become folder and image names: checked wherever one is read from a file
+    (a bundle's manifest), not only in envs.toml."""
+    base, torch, deepspeed = parse_derived_id(env_id)
+    if not _ENV_ID.match(base):
+        return f"'{env_id}' is not an env id: {ENV_ID_RULE}"
+    for value in (torch, deepspeed):
+        problem = version_problem(value) if value is not None else None
+        if problem is not None:
+            return f"'{env_id}' is not a derived env id: {problem}"
+    return None
 
 
 def _table(checker: _Checker, data: Mapping[str, Any], key: str) -> dict[str, Any]:
@@ -172,7 +196,7 @@ def read_tables(checker: _Checker, data: Mapping[str, Any]) -> PinTables:
 
 def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> Env | None:
     if not _ENV_ID.match(env_id):
-        checker.add(env_id, "(id)", "use lower-case letters, digits, '.' and '-' ('+' marks derived envs)")
+        checker.add(env_id, "(id)", ENV_ID_RULE)
     if not isinstance(raw, dict):
         checker.add(env_id, "(table)", "must be a table [env.ID]")
         return None

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.errors import BundleError
+from repro.core.paths import confined
 from repro.upstream.bundle_manifest import MANIFEST
 from repro.upstream.scrub import Scrubber
 
@@ -26,8 +27,14 @@ def copy_scrubbed(src: Path, dst: Path, scrubber: Scrubber) -> None:
     dst.write_bytes(scrubber.text(text).encode(codec))
 
 
-def copy_results(results: Path, env_id: str, dest: Path, scrubber: Scrubber, data: Mapping[str, Any]) -> None:
-    """results.json with only this env, and the env's folder (logs, artifacts), scrubbed."""
+def copy_results(
+    results: Path, env_id: str, dest: Path, scrubber: Scrubber, data: Mapping[str, Any]
+) -> list[str]:
+    """results.json with only this env, and the env's folder (logs, artifacts), scrubbed.
+
+    Returns what was not copied because it leads outside the results folder (a symlink, or an env
+    id that climbs out): a bundle carries the run's files, never a file the results merely point at.
+    """
     own = dict(data)
     own["envs"] = {env_id: data["envs"][env_id]}
     own["runs"] = [r for r in data["runs"] if r.get("env") == env_id]
@@ -35,23 +42,37 @@ def copy_results(results: Path, env_id: str, dest: Path, scrubber: Scrubber, dat
     (dest / "results.json").write_text(
         json.dumps(scrubber.data(own), indent=1, sort_keys=True, allow_nan=False) + "\n"
     )
-    source = results / env_id
+    source = confined(results, env_id)
+    if source is None:
+        return [f"{env_id}/"]
+    root = Path(results).resolve()
+    skipped: list[str] = []
     for path in sorted(p for p in source.rglob("*") if p.is_file()) if source.is_dir() else []:
         if path.suffix == ".pid":
             continue  # process ids of a finished run: nothing for a reader, something about the host
+        rel = path.relative_to(root)
+        if confined(root, rel) is None:  # a symlink (or a linked folder) that leads out
+            skipped.append(rel.as_posix())
+            continue
         copy_scrubbed(path, dest / env_id / path.relative_to(source), scrubber)
+    return skipped
 
 
 def artifact(folder: Path, env: Mapping[str, Any], name: str) -> str:
+    """The text of one of the env's artifacts, read only from inside the results folder."""
     rel = (env.get("artifacts") or {}).get(name)
-    path = folder / rel if rel else None
+    path = confined(folder, str(rel)) if rel else None
+    if rel and path is None:
+        return f"({name} not read: its path leads outside the results folder)"
     return (
         path.read_text(errors="replace") if path is not None and path.is_file() else f"({name} not captured)"
     )
 
 
 def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) -> None:
-    """Refuse the bundle if any file still holds a value the scrubber knows."""
+    """Refuse the bundle if any file still holds a value the scrubber knows, or a secret's shape
+    (scrub.VALUE_PATTERNS, whatever this host's environment holds). The image is skipped: it is
+    gzip (no text to match) and holds only what the build put there (build-only files flattened out)."""
     found = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = path.relative_to(folder).as_posix()

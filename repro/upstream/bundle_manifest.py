@@ -1,24 +1,40 @@
 """manifest.json of a bundle: what is in it (sha256 of every file), how to run it, what to expect.
 
-Written last by `repro.upstream.bundle`, read first by `repro.upstream.verify_bundle`. The expected outcomes are
-copied from the records of the env's runs, keyed by run name, so a verification compares like
-with like.
+Written last by `repro.upstream.bundle`, read first by `repro.upstream.verify_bundle`. The expected
+outcomes are copied from the records of the env's runs, keyed by run name, so a verification
+compares like with like. Read back, a manifest is untrusted input: `manifest_problems` checks every
+field against the grammar the matrix and the records use before any of it is used.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from repro.core.errors import BundleError
+from repro.matrix.compat import Platform
+from repro.matrix.schema import env_id_problem
+from repro.workload.record import DTYPES, OUTCOMES, PATCHES, SCENARIOS, SIGNATURES, TRANSPORT_MODES
 
 MANIFEST = "manifest.json"
 KIND = "mics-repro-bundle"
 SCHEMA = 1
+# A manifest is untrusted input (a bundle comes from someone else): every field is checked before
+# any of it names a file, a folder, an image or a container option.
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
+_IMAGE_REF = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_PIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no newlines or terminal escapes in anything we print
+_TIME_LIMIT = re.compile(r"^suite time limit (\S+) s$")
+MAX_TEXT = 20_000
 
 
 @dataclass(frozen=True)
@@ -83,6 +99,13 @@ class Manifest:
                 f"{path} is not a schema-{SCHEMA} bundle manifest",
                 fix="make the bundle again with this version of the tool",
             )
+        problems = manifest_problems(data)
+        if problems:
+            raise BundleError(
+                f"{path} is not a manifest this tool writes; nothing of it was used",
+                why="; ".join(problems[:12]) + (f"; {len(problems) - 12} more" if len(problems) > 12 else ""),
+                fix="only verify bundles made by `make bundle`; if this one was, make it again",
+            )
         try:
             return cls(
                 str(data["tool_version"]),
@@ -97,6 +120,145 @@ class Manifest:
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"{path} lacks a field ({exc})", fix="make the bundle again") from None
+
+
+def suite_time_limit(notes: Sequence[str]) -> float | None:
+    """The suite's time limit in seconds, from the note `make bundle` writes (None: no note)."""
+    for note in notes:
+        match = _TIME_LIMIT.match(note)
+        if match:
+            return float(match[1])
+    return None
+
+
+def _text(value: Any, what: str, problems: list[str], limit: int = 500) -> bool:
+    if not isinstance(value, str):
+        problems.append(f"{what} is {type(value).__name__}, not a string")
+    elif _CONTROL.search(value) or len(value) > limit:
+        problems.append(f"{what} holds control characters or is longer than {limit} characters")
+    else:
+        return True
+    return False
+
+
+def safe_relpath(rel: str) -> bool:
+    """A bundle file name: relative, forward slashes, no `..`, nothing hidden in it."""
+    parts = PurePosixPath(rel).parts
+    plain = not rel.startswith("/") and "\\" not in rel and not _CONTROL.search(rel)
+    return bool(parts) and plain and all(p not in ("..", ".") for p in parts)
+
+
+def _check_env(env: Any, problems: list[str]) -> None:
+    if not isinstance(env, dict):
+        problems.append("env is not an object")
+        return
+    if _text(env.get("id"), "env.id", problems, 200):
+        problem = env_id_problem(env["id"])
+        if problem:
+            problems.append(f"env.id: {problem}")
+    platforms = [p.value for p in Platform]
+    if env.get("platform") not in platforms:
+        got = str(env.get("platform"))[:40]
+        problems.append(f"env.platform {got!r} is not one of {', '.join(platforms)}")
+    derived = env.get("derived_from")
+    if derived is not None and (
+        not _text(derived, "env.derived_from", problems, 200) or env_id_problem(derived) or "+" in derived
+    ):
+        problems.append("env.derived_from is not the id of a named env")
+    pins = env.get("pins")
+    if not isinstance(pins, dict):
+        problems.append("env.pins is not an object")
+        return
+    for name, value in pins.items():
+        if not _PIN_NAME.match(str(name)):
+            problems.append(f"env.pins has a key that is not a package or pin name: {str(name)[:40]!r}")
+        else:
+            _text(value, f"env.pins.{name}", problems)
+
+
+def _check_image(image: Any, files: Any, problems: list[str]) -> None:
+    if not isinstance(image, dict):
+        problems.append("image is not an object")
+        return
+    name = image.get("file")
+    if not (isinstance(name, str) and safe_relpath(name) and "/" not in name):
+        problems.append("image.file is not a file name inside the bundle")
+    elif isinstance(files, dict) and name not in files:
+        problems.append(f"image.file {name} is not among the files the manifest lists")
+    for key, grammar in (("id", _IMAGE_ID), ("ref", _IMAGE_REF)):
+        if not (isinstance(image.get(key), str) and grammar.match(image[key])):
+            what = "id (sha256:<64 hex>)" if key == "id" else "reference (name:tag)"
+            problems.append(f"image.{key} is not a Docker image {what}")
+
+
+def _check_expected(expected: Any, problems: list[str]) -> None:
+    if not isinstance(expected, list) or not expected:
+        problems.append("expected is not a non-empty list of runs")
+        return
+    closed = {"scenario": SCENARIOS, "patch": PATCHES, "dtype": DTYPES, "outcome": OUTCOMES,
+              "signature": SIGNATURES, "transport": (*TRANSPORT_MODES, "native")}
+    fields = {f for f in Expected.__dataclass_fields__}
+    for index, run in enumerate(expected):
+        where = f"expected[{index}]"
+        if not isinstance(run, dict) or set(run) != fields:
+            problems.append(f"{where} does not have exactly the fields {', '.join(sorted(fields))}")
+            continue
+        if not (isinstance(run["run_name"], str) and _RUN_NAME.match(run["run_name"])):
+            problems.append(f"{where}.run_name is not a run name")
+        for key, allowed in closed.items():
+            if run[key] not in allowed:
+                problems.append(f"{where}.{key} {str(run[key])[:40]!r} is not one of {', '.join(allowed)}")
+        size = run["world_size"]
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 4096:
+            problems.append(f"{where}.world_size is not a whole number of ranks")
+
+
+def _check_suite_args(args: Any, env_id: Any, problems: list[str]) -> None:
+    if not isinstance(args, list) or not all(_text(a, "a suite argument", problems, MAX_TEXT) for a in args):
+        problems.append("suite_args is not a list of single-line strings")
+        return
+    if any(a == "--out" or a.startswith("--out=") for a in args):
+        problems.append("suite_args chooses the output folder (--out), which only the verifier decides")
+    if "--env" not in args[:-1] or args[args.index("--env") + 1] != env_id:
+        problems.append("suite_args does not run the env the manifest names (--env)")
+
+
+def manifest_problems(data: Mapping[str, Any]) -> list[str]:
+    """Everything wrong with a parsed manifest.json, checked against the grammar the matrix and
+    the records use; empty when every field is one `make bundle` could have written."""
+    problems: list[str] = []
+    for key in ("tool_version", "created_at"):
+        _text(data.get(key), key, problems, 100)
+    _check_env(data.get("env"), problems)
+    files = data.get("files")
+    if not isinstance(files, dict) or not files:
+        problems.append("files is not an object of file -> sha256")
+    else:
+        for rel, digest in files.items():
+            if not safe_relpath(str(rel)) or rel == MANIFEST:
+                problems.append(f"files names a path outside the bundle, or the manifest: {str(rel)[:80]!r}")
+            elif not (isinstance(digest, str) and _SHA256.match(digest)):
+                problems.append(f"files[{rel}] is not a sha256")
+    _check_image(data.get("image"), files, problems)
+    env_id = data["env"].get("id") if isinstance(data.get("env"), dict) else None
+    _check_suite_args(data.get("suite_args"), env_id, problems)
+    commands = data.get("commands")
+    if not isinstance(commands, dict) or not all(
+        _text(v, f"commands.{str(k)[:20]}", problems, MAX_TEXT) for k, v in commands.items()
+    ):
+        problems.append("commands is not an object of single-line strings")
+    _check_expected(data.get("expected"), problems)
+    notes = data.get("notes") or []
+    if not isinstance(notes, list) or not all(_text(n, "a note", problems) for n in notes):
+        problems.append("notes is not a list of single-line strings")
+    else:
+        try:
+            limit = suite_time_limit(notes)
+        except ValueError:
+            limit = math.nan
+        if limit is not None and not (math.isfinite(limit) and limit > 0):
+            problems.append("the suite time limit in notes is not a positive number of seconds")
+    return problems
 
 
 def sha256_file(path: Path) -> str:
@@ -120,8 +282,17 @@ def file_hashes(
     return out
 
 
+def refuse_links(folder: Path) -> None:
+    """A bundle holds plain files: a link would make us read (hash, load) a file outside it."""
+    links = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_symlink()]
+    if links:
+        raise BundleError(f"the bundle in {folder} holds symbolic links", why="; ".join(links[:12]),
+                          fix="only verify bundles made by `make bundle` (copy the folder without links)")
+
+
 def check_files(folder: Path, manifest: Manifest) -> None:
-    """Every listed file is present with its hash, and nothing unlisted was added."""
+    """Every listed file is present with its hash, and nothing unlisted was added; no links."""
+    refuse_links(folder)
     problems = []
     for rel, want in sorted(manifest.files.items()):
         path = folder / rel

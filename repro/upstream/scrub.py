@@ -1,17 +1,19 @@
 """Keep the host out of what we hand to others: secrets, home paths, host and user names.
 
 A `Scrubber` is built once from the host (`Scrubber.from_host()`), then rewrites every text that
-goes into a bundle and, as a second line of defence, `leaks()` finds any value that survived.
-What counts as host-identifying:
-- the value of every environment variable whose name looks secret (token, key, password, proxy
-  with credentials...), whatever its length;
-- the value of any other environment variable that looks like a credential: a token-like string
-  (TOKEN_LIKE: long, no spaces, letters and digits mixed) or a URL with a user and password.
-  Other values ("1", "cpu", "/usr/bin/python3", "noninteractive") identify nobody, and replacing
-  them everywhere would garble the evidence;
-- the home folder, the repository checkout and the tool's cache folder (as path prefixes);
-- the host name (short and fully qualified) and the user name, as whole words, unless they are
-  generic (`root`, `localhost`).
+goes into a bundle and, as a second line of defence, `leaks()` finds anything that survived.
+Two kinds of rule:
+- by value, from this host: the value of every environment variable whose name looks secret
+  (a `_`-separated part such as PASS, PW, PWD, KEY, TOKEN, SECRET, CREDENTIAL, AUTH, COOKIE, or
+  a known compound like PASSWORD, API_KEY, PROXY), whatever its length; the value of any other
+  variable that looks like a credential (TOKEN_LIKE: long, no spaces, letters and digits mixed;
+  or a URL with a user and password); the home folder, the repository checkout and the tool's
+  cache folder (as path prefixes); the host name and user name as whole words unless generic.
+  Other values ("1", "cpu", "/usr/bin/python3") identify nobody, and replacing them everywhere
+  would garble the evidence;
+- by shape, whatever the host (VALUE_PATTERNS): AWS access key ids, Hugging Face, GitHub and Slack
+  tokens, private-key blocks, the user:password of a URL. These catch a secret that reached a
+  record or collect_env output from somewhere else, when the bundling shell's environment is clean.
 Longer values are replaced first, so a path inside a longer value is never half-replaced.
 """
 
@@ -27,11 +29,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Matched anywhere in the name: compounds that are secret wherever they appear.
 SECRET_NAME = re.compile(
     r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|API_?KEY|"
-    r"ACCESS_?KEY|_KEY$|^KEY$|PROXY|WEBHOOK|DSN$",
+    r"ACCESS_?KEY|PROXY|WEBHOOK|DSN$",
     re.IGNORECASE,
 )
+# Matched against whole `_`-separated parts of the name: short words that are secret as a part
+# (DB_PASS, MY_PW, SSH_KEY) but not inside another word (PATH, KEYBOARD, COMPASS, BYPASS_CACHE).
+SECRET_NAME_PARTS = frozenset({"PASS", "PWD", "PW", "KEY", "KEYS", "CREDS", "CRED"})
+# Variables that hold the current or previous working directory: a path, scrubbed as one.
+CWD_NAMES = frozenset({"PWD", "OLDPWD"})
 TOKEN_LIKE = re.compile(r"^(?=[^/\s]*\d)(?=[^/\s]*[A-Za-z])[A-Za-z0-9_\-+=.~:]{16,}$")
 URL_CREDENTIALS = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
 # Values that appear in every log on every machine: replacing them would hide evidence, and
@@ -55,6 +63,50 @@ GENERIC_WORDS = frozenset(
 )
 MIN_SECRET = 4
 MIN_WORD = 3
+
+
+@dataclass(frozen=True)
+class ValuePattern:
+    """A secret recognised by its shape; `group` is the part replaced (0: the whole match)."""
+
+    name: str
+    regex: re.Pattern[str]
+    group: int = 0
+
+    @property
+    def placeholder(self) -> str:
+        return f"<{self.name}>"
+
+
+VALUE_PATTERNS = (
+    ValuePattern("private-key", re.compile(
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s]*)",
+        re.DOTALL)),
+    ValuePattern("aws-access-key-id", re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")),
+    ValuePattern("hf-token", re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,}")),
+    ValuePattern("github-token", re.compile(
+        r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")),
+    ValuePattern("slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}")),
+    ValuePattern("credentials", re.compile(r"://([^/\s:@<>]+:[^/\s@<>]+)@"), group=1),
+)
+
+
+def secret_name(name: str) -> bool:
+    """Whether an environment variable's name says its value is a secret."""
+    parts = {p for p in re.split(r"[_\W]+", name.upper()) if p}
+    return bool(SECRET_NAME.search(name)) or bool(parts & SECRET_NAME_PARTS)
+
+
+def _replace_group(pattern: ValuePattern) -> Callable[[re.Match[str]], str]:
+    def sub(match: re.Match[str]) -> str:
+        if pattern.group == 0:
+            return pattern.placeholder
+        start, end = match.span(pattern.group)
+        whole_start = match.start()
+        text = match.group(0)
+        return text[: start - whole_start] + pattern.placeholder + text[end - whole_start:]
+
+    return sub
 
 
 class Kind(enum.Enum):
@@ -103,8 +155,11 @@ class Scrubber:
                 return
             rules[value] = Rule(value, placeholder, kind)
 
+        cwd: list[tuple[str, str]] = []
         for name, value in sorted(env.items()):
-            if SECRET_NAME.search(name):
+            if name.upper() in CWD_NAMES and value.strip().startswith("/"):
+                cwd.append((value, f"<{name}>"))  # after the named folders: <repo> or ~ reads better
+            elif secret_name(name):
                 add(value, f"<{name}>")
             elif TOKEN_LIKE.match(value.strip()) or URL_CREDENTIALS.search(value):
                 add(value, f"<${name}>")
@@ -113,6 +168,8 @@ class Scrubber:
         home_dir = (home if home is not None else str(Path.home())).rstrip("/")
         if home_dir and home_dir != "/":
             add(home_dir, "~", kind=Kind.PATH, minimum=2)
+        for value, placeholder in cwd:
+            add(value.rstrip("/"), placeholder, kind=Kind.PATH, minimum=2)
         names = list(hostnames) if hostnames is not None else _host_names()
         for name in names:
             if name and name.lower() not in GENERIC_WORDS:
@@ -135,6 +192,8 @@ class Scrubber:
             if rule.secret in text:
                 # A function, not a template: placeholders like "<$X>" must not be read as escapes.
                 text = rule.pattern().sub(_constant(rule.placeholder), text)
+        for pattern in VALUE_PATTERNS:
+            text = pattern.regex.sub(_replace_group(pattern), text)
         return text
 
     def data(self, value: Any) -> Any:
@@ -148,8 +207,10 @@ class Scrubber:
         return value
 
     def leaks(self, text: str) -> list[str]:
-        """Placeholders of the values still present in `text` (never the values themselves)."""
-        return sorted({r.placeholder for r in self.rules if r.secret in text and r.pattern().search(text)})
+        """Placeholders of the values and shapes still present in `text` (never the values themselves)."""
+        found = {r.placeholder for r in self.rules if r.secret in text and r.pattern().search(text)}
+        found |= {p.placeholder for p in VALUE_PATTERNS if p.regex.search(text)}
+        return sorted(found)
 
 
 def _constant(value: str) -> Callable[[re.Match[str]], str]:

@@ -1,15 +1,19 @@
 """`make verify-bundle BUNDLE=`: load a bundle's image, rerun the reproduction offline, compare.
 
-Order: open the bundle (folder or .tar archive), check every file against manifest.json (a
-truncated or corrupt image fails here with BundleError, before Docker sees it), `docker load` the
-image (streamed through gzip: a bad stream is a BundleError too), run the suite in it with
-networking off through the Docker engine, and compare each run's outcome and signature with the
-manifest. The verification run is an ordinary results folder (results/<stamp>-verify-<env>/), so
-`make report RESULTS=` works on it.
+A bundle comes from someone else, so it is untrusted input. Order: open the bundle (folder or .tar
+archive: no links, no entry that climbs out), check every field of manifest.json against the
+grammar the matrix uses and every file against its hash (a truncated or corrupt image fails here
+with BundleError, before Docker is even asked for), refuse GPU privileges unless the user gave
+consent and the host has the devices, say exactly what will run, then `docker load` the image
+(streamed through gzip), run the suite in it with networking off through the Docker engine, and
+compare each run's outcome and signature with the manifest. The verification run is an ordinary
+results folder (results/<stamp>-verify-<env>/, nothing written outside it), so `make report
+RESULTS=` works on it.
 """
 
 from __future__ import annotations
 
+import shlex
 import tarfile
 import tempfile
 import time
@@ -18,12 +22,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.core.errors import BundleError
+from repro.core.errors import BundleError, UsageError
+from repro.core.makeline import make_line
+from repro.core.paths import confined
 from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir
 from repro.engines.base import EngineKind, Prepared
-from repro.upstream import bundle_image
-from repro.upstream.bundle_manifest import Expected, Manifest, check_files
+from repro.engines.gpu_host import GpuHost
+from repro.engines.preflight import DockerFacts, check_cuda, check_rocm
+from repro.upstream import bundle_image, cluster
+from repro.upstream.bundle_manifest import (
+    Expected,
+    Manifest,
+    check_files,
+    refuse_links,
+    safe_relpath,
+    suite_time_limit,
+)
 from repro.workload.record import read_json
+
+CONSENT_FLAG = "--allow-gpu-privileges"
+CONSENT_MAKE = "ALLOW_PRIVILEGES=1"
+SUITE_MODULE = "repro.workload.suite"
+CONTAINER_RESULTS = "/results"
 
 
 @dataclass(frozen=True)
@@ -101,25 +121,83 @@ def compare(expected: Sequence[Expected], records: Sequence[Mapping[str, Any]]) 
 
 
 def suite_timeout(manifest: Manifest) -> float | None:
-    for note in manifest.notes:
-        if note.startswith("suite time limit "):
-            return float(note.split()[3])
-    return None
+    return suite_time_limit(manifest.notes)
+
+
+def check_privileges(platform: str, allow: bool, host: GpuHost, docker_info: Callable[[], Any]) -> None:
+    """A GPU bundle gets device access and weaker isolation only with the user's consent, on a host
+    that has the devices: the manifest must not choose privileges on its own."""
+    if platform == "cpu":
+        return
+    flags = " ".join(cluster.docker_cli_flags(platform))
+    if not allow:
+        raise UsageError(
+            f"this bundle is for {platform} and its container would run with extra privileges",
+            why=f"`docker run {flags}`: device access and weaker isolation than a CPU bundle gets",
+            fix=f"if you trust who made the bundle, pass {CONSENT_MAKE} (make) or {CONSENT_FLAG}",
+        )
+    if platform == "rocm":
+        check_rocm(host)
+    else:
+        check_cuda(host, DockerFacts.from_info(docker_info()))
+
+
+def plan_lines(manifest: Manifest, results_root: Path) -> list[str]:
+    """What will run, said before anything runs."""
+    env_id, platform = manifest.env["id"], str(manifest.env["platform"])
+    flags = ["--network", "none", *cluster.docker_cli_flags(platform)]
+    command = ["python", "-m", SUITE_MODULE, *manifest.suite_args, "--out", CONTAINER_RESULTS]
+    return [
+        f"verify: env {env_id} ({platform}), image {manifest.image['ref']} ({manifest.image['id']})",
+        f"verify: will run: docker run {shlex.join(flags)} <image> {shlex.join(command)}",
+        f"verify: results go to {results_root}/<stamp>-verify-{env_id}/ (nothing is written outside it)",
+    ]
+
+
+def _suite_output(suite_file: Path, env_id: str) -> tuple[list[Any], dict[str, str]]:
+    """Runs and artifacts from the container's suite.json; it was written inside the bundle's image,
+    so only well-formed records and artifact paths inside the env's folder are taken."""
+    try:
+        data = read_json(str(suite_file)) if suite_file.is_file() else {}
+    except (OSError, ValueError):
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    runs = [r for r in data.get("runs") or [] if isinstance(r, dict)]
+    raw = data.get("artifacts")
+    artifacts = {str(k): f"{env_id}/{v}" for k, v in (raw if isinstance(raw, dict) else {}).items()
+                 if isinstance(v, str) and safe_relpath(v)}
+    return runs, artifacts
 
 
 def verify(bundle: Path, client: Any, results_root: Path, *, argv: Sequence[str] = (),
            engine_factory: Callable[[Any], Any] | None = None,
-           say: Callable[[str], None] = print) -> VerifyResult:
+           say: Callable[[str], None] = print, connect: Callable[[], Any] | None = None,
+           allow_privileges: bool = False, host: GpuHost | None = None) -> VerifyResult:
+    """`client`: a docker-py client, or None with `connect` making one once the bundle has passed
+    every check that needs no Docker (so a missing or crafted bundle is named first)."""
     with tempfile.TemporaryDirectory(prefix="mics-bundle-") as tmp:
         folder = open_bundle(bundle, Path(tmp))
+        refuse_links(folder)
         manifest = Manifest.read(folder)
-        env_id = str(manifest.env["id"])
+        env_id, platform = str(manifest.env["id"]), str(manifest.env["platform"])
         say(f"verify: checking {len(manifest.files)} files of {folder.name} against manifest.json")
         check_files(folder, manifest)
+        docker: list[Any] = [client] if client is not None else []
+
+        def docker_client() -> Any:
+            if not docker:
+                if connect is None:
+                    raise BundleError("no Docker client to load the bundle's image into")
+                docker.append(connect())
+            return docker[0]
+
+        check_privileges(platform, allow_privileges, host or GpuHost(), lambda: docker_client().info())
+        for line in plan_lines(manifest, results_root):
+            say(line)
         image_path = folder / str(manifest.image["file"])
         say(f"verify: loading {image_path.name} ({image_path.stat().st_size / 1e9:.2f} GB) into Docker")
         started = time.monotonic()
-        loaded = bundle_image.load(client, image_path)
+        loaded = bundle_image.load(docker_client(), image_path)
         say(f"verify: loaded in {time.monotonic() - started:.0f} s")
         image_id = str(manifest.image["id"])
         if image_id not in loaded:
@@ -127,23 +205,25 @@ def verify(bundle: Path, client: Any, results_root: Path, *, argv: Sequence[str]
                               why=f"manifest: {image_id}; loaded: {', '.join(loaded) or 'nothing'}",
                               fix="make the bundle again")
         out_root = new_invocation_dir(results_root, [f"verify-{env_id}"])
-        invocation = InvocationDir(out_root, invocation_meta(list(argv), f"make verify-bundle BUNDLE={bundle}"))
+        if confined(out_root, env_id) is None:  # the manifest check refuses such ids; never trust one
+            raise BundleError(f"env id {env_id!r} would leave the results folder {out_root}")
+        meta = invocation_meta(list(argv), make_line("verify-bundle", [("BUNDLE", bundle)]))
+        invocation = InvocationDir(out_root, meta)
         invocation.save()
-        engine = engine_factory(client) if engine_factory else _docker_engine(client)
+        client_now = docker_client()
+        engine = engine_factory(client_now) if engine_factory else _docker_engine(client_now)
         prepared = Prepared(EngineKind.DOCKER, env_id, image_id, str(manifest.image["ref"]), True,
-                            {"platform": str(manifest.env.get("platform") or "cpu"), "image_id": image_id})
+                            {"platform": platform, "image_id": image_id})
         say(f"verify: running the reproduction in {manifest.image['ref']} with networking off -> {out_root}")
         suite = engine.run_suite(prepared, list(manifest.suite_args), invocation.env_dir(env_id),
                                  suite_timeout(manifest))
-        suite_file = invocation.env_dir(env_id) / "suite.json"
-        data = read_json(str(suite_file)) if suite_file.is_file() else {"runs": []}
-        invocation.add_env(env_id, {"platform": manifest.env.get("platform"), "engine": "docker",
+        runs, artifacts = _suite_output(invocation.env_dir(env_id) / "suite.json", env_id)
+        invocation.add_env(env_id, {"platform": platform, "engine": "docker",
                                     "image_id": image_id, "pins": manifest.env.get("pins"),
                                     "derived_from": manifest.env.get("derived_from"),
-                                    "artifacts": {k: f"{env_id}/{v}" for k, v in
-                                                  (data.get("artifacts") or {}).items()},
+                                    "artifacts": artifacts,
                                     "suite_exit_code": suite.exit_code, "suite_timed_out": suite.timed_out})
-        invocation.add_runs(env_id, list(data.get("runs") or []))
+        invocation.add_runs(env_id, runs)
         invocation.finish()
         return VerifyResult(out_root, image_id, compare(manifest.expected, invocation.runs))
 
