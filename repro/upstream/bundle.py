@@ -256,7 +256,8 @@ def make_bundle(
         }
     )
 
-    copy_results(request.results, request.env_id, out / "results", scrubber, data)
+    for skipped in copy_results(request.results, request.env_id, out / "results", scrubber, data):
+        say(f"bundle: not copied: {skipped} (it leads outside the results folder)")
     from repro.report import build_report
 
     build_report([out / "results"], out / "report")
