@@ -80,7 +80,14 @@ def cmd_build(args: argparse.Namespace) -> int:
 def run_request(request: Request, target: RunTarget, matrix: Matrix | None = None) -> list[RunRecord]:
     """Plan, preflight, run and summarize one request; raises SuiteFailedError when a suite did
     not run its plan (its exit code, a timeout, no record), so the verdict printed is incomplete."""
-    from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
+    from repro.core.results import (
+        InvocationDir,
+        discard_unused,
+        invocation_meta,
+        latest_target,
+        open_invocation_dir,
+        point_latest,
+    )
     from repro.run.orchestrate import describe, execute, plan, suite_failures
     from repro.run.summary import render
 
@@ -93,17 +100,10 @@ def run_request(request: Request, target: RunTarget, matrix: Matrix | None = Non
     engine = _engine(target.engine)
     for step in steps:  # missing devices / daemon / Python: say so before any folder exists
         engine.preflight(step.env)
-    folder = target.out or new_invocation_dir(target.results_root, [s.env.id for s in steps])
-    if target.out:
-        if (folder / "results.json").exists():
-            raise UsageError(
-                f"OUT={folder} already holds results",
-                why="results are never overwritten",
-                fix="choose a new OUT= folder (or leave OUT unset for a fresh timestamped one)",
-            )
-        folder.mkdir(parents=True, exist_ok=True)
+    folder, made = open_invocation_dir(target.results_root, target.out, [s.env.id for s in steps])
     invocation = InvocationDir(folder, invocation_meta(list(target.argv), target.make_command))
     invocation.save()
+    previous_latest = latest_target(target.results_root)
     if not target.out:
         point_latest(target.results_root, folder)
     print(describe(steps, engine.describe()))
@@ -112,6 +112,11 @@ def run_request(request: Request, target: RunTarget, matrix: Matrix | None = Non
         runs = execute(steps, engine, invocation)
     except Interrupted:
         print(render(invocation.runs, str(folder)))
+        raise
+    except BaseException:
+        # Nothing ran (e.g. the build failed): no results folder, and latest stays where it was.
+        if not invocation.data["envs"] and discard_unused(folder, made, target.results_root, previous_latest):
+            print(f"nothing was recorded; removed {folder}", flush=True)
         raise
     print()
     print(render(runs, str(folder)))

@@ -66,6 +66,64 @@ def point_latest(root: Path, folder: Path) -> None:
     os.replace(tmp, link)
 
 
+def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tuple[Path, bool]:
+    """The folder of a new invocation, made and proven writable: OUT= as given (new or empty of
+    results), else a fresh timestamped one under `root`. Returns (folder, whether it was made here).
+    A place that cannot hold results is a UsageError naming it, not an OSError traceback."""
+    where = f"OUT={out}" if out is not None else f"the results root {root}"
+    made = out is None or not out.exists()
+    try:
+        if out is None:
+            folder = new_invocation_dir(root, env_ids)
+        else:
+            if out.exists() and not out.is_dir():
+                raise UsageError(f"OUT={out} is a file, not a folder", why="results are a folder of files",
+                                 fix="choose a new OUT= folder (or leave OUT unset for a timestamped one)")
+            if (out / RESULTS_FILE).exists():
+                raise UsageError(f"OUT={out} already holds results", why="results are never overwritten",
+                                 fix="choose a new OUT= folder (or leave OUT unset for a timestamped one)")
+            out.mkdir(parents=True, exist_ok=True)
+            folder = out
+        probe = folder / f".write-test.{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise UsageError(f"cannot write results to {where}", why=f"{exc.strerror or exc} ({exc.filename})",
+                         fix="choose a folder you can write: OUT=<folder>, or RESULTS_ROOT/--results-root"
+                         ) from None
+    return folder, made
+
+
+def latest_target(root: Path) -> str | None:
+    """Where results/latest points now (None when there is no such link)."""
+    try:
+        return os.readlink(root / LATEST)
+    except OSError:
+        return None
+
+
+def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | None) -> bool:
+    """Undo an invocation that recorded nothing (its build failed before any suite ran): remove
+    its results.json (and the folder, when it was made for it) and point results/latest back
+    where it was. A folder holding anything else is kept. Returns whether it was removed."""
+    left = [p.name for p in folder.iterdir()] if folder.is_dir() else []
+    if any(name != RESULTS_FILE for name in left):
+        return False
+    (folder / RESULTS_FILE).unlink(missing_ok=True)
+    if made:
+        folder.rmdir()
+    link = root / LATEST
+    if latest_target(root) == folder.name and link.parent.resolve() == folder.parent.resolve():
+        if previous_latest is None:
+            link.unlink()
+        else:
+            tmp = root / f".{LATEST}.{os.getpid()}"
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(previous_latest)
+            os.replace(tmp, link)
+    return True
+
+
 def host_info() -> dict[str, Any]:
     # Host facts that help a maintainer; no hostnames, user names or paths (they leak into bundles).
     return {"os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),

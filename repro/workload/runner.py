@@ -146,7 +146,9 @@ def _dump_stacks(run_dir: str) -> dict[str, str]:
 
 def _stop_group(proc: subprocess.Popen[bytes], run_dir: str) -> None:
     """Interrupt, terminate, kill: each step given STOP_GRACE_S to work."""
-    targets = lambda: [p for p in _rank_pids(run_dir) if _alive(p)]  # noqa: E731
+    def targets() -> list[int]:
+        return [p for p in _rank_pids(run_dir) if _alive(p)]
+
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
@@ -264,7 +266,9 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
     """Build the (unclassified) record and the runner status for `classify`."""
     ranks = _read_ranks(spec.run_dir)
     zero = ranks.get(0, {})
-    rel = lambda p: os.path.relpath(p, spec.results_root)  # noqa: E731
+    def rel(path: str) -> str:
+        return os.path.relpath(path, spec.results_root)
+
     logs = {"launcher": rel(os.path.join(spec.run_dir, "launcher.log"))}
     for path in sorted(glob.glob(os.path.join(spec.run_dir, "rank*.log"))):
         logs[os.path.basename(path)[:-4]] = rel(path)
