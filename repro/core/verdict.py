@@ -307,18 +307,20 @@ def _fix_failures(pairs: Sequence[FixPair]) -> tuple[Evidence, ...]:
     return tuple(failing)
 
 
+# The summary's words (the report prints the enum values). "no evidence" is what the summary has
+# always said when no stock MiCS run ran to an outcome; README quotes it.
 _REPRODUCES_WORDS = {
     Reproduces.YES: "REPRODUCED",
     Reproduces.NO: "not reproduced",
-    Reproduces.UNSUPPORTED: "MiCS unsupported",
-    Reproduces.INCONCLUSIVE: "inconclusive",
-    Reproduces.NOT_TESTED: "no stock MiCS run",
+    Reproduces.UNSUPPORTED: "no evidence (MiCS unsupported here)",
+    Reproduces.INCONCLUSIVE: "no evidence",
+    Reproduces.NOT_TESTED: "no evidence (no stock MiCS run)",
 }
 _FIX_WORDS = {
     FixVerdict.YES: "fix resolves it",
     FixVerdict.NO: "FIX DOES NOT RESOLVE IT",
-    FixVerdict.UNVERIFIED: "fix unverified (no usable control)",
-    FixVerdict.INCONCLUSIVE: "fix inconclusive",
+    FixVerdict.UNVERIFIED: "fix unverified (no usable control to compare with)",
+    FixVerdict.INCONCLUSIVE: "fix not evaluated (inconclusive)",
     FixVerdict.NOT_APPLICABLE: "fix not evaluated (nothing reproduced)",
     FixVerdict.NOT_TESTED: "fix not evaluated",
 }
