@@ -80,7 +80,9 @@ test-unit:
 # contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload
 # stands alone).
 # import-linter has no `python -m` entry point; this runs its `lint-imports` with $(PYTHON).
-LINT_IMPORTS = $(PYTHON) -c 'import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())'
+LINT_IMPORTS = $(PYTHON) -c 'import sys; sys.version_info >= (3, 10) or sys.exit( \
+	"lint-imports: import-linter 2.6+ needs Python >= 3.10; run make lint PYTHON=python3.11"); \
+	from importlinter.cli import lint_imports_command as c; sys.exit(c())'
 lint:
 	$(PYTHON) -m ruff check repro tests
 	$(PYTHON) -m mypy
