@@ -2,7 +2,7 @@
 
 The default tier must never reach the real machine's processes or Docker daemon: an accidental
 real call there would make a test slow, flaky and dependent on the host. Tests marked
-`integration`, `docker` or `browser` are exempt; a default-tier test that really means to start
+`integration`, `docker`, `browser` or `bootstrap` are exempt; a default-tier test that really means to start
 a process (e.g. checking `repro.core.cmd` against `sh`) asks for the `real_subprocess` fixture.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-_EXEMPT_MARKERS = ("integration", "docker", "browser")
+_EXEMPT_MARKERS = ("integration", "docker", "browser", "bootstrap")
 
 
 class _RefusedCall(AssertionError):
