@@ -176,10 +176,11 @@ def execute(steps: Sequence[Step], engine: Engine, invocation: InvocationDir,
                 f"({time.monotonic() - started:.0f} s)")
             out = invocation.env_dir(env.id)
             suite = engine.run_suite(prepared, step.suite_args, out, step.timeout_s)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             _collect(invocation, env, None, invocation.env_dir(env.id), engine.kind.value)
             invocation.finish(interrupted=True)
-            raise Interrupted("interrupted", why="Ctrl-C",
+            # core/signals.py names SIGTERM/SIGHUP in the KeyboardInterrupt it raises for them.
+            raise Interrupted("interrupted", why=str(stop) or "Ctrl-C",
                               fix=f"what finished is in {invocation.folder}; run the same command again to redo the rest") from None
         _collect(invocation, env, prepared, out, engine.kind.value, suite.exit_code, suite.timed_out)
     invocation.finish()
