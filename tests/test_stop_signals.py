@@ -191,3 +191,14 @@ def test_interrupted_container_keeps_the_suites_records(tmp_path: Path,
     assert box.signals == ["SIGINT"]  # the suite was asked to stop and record, not killed
     assert json.loads((tmp_path / "out" / "suite.json").read_text())["runs"] == [{"outcome": "interrupted"}]
     assert client.live == {}  # and the container is gone
+
+
+def test_the_command_line_installs_the_handlers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from repro.cli import main as cli_main
+
+    calls: list[str] = []
+    monkeypatch.setattr(cli_main, "install_stop_handlers", lambda: calls.append("installed"))
+    monkeypatch.setattr(sys, "argv", ["repro", "list"])
+    assert cli_main.main() == 0  # `python -m repro list`
+    assert cli_main.main(["list"]) == 0  # a test calling main(): the pytest process keeps its own
+    assert calls == ["installed"]

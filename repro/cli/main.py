@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from repro.cli.registry import SPECS, Handler
 from repro.core.errors import Interrupted, ReproError, UsageError
+from repro.core.signals import install_stop_handlers
 
 # Exit codes that are not a ReproError's own (see README.md, "Exit codes").
 EXIT_USAGE = UsageError.exit_code
@@ -60,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -> int:
     """Parse, dispatch, and turn every ReproError into its exit code. `handler` replaces the
     registered one (tests drive `git bisect run` through here with a scripted probe)."""
+    if argv is None:  # a real command line (tests pass argv): SIGTERM/SIGHUP act like Ctrl-C
+        install_stop_handlers()
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     chosen = next((a for a in args_list if a in SPECS), None)
