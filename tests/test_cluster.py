@@ -177,6 +177,76 @@ def test_batch_script_builds_the_image_once_and_runs_every_run_on_every_node(tmp
     assert "1 run(s) exited non-zero" in proc.stdout
 
 
+
+# ---- pass-through and per-run limits -----------------------------------------------------------------
+
+GPU_HOST_ENV = {"HIP_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO", "HSA_XNACK": "1",
+                "NCCL_SOCKET_IFNAME": 'ib0,"odd\\name'}
+
+
+def _gpu_run(tmp_path: Path, runtime: str, body: str, **extra: str) -> tuple[subprocess.CompletedProcess[str],
+                                                                                Path, Path]:
+    out = written(tmp_path, cluster.REPORTER)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stub(bin_dir, runtime, body)
+    run_dir = tmp_path / "runs" / "mics-stock"
+    run_dir.mkdir(parents=True)
+    (run_dir / "ds_config.json").write_text("{}")
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
+               RUNTIME=runtime, SIF=str(tmp_path / "x.sif"), AWS_SECRET_ACCESS_KEY="not-for-the-run",
+               **GPU_HOST_ENV, **extra)
+    proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(run_dir), "mics", "stock", "node-a"],
+                          env=env, capture_output=True, text=True)
+    return proc, run_dir, tmp_path / "calls.env"
+
+
+@pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
+def test_cleanenv_still_gets_the_allowlisted_gpu_variables(tmp_path: Path, real_subprocess: None,
+                                                           runtime: str) -> None:
+    prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
+    proc, _, seen = _gpu_run(tmp_path, runtime, f'env | grep "^{prefix}" | sort > "$CALLS.env"\n')
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls(tmp_path / "calls")
+    assert call[:3] == [runtime, "exec", "--cleanenv"] and "--rocm" in call
+    passed = dict(line[len(prefix):].split("=", 1) for line in seen.read_text().splitlines())
+    described = json.loads(passed.pop("MICS_REPRO_PASSTHROUGH"))
+    assert passed == GPU_HOST_ENV and described == GPU_HOST_ENV  # commas, quotes, backslashes intact
+    assert "AWS_SECRET_ACCESS_KEY" not in seen.read_text()
+
+
+def test_docker_runtime_passes_the_same_variables(tmp_path: Path, real_subprocess: None) -> None:
+    proc, _, _ = _gpu_run(tmp_path, "docker", "")
+    assert proc.returncode == 0, proc.stderr
+    (call,) = calls(tmp_path / "calls")
+    values = [call[i + 1] for i, arg in enumerate(call) if arg == "-e"]
+    assert {f"{k}={v}" for k, v in GPU_HOST_ENV.items()} <= set(values)
+    assert not any(v.startswith("AWS_") for v in values)
+
+
+def test_a_run_over_its_time_limit_is_stopped(tmp_path: Path, real_subprocess: None) -> None:
+    proc, _, _ = _gpu_run(tmp_path, "apptainer", "exec sleep 60\n", TIMEOUT="2")
+    assert proc.returncode == 124, proc.stderr
+
+
+def test_a_run_without_heartbeats_is_stopped_as_hung(tmp_path: Path, real_subprocess: None) -> None:
+    # The "ranks" start training (one heartbeat), then hang; the time limit is far away.
+    body = ('for a in "$@"; do case "$a" in --run-dir) next=1 ;; '
+            '*) [ -n "${next:-}" ] && { dir=$a; next=; } ;; esac; done\n'
+            'touch "$dir/rank0.heartbeat"\nexec sleep 60\n')
+    proc, run_dir, _ = _gpu_run(tmp_path, "apptainer", body, TIMEOUT="300", STALL_TIMEOUT="2")
+    assert proc.returncode != 0 and "no rank heartbeat" in proc.stderr
+    assert (run_dir / "stalled").is_file()
+
+
+def test_job_time_limit_covers_every_run_at_its_limit(tmp_path: Path) -> None:
+    assert cluster.job_time_limit(5, 600) == "1:10:00"
+    sbatch = (written(tmp_path, cluster.REPORTER) / "mics-hier.sbatch").read_text()
+    assert "#SBATCH --time=1:10:00\n" in sbatch
+    launch = (tmp_path / "bundle" / "cluster" / "launch-node.sh").read_text()
+    assert "TIMEOUT=${TIMEOUT:-600}" in launch and "STALL_TIMEOUT=${STALL_TIMEOUT:-60}" in launch
+
+
 # ---- the summary --------------------------------------------------------------------------------------
 
 def test_summary_states_what_each_run_did(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from repro import __version__
 from repro.core.errors import UsageError
 from repro.workload import ds_config
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
+from repro.workload.suite import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
 
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cluster"
 SUMMARY_SOURCE = Path(__file__).resolve().parent / "cluster_summary.py"
@@ -123,6 +124,20 @@ def docker_cli_pairs(platform: str) -> list[tuple[str, str]]:
     return run_options(platform, ()).cli_pairs()
 
 
+def passthrough_pattern() -> str:
+    """The pass-through allowlist (repro/engines/passthrough.py) as one bash `case` pattern."""
+    from repro.engines.passthrough import PASSTHROUGH_NAMES, PASSTHROUGH_PREFIXES
+
+    return " | ".join([*PASSTHROUGH_NAMES, *(f"{prefix}*" for prefix in PASSTHROUGH_PREFIXES)])
+
+
+def job_time_limit(runs: int, timeout_s: float, margin_s: float = 900) -> str:
+    """sbatch --time for `runs` runs of at most `timeout_s` each (+60 s to start and stop each), plus
+    `margin_s` for building the Apptainer image once: H:MM:SS, rounded up to a minute."""
+    minutes = -(-int(runs * (timeout_s + 60) + margin_s) // 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:00"
+
+
 def docker_cli_flags(platform: str) -> list[str]:
     return [token for pair in docker_cli_pairs(platform) for token in pair]
 
@@ -140,8 +155,12 @@ def render(
     env_id: str,
     image_ref: str,
     image_file: str = "image.tar.gz",
-    time_limit: str = "00:45:00",
+    time_limit: str | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    stall_s: float = DEFAULT_STALL_S,
 ) -> list[Script]:
+    """`timeout_s`/`stall_s`: each run's limits (the suite's defaults); `time_limit`: the job's, by
+    default enough for every run to use its whole limit."""
     layout.check()
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(TEMPLATES)),
@@ -163,7 +182,11 @@ def render(
         sbatch_name=sbatch_name,
         runs=RUNS,
         tool_version=__version__,
-        time_limit=time_limit,
+        time_limit=time_limit or job_time_limit(len(RUNS), timeout_s),
+        timeout_s=f"{timeout_s:g}",
+        stall_s=f"{stall_s:g}",
+        passthrough_pattern=passthrough_pattern(),
+        passthrough_doc="*_VISIBLE_DEVICES, NCCL_*, RCCL_*, HSA_*, MIOPEN_*",
         docker_device_flags=[
             " ".join(f'"{x}"' for x in pair) for pair in device_pairs
         ],
