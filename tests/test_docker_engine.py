@@ -225,7 +225,11 @@ def test_gpu_dockerfile_builds_on_a_stand_in_base(client: Any, tmp_path: Path) -
     engine = DockerEngine(client, base_image=BASE_IMAGE_REF, build_args=args,
                           wheelhouse=NoDownloadWheelhouse(offline=False))
     prepared = engine.prepare(env)
-    probe = "import torch, deepspeed; print('versions', torch.__version__, deepspeed.__version__)"
+    # The GPU Dockerfiles' first RUN parks vendor apt sources; on the Debian base it must run and
+    # find nothing (the build would have stopped otherwise), leaving the script in the image.
+    probe = ("import os, torch, deepspeed; print('versions', torch.__version__, deepspeed.__version__); "
+             "print('vendor-apt', os.path.isfile('/opt/mics-repro/disable-vendor-apt.sh'), "
+             "os.path.exists('/etc/apt/vendor-sources.disabled'))")
     try:
         run = engine.run(prepared.handle, ["python", "-c", probe], tmp_path, 600, name_hint="standin")
     finally:
@@ -234,3 +238,5 @@ def test_gpu_dockerfile_builds_on_a_stand_in_base(client: Any, tmp_path: Path) -
     log = (tmp_path / "engine.log").read_text()
     assert run.exit_code == 0, log
     assert f"versions {env.torch}" in log and env.deepspeed in log
+    if env.platform is not Platform.CPU:
+        assert "vendor-apt True False" in log, log
