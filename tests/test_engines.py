@@ -912,3 +912,27 @@ def test_records_carry_the_passed_variables(monkeypatch: pytest.MonkeyPatch) -> 
     assert device.passed_env() == {}
     monkeypatch.delenv("MICS_REPRO_PASSTHROUGH")
     assert device.passed_env() == {}
+
+
+@pytest.mark.parametrize(("info", "flag"), [
+    ({"Runtimes": {"nvidia": {}, "runc": {}}}, "gpus"),
+    ({"Runtimes": {"runc": {}}, "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=all"}]}, "cdi"),
+])
+def test_cuda_run_asks_for_gpus_the_way_the_daemon_serves_them(
+    docker_engine: DockerEngine, tmp_path: Path, info: dict[str, Any], flag: str
+) -> None:
+    docker_engine.client.info_data = info
+    docker_engine.run_suite(_prepared(platform="cuda"), [], tmp_path / "out", timeout_s=None)
+    (box,) = docker_engine.client.created
+    (request,) = box.kwargs["device_requests"]
+    if flag == "gpus":
+        assert request["Count"] == -1 and request["Capabilities"] == [["gpu"]]
+    else:  # no NVIDIA runtime hook: --gpus could find no device driver; CDI names the GPUs
+        assert request["Driver"] == "cdi" and request["DeviceIDs"] == ["nvidia.com/gpu=all"]
+    assert box.kwargs["ipc_mode"] == "host"
+
+
+def test_cdi_run_options_print_as_docker_run_flags() -> None:
+    assert run_options("cuda", via_cdi=True).cli_pairs() == [("--ipc", "host"),
+                                                                  ("--device", "nvidia.com/gpu=all")]
+    assert ("--gpus", "all") in run_options("cuda").cli_pairs()

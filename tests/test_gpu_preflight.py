@@ -278,6 +278,10 @@ def test_cdi_specs_let_docker_pass_gpus(tmp_path: Path, smi: Any) -> None:
     (tmp_path / "etc/cdi").mkdir(parents=True)
     (tmp_path / "etc/cdi/nvidia.yaml").write_text('cdiVersion: "0.5.0"\nkind: nvidia.com/gpu\n')
     preflight.check_devices(CUDA, host, DockerFacts(("runc",), cdi_spec_dirs=("/etc/cdi", "/var/run/cdi")))
+    # Which way the engine then asks for the GPUs: --gpus with the runtime hook, else the CDI name.
+    assert preflight.cuda_via_cdi(DockerFacts(("runc",), cdi_spec_dirs=("/etc/cdi",)), host)
+    assert not preflight.cuda_via_cdi(DockerFacts(("nvidia", "runc"), cdi_spec_dirs=("/etc/cdi",)), host)
+    assert not preflight.cuda_via_cdi(DockerFacts(("runc",), cdi_spec_dirs=("/nowhere",)), host)
 
 
 def test_docker_facts_from_info() -> None:

@@ -207,14 +207,21 @@ def _check_driver(driver: str, env: Env | None) -> None:
     )
 
 
+def cuda_via_cdi(docker: DockerFacts, host: GpuHost | None = None) -> bool:
+    """Whether the daemon serves NVIDIA GPUs only through CDI (no "nvidia" runtime): the Docker
+    engine then requests them as nvidia.com/gpu=all rather than with --gpus."""
+    if "nvidia" in docker.runtimes:
+        return False
+    return (any(d.startswith("nvidia.com/gpu") for d in docker.cdi_devices)
+            or (host or GpuHost()).cdi_specs_name_nvidia(docker.cdi_spec_dirs))
+
+
 def _check_container_gpus(host: GpuHost, docker: DockerFacts) -> None:
     # `--gpus` works when the daemon registered NVIDIA's device driver: it does so when it finds
-    # nvidia-container-runtime-hook (installed with the runtime `docker info` lists as "nvidia"),
-    # and newer daemons (moby#50228) also serve it from NVIDIA CDI specs. A binary on the client's
-    # PATH proves nothing about the daemon, so only the daemon's own answers count here.
-    if "nvidia" in docker.runtimes or any(d.startswith("nvidia.com/gpu") for d in docker.cdi_devices):
-        return
-    if host.cdi_specs_name_nvidia(docker.cdi_spec_dirs):
+    # nvidia-container-runtime-hook (installed with the runtime `docker info` lists as "nvidia");
+    # with NVIDIA CDI specs only, the engine asks for nvidia.com/gpu=all instead. A binary on the
+    # client's PATH proves nothing about the daemon, so only the daemon's own answers count here.
+    if "nvidia" in docker.runtimes or cuda_via_cdi(docker, host):
         return
     raise ContainerGpuError(
         "Docker cannot give containers the GPU: the daemon has no NVIDIA runtime and no NVIDIA CDI spec",

@@ -36,7 +36,7 @@ from repro.engines.docker.build_context import (
     source_args,
 )
 from repro.engines.passthrough import run_environment
-from repro.engines.preflight import DockerFacts, check_devices, docker_unavailable
+from repro.engines.preflight import DockerFacts, check_devices, cuda_via_cdi, docker_unavailable
 from repro.engines.wheelhouse import Wheelhouse
 
 if TYPE_CHECKING:
@@ -194,7 +194,8 @@ class DockerEngine:
     ) -> SuiteRun:
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path = out_dir / "engine.log"
-        options = run_options(platform, device_gids())
+        via_cdi = platform == "cuda" and cuda_via_cdi(DockerFacts.from_info(self.client.info()))
+        options = run_options(platform, device_gids(), via_cdi=via_cdi)
         name = f"mics-repro-{re.sub(r'[^a-zA-Z0-9_.-]+', '-', name_hint)}-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         # Containers get none of the host's environment but the GPU selection and NCCL/RCCL/HSA settings.
@@ -263,6 +264,7 @@ class RunOptions:
     security_opt: tuple[str, ...] = ()
     cap_add: tuple[str, ...] = ()
     gpus: bool = False
+    cdi_devices: tuple[str, ...] = ()  # e.g. "nvidia.com/gpu=all": GPUs by CDI name instead of --gpus
 
     def to_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
@@ -278,10 +280,13 @@ class RunOptions:
             kwargs["security_opt"] = list(self.security_opt)
         if self.cap_add:
             kwargs["cap_add"] = list(self.cap_add)
-        if self.gpus:
+        if self.gpus or self.cdi_devices:
             from docker.types import DeviceRequest
 
-            kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+            requests = [DeviceRequest(count=-1, capabilities=[["gpu"]])] if self.gpus else []
+            if self.cdi_devices:  # what `docker run --device nvidia.com/gpu=all` sends (Docker 25+)
+                requests.append(DeviceRequest(driver="cdi", device_ids=list(self.cdi_devices)))
+            kwargs["device_requests"] = requests
         return kwargs
 
 
@@ -295,6 +300,7 @@ class RunOptions:
         pairs += [("--security-opt", o) for o in self.security_opt] + [("--cap-add", c) for c in self.cap_add]
         if self.gpus:
             pairs.append(("--gpus", "all"))
+        pairs += [("--device", d) for d in self.cdi_devices]
         return pairs
 
 def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:
@@ -313,13 +319,17 @@ def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:
     return tuple(sorted(gids))
 
 
-def run_options(platform: str, rocm_gids: Sequence[int] = ()) -> RunOptions:
+def run_options(platform: str, rocm_gids: Sequence[int] = (), *, via_cdi: bool = False) -> RunOptions:
+    """`via_cdi` (CUDA): the daemon has NVIDIA CDI specs but no NVIDIA runtime hook, so `--gpus` may
+    find no device driver (daemons before moby#50228): ask for the GPUs by their CDI name."""
     if platform == "rocm":
         # Numeric GIDs work whatever /etc/group the image has; "video" is the documented fallback.
         groups = tuple(str(g) for g in rocm_gids) or ("video",)
         return RunOptions(devices=ROCM_DEVICES, group_add=groups, ipc_mode="host",
                           security_opt=("seccomp=unconfined",), cap_add=("SYS_PTRACE",))
     if platform == "cuda":
+        if via_cdi:
+            return RunOptions(ipc_mode="host", cdi_devices=("nvidia.com/gpu=all",))
         return RunOptions(ipc_mode="host", gpus=True)
     return RunOptions(shm_size=CPU_SHM)
 
