@@ -136,6 +136,7 @@ def test_one_gpu_runs_the_control_and_says_what_mics_needs(tmp_path: Path,
     assert "needs at least 2 GPUs" in needs["mics"] and "needs at least 4 GPUs" in needs["mics-replica"]
     control = by_outcome["clean"][0]
     assert control["ran_on"]["gpus"] == ["NVIDIA H200"] and control["ran_on"]["env_platform"] == "cuda"
+    assert "planned_device" not in control["ran_on"]  # what rank 0 said, not what was planned
     from repro.run.summary import verdict_lines
 
     assert "FIX DOES NOT RESOLVE IT" not in verdict_lines(data["runs"])[0]
@@ -176,3 +177,13 @@ def test_orchestrator_passes_the_envs_platform() -> None:
     assert devices == {"cpu": "cpu", "rocm56": "rocm", "cuda": "cuda"}
     for step in steps:  # the suite accepts what the orchestrator sends
         suite.parser().parse_args([*step.suite_args, "--out", "x"])
+
+
+def test_world_size_one_is_the_control_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    launched = FakeLaunch()
+    data = _suite(tmp_path, monkeypatch, dev.TorchView(gpus=8, cuda="12.1"), "--env", "cuda", "--device",
+                  "cuda", "--world-size", "1", "--patches", "fixed", launch=launched)
+    assert [s.run_name for s in launched.specs] == ["zero3-stock-fp16-native-w1"]
+    assert [r["outcome"] for r in data["runs"]] == ["clean"] + ["unsupported"] * 3
+    with pytest.raises(SystemExit):
+        suite.main(["--env", "x", "--out", str(tmp_path / "odd"), "--world-size", "3"])

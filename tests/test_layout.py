@@ -100,6 +100,8 @@ def test_cpu_keeps_the_layout_it_always_had() -> None:
                       "mics-replica": (4, 2, False, 4)}
     assert plan.get("mics-hier").how("cpu") == (
         "2 nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE=2 with world size 4")
+    one = lay.plan_layouts("cpu", 1)
+    assert one.get("zero3").supported and one.get("mics").needs == 2 and one.get("mics-replica").needs == 2
     two = lay.plan_layouts("cpu", 2)
     assert two.get("mics-hier").devices_per_node == 1 and two.get("mics-replica").shard_size == 1
 

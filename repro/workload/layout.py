@@ -117,6 +117,8 @@ def check_world_size(requested: int | None, gpus: int) -> str | None:
 
 def cpu_layout(scenario: str, world: int) -> Layout:
     """CPU: the layout this lab has always used (README "Scenarios"); WORLD_SIZE chooses `world`."""
+    if world < 2 and scenario in MIN_GPU_RANKS and scenario != "zero3":  # one rank: nothing to gather
+        return Layout(scenario, world, None, scenario == "mics-hier", 1, needs=2)
     if scenario == "zero3":
         return Layout(scenario, world, None, False, world)
     if scenario == "mics":

@@ -286,8 +286,8 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
         weights_checksum=zero.get("weights_checksum"), stacks=result.stacks, logs=logs,
         backend=zero.get("backend"), fix=zero.get("fix"), transport_info=zero.get("transport_info") or {},
-        # What rank 0 really ran on; the suite's view (env platform, nothing ran) when it never said.
-        ran_on={**(base.get("ran_on") or {}), **(zero.get("ran_on") or {})} or None,
+        # What rank 0 really ran on (plus the env's platform); the suite's view when it never said.
+        ran_on=_ran_on(base.get("ran_on"), zero.get("ran_on")),
     )
     status = result.status
     if status == "hung":
@@ -309,6 +309,12 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         status = "unsupported"
         record["reason"] = f"unsupported: {record['exception']['message']}"
     return record, status
+
+
+def _ran_on(planned: dict[str, Any] | None, reported: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not reported:
+        return planned
+    return {**reported, "env_platform": (planned or {}).get("env_platform")}
 
 
 # Exceptions that mean "this environment cannot run the workload", not "the run failed".

@@ -419,8 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a real command line (tests pass argv): SIGTERM/SIGHUP act like Ctrl-C
         runner.install_stop_handlers()
     args = parser().parse_args(argv)
-    if args.world_size is not None and (args.world_size < 2 or args.world_size % 2):
-        parser().error("--world-size must be an even number >= 2 (MiCS scenarios split it in halves)")
+    if args.world_size is not None and (args.world_size < 1 or (args.world_size > 1 and args.world_size % 2)):
+        # 1 is a layout too (one GPU: the control only; a bundle of such runs asks for it).
+        parser().error("--world-size must be 1 or an even number >= 2 (MiCS scenarios split it in halves)")
     try:
         return run_suite(args)
     except KeyboardInterrupt:
