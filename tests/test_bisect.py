@@ -61,17 +61,17 @@ def test_two_candidates_cost_two_probes() -> None:
     assert (result.before, result.after, result.probe_count) == (0, 1, 2)
 
 
-def test_unknowns_at_the_start_are_walked_over() -> None:
+def test_unknowns_at_the_start_are_searched_not_walked() -> None:
     asked, judge = scripted([U, U, U, G, G, B, B, B])
     result = bisect(range(8), judge)
-    assert asked[:4] == [0, 1, 2, 3]
+    assert asked == [0, 7, 3, 5, 4]  # more in tests/test_bisect_search_unknowns.py
     assert (result.before, result.after) == (4, 5)
 
 
-def test_unknowns_at_the_end_are_walked_over() -> None:
+def test_unknowns_at_the_end_are_searched_not_walked() -> None:
     asked, judge = scripted([G, G, B, B, B, U, U, U])
     result = bisect(range(8), judge)
-    assert asked[:5] == [0, 7, 6, 5, 4]
+    assert asked == [0, 7, 3, 1, 2]
     assert (result.before, result.after) == (1, 2)
 
 
@@ -497,7 +497,9 @@ def test_a_release_the_matrix_cannot_pair_is_unknown(tmp_path: Path) -> None:
         args, bisect_cli.Services(matrix=matrix, engine=FakeEngine(torch_behaviour), say=lines.append)
     )
     data = json.loads((tmp_path / "o" / "bisect.json").read_text())
-    assert [p["verdict"] for p in data["probes"][1:3]] == ["unknown", "unknown"]  # walked in from the end
+    assert data["probes"][1]["verdict"] == "unknown"
+    # The unknown end is searched past, not walked: 2.2.1 (unknown too) is never probed.
+    assert [p["version"] for p in data["probes"]] == ["2.0.0", "2.3.0", "2.1.1", "2.0.1", "2.1.0"]
     assert "no wheel index" in data["probes"][1]["reason"]
     assert (data["last_good"], data["first_bad"]) == ("2.0.1", "2.1.0")
 

@@ -3,11 +3,22 @@
 Nothing here knows about pip, Docker or records: callers feed verdicts (bisect) or keys (survey)
 for the index the state machine asks for, so every decision is unit-testable with literal lists.
 
-Bisection: both ends are probed first, walking inward past unknowns; the verdict found at the
-start side is the "before" state, the end side must show the other one, and a binary search finds
-the adjacent pair where it flips. An unknown in the middle is stepped around by probing the
-nearest untried candidate instead. With no unknowns, a single transition among N candidates costs
-2 + ceil(log2(N - 1)) <= ceil(log2 N) + 2 probes.
+Bisection: both ends are probed first; once two neighbouring known candidates disagree, a binary
+search between them finds the adjacent pair where the verdict flips, and `before_verdict` is the
+one on the start side of that pair. An unknown in the middle is stepped around by probing the
+nearest untried candidate instead. An unknown end is not walked one candidate at a time: the
+untried run between the outermost known candidate and the nearest unknown beyond it is halved
+(an unknown answer means the unknown block starts lower), which finds a known candidate of the
+other verdict, or the edge of the block, in logarithmic steps. Unknowns further out are probed
+only when that found no transition, so scattered unknowns cannot hide one.
+Cost of a single transition among N candidates:
+- no unknowns, or one contiguous block of unknowns at one end: at most
+  2 + ceil(log2(N - 1)) <= ceil(log2 N) + 2 probes;
+- blocks at both ends: the ends, then the widest untried run is halved until a candidate is known
+  (one probe when the middle one is), then at most a binary search on each side of it:
+  at most 2 * ceil(log2 N) + 1 probes when the middle candidate is known;
+- no transition behind an unknown end: every unknown there is probed (as they must be to prove
+  it), plus at most the ceil(log2 N) + 2 probes of the search above.
 
 Survey: find every index where the key (e.g. outcome + signature) changes, splitting a segment
 only when its two probed ends differ; `every=True` probes each candidate instead. Unknown probes
@@ -65,65 +76,72 @@ def _nearest_untried(lo: int, hi: int, tried: Callable[[int], bool]) -> int | No
 
 
 class Bisection:
-    """Ask `next_probe()`, answer with `record(index, verdict)`, until `next_probe()` is None."""
+    """Ask `next_probe()`, answer with `record(index, verdict)`, until `next_probe()` is None.
+
+    Every decision is recomputed from the verdicts so far, so the state is just what was probed.
+    """
 
     def __init__(self, count: int) -> None:
         self.count = count
         self.verdicts: dict[int, ProbeVerdict] = {}
         self.order: list[int] = []
-        self._lo: int | None = None  # first known index from the start side
-        self._hi: int | None = None  # first known index from the end side
-        self._before: ProbeVerdict | None = None
 
     # -- state ---------------------------------------------------------------------------------
     def _tried(self, i: int) -> bool:
         return i in self.verdicts
 
-    def _walk_start(self) -> int | None:
-        """Next index of the inward walk from the start, or None once a known verdict is found."""
-        for i in range(self.count):
-            if i not in self.verdicts:
-                return i
-            if self.verdicts[i] is not ProbeVerdict.UNKNOWN:
-                return None
+    def _known(self) -> list[int]:
+        return sorted(i for i, v in self.verdicts.items() if v is not ProbeVerdict.UNKNOWN)
+
+    def _boundary(self, known: list[int]) -> tuple[int, int] | None:
+        """The first pair of neighbouring known candidates whose verdicts differ."""
+        for a, b in zip(known, known[1:]):
+            if self.verdicts[a] is not self.verdicts[b]:
+                return a, b
         return None
 
-    def _first_known(self, indices: range) -> int | None:
-        return next(
-            (i for i in indices if self.verdicts.get(i, ProbeVerdict.UNKNOWN) is not ProbeVerdict.UNKNOWN), None
-        )
+    def _gap_to_split(self, known: list[int]) -> tuple[int, int] | None:
+        """While every verdict so far agrees: the run of untried candidates to probe the middle of.
 
-    def _walk_end(self, floor: int) -> int | None:
-        for i in range(self.count - 1, floor, -1):
-            if i not in self.verdicts:
-                return i
-            if self.verdicts[i] is not ProbeVerdict.UNKNOWN:
-                return None
-        return None
+        Gaps are runs of untried candidates between two probed ones (both ends are probed first,
+        so every untried candidate lies in one). An unknown end usually heads a contiguous block
+        (a DeepSpeed that cannot import on newer torch), so the gap between the outermost known
+        candidate and the nearest unknown beyond it is halved first: that finds a known candidate
+        of the other verdict, or the block's edge, in logarithmic steps. Only then are the gaps
+        further out (between unknowns) probed, since a known candidate hidden there could still
+        hold the other verdict. Gaps between two agreeing known candidates are never probed: like
+        any bisection, this assumes the verdict does not flip and flip back between them.
+        """
+        tried = sorted(self.verdicts)
+        gaps = [(a, b) for a, b in zip(tried, tried[1:]) if b - a > 1]
+        if not known:
+            # Nothing decided yet: halve the widest gap (the earlier one on ties).
+            return max(gaps, key=lambda g: g[1] - g[0], default=None)
+        first, last = known[0], known[-1]
+        inner = [g for g in gaps if g[0] == last or g[1] == first]
+        if inner:
+            # Wider first; on ties the end side, where unknown blocks are most common.
+            return max(inner, key=lambda g: (g[1] - g[0], g[0]))
+        outer = [g for g in gaps if g[0] >= last or g[1] <= first]
+
+        def distance(g: tuple[int, int]) -> tuple[int, int]:
+            return (g[0] - last if g[0] >= last else first - g[1]), -g[0]
+
+        return min(outer, key=distance, default=None)
 
     def next_probe(self) -> int | None:
         if self.count < 2:
             return None
-        if self._lo is None:
-            step = self._walk_start()
-            if step is not None:
-                return step
-            self._lo = self._first_known(range(self.count))
-            if self._lo is None:
-                return None
-        if self._hi is None:
-            step = self._walk_end(self._lo)
-            if step is not None:
-                return step
-            self._hi = self._first_known(range(self.count - 1, self._lo, -1))
-            if self._hi is None:
-                return None
-            if self.verdicts[self._hi] is self.verdicts[self._lo]:
-                return None  # no transition to look for
-            self._before = self.verdicts[self._lo]
-        if self._before is None:
-            return None
-        return _nearest_untried(self._lo, self._hi, self._tried)
+        for end in (0, self.count - 1):
+            if end not in self.verdicts:
+                return end
+        known = self._known()
+        pair = self._boundary(known)
+        if pair is not None:
+            # Binary search inside the boundary; an unknown midpoint is stepped around.
+            return _nearest_untried(pair[0], pair[1], self._tried)
+        gap = self._gap_to_split(known)
+        return None if gap is None else (gap[0] + gap[1]) // 2
 
     def record(self, index: int, verdict: ProbeVerdict) -> None:
         if index in self.verdicts:
@@ -132,32 +150,47 @@ class Bisection:
             raise IndexError(index)
         self.verdicts[index] = verdict
         self.order.append(index)
-        if self._before is None or verdict is ProbeVerdict.UNKNOWN:
-            return
-        assert self._lo is not None and self._hi is not None
-        if self._lo < index < self._hi:
-            if verdict is self._before:
-                self._lo = index
-            else:
-                self._hi = index
 
     def bounds(self) -> tuple[int, int]:
-        """The narrowest range still known to hold the transition (for resuming after Ctrl-C)."""
-        if self._before is None or self._lo is None or self._hi is None:
-            return 0, self.count - 1
-        return self._lo, self._hi
+        """The narrowest range still known to hold the transition (for resuming after Ctrl-C).
+
+        A search over the returned range reaches the same boundary as this one would have.
+        """
+        known = self._known()
+        pair = self._boundary(known)
+        if pair is not None:
+            return pair
+        lo, hi = 0, self.count - 1
+        if known:
+            # The other verdict can only lie beyond the known candidates, on a side with untried ones.
+            untried = [i for i in range(self.count) if i not in self.verdicts]
+            below = any(i < known[0] for i in untried)
+            above = any(i > known[-1] for i in untried)
+            if above and not below:
+                lo = known[-1]
+            elif below and not above:
+                hi = known[0]
+        # An unknown candidate is never either side of a boundary: leave probed unknown ends out.
+        while hi - lo > 1 and self.verdicts.get(lo) is ProbeVerdict.UNKNOWN:
+            lo += 1
+        while hi - lo > 1 and self.verdicts.get(hi) is ProbeVerdict.UNKNOWN:
+            hi -= 1
+        return lo, hi
 
     def result(self) -> BisectResult:
         probes = tuple((i, self.verdicts[i]) for i in self.order)
         if self.count < 2:
             return BisectResult(BisectStatus.TOO_FEW, None, None, None, (), probes)
-        known = [i for i in self.order if self.verdicts[i] is not ProbeVerdict.UNKNOWN]
+        known = self._known()
         if not known:
             return BisectResult(BisectStatus.NO_VERDICT, None, None, None, (), probes)
-        if self._lo is None or self._hi is None or self.verdicts[self._hi] is self.verdicts[self._lo]:
-            return BisectResult(BisectStatus.NO_TRANSITION, None, None, self.verdicts[known[0]], (), probes)
-        between = tuple(i for i in range(self._lo + 1, self._hi) if i in self.verdicts)
-        return BisectResult(BisectStatus.FOUND, self._lo, self._hi, self.verdicts[self._lo], between, probes)
+        pair = self._boundary(known)
+        if pair is None:
+            first = next(i for i in self.order if self.verdicts[i] is not ProbeVerdict.UNKNOWN)
+            return BisectResult(BisectStatus.NO_TRANSITION, None, None, self.verdicts[first], (), probes)
+        lo, hi = pair
+        between = tuple(i for i in range(lo + 1, hi) if i in self.verdicts)
+        return BisectResult(BisectStatus.FOUND, lo, hi, self.verdicts[lo], between, probes)
 
 
 def bisect(items: Sequence[T], judge: Callable[[T], ProbeVerdict]) -> BisectResult:
