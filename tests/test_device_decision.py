@@ -187,3 +187,13 @@ def test_world_size_one_is_the_control_only(tmp_path: Path, monkeypatch: pytest.
     assert [r["outcome"] for r in data["runs"]] == ["clean"] + ["unsupported"] * 3
     with pytest.raises(SystemExit):
         suite.main(["--env", "x", "--out", str(tmp_path / "odd"), "--world-size", "3"])
+
+
+def test_gpu_default_is_the_reporters_fp16_with_their_loss_scale_settings() -> None:
+    from repro.core.paths import REPO_ROOT
+    from repro.workload import ds_config
+
+    reporter = json.loads((Path(REPO_ROOT) / "repro" / "configs" / "reporter_ds_config.json").read_text())
+    shape = ds_config.ScenarioShape("mics", 8, 8, False, 8)
+    built = ds_config.build_config(shape, dtype=suite.default_dtype("gpu", None)).config
+    assert built["fp16"] == reporter["fp16"]
