@@ -300,3 +300,28 @@ def test_gpu_preflight_exit_codes_are_distinct() -> None:
     assert len({k.exit_code for k in kinds}) == len(kinds)
     assert all(issubclass(k, DeviceUnavailableError) for k in kinds)
 
+
+
+def test_orchestrator_refuses_world_size_above_the_gpus_before_preparing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from repro.run import orchestrate
+
+    monkeypatch.setattr(preflight, "gpu_count", lambda env, host=None: 2)
+
+    class Engine:
+        prepared: list[str] = []
+
+        def preflight(self, env: Any) -> None:
+            pass
+
+        def prepare(self, env: Any) -> Any:
+            self.prepared.append(env.id)
+            raise AssertionError("nothing may be built after a refused preflight")
+
+    engine: Any = Engine()
+    step = orchestrate.Step(ROCM56, ("--env", "rocm56", "--world-size", "4"))
+    with pytest.raises(GpuCountError):
+        orchestrate.execute([step], engine, invocation=Any)
+    assert engine.prepared == []
+    assert orchestrate._world_size(("--env", "cpu")) is None

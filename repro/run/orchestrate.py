@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from repro.core.errors import ConfigError, Interrupted, UsageError
 from repro.core.results import InvocationDir
+from repro.engines.preflight import check_world_size
 from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord, read_json
 
 if TYPE_CHECKING:
@@ -161,11 +162,18 @@ def describe(steps: Sequence[Step], engine_label: str) -> str:
     return "\n".join(lines)
 
 
+def _world_size(suite_args: Sequence[str]) -> int | None:
+    args = list(suite_args)
+    return int(args[args.index("--world-size") + 1]) if "--world-size" in args else None
+
+
 def execute(steps: Sequence[Step], engine: Engine, invocation: InvocationDir,
             say: Callable[[str], None] = print) -> list[RunRecord]:
     """Prepare and run every step; record each env's runs as soon as its suite ends."""
     for step in steps:
         engine.preflight(step.env)
+        # WORLD_SIZE= above the GPUs this host shows the env is refused before any build (exit 45).
+        check_world_size(step.env, _world_size(step.suite_args))
     for n, step in enumerate(steps, 1):
         env = step.env
         say(f"== [{n}/{len(steps)}] {env.id}: preparing ({engine.kind.value}) ...")
