@@ -193,6 +193,7 @@ def test_unreadable_topology_skips_only_the_arch_check(tmp_path: Path) -> None:
     ({}, 8), ({"HIP_VISIBLE_DEVICES": "0,1"}, 2), ({"ROCR_VISIBLE_DEVICES": "3"}, 1),
     ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4), ({"HIP_VISIBLE_DEVICES": ""}, 0),
     ({"ROCR_VISIBLE_DEVICES": "0,1,2", "HIP_VISIBLE_DEVICES": "0,1"}, 2),
+    ({"CUDA_VISIBLE_DEVICES": "-1"}, 0), ({"HIP_VISIBLE_DEVICES": "0,1,-1,2"}, 2),
 ])
 def test_rocm_gpu_count_follows_visibility(tmp_path: Path, environ: dict[str, str], count: int) -> None:
     assert preflight.gpu_count(ROCM56, amd_host(tmp_path, [90008] * 8, environ=environ)) == count

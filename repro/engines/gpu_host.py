@@ -152,9 +152,19 @@ class GpuHost:
         return False
 
 
+def _listed(value: str) -> int:
+    """Devices a visibility list names: the runtimes stop at the first negative entry ("-1" hides all)."""
+    count = 0
+    for item in (part.strip() for part in value.split(",")):
+        if not item or item.startswith("-"):
+            break
+        count += 1
+    return count
+
+
 def visible_limit(environ: Mapping[str, str], names: tuple[str, ...]) -> int | None:
     """The fewest GPUs any set visibility variable allows (an empty value hides all), None if unset."""
-    limits = [len([d for d in environ[n].split(",") if d.strip()]) for n in names if n in environ]
+    limits = [_listed(environ[n]) for n in names if n in environ]
     return min(limits) if limits else None
 
 
