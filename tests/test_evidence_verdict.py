@@ -60,3 +60,11 @@ def test_the_report_refuses_a_silent_cpu_fallback_as_rocm_evidence(tmp_path: Pat
     data = json.loads(build_report([folder], tmp_path / "out").data.read_text())
     headline = next(h for h in data["headline"] if h["env"] == "rocm56")
     assert headline["reproduces"] == "inconclusive" and headline["fixed"] != "yes", headline
+
+
+def test_one_cause_of_many_env_errors_is_said_once() -> None:
+    runs = _suite_of("rocm56", ROCM_RAN)
+    for r in runs:
+        r.update(outcome="env-error", signature="none", reason="torch sees no GPU")
+    verdict = env_verdicts(runs)[0]
+    assert verdict.unverified_reason == "every fixed MiCS run is env-error (torch sees no GPU)"

@@ -288,6 +288,9 @@ def verification(runs: Sequence[RunView]) -> tuple[tuple[str, ...], str]:
         return verified, ""
     if all(r.outcome is Outcome.UNSUPPORTED for r in fixed):
         return (), f"every fixed MiCS run is unsupported ({fixed[0].reason or 'no MiCS in this DeepSpeed'})"
+    if all(r.outcome is Outcome.ENV_ERROR for r in fixed) and len({r.reason for r in fixed}) == 1:
+        # One cause stopped them all (e.g. no GPU of the env's platform): say it once.
+        return (), f"every fixed MiCS run is env-error ({fixed[0].reason})"
     return (), "; ".join(why for why in reasons.values() if why)
 
 
