@@ -677,6 +677,26 @@ def test_survey_command_reports_every_change_point(tmp_path: Path, every: bool) 
     assert [s["outcome"] for s in data["segments"]] == ["reproduced"] * 3 + ["unsupported"]
 
 
+def test_interrupted_survey_saves_what_it_has_and_names_the_command(tmp_path: Path) -> None:
+    """The one driver handles Ctrl-C for both commands: save, mark interrupted, say how to go on."""
+    argv = ["--axis", "deepspeed", "--versions", DS_RELEASES, "--from", "0.12.5", "--torch", "2.1.0",
+            "--out", str(tmp_path / "s"), "--results-root", str(tmp_path)]
+    engine = FakeEngine(ds_landscape, interrupt_at=3)
+    with pytest.raises(Interrupted) as info:
+        bisect_cli.run_survey(
+            parse("survey", argv), bisect_cli.Services(matrix=FakeMatrix(), engine=engine, say=lambda _: None)
+        )
+    data = json.loads((tmp_path / "s" / "survey.json").read_text())
+    assert data["interrupted"] and data["probe_count"] == 2 and not data.get("done")
+    results = json.loads((tmp_path / "s" / "results.json").read_text())
+    command = results["invocation"]["command"]
+    assert command == (
+        f"make survey AXIS=deepspeed FROM=0.12.5 TO=0.19.8 TORCH=2.1.0 VERSIONS={DS_RELEASES} "
+        "ENV=cpu SCENARIO=mics PATCH=stock"
+    )
+    assert command in info.value.fix
+
+
 def test_bisect_rejects_pinning_the_walked_axis(tmp_path: Path) -> None:
     args = parse("bisect", ["--axis", "torch", "--torch", "2.1.0", "--versions", TORCHES, "--from", "2.0.0"])
     with pytest.raises(UsageError):
