@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from repro.bisect.driver import WalkRequest
 from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
-from repro.bisect.search import Bisection, BisectStatus, Survey, ProbeVerdict, bisect, survey
+from repro.bisect.search import Bisection, BisectStatus, ProbeVerdict, Survey, bisect, survey
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.errors import BuildError, Interrupted, UsageError
 from repro.engines.base import EngineKind, Prepared, SuiteRun
