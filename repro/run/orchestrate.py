@@ -44,8 +44,11 @@ class Request:
     jobs: int | None = None
 
     def __post_init__(self) -> None:
-        for name, values, allowed in (("SCENARIOS", self.scenarios, SCENARIOS), ("PATCH", self.patches, PATCHES),
-                                      ("TRANSPORT", self.transports, TRANSPORT_MODES)):
+        for name, values, allowed in (
+            ("SCENARIOS", self.scenarios, SCENARIOS),
+            ("PATCH", self.patches, PATCHES),
+            ("TRANSPORT", self.transports, TRANSPORT_MODES),
+        ):
             bad = [v for v in values if v not in allowed]
             if bad or not values:
                 raise UsageError(f"{name}={','.join(values)} is not valid",
@@ -63,8 +66,11 @@ def _check_numbers(request: Request) -> None:
             raise UsageError(f"{name}={value} is not valid", fix=f"use a whole number >= 1 for {name}")
     size = request.world_size
     if size is not None and (size < 2 or size % 2):
-        raise UsageError(f"WORLD_SIZE={size} is not valid", why="the MiCS scenarios split the ranks in halves",
-                         fix="use an even number >= 2 (2, 4, 6, ...)")
+        raise UsageError(
+            f"WORLD_SIZE={size} is not valid",
+            why="the MiCS scenarios split the ranks in halves",
+            fix="use an even number >= 2 (2, 4, 6, ...)",
+        )
     for name, seconds in (("TIMEOUT", request.timeout_s), ("STALL_TIMEOUT", request.stall_s)):
         if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
             raise UsageError(f"{name}={seconds} is not valid", why="a time limit must be a finite number",
