@@ -10,7 +10,7 @@ import pytest
 from fixtures.report_records import STEPS, ResultsBuilder, standard_env
 
 from repro.core import results
-from repro.core.errors import NothingVerifiedError, ReproError, UsageError
+from repro.core.errors import FixNotResolvedError, NothingVerifiedError, ReproError, UsageError
 from repro.core.runs import RunView
 from repro.core.verdict import (
     FixVerdict,
@@ -248,3 +248,45 @@ def test_issue_comment_names_the_fixed_run_that_fails(b: ResultsBuilder) -> None
     standard_env(b, "cpu", fix_works=False)
     a = comment_answer(b)
     assert a.fixed is False and "(mics-fixed-fp32-async-w2: reproduced)" in a.summary
+
+
+# -- check-fix through the front door: the exit code says what was (not) verified --------------------
+
+
+@pytest.mark.parametrize(
+    ("make_runs", "code", "said"),
+    [
+        (lambda b: fixed_only(b), 0, "1 fixed MiCS run(s) ran clean and matched"),
+        (lambda b: fixed_only(b, losses=[]), NothingVerifiedError.exit_code, "nothing to compare with"),
+        (
+            lambda b: [
+                b.clean("cpu", "zero3"),
+                b.run("cpu", "mics", "fixed", status="unsupported", losses=[]),
+            ],
+            NothingVerifiedError.exit_code,
+            "every fixed MiCS run is unsupported",
+        ),
+        (
+            lambda b: [b.clean("cpu", "zero3"), b.diverging_bug("cpu", "mics", "fixed")],
+            FixNotResolvedError.exit_code,
+            "mics-fixed",
+        ),
+    ],
+)
+def test_check_fix_exit_codes(
+    b: ResultsBuilder,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    make_runs: Any,
+    code: int,
+    said: str,
+) -> None:
+    from repro.cli import main as cli
+    from repro.cli import run_commands
+
+    make_runs(b)
+    # The runs themselves are faked (no engine); parsing, the verdict and the error catch are real.
+    monkeypatch.setattr(run_commands, "_run", lambda args, **kw: list(b.runs))
+    assert cli.main(["check-fix", "--env", "cpu"]) == code
+    out = capsys.readouterr()
+    assert said in (out.out if code == 0 else out.err)
