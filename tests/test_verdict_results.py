@@ -110,6 +110,9 @@ def test_check_fix_passes_when_a_fixed_run_matches_a_clean_control(b: ResultsBui
     fixed_only(b)
     result = check_fix(b.runs)
     assert result.ok and result.verified == 1
+    text = summary.render(b.runs, "results/x")
+    assert "cpu: no evidence (no stock MiCS run); fix not evaluated (no stock run to compare with)" in text
+    assert "fixed runs that ran clean and match the ZeRO-3 control: mics-fixed-fp32-async-w2" in text
 
 
 def test_steps_zero_verifies_nothing(b: ResultsBuilder) -> None:

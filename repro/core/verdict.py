@@ -352,13 +352,19 @@ class EnvVerdict:
         return not self.verified
 
     def headline(self) -> str:
-        return f"{self.env}: {_REPRODUCES_WORDS[self.reproduces]}; {_FIX_WORDS[self.fixed]}"
+        fix = _FIX_WORDS[self.fixed]
+        if self.reproduces is Reproduces.NOT_TESTED and self.fixed is FixVerdict.NOT_APPLICABLE:
+            fix = "fix not evaluated (no stock run to compare with)"  # check-fix runs only fixed ones
+        return f"{self.env}: {_REPRODUCES_WORDS[self.reproduces]}; {fix}"
 
     def notes(self) -> list[str]:
         """What the summary prints under the headline."""
         lines = [f"separate problem, not counted against the fix: {e.text}" for e in self.other_failures]
         if self.nothing_verified and any(p.fixed is not None for p in self.pairs):
             lines.append(f"nothing verified: {self.unverified_reason}")
+        elif self.verified and self.reproduces is Reproduces.NOT_TESTED:
+            names = ", ".join(ident.split("/", 1)[1] for ident in self.verified)
+            lines.append(f"fixed runs that ran clean and match the ZeRO-3 control: {names}")
         return lines
 
 
