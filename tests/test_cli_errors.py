@@ -120,8 +120,9 @@ class CountingEngine:
     [
         ("--steps", "0", "STEPS", ">= 1"),
         ("--steps", "-1", "STEPS", ">= 1"),
-        ("--world-size", "0", "WORLD_SIZE", "even number >= 2"),
-        ("--world-size", "3", "WORLD_SIZE", "even number >= 2"),
+        ("--world-size", "0", "WORLD_SIZE", "1 (the control only) or an even number >= 2"),
+        ("--world-size", "3", "WORLD_SIZE", "1 (the control only) or an even number >= 2"),
+        ("--world-size", "-2", "WORLD_SIZE", "or an even number >= 2"),
         ("--timeout", "nan", "TIMEOUT", "> 0 and finite"),
         ("--timeout", "inf", "TIMEOUT", "> 0 and finite"),
         ("--timeout", "0", "TIMEOUT", "> 0 and finite"),
@@ -147,8 +148,8 @@ def test_bad_numbers_fail_before_any_build(
     assert engine.calls == [] and left_behind(tmp_path) == []
 
 
-@pytest.mark.parametrize("flag,value", [("--world-size", "4"), ("--world-size", "2"), ("--steps", "1"),
-                                        ("--timeout", "0.5"), ("--jobs", "1")])
+@pytest.mark.parametrize("flag,value", [("--world-size", "4"), ("--world-size", "2"), ("--world-size", "1"),
+                                        ("--steps", "1"), ("--timeout", "0.5"), ("--jobs", "1")])
 def test_numbers_the_suite_accepts_pass_the_front_door(
     flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -65,11 +65,12 @@ def _check_numbers(request: Request) -> None:
         if value is not None and value < 1:
             raise UsageError(f"{name}={value} is not valid", fix=f"use a whole number >= 1 for {name}")
     size = request.world_size
-    if size is not None and (size < 2 or size % 2):
+    # The suite's own rule: 1 runs the control only (MiCS needs 2 ranks and is unsupported there).
+    if size is not None and (size < 1 or (size > 1 and size % 2)):
         raise UsageError(
             f"WORLD_SIZE={size} is not valid",
             why="the MiCS scenarios split the ranks in halves",
-            fix="use an even number >= 2 (2, 4, 6, ...)",
+            fix="use 1 (the control only) or an even number >= 2 (2, 4, 6, ...)",
         )
     for name, seconds in (("TIMEOUT", request.timeout_s), ("STALL_TIMEOUT", request.stall_s)):
         if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
