@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from repro.bisect.probe import Observation
-from repro.bisect.search import BisectResult, BisectStatus, SurveyResult, ProbeVerdict
+from repro.bisect.search import BisectResult, BisectStatus, ProbeVerdict, SurveyResult
 
 Key = tuple[str, str]
 

@@ -45,8 +45,9 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from repro.workload.record import TRANSPORT_MODES as MODES
-from repro.workload.record import Transport
+from repro.workload.record import TRANSPORT_MODES, Transport
+
+MODES = TRANSPORT_MODES  # the adapter's modes, as the module docstring lists them
 
 
 class Mode(enum.Enum):
