@@ -191,7 +191,8 @@ def test_artifact_paths_outside_the_results_folder_are_noted_not_read(tmp_path: 
     (folder / "cpu" / "artifacts" / "linked.txt").symlink_to(outside)
     climbing = "../" * (len(folder.resolve().parts) + 2) + str(outside).lstrip("/")
     _edit(folder, lambda d: d["envs"]["cpu"]["artifacts"].update(
-        ds_report=climbing, collect_env=str(outside), linked="cpu/artifacts/linked.txt", near="../private.txt"))
+        ds_report=climbing, collect_env=str(outside), linked="cpu/artifacts/linked.txt",
+        near="../private.txt"))
     assert main(["report", "--results", str(folder), "--results-root", str(tmp_path / "results")]) == 0
     html = (folder / "report.html").read_text()
     markdown = (folder / "REPORT.md").read_text()
