@@ -1,12 +1,12 @@
 """pytest plugin: run DeepSpeed-style `DistributedTest` classes on CPU, one process per rank.
 
 Used as `python -m pytest -p mics_pr_plugin patches/pr/tests/...` with this folder and the repo
-root on PYTHONPATH (`repro.pr_regression` sets that up). It stands in for what DeepSpeed's
+root on PYTHONPATH (`repro.upstream.pr_regression` sets that up). It stands in for what DeepSpeed's
 tests/conftest.py and tests/unit/common.py do on GPUs, and adds what CPU runs need:
 - before pytest imports a test module (which imports deepspeed): DS_ACCELERATOR=cpu and the empty
-  placeholder modules DeepSpeed < 0.14.1 needs for its CPU accelerator (repro.workload.cpu_shims);
+  placeholder modules DeepSpeed < 0.14.1 needs for its CPU accelerator (repro.workload.cpu.shims);
 - in every rank: the gloo-speaking CPU accelerator, `deepspeed.init_distributed("gloo")`, and the
-  project's gloo transport adapter (repro.workload.gloo_transport), which gives gloo the
+  project's gloo transport adapter (repro.workload.cpu.gloo_transport), which gives gloo the
   coalescing and tensor collectives NCCL has. The `_IllegalWork` placeholders still come from
   torch's own `_coalescing_manager`; nothing of DeepSpeed is changed by the harness.
 
@@ -41,7 +41,7 @@ PEER_GRACE_S = 60.0
 def _prepare_process() -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-    from repro.workload import cpu_shims
+    from repro.workload.cpu import shims as cpu_shims
 
     cpu_shims.install_placeholders(cpu_shims.deepspeed_version())
 
@@ -72,7 +72,8 @@ def _rank_main(rank: int, world: int, port: int, test_file: str, module_name: st
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     try:
-        from repro.workload import cpu_shims, gloo_transport
+        from repro.workload.cpu import shims as cpu_shims
+        from repro.workload.cpu import gloo_transport
 
         cpu_shims.prepare_cpu("fp32")
         gloo_transport.install(mode)
