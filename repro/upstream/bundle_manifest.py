@@ -189,6 +189,9 @@ def _check_image(image: Any, files: Any, problems: list[str]) -> None:
         if not (isinstance(image.get(key), str) and grammar.match(image[key])):
             what = "id (sha256:<64 hex>)" if key == "id" else "reference (name:tag)"
             problems.append(f"image.{key} is not a Docker image {what}")
+    size = image.get("bytes")
+    if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 0):
+        problems.append("image.bytes is not a size in bytes")
 
 
 def _check_expected(expected: Any, problems: list[str]) -> None:
