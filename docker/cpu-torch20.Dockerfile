@@ -114,4 +114,4 @@ LABEL org.opencontainers.image.title="mics-repro cpu-torch20" \
       mics-repro.wheel="0.48.0"
 
 # The reproduction suite; results (suite.json, logs, ds_report) land in /results.
-CMD ["python", "-m", "repro.workload.suite", "--env", "cpu-torch20", "--out", "/results", "--scenarios", "zero3,mics,mics-hier,mics-replica", "--patches", "stock,fixed", "--dtype", "fp32", "--transports", "async", "--device", "cpu"]
+CMD ["python", "-m", "repro.workload.suite", "--env", "cpu-torch20", "--out", "/results", "--scenarios", "zero3,mics,mics-hier,mics-replica", "--patches", "stock,fixed", "--transports", "async", "--device", "cpu"]

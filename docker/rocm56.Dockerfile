@@ -129,4 +129,4 @@ LABEL org.opencontainers.image.title="mics-repro rocm56" \
       mics-repro.wheel="0.48.0"
 
 # The reproduction suite; results (suite.json, logs, ds_report) land in /results.
-CMD ["python", "-m", "repro.workload.suite", "--env", "rocm56", "--out", "/results", "--scenarios", "zero3,mics,mics-hier,mics-replica", "--patches", "stock,fixed", "--dtype", "fp32", "--device", "gpu"]
+CMD ["python", "-m", "repro.workload.suite", "--env", "rocm56", "--out", "/results", "--scenarios", "zero3,mics,mics-hier,mics-replica", "--patches", "stock,fixed", "--transports", "async", "--device", "rocm"]

@@ -21,6 +21,9 @@ from repro.engines.docker.lint import Finding, Hadolint, Rule, lint_matrix, lint
 from repro.engines.docker.parse import parse, pip_installs
 from repro.matrix.model import Matrix
 from repro.matrix.schema import load_matrix
+from repro.run import orchestrate
+from repro.run.orchestrate import Request
+from repro.workload import suite as workload_suite
 
 
 def _load_verify_image() -> ModuleType:
@@ -71,6 +74,27 @@ def test_lint_matrix_has_no_findings(matrix: Matrix) -> None:
 def test_derived_env_renders_lint_clean(matrix: Matrix) -> None:
     for env in (matrix.derive("rocm56", torch="2.2.2"), matrix.derive("cpu", deepspeed="0.16.9")):
         assert lint_text(render(env), env, env.dockerfile, REPO_ROOT) == []
+
+
+def _flag_pairs(words: list[str] | tuple[str, ...]) -> dict[str, str]:
+    return {words[i]: words[i + 1] for i in range(0, len(words) - 1, 2)}
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_image_cmd_runs_what_make_repro_runs(matrix: Matrix, env_id: str) -> None:
+    """The image's default CMD and `make repro` without overrides give the suite the same flags:
+    the env's platform as --device (no CPU fallback on GPU images) and no --dtype, so GPU images
+    get the reporter's fp16 like the make path."""
+    env = matrix.get(env_id)
+    words = dockerfiles.suite_command(env)
+    assert words[:3] == ["python", "-m", "repro.workload.suite"]
+    image = _flag_pairs(words[3:])
+    assert image.pop("--out") == "/results"
+    make = _flag_pairs(orchestrate.suite_args(Request(env_ids=(env.id,)), env.id, None, env.platform.value))
+    assert image == make
+    assert image["--device"] == env.platform.value and "--dtype" not in image
+    kind = "cpu" if env.platform.value == "cpu" else "gpu"
+    assert workload_suite.default_dtype(kind, None) == ("fp32" if kind == "cpu" else "fp16")
 
 
 def test_render_is_deterministic_and_carries_the_pins(matrix: Matrix) -> None:

@@ -60,11 +60,14 @@ def expected_labels(env: Env) -> dict[str, str]:
 
 
 def suite_command(env: Env) -> list[str]:
-    cpu = env.platform is Platform.CPU
-    device = ["--transports", "async", "--device", "cpu"] if cpu else ["--device", "gpu"]
+    """The image's default command: what `make repro` runs in it without overrides (the same
+    flags as repro.run.orchestrate.suite_args). `--device` is the env's platform, so a GPU image
+    never falls back to CPU; no `--dtype`, so the suite picks the precision the make path gets
+    (fp16, the reporter's, on GPUs; fp32 on CPU)."""
     return [
         "python", "-m", "repro.workload.suite", "--env", env.id, "--out", RESULTS,
-        "--scenarios", SUITE_SCENARIOS, "--patches", SUITE_PATCHES, "--dtype", "fp32", *device,
+        "--scenarios", SUITE_SCENARIOS, "--patches", SUITE_PATCHES, "--transports", "async",
+        "--device", env.platform.value,
     ]
 
 
