@@ -1,0 +1,249 @@
+"""Run a user's command inside an env with the interpreter-start hook, bounded in time.
+
+`python -m repro.workload.job --cmd "torchrun ... train.py" --workdir DIR --out OUT --patch fixed`
+runs the command with `bash -c` in WORKDIR, this interpreter's bin folder first on PATH (the env's
+venv or image Python) and repro/workload/hook first on PYTHONPATH with the hook switched on
+(repro/workload/jobhook.py). Output goes to the terminal and OUT/job.log.
+
+A hang is a result, as for our own ranks (repro/workload/runner.py): when the job prints nothing
+and no DeepSpeed step touches the heartbeat for --stall-timeout seconds, or the --timeout is
+reached, every hooked Python process dumps its stack (SIGUSR1), then the process group and every
+process the hook saw are interrupted, terminated, killed. OUT/job.json says how it ended, with
+the stacks, the processes that survived (none, normally) and the hook's reports; the host judges
+it (repro/workload/judge.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
+from repro.workload.record import TRANSPORT_MODES, write_json_atomic
+from repro.workload.runner import install_stop_handlers
+
+HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+POLL_S = 0.25
+JOB_LOG = "job.log"
+JOB_JSON = "job.json"
+
+
+def hook_environment(base: dict[str, str], *, patch: str, device: str, transport: str,
+                     job_dir: str | None, user_pythonpath: str | None) -> dict[str, str]:
+    """The environment that switches the hook on for every Python process of the job."""
+    env = dict(base)
+    env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HOOK_DIR, user_pythonpath or "") if p)
+    env.update(MICS_REPRO_HOOK="1", MICS_REPRO_PATCH=patch, MICS_REPRO_DEVICE=device,
+               MICS_REPRO_TRANSPORT=transport, MICS_REPRO_ROOT=REPO_ROOT, PYTHONUNBUFFERED="1")
+    if job_dir:
+        env["MICS_REPRO_JOB_DIR"] = job_dir
+    if device == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")  # ranks share few cores; oversubscription stalls gloo
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["HIP_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _pids(job_dir: str) -> dict[int, str]:
+    out = {}
+    for path in glob.glob(os.path.join(job_dir, "pids", "*")):
+        try:
+            with open(path) as fh:
+                out[int(os.path.basename(path))] = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Running, and not a zombie (a container without an init reaps nobody)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def dump_stacks(job_dir: str) -> dict[str, str]:
+    """SIGUSR1 to every hooked process, then read what faulthandler wrote."""
+    pids = [p for p in _pids(job_dir) if alive(p)]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + STACK_WAIT_S
+    stacks: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        stacks = {}
+        for pid in pids:
+            try:
+                with open(os.path.join(job_dir, "stacks", f"{pid}.stack"), errors="replace") as fh:
+                    stacks[str(pid)] = fh.read()
+            except OSError:
+                stacks[str(pid)] = ""
+        if all(stacks.values()):
+            break
+        time.sleep(POLL_S)
+    return {pid: text for pid, text in stacks.items() if text}
+
+
+def stop_everything(proc: subprocess.Popen[bytes], job_dir: str) -> list[int]:
+    """Interrupt, terminate, kill the group and every hooked process (one that left the group
+    with setsid still gets the signal); returns the pids still alive after SIGKILL."""
+    def targets() -> list[int]:
+        return [p for p in _pids(job_dir) if alive(p)]
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        for send in ([lambda s: os.killpg(proc.pid, s)]
+                     + [lambda s, p=p: os.kill(p, s) for p in targets()]):  # type: ignore[misc]
+            try:
+                send(sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + RANK_STOP_GRACE_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not targets() and not _group_alive(proc.pid):
+                return []
+            time.sleep(POLL_S)
+    proc.wait()
+    return targets()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class _Tee(threading.Thread):
+    """Copies the job's output to the terminal and the log; remembers when it last spoke."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: str) -> None:
+        super().__init__(daemon=True)
+        self.proc, self.log_path = proc, log_path
+        self.last_output = time.time()
+
+    def run(self) -> None:
+        assert self.proc.stdout is not None
+        with open(self.log_path, "ab") as log:
+            for chunk in iter(lambda: self.proc.stdout.readline(), b""):  # type: ignore[union-attr]
+                self.last_output = time.time()
+                log.write(chunk)
+                log.flush()
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+
+
+def _versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in ("torch", "deepspeed"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def _last_heartbeat(job_dir: str) -> float:
+    try:
+        return os.path.getmtime(os.path.join(job_dir, "heartbeat"))
+    except OSError:
+        return 0.0
+
+
+def run_job(args: argparse.Namespace) -> dict[str, Any]:
+    out = os.path.abspath(args.out)
+    job_dir = os.path.join(out, "job")
+    os.makedirs(job_dir, exist_ok=True)
+    env = hook_environment(dict(os.environ), patch=args.patch, device=args.device,
+                           transport=args.transport, job_dir=job_dir,
+                           user_pythonpath=os.environ.get("MICS_REPRO_USER_PYTHONPATH"))
+    shell = shutil.which("bash") or "/bin/sh"
+    started = time.time()
+    start = time.monotonic()
+    proc = subprocess.Popen([shell, "-c", args.cmd], cwd=args.workdir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    tee = _Tee(proc, os.path.join(out, JOB_LOG))
+    tee.start()
+    status, detail, stacks, survivors = None, "", {}, []  # type: ignore[var-annotated]
+    try:
+        while proc.poll() is None:
+            quiet = time.time() - max(tee.last_output, _last_heartbeat(job_dir))
+            if time.monotonic() - start > args.timeout or quiet > args.stall_timeout:
+                detail = (f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
+                          if quiet > args.stall_timeout else f"exceeded the {args.timeout:g} s time limit")
+                status = "hung"
+                stacks = dump_stacks(job_dir)
+                survivors = stop_everything(proc, job_dir)
+                break
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        status = "interrupted"
+        survivors = stop_everything(proc, job_dir)
+    if status is None and (any(alive(p) for p in _pids(job_dir)) or _group_alive(proc.pid)):
+        survivors = stop_everything(proc, job_dir)  # leftovers of a finished command must not outlive it
+    tee.join(timeout=10)
+    return {
+        "status": status, "exit_code": proc.returncode, "hang_detail": detail,
+        "wall_s": round(time.monotonic() - start, 3), "started_at": started,
+        "stacks": stacks, "survivors": survivors, "processes": {str(k): v for k, v in _pids(job_dir).items()},
+        "hook_reports": _reports(job_dir), "versions": _versions(), "log": JOB_LOG,
+        "command": args.cmd, "workdir": args.workdir, "patch": args.patch, "device": args.device,
+        "transport": args.transport if args.device == "cpu" else "native",
+    }
+
+
+def _reports(job_dir: str) -> list[dict[str, Any]]:
+    found = []
+    for path in sorted(glob.glob(os.path.join(job_dir, "hook", "*.json"))):
+        try:
+            with open(path) as fh:
+                found.append(json.load(fh))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m repro.workload.job")
+    p.add_argument("--cmd", required=True)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--patch", choices=("stock", "fixed"), default="stock")
+    p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
+    p.add_argument("--transport", choices=TRANSPORT_MODES, default="async")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--stall-timeout", type=float, default=300.0)
+    args = p.parse_args(argv)
+    install_stop_handlers()
+    result = run_job(args)
+    write_json_atomic(os.path.join(args.out, JOB_JSON), result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""What the interpreter-start hook does in every Python process of a custom job.
+
+Activated by repro/workload/hook/sitecustomize.py when MICS_REPRO_HOOK=1; inert otherwise (that
+module imports nothing else then). Settings come from the environment, so torchrun's or
+DeepSpeed's launcher children inherit them:
+  MICS_REPRO_PATCH      "stock" | "fixed": fixed applies repro/workload/fix.py (same fix_id as our
+                        suite's fixed runs) as soon as the process imports DeepSpeed
+  MICS_REPRO_DEVICE     "cpu" | "gpu": cpu installs the CPU shims and the gloo transport adapter
+                        (repro/workload/cpu/) before DeepSpeed initialises, so an unmodified
+                        `deepspeed.init_distributed()` / `deepspeed.initialize()` runs on a laptop
+  MICS_REPRO_TRANSPORT  the gloo adapter's mode on CPU (async | sync | strict; default async)
+  MICS_REPRO_JOB_DIR    where each process leaves pids/<pid> (after arming the stack dump on
+                        SIGUSR1: stacks/<pid>.stack), heartbeat (touched after every DeepSpeed
+                        optimizer step) and hook/<pid>.json (what was installed, IllegalWork count)
+
+Nothing runs at start that imports DeepSpeed or torch: the work waits for the process's own
+`import deepspeed` (a meta path finder wraps that one module's loader), so a command that never
+uses DeepSpeed is untouched apart from the SIGUSR1 handler.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable, Mapping
+
+_OPEN: list[Any] = []  # stack files must stay open for faulthandler
+_REPORT: dict[str, Any] = {}
+_STATE: dict[str, Any] = {}
+
+
+def activate(environ: Mapping[str, str]) -> None:
+    """Arm the stack dump, then wait for DeepSpeed's import (idempotent)."""
+    if _STATE.get("active"):
+        return
+    _STATE["active"] = True
+    patch = environ.get("MICS_REPRO_PATCH", "stock")
+    device = environ.get("MICS_REPRO_DEVICE", "gpu")
+    job_dir = environ.get("MICS_REPRO_JOB_DIR") or None
+    _STATE.update(patch=patch, device=device, job_dir=job_dir,
+                  transport=environ.get("MICS_REPRO_TRANSPORT", "async"))
+    _REPORT.update(pid=os.getpid(), argv=list(sys.argv), patch=patch, device=device)
+    if job_dir:
+        _arm_stack_dump(job_dir)
+    if device == "cpu":
+        _prepare_cpu_env()
+    sys.meta_path.insert(0, _AfterImport("deepspeed", _on_deepspeed))
+    atexit.register(_write_report)
+
+
+def _arm_stack_dump(job_dir: str) -> None:
+    """faulthandler on SIGUSR1, as our ranks do (repro/workload/train.py); the pid file goes
+    last, because the job runner signals only pids it has read and SIGUSR1 before the handler
+    is armed would kill the process."""
+    for sub in ("pids", "stacks", "hook"):
+        os.makedirs(os.path.join(job_dir, sub), exist_ok=True)
+    pid = os.getpid()
+    stack = open(os.path.join(job_dir, "stacks", f"{pid}.stack"), "w")
+    _OPEN.append(stack)
+    faulthandler.register(signal.SIGUSR1, file=stack, all_threads=True)
+    with open(os.path.join(job_dir, "pids", str(pid)), "w") as fh:
+        fh.write(" ".join(sys.argv) + "\n")
+
+
+def _prepare_cpu_env() -> None:
+    """The parts of the CPU shims that must precede `import deepspeed` and import nothing heavy."""
+    from repro.workload.cpu import shims
+
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    # Ranks only (the launcher's value would be inherited by every rank it starts): the CPU
+    # accelerator counts devices with numactl unless LOCAL_SIZE is set.
+    if "LOCAL_WORLD_SIZE" in os.environ:
+        os.environ.setdefault("LOCAL_SIZE", os.environ["LOCAL_WORLD_SIZE"])
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    _REPORT["placeholders"] = shims.install_placeholders(shims.deepspeed_version())
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs `callback(module)` right after one top-level module has executed."""
+
+    def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _Loader(spec.loader, self.callback)
+        return spec
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, inner: Any, callback: Callable[[Any], None]) -> None:
+        self.inner, self.callback = inner, callback
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        self.callback(module)
+
+
+def _on_deepspeed(deepspeed: Any) -> None:
+    """Order as in train.py: accelerator and transport first, then the fix, then the counters."""
+    _REPORT["deepspeed"] = str(getattr(deepspeed, "__version__", "unknown"))
+    if _STATE["device"] == "cpu":
+        _install_cpu(deepspeed)
+    if _STATE["patch"] == "fixed":
+        from repro.workload import fix
+
+        try:
+            _REPORT["fix"] = fix.apply()
+        except fix.FixNotApplicableError as exc:
+            # The run goes on as stock; the judge reports it unsupported instead of "fixed".
+            _REPORT["fix_error"] = str(exc)
+    from repro.workload import logcount
+
+    _STATE["counter"] = logcount.install()
+    _heartbeat_on_step(deepspeed)
+    _write_report()
+
+
+def _install_cpu(deepspeed: Any) -> None:
+    from deepspeed.accelerator import set_accelerator
+
+    from repro.workload.cpu import gloo_transport, shims
+
+    claim_fp16, _ = shims.torch_runs_fp16_on_cpu()
+    set_accelerator(shims._gloo_accelerator(claim_fp16))
+    _REPORT["transport_info"] = {"adapter": gloo_transport.install(_STATE["transport"]),
+                                 "cpu_shims": {"accelerator": "cpu accelerator with gloo",
+                                               "fp16_claimed": claim_fp16}}
+    # Whatever backend the script names (nccl, ccl), a CPU rank can only talk gloo.
+    comm = sys.modules.get("deepspeed.comm")
+    original = getattr(comm, "init_distributed", None)
+    if comm is None or original is None:
+        return
+
+    def init_distributed(*args: Any, **kwargs: Any) -> Any:
+        if args:
+            args = ("gloo",) + args[1:]
+        else:
+            kwargs["dist_backend"] = "gloo"
+        return original(*args, **kwargs)
+
+    for module in (comm, sys.modules.get("deepspeed.comm.comm"), deepspeed):
+        if module is not None and getattr(module, "init_distributed", None) is original:
+            module.init_distributed = init_distributed
+
+
+def _heartbeat_on_step(deepspeed: Any) -> None:
+    """Progress the job runner can see: every optimizer step touches JOB_DIR/heartbeat."""
+    job_dir = _STATE["job_dir"]
+    engine_cls = getattr(deepspeed, "DeepSpeedEngine", None)
+    if not job_dir or engine_cls is None or getattr(engine_cls.step, "_mics_repro", False):
+        return
+    original = engine_cls.step
+    path = os.path.join(job_dir, "heartbeat")
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        with open(path, "w") as fh:
+            fh.write(f"{time.time()}\n")
+        return result
+
+    step._mics_repro = True  # type: ignore[attr-defined]
+    engine_cls.step = step
+
+
+def _write_report() -> None:
+    counter = _STATE.get("counter")
+    if counter is not None:
+        _REPORT["illegal_work_failures"] = counter.failures
+        _REPORT["illegal_work_lines"] = counter.lines
+    job_dir = _STATE.get("job_dir")
+    if not job_dir or "deepspeed" not in _REPORT:
+        return  # only processes that used DeepSpeed report; the others leave a pid file only
+    path = os.path.join(job_dir, "hook", f"{os.getpid()}.json")
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(_REPORT, fh, default=str)
+    os.replace(tmp, path)

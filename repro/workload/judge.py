@@ -1,0 +1,300 @@
+"""Judge a custom job (`python -m repro run --cmd ...`) from its own output: a pure module.
+
+`parse(log_text)` reads what any DeepSpeed job prints: IllegalWork messages, the exception that
+ended it, fp16 overflow/skip lines and loss-scale changes (DeepSpeed's and Megatron's wording) and
+the losses (default patterns for DeepSpeed, Megatron-DeepSpeed and HF Trainer output, or the
+user's LOSS_REGEX). `judge(own, other, ...)` turns one run into the outcome vocabulary of
+classify.py (record.Outcome / record.Signature); the stock and fixed runs of the same command are
+each other's control:
+  hung / interrupted   how the job runner says the run ended
+  unsupported          fixed run whose DeepSpeed the fix cannot patch (it ran as stock)
+  env-error            the command could not start (exit 126/127) or torch/DeepSpeed are missing
+  reproduced           an exception raised from an _IllegalWork object; IllegalWork messages;
+                       or (stock run) losses that leave the fixed run's / an overflow storm the
+                       fixed run does not have / non-finite losses with no usable fixed run
+  crashed              any other non-zero exit
+  clean                none of that; a command that never imported DeepSpeed is clean with a note
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# A loose tolerance: the other run is the same command with a different patch, possibly on GPUs
+# whose reductions are not deterministic (classify.TOLERANCE's widest entry).
+TOLERANCE = 2e-2
+OVERFLOW_STORM_EXTRA = 3
+
+_NUM = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|NaN|NAN|-?inf|-?Inf|-?INF|infinity)"
+# name -> regex with a named group `loss` and, where the output has one, `step`. First pattern
+# that matches any line decides; its name and text go into the record.
+LOSS_PATTERNS: dict[str, str] = {
+    "megatron": rf"\biteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|.*?\blm loss:\s*(?P<loss>{_NUM})",
+    "deepspeed-pipe": rf"\bsteps:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>{_NUM})",
+    "hf-trainer": rf"\{{'loss':\s*(?P<loss>{_NUM}),",
+    "generic": rf"(?i)\b(?:step|iter|iteration)\s*[:=#]?\s*(?P<step>\d+)\b.*?\bloss\s*[:=]?\s*(?P<loss>{_NUM})\b",
+}
+ILLEGAL_WORK_FAILURE = r"Error message: .*IllegalWork"
+ILLEGAL_WORK_LINE = r"IllegalWork"
+# DeepSpeed: "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to
+# 32768" (fused/stage 1-3) and "Grad overflow on iteration N" + "Reducing dynamic loss scale from
+# X to Y" (unfused); Megatron: "| loss scale: 4096.0 |" and "number of skipped iterations:   1".
+OVERFLOW_PATTERNS: dict[str, str] = {
+    "deepspeed-overflow": r"OVERFLOW! Rank (?P<rank>\d+) Skipping step\.(?: Attempted loss scale: "
+                          rf"(?P<old>{_NUM}), reducing to (?P<new>{_NUM}))?",
+    "deepspeed-unfused": rf"Reducing dynamic loss scale from (?P<old>{_NUM}) to (?P<new>{_NUM})",
+    "megatron-skipped": r"number of skipped iterations:\s*(?P<skipped>\d+)",
+    "megatron-scale": rf"\|\s*loss scale:\s*(?P<scale>{_NUM})\s*\|",
+}
+_PREFIX = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s?|worker-\d+:\s?|\d+:\s(?=\S))")
+_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(?P<message>.*)$")
+_MISSING = re.compile(r"No module named '(?P<name>torch|deepspeed)'")
+
+
+@dataclass
+class Parsed:
+    """What one job's log says, plus what the hook reported (merged in by `with_hook`)."""
+
+    losses: list[float | None] = field(default_factory=list)
+    loss_steps: list[int | None] = field(default_factory=list)
+    loss_pattern: str | None = None  # name of the pattern that decided, or "custom"
+    illegal_work_messages: int = 0
+    illegal_work_lines: int = 0
+    skipped_steps: int = 0
+    loss_scale: list[float | None] = field(default_factory=list)
+    overflow_patterns: list[str] = field(default_factory=list)
+    exception: dict[str, Any] | None = None
+    missing_module: str | None = None
+
+
+def _float(text: str) -> float:
+    return float(text.lower().replace("infinity", "inf"))
+
+
+def strip_prefix(line: str) -> str:
+    """Launchers prefix rank output: torchrun "[rank0]:", DeepSpeed's multi-node "worker-0: "."""
+    return _PREFIX.sub("", line, count=1)
+
+
+def _losses(lines: list[str], loss_regex: str | None) -> tuple[list[float | None], list[int | None], str | None]:
+    patterns = {"custom": loss_regex} if loss_regex else LOSS_PATTERNS
+    for name, text in patterns.items():
+        rx = re.compile(text)
+        found: list[tuple[int | None, float]] = []
+        for line in lines:
+            m = rx.search(line)
+            if not m:
+                continue
+            groups = m.groupdict()
+            raw = groups.get("loss") if "loss" in groups else (m.group(1) if rx.groups else m.group(0))
+            try:
+                value = _float(str(raw))
+            except ValueError:
+                continue
+            step = groups.get("step")
+            found.append((int(step) if step is not None else None, value))
+        if found:
+            return _dedupe(found), _steps(found), name
+    return [], [], None
+
+
+def _dedupe(found: list[tuple[int | None, float]]) -> list[float | None]:
+    """Every rank may print the same step: keep the first value of each step number."""
+    seen: set[int] = set()
+    out: list[float | None] = []
+    for step, value in found:
+        if step is not None:
+            if step in seen:
+                continue
+            seen.add(step)
+        out.append(value if math.isfinite(value) else None)
+    return out
+
+
+def _steps(found: list[tuple[int | None, float]]) -> list[int | None]:
+    seen: set[int] = set()
+    out: list[int | None] = []
+    for step, _ in found:
+        if step is not None:
+            if step in seen:
+                continue
+            seen.add(step)
+        out.append(step)
+    return out
+
+
+def _tracebacks(lines: list[str]) -> list[dict[str, Any]]:
+    found = []
+    for start, line in enumerate(lines):
+        if not line.startswith("Traceback (most recent call last)"):
+            continue
+        for i in range(start + 1, len(lines)):
+            m = _EXC_LINE.match(lines[i])
+            if m:
+                found.append({"type": m["type"], "message": m["message"], "rank": None,
+                              "traceback": "\n".join(lines[start:i + 1])[-4000:]})
+                break
+    return found
+
+
+def _exception(lines: list[str]) -> dict[str, Any] | None:
+    """The exception that ended the job: one raised from an _IllegalWork object if any rank had
+    it, else the first traceback (a launcher's own traceback, e.g. torchrun's ChildFailedError,
+    comes after the rank's that caused it)."""
+    found = _tracebacks(lines)
+    return next((t for t in found if _raised_from_illegal_work(t)), found[0] if found else None)
+
+
+def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
+    lines = [strip_prefix(line) for line in log_text.splitlines()]
+    out = Parsed()
+    out.losses, out.loss_steps, out.loss_pattern = _losses(lines, loss_regex)
+    failure, marker = re.compile(ILLEGAL_WORK_FAILURE), re.compile(ILLEGAL_WORK_LINE)
+    in_traceback = False
+    for line in lines:
+        ends = in_traceback and bool(_EXC_LINE.match(line))
+        in_traceback = line.startswith("Traceback") or (in_traceback and not ends)
+        if in_traceback or ends:
+            continue  # the exception's own text is evidence of a crash, not a message
+        if failure.search(line):
+            out.illegal_work_messages += 1
+        if marker.search(line):
+            out.illegal_work_lines += 1
+    _overflows(lines, out)
+    out.exception = _exception(lines)
+    m = next((m for m in map(_MISSING.search, lines) if m), None)
+    out.missing_module = m["name"] if m else None
+    return out
+
+
+def _overflows(lines: list[str], out: Parsed) -> None:
+    per_rank: dict[str, int] = {}
+    megatron_skipped = 0
+    used: list[str] = []
+    for line in lines:
+        for name, text in OVERFLOW_PATTERNS.items():
+            m = re.search(text, line)
+            if not m:
+                continue
+            used.append(name)
+            groups = m.groupdict()
+            if name == "deepspeed-overflow":
+                rank = groups.get("rank") or "0"
+                per_rank[rank] = per_rank.get(rank, 0) + 1
+            if name == "deepspeed-unfused":
+                per_rank["-"] = per_rank.get("-", 0) + 1
+            if name == "megatron-skipped":
+                megatron_skipped += int(groups["skipped"])
+            new = groups.get("new") or groups.get("scale")
+            if new is not None:
+                value = _float(new)
+                out.loss_scale.append(value if math.isfinite(value) else None)
+    # DeepSpeed may print the overflow line on every rank: a skipped step counts once.
+    out.skipped_steps = max(per_rank.values(), default=0) + megatron_skipped
+    out.overflow_patterns = sorted(set(used))
+
+
+def with_hook(parsed: Parsed, reports: list[dict[str, Any]]) -> Parsed:
+    """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them)."""
+    hidden = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
+    parsed.illegal_work_messages = max(parsed.illegal_work_messages, hidden)
+    return parsed
+
+
+@dataclass(frozen=True)
+class Judgement:
+    outcome: str
+    signature: str
+    reason: str
+    first_divergent_step: int | None
+    notes: tuple[str, ...] = ()
+
+
+def first_parting_step(a: list[float | None], b: list[float | None]) -> int | None:
+    """First index where two loss series part (a null never matches a number); None: they agree
+    on every index both have."""
+    for i in range(min(len(a), len(b))):
+        x, y = a[i], b[i]
+        if x is None and y is None:
+            continue
+        if x is None or y is None or abs(x - y) > TOLERANCE * max(1.0, abs(y)):
+            return i
+    return None
+
+
+def _raised_from_illegal_work(exc: dict[str, Any] | None) -> bool:
+    return bool(exc) and "IllegalWork" in f"{exc.get('message')}\n{exc.get('traceback')}"  # type: ignore[union-attr]
+
+
+def judge(own: Parsed, *, patch: str, exit_code: int | None, status: str | None,
+          used_deepspeed: bool, fix_error: str | None = None,
+          other: Parsed | None = None, other_clean: bool = False) -> Judgement:
+    """One run. `other` is the parse of the same command with the other patch (None when it was
+    not run); `other_clean` says whether that run ended clean (only then is it a control)."""
+    if status in ("hung", "interrupted"):
+        why = "no output and no heartbeat within the stall limit, or the time limit reached"
+        return Judgement(status, "hang" if status == "hung" else "none",
+                         why if status == "hung" else "stopped by the user", None)
+    if patch == "fixed" and fix_error:
+        return Judgement("unsupported", "none", f"the fix cannot patch this DeepSpeed: {fix_error}", None)
+    exc = own.exception
+    if exit_code in (126, 127) or own.missing_module:
+        what = f"no module named {own.missing_module!r}" if own.missing_module else f"exit {exit_code}"
+        return Judgement("env-error", "none", f"the command could not run in this env: {what}", None)
+    if _raised_from_illegal_work(exc):
+        assert exc is not None
+        extra = f"; {own.illegal_work_messages} IllegalWork messages before it" if own.illegal_work_messages else ""
+        return Judgement("reproduced", "illegal-work-crash",
+                         f"crash raised from an IllegalWork object: {exc['type']}: {exc['message']}{extra}", None)
+    if exit_code not in (0, None):
+        summary = f"{exc['type']}: {exc['message']}" if exc else "no Python exception in the log"
+        return Judgement("crashed", "crash", f"exit code {exit_code}: {summary}", None)
+    if not used_deepspeed:
+        note = "the command never imported DeepSpeed, so the bug cannot show; judged by its exit code only"
+        return Judgement("clean", "none", f"exit code 0; {note}", None, (note,))
+    return _evidence(own, patch, other, other_clean)
+
+
+def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) -> Judgement:
+    evidence: list[str] = []
+    parted: int | None = None
+    storm = False
+    notes: list[str] = []
+    if not own.losses:
+        notes.append("no losses found in the output (set LOSS_REGEX= to name them)")
+    control = other if (patch == "stock" and other is not None and other_clean) else None
+    if control is not None and own.losses and control.losses:
+        parted = first_parting_step(own.losses, control.losses)
+        if parted is not None:
+            evidence.append(f"losses part from the fixed run's at step {parted}")
+    bad = next((i for i, v in enumerate(own.losses) if v is None), None)
+    if bad is not None:
+        evidence.append(f"non-finite loss from step {bad}")
+        parted = bad if parted is None else min(parted, bad)
+    if control is not None and own.skipped_steps - control.skipped_steps >= OVERFLOW_STORM_EXTRA:
+        storm = True
+        evidence.append(f"{own.skipped_steps} overflow-skipped steps vs {control.skipped_steps} in the fixed run")
+    if own.illegal_work_messages:
+        evidence.insert(0, f"{own.illegal_work_messages} IllegalWork messages")
+    reason = "; ".join(evidence)
+    if own.illegal_work_messages:
+        signature = "illegal-work-divergence" if (parted is not None or storm) else "illegal-work-warnings"
+        return Judgement("reproduced", signature, reason, parted, tuple(notes))
+    if parted is not None:
+        return Judgement("reproduced", "divergence", reason, parted, tuple(notes))
+    if storm:
+        return Judgement("reproduced", "overflow-storm", reason, None, tuple(notes))
+    compared = ("losses match the fixed run's" if control is not None and own.losses
+                else f"{len(own.losses)} finite losses")
+    return Judgement("clean", "none", f"exit code 0; no IllegalWork messages; {compared}", None, tuple(notes))
+
+
+def patterns_used(parsed: Parsed, loss_regex: str | None) -> dict[str, Any]:
+    """What decided, for the record: the loss pattern (name and text) and the message patterns."""
+    loss_text = loss_regex if parsed.loss_pattern == "custom" else LOSS_PATTERNS.get(parsed.loss_pattern or "")
+    return {"loss": {"name": parsed.loss_pattern, "regex": loss_text},
+            "illegal_work": ILLEGAL_WORK_FAILURE,
+            "overflow": {name: OVERFLOW_PATTERNS[name] for name in parsed.overflow_patterns}}
