@@ -21,6 +21,8 @@ import pytest
 
 from repro.core.errors import UsageError
 from repro.upstream import cluster, cluster_summary
+from repro.workload import layout as lay
+from repro.workload import suite as workload_suite
 from repro.workload.defaults import DEFAULT_STEPS
 
 BASH = shutil.which("bash") or "/bin/bash"
@@ -48,6 +50,32 @@ def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path
     assert flat["mics_shard_size"] == 16 and flat["mics_hierarchical_params_gather"] is False
     control = json.loads((out / "configs" / "zero3-stock.json").read_text())
     assert "mics_shard_size" not in control["zero_optimization"] and control["fp16"]["enabled"] is True
+
+
+@pytest.mark.parametrize("name", sorted(cluster.LAYOUTS))
+def test_cluster_layouts_are_the_suites_planner(tmp_path: Path, name: str) -> None:
+    """Every run's config and NDEV_PER_NODE come from repro/workload/layout.py, as the suite's do."""
+    layout = cluster.LAYOUTS[name]
+    plan = (lay.plan_layouts("cpu", layout.world_size) if layout.device == "cpu"
+            else lay.plan_layouts("gpu", gpus_per_node=layout.procs_per_node, nodes=layout.nodes))
+    out = written(tmp_path, layout, "cpu" if layout.device == "cpu" else "rocm56")
+    launch = (out / "launch-node.sh").read_text()
+    for run in cluster.RUNS:
+        planned = plan.get(run.scenario)
+        assert layout.shape(run.scenario) == workload_suite.shape_of(planned)
+        config = json.loads((out / "configs" / f"{run.name}.json").read_text())["zero_optimization"]
+        assert config.get("mics_shard_size") == planned.shard_size
+        assert f"    {run.scenario}) planned_ndev={planned.devices_per_node} ;;" in launch
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"procs_per_node": 3}, "even number of ranks per node"),
+    ({"procs_per_node": 1, "nodes": 1}, "needs 2 ranks"),
+    ({"nodes": 0}, "must be positive"),
+])
+def test_layouts_the_planner_cannot_serve_are_refused(change: dict[str, object], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        replace(cluster.REPORTER, **change).check()  # type: ignore[arg-type]
 
 
 def test_cuda_layout_asks_for_nvidia_devices(tmp_path: Path) -> None:
@@ -122,8 +150,8 @@ def test_launch_node_runs_torchrun_with_rendezvous_and_layout(tmp_path: Path, re
     i = args.index("repro.workload.train")
     train = dict(zip(args[i + 1::2], args[i + 2::2]))
     assert train == {"--run-dir": str(run_dir), "--ds-config": f"{run_dir}/ds_config.json",
-                     "--scenario": "mics-hier", "--patch": "stock", "--steps": str(DEFAULT_STEPS), "--seed": "1234",
-                     "--device": "cpu", "--transport": "async"}
+                     "--scenario": "mics-hier", "--patch": "stock", "--steps": str(DEFAULT_STEPS),
+                     "--seed": "1234", "--device": "cpu", "--transport": "async"}
     assert (tmp_path / "calls.env").read_text().split() == [
         "DS_ACCELERATOR=cpu", "LOCAL_SIZE=2", "NDEV_PER_NODE=2", "PYTHONPATH=/src/mics-repro"]
 

@@ -1,7 +1,7 @@
 """Launchers for clusters without Docker: a Slurm batch script (Apptainer/Singularity) and torchrun.
 
     python -m repro cluster --out DIR                      the reporter's layout (2 nodes x 8 GPUs, shard 16)
-    python -m repro cluster --out DIR --layout cpu-twin    1 node, 4 CPU ranks, MiCS told 2 per node
+    python -m repro cluster --out DIR --layout cpu-twin    1 node, 4 CPU ranks (hier: MiCS told 2 per node)
 
 Writes DIR/<job>.sbatch, DIR/launch-node.sh (what every node runs: torchrun with c10d rendezvous,
 inside the image), DIR/configs/<run>.json (each run's DeepSpeed config, built by the same code as
@@ -22,6 +22,7 @@ import jinja2
 from repro import __version__
 from repro.core.errors import UsageError
 from repro.workload import ds_config
+from repro.workload import layout as lay
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 from repro.workload.suite import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
 
@@ -32,15 +33,18 @@ PLATFORMS = ("rocm", "cuda", "cpu")
 
 @dataclass(frozen=True)
 class Layout:
-    """Where the ranks go. `ndev_per_node` is what MiCS is told (NDEV_PER_NODE); on one CPU host a
-    value below `procs_per_node` makes MiCS see several nodes, as the suite does."""
+    """Where the ranks go: `nodes` machines with `procs_per_node` ranks each (one per GPU). Each
+    scenario's shard size and what MiCS is told a node holds (NDEV_PER_NODE) come from the planner
+    the suite uses (repro/workload/layout.py), so the two cannot drift; `shard_size` and
+    `ndev_per_node`, when given, override the planner's for the MiCS runs (--shard-size,
+    --ndev-per-node)."""
 
     platform: str
     nodes: int
     procs_per_node: int
-    ndev_per_node: int
-    shard_size: int
     dtype: str
+    shard_size: int | None = None
+    ndev_per_node: int | None = None
     steps: int = DEFAULT_STEPS
     seed: int = DEFAULT_SEED
     port: int = 29500
@@ -54,42 +58,73 @@ class Layout:
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node
 
-    @property
-    def mics_nodes(self) -> int:
-        return self.world_size // self.ndev_per_node
+    def plan(self) -> lay.LayoutPlan:
+        """The planner's layouts for these ranks: CPU ranks on one host (MiCS nodes emulated), or
+        `procs_per_node` GPUs on each of `nodes` real nodes."""
+        try:
+            if self.device == "cpu":
+                return lay.plan_layouts("cpu", self.world_size)
+            return lay.plan_layouts("gpu", gpus_per_node=self.procs_per_node, nodes=self.nodes)
+        except lay.LayoutError as exc:
+            raise UsageError(f"the cluster layout cannot run: {exc}") from None
+
+    def shape(self, scenario: str) -> ds_config.ScenarioShape:
+        """One scenario's shape: the planner's, with the overrides applied to the MiCS runs."""
+        planned = self.plan().get(scenario)
+        shard = planned.shard_size
+        ndev = planned.devices_per_node
+        if shard is not None:
+            shard = self.shard_size or shard
+            ndev = self.ndev_per_node or ndev
+        return ds_config.ScenarioShape(scenario, planned.world_size, shard, planned.hierarchical, ndev)
 
     def describe(self) -> str:
-        where = (
-            f"{self.nodes} node(s) x {self.procs_per_node} {'CPU ranks' if self.device == 'cpu' else 'GPUs'}"
-        )
-        emulated = (
-            f", MiCS told {self.ndev_per_node} devices per node ({self.mics_nodes} MiCS nodes)"
-            if self.ndev_per_node != self.procs_per_node
-            else ""
-        )
-        return f"{where}{emulated}, MiCS shard {self.shard_size}, {self.dtype}"
+        unit = "CPU ranks" if self.device == "cpu" else "GPUs"
+        parts = [f"{self.nodes} node(s) x {self.procs_per_node} {unit}"]
+        for scenario in sorted({run.scenario for run in RUNS if run.scenario != "zero3"}):
+            shape = self.shape(scenario)
+            text = f"{scenario} shard {shape.shard_size}"
+            if shape.nodes > 1:
+                emulated = "emulated " if shape.nodes > self.nodes else ""
+                text += f" over {shape.nodes} {emulated}MiCS nodes of {shape.devices_per_node}"
+            parts.append(text)
+        return ", ".join([*parts, self.dtype])
 
     def check(self) -> None:
         if self.platform not in PLATFORMS:
             raise UsageError(f"platform {self.platform!r} is not one of {', '.join(PLATFORMS)}")
-        if min(self.nodes, self.procs_per_node, self.ndev_per_node, self.shard_size) < 1:
+        overrides = [value for value in (self.shard_size, self.ndev_per_node) if value is not None]
+        if min(self.nodes, self.procs_per_node, *overrides) < 1:
             raise UsageError("nodes, ranks per node, devices per node and shard size must be positive")
-        if self.world_size % self.shard_size or self.world_size % self.ndev_per_node:
-            raise UsageError(
-                f"{self.world_size} ranks cannot be split into shards of {self.shard_size} "
-                f"and nodes of {self.ndev_per_node}"
-            )
-        if self.shard_size <= self.ndev_per_node:
-            # DeepSpeed's mics_utils asserts the hierarchical gather's shard group spans > 1 node.
-            raise UsageError(
-                f"shard size {self.shard_size} fits in one node of {self.ndev_per_node}: the "
-                "hierarchical gather needs a shard group spanning more than one node",
-                fix="use a shard size larger than the devices per node",
-            )
+        plan = self.plan()
+        if plan.used != self.world_size:  # the planner would leave ranks out (an odd count per node)
+            raise UsageError(f"{self.procs_per_node} ranks per node: {'; '.join(plan.notes)}",
+                             fix="use an even number of ranks per node")
+        for scenario in sorted({run.scenario for run in RUNS}):
+            if not plan.get(scenario).supported:
+                raise UsageError(f"{scenario} needs {plan.get(scenario).needs} ranks; "
+                                 f"this layout has {self.world_size}")
+            shape = self.shape(scenario)
+            if shape.shard_size is None:
+                continue
+            if self.world_size % shape.shard_size or self.world_size % shape.devices_per_node:
+                raise UsageError(
+                    f"{self.world_size} ranks cannot be split into shards of {shape.shard_size} "
+                    f"and nodes of {shape.devices_per_node}"
+                )
+            if shape.hierarchical and shape.shard_size <= shape.devices_per_node:
+                # DeepSpeed's mics_utils asserts the hierarchical gather's shard group spans > 1 node.
+                raise UsageError(
+                    f"shard size {shape.shard_size} fits in one node of {shape.devices_per_node}: "
+                    "the hierarchical gather needs a shard group spanning more than one node",
+                    fix="use a shard size larger than the devices per node",
+                )
 
 
-REPORTER = Layout("rocm", nodes=2, procs_per_node=8, ndev_per_node=8, shard_size=16, dtype="fp16")
-CPU_TWIN = Layout("cpu", nodes=1, procs_per_node=4, ndev_per_node=2, shard_size=4, dtype="fp32")
+# The reporter's cluster (2 nodes x 8 MI-series GPUs, fp16) and its CPU twin (4 ranks on one
+# host); the shard sizes and MiCS node sizes are the planner's.
+REPORTER = Layout("rocm", nodes=2, procs_per_node=8, dtype="fp16")
+CPU_TWIN = Layout("cpu", nodes=1, procs_per_node=4, dtype="fp32")
 LAYOUTS = {"reporter": REPORTER, "cpu-twin": CPU_TWIN}
 
 
@@ -110,11 +145,7 @@ RUNS = (
 
 
 def run_config(layout: Layout, run: ClusterRun) -> dict[str, object]:
-    shard = None if run.scenario == "zero3" else layout.shard_size
-    shape = ds_config.ScenarioShape(
-        run.scenario, layout.world_size, shard, run.scenario == "mics-hier", layout.ndev_per_node
-    )
-    return ds_config.build_config(shape, dtype=layout.dtype).config
+    return ds_config.build_config(layout.shape(run.scenario), dtype=layout.dtype).config
 
 
 def docker_cli_pairs(platform: str) -> list[tuple[str, str]]:
@@ -181,6 +212,8 @@ def render(
         sif_name=f"mics-repro-{env_id}.sif",
         sbatch_name=sbatch_name,
         runs=RUNS,
+        ndev_by_scenario=[(scenario, layout.shape(scenario).devices_per_node)
+                          for scenario in dict.fromkeys(run.scenario for run in RUNS)],
         tool_version=__version__,
         time_limit=time_limit or job_time_limit(len(RUNS), timeout_s),
         timeout_s=f"{timeout_s:g}",
