@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "repro.cli.bisect_commands",
     "repro.cli.upstream_commands",
     "repro.cli.maintenance_commands",
+    "repro.cli.job_commands",
 )
 
 

@@ -50,6 +50,10 @@ Record keys (`RECORD_KEYS`):
                        "planned_device" (never-launched runs only)}; null in older records.
                       A run whose ran_on does not match its env's platform is not evidence for that
                       env (repro/core/evidence.py).
+  job                 custom runs (scenario "custom", `python -m repro run --cmd`) only, else null:
+                      {"command", "workdir", "workdir_digest", "patterns" (what decided: loss regex,
+                       IllegalWork and overflow patterns), "notes", "exit_code", "survivors",
+                       "processes" (pid: argv of every hooked Python process), "loss_steps"}
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class Scenario(str, enum.Enum):
     MICS = "mics"
     MICS_HIER = "mics-hier"
     MICS_REPLICA = "mics-replica"
+    CUSTOM = "custom"  # the user's own command (`python -m repro run --cmd`), judged from its output
 
 
 class Patch(str, enum.Enum):
@@ -123,9 +128,11 @@ class Signature(str, enum.Enum):
 
 
 # The same sets as plain tuples of their values (argparse choices, CLI validation, older callers).
-SCENARIOS = tuple(s.value for s in Scenario)
+# The suite's scenarios (what --scenarios accepts); "custom" records come from `repro run` only.
+SCENARIOS = tuple(s.value for s in Scenario if s is not Scenario.CUSTOM)
+CUSTOM_SCENARIO = Scenario.CUSTOM.value
 CONTROL_SCENARIO = Scenario.ZERO3.value
-MICS_SCENARIOS = tuple(s.value for s in Scenario if s is not Scenario.ZERO3)
+MICS_SCENARIOS = tuple(s.value for s in Scenario if s not in (Scenario.ZERO3, Scenario.CUSTOM))
 PATCHES = tuple(p.value for p in Patch)
 DTYPES = tuple(d.value for d in Dtype)
 TRANSPORTS = tuple(t.value for t in Transport)
@@ -140,6 +147,7 @@ RECORD_KEYS = (
     "losses", "loss_scale", "skipped_steps", "illegal_work_messages", "first_divergent_step", "exception",
     "exit_codes", "durations", "versions", "weights_checksum", "config", "config_adaptations",
     "config_problems", "stacks", "logs", "timeout_s", "started_at", "fix", "transport_info", "ran_on",
+    "job",
 )
 
 
@@ -185,6 +193,7 @@ class RunRecord(TypedDict, total=False):
     fix: Any
     transport_info: dict[str, Any]
     ran_on: dict[str, Any] | None
+    job: dict[str, Any] | None
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -361,6 +361,21 @@ class VenvEngine:
                          env=env, timeout_s=timeout_s, tee=log, cwd=self.repo_root)
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
 
+    def run_job(self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path,
+                timeout_s: float | None) -> SuiteRun:
+        """A custom command (repro/run/job.py): the in-env runner with the venv's Python, which
+        puts the venv first on PATH and the startup hook on the job's PYTHONPATH."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        py = Path(prepared.handle) / "bin" / "python"
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PYTHONPATH"] = str(self.repo_root)
+        if os.environ.get("PYTHONPATH"):  # the user's own, for the job only (not the runner)
+            env["MICS_REPRO_USER_PYTHONPATH"] = os.environ["PYTHONPATH"]
+        env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
+        result = cmd.run([str(py), "-m", "repro.workload.job", *args, "--out", str(out_dir)],
+                         env=env, timeout_s=timeout_s, cwd=workdir)
+        return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, out_dir / "job.log")
+
 
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception)\b.*|ERROR: .*)$")
 
