@@ -158,13 +158,25 @@ def test_numbers_the_suite_accepts_pass_the_front_door(
 
 
 # -- a suite that did not run its plan ends `make repro` non-zero ---------------------------------
+# What the suite plans for `make repro` on the cpu env without overrides (README "Scenarios"):
+# the control, each MiCS scenario stock and fixed, and the sync-transport proof; all fp32.
+CPU_PLAN = [("zero3", "stock", "async", "fp32"),
+            *((s, p, "async", "fp32") for s in ("mics", "mics-hier", "mics-replica") for p in ("stock", "fixed")),
+            ("mics", "stock", "sync", "fp32")]
+# The same on a GPU env: the native backend and the reporter's fp16; no sync proof.
+GPU_PLAN = [("zero3", "stock", "native", "fp16"),
+            *((s, p, "native", "fp16") for s in ("mics", "mics-hier", "mics-replica") for p in ("stock", "fixed"))]
+
+
 class SuiteEngine:
-    """Runs a scripted 'suite': writes `runs` records to suite.json and exits with `code`."""
+    """Runs a scripted 'suite': writes a record for each of `keys` (scenario, patch, transport,
+    dtype) to suite.json and exits with `code`."""
 
     kind = engines.EngineKind.VENV
 
-    def __init__(self, code: int, runs: int, timed_out: bool = False) -> None:
-        self.code, self.runs, self.timed_out = code, runs, timed_out
+    def __init__(self, code: int, keys: list[tuple[str, str, str, str]], timed_out: bool = False,
+                 outcome: str = "clean") -> None:
+        self.code, self.keys, self.timed_out, self.outcome = code, keys, timed_out, outcome
 
     def describe(self) -> str:
         return "scripted suite"
@@ -176,8 +188,9 @@ class SuiteEngine:
         return engines.Prepared(engines.EngineKind.VENV, env.id, "/fake", "fake venv", True)
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> engines.SuiteRun:
-        runs = [empty_record(env=prepared.env_id, run_name=f"run{i}", scenario="zero3", patch="stock",
-                             transport="async", outcome="clean", signature="none") for i in range(self.runs)]
+        runs = [empty_record(env=prepared.env_id, run_name=f"run{i}", scenario=scenario, patch=patch,
+                             transport=transport, dtype=dtype, outcome=self.outcome, signature="none")
+                for i, (scenario, patch, transport, dtype) in enumerate(self.keys)]
         write_json_atomic(str(out_dir / "suite.json"), {"env": prepared.env_id, "runs": runs})
         return engines.SuiteRun(self.code, self.timed_out, 0.1, out_dir, None)
 
@@ -189,13 +202,15 @@ class SuiteEngine:
         (1, 3, False, "exited with 1"),  # a crash after some records
         (124, 2, True, "time limit"),
         (0, 0, False, "no run"),
+        (0, 7, False, "no record for 1 planned run(s): mics/stock/sync/fp32"),  # exit 0, one lost
     ],
 )
 def test_an_incomplete_suite_is_a_suite_failure(
     code: int, runs: int, timed_out: bool, why: str, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: SuiteEngine(code, runs, timed_out))
+    engine = SuiteEngine(code, CPU_PLAN[:runs], timed_out)
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
     out = tmp_path / "out"
     assert run(["repro", "--env", "cpu", "--out", str(out)], tmp_path) == SuiteFailedError.exit_code
     assert why in capsys.readouterr().err
@@ -203,8 +218,39 @@ def test_an_incomplete_suite_is_a_suite_failure(
 
 
 def test_a_complete_suite_exits_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: SuiteEngine(0, 2))
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: SuiteEngine(0, CPU_PLAN))
     assert run(["repro", "--env", "cpu", "--out", str(tmp_path / "out")], tmp_path) == 0
+
+
+def test_records_of_other_runs_do_not_stand_in_for_planned_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """As many records as planned runs, but one planned run (mics-hier fixed) has none: a control
+    recorded twice does not make up for it."""
+    keys = [key for key in CPU_PLAN if key[:2] != ("mics-hier", "fixed")] + [CPU_PLAN[0]]
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: SuiteEngine(0, keys))
+    assert run(["repro", "--env", "cpu", "--out", str(tmp_path / "out")], tmp_path) == SuiteFailedError.exit_code
+    assert "no record for 1 planned run(s): mics-hier/fixed/async/fp32" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("dropped", [None, ("mics-replica", "fixed", "native", "fp16")])
+def test_gpu_env_runs_recorded_unsupported_count_as_recorded(
+    dropped: tuple[str, str, str, str] | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """On a GPU host with too few GPUs the suite records every planned run, those it cannot lay
+    out as `unsupported` (native backend, fp16 by default): nothing is missing. One without a
+    record is a suite failure."""
+    keys = [key for key in GPU_PLAN if key != dropped]
+    engine = SuiteEngine(0, keys, outcome="unsupported")
+    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
+    code = run(["repro", "--env", "rocm56", "--out", str(tmp_path / "out")], tmp_path)
+    err = capsys.readouterr().err
+    if dropped is None:
+        assert code != SuiteFailedError.exit_code and "no record for" not in err
+    else:
+        assert code == SuiteFailedError.exit_code
+        assert "no record for 1 planned run(s): mics-replica/fixed/native/fp16" in err
 
 
 # -- exit codes --------------------------------------------------------------------------------

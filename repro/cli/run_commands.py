@@ -79,7 +79,8 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def run_request(request: Request, target: RunTarget, matrix: Matrix | None = None) -> list[RunRecord]:
     """Plan, preflight, run and summarize one request; raises SuiteFailedError when a suite did
-    not run its plan (its exit code, a timeout, no record), so the verdict printed is incomplete."""
+    not run its plan (its exit code, a timeout, a planned run without a record), so the verdict
+    printed is incomplete."""
     from repro.core.results import (
         InvocationDir,
         discard_unused,
@@ -120,7 +121,7 @@ def run_request(request: Request, target: RunTarget, matrix: Matrix | None = Non
         raise
     print()
     print(render(runs, str(folder)))
-    problems = suite_failures(invocation)
+    problems = suite_failures(invocation, steps)
     if problems:
         raise SuiteFailedError(
             f"the suite did not run its whole plan in {len(problems)} env(s)",

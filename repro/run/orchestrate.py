@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +19,7 @@ from repro.core.errors import ConfigError, Interrupted, UsageError
 from repro.core.results import InvocationDir
 from repro.engines.preflight import check_world_size
 from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord, read_json
+from repro.workload.suite import planned_keys
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -218,18 +220,38 @@ def _collect(invocation: InvocationDir, env: Env, prepared: Any, out: Path, engi
     invocation.add_runs(env.id, list(suite.get("runs") or []))
 
 
-def suite_failures(invocation: InvocationDir) -> list[str]:
+def suite_failures(invocation: InvocationDir, steps: Sequence[Step] = ()) -> list[str]:
     """Why the verdict of this invocation is incomplete, one line per env ([] when every suite
     ran its plan). A suite exits 0 once every planned run has a record; anything else (bad
-    arguments it rejected, a crash, a timeout, no record at all) must not end `make repro` with 0."""
+    arguments it rejected, a crash, a timeout, no record at all, a planned run without a record)
+    must not end `make repro` with 0. The plan of each env in `steps` is the suite's own
+    (repro.workload.suite.planned_keys of the same command line)."""
+    plans = {step.env.id: planned_keys(list(step.suite_args)) for step in steps}
     problems = []
     for env_id, info in invocation.data["envs"].items():
-        recorded = sum(1 for run in invocation.runs if run.get("env") == env_id)
+        records = [run for run in invocation.runs if run.get("env") == env_id]
         code = info.get("suite_exit_code")
         if info.get("suite_timed_out"):
             problems.append(f"{env_id}: the suite ran past its time limit")
         elif code != 0:
             problems.append(f"{env_id}: the suite exited with {code}")
-        elif recorded == 0:
+        elif not records:
             problems.append(f"{env_id}: the suite recorded no run")
+        elif missing := _missing_runs(plans.get(env_id, []), records):
+            problems.append(f"{env_id}: no record for {len(missing)} planned run(s): "
+                            + ", ".join("/".join(key) for key in missing))
     return problems
+
+
+def _missing_runs(planned: Sequence[tuple[str, str, str, str]],
+                  records: Sequence[RunRecord]) -> list[tuple[str, str, str, str]]:
+    """The planned (scenario, patch, transport, dtype) keys that no record answers, in plan order."""
+    left = Counter((str(r.get("scenario")), str(r.get("patch")), str(r.get("transport")),
+                    str(r.get("dtype"))) for r in records)
+    missing = []
+    for key in planned:
+        if left[key] > 0:
+            left[key] -= 1
+        else:
+            missing.append(key)
+    return missing

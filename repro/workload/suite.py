@@ -194,19 +194,45 @@ def _save(out: str, runs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     rec.write_json_atomic(os.path.join(out, "suite.json"), {**meta, "runs": runs})
 
 
+def run_transports(device: str, requested: list[str]) -> list[str]:
+    """GPUs use the native backend (NCCL/RCCL); the other transports are CPU (gloo) modes."""
+    return ["native"] if device == "gpu" else requested
+
+
+def _user_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.config:
+        with open(args.config) as fh:
+            loaded: dict[str, Any] = json.load(fh)
+            return loaded
+    if args.config_json:
+        inline: dict[str, Any] = json.loads(args.config_json)
+        return inline
+    return None
+
+
+def planned_keys(argv: list[str]) -> list[tuple[str, str, str, str]]:
+    """(scenario, patch, transport, dtype) of every run the suite plans for its command line
+    `argv` (without --out): the same rules as run_suite, for a --device that names the platform
+    (cpu, gpu, rocm, cuda; the GPU platforms use GPUs or end every run env-error, recorded). The
+    host checks each has a record. Pure: no torch, no device probe."""
+    args = parser().parse_args([*argv, "--out", "-"])
+    if args.device == "auto":
+        raise ValueError("--device auto: the runs depend on the host's GPUs")
+    device = "cpu" if args.device == "cpu" else "gpu"
+    dtype = args.dtype or default_dtype(device, _user_config(args))
+    planned = plan(args.scenarios, args.patches, dtype, run_transports(device, args.transports),
+                   DEFAULT_WORLD_SIZE, DEFAULT_WORLD_SIZE, sync_proof=not args.no_sync_proof)
+    return [(run.scenario, run.patch, run.transport, run.dtype) for run in planned]
+
+
 def run_suite(args: argparse.Namespace) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     decision, view = detect_device(args.device)
     device = decision.device
     layouts, error = choose_layouts(decision, args.world_size)
-    transports = ["native"] if device == "gpu" else args.transports
-    user_config = None
-    if args.config:
-        with open(args.config) as fh:
-            user_config = json.load(fh)
-    elif args.config_json:
-        user_config = json.loads(args.config_json)
+    transports = run_transports(device, args.transports)
+    user_config = _user_config(args)
     dtype = args.dtype or default_dtype(device, user_config)
     planned = plan(args.scenarios, args.patches, dtype, transports, layouts.used, layouts.used,
                    sync_proof=not args.no_sync_proof, layouts=layouts, error=error)
