@@ -30,6 +30,7 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 # Every target that runs Python needs the host side set up first (nothing to do with PYTHON=).
 help list build repro check-fix matrix report base-image test test-unit lint bench clean: $(HOST_PYTHON_READY)
 bisect survey probe bundle verify-bundle cluster pr-regression: $(HOST_PYTHON_READY)
+run shell: $(HOST_PYTHON_READY)
 venv: $(HOST_PYTHON_READY)
 
 # Remade when pyproject.toml changes; `-m venv` on an existing .venv/ re-points it at
@@ -131,6 +132,22 @@ cluster:
 
 pr-regression:
 	$(REPRO) pr-regression $(call flag,PYTHON_VENV,python) $(call flag,TRANSPORT,transport)
+
+# Your own command in an env, stock and fixed, judged from its own output (README "Your own job";
+# repro/cli/job_commands.py). CMD is passed in single quotes, so it may hold double quotes.
+#   make run ENV=cpu WORKDIR=~/proj CMD="torchrun --nproc_per_node 2 train.py" [PATCH=stock,fixed]
+#   make shell ENV=cpu [PATCH=fixed]      an interactive shell in the env with the hook active
+sq = '$(subst ','\'',$(1))'
+.PHONY: run shell
+run:
+	$(REPRO) run --cmd $(call sq,$(CMD)) $(call flag,ENV,env) $(call flag,ENGINE,engine) \
+		$(call flag,PATCH,patch) $(call flag,WORKDIR,workdir) $(call flag,TRANSPORT,transport) \
+		$(if $(LOSS_REGEX),--loss-regex $(call sq,$(LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
+		$(call flag,STALL_TIMEOUT,stall-timeout) $(call flag,OUT,out) $(call flag,MATRIX,matrix)
+
+shell:
+	$(REPRO) shell $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,PATCH,patch) \
+		$(call flag,TRANSPORT,transport) $(call flag,MATRIX,matrix)
 
 clean:
 	$(REPRO) clean

@@ -147,8 +147,14 @@ def _record(env_id: str, raw: RawRun, parsed: judge.Parsed, verdict: judge.Judge
         reason = f"{job['hang_detail']}; {len(job.get('stacks') or {})} Python stacks recorded"
     if job.get("survivors"):
         reason += f"; processes still alive after SIGKILL: {job['survivors']}"
+    engine = next((r["engine"] for r in reports if r.get("engine")), {})
+    notes = list(verdict.notes)
+    dtype = engine.get("dtype")
+    if dtype is None:  # the report needs one; say it was not seen
+        dtype = "fp32"
+        notes.append("no DeepSpeed engine step seen: dtype recorded as fp32 by default")
     record = empty_record(
-        env=env_id, scenario=CUSTOM_SCENARIO, patch=raw.patch, run_name=f"{CUSTOM_SCENARIO}-{raw.patch}",
+        env=env_id, scenario=CUSTOM_SCENARIO, dtype=dtype, world_size=engine.get("world_size"), patch=raw.patch, run_name=f"{CUSTOM_SCENARIO}-{raw.patch}",
         transport=job.get("transport"), outcome=verdict.outcome, signature=verdict.signature, reason=reason,
         losses=parsed.losses, loss_scale=parsed.loss_scale or None, skipped_steps=parsed.skipped_steps,
         illegal_work_messages=parsed.illegal_work_messages,
@@ -160,7 +166,7 @@ def _record(env_id: str, raw: RawRun, parsed: judge.Parsed, verdict: judge.Judge
         timeout_s=timeout_s, fix=first.get("fix") if raw.patch == "fixed" else None,
         transport_info=first.get("transport_info") or {},
         job={"command": job.get("command"), "workdir": job.get("workdir"), "workdir_digest": digest,
-             "patterns": judge.patterns_used(parsed, loss_regex), "notes": list(verdict.notes),
+             "patterns": judge.patterns_used(parsed, loss_regex), "notes": notes,
              "exit_code": job.get("exit_code"), "survivors": job.get("survivors") or [],
              "processes": job.get("processes") or {}, "loss_steps": parsed.loss_steps,
              "deepspeed_imported": bool(reports), "first_parting_step": parting},

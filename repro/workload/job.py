@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--stall-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
-    install_stop_handlers()
+    if argv is None:  # a real command line (tests call main(argv) and keep their own handlers)
+        install_stop_handlers()
     result = run_job(args)
     write_json_atomic(os.path.join(args.out, JOB_JSON), result)
     return 0

@@ -171,10 +171,29 @@ def _heartbeat_on_step(deepspeed: Any) -> None:
         result = original(self, *args, **kwargs)
         with open(path, "w") as fh:
             fh.write(f"{time.time()}\n")
+        if "engine" not in _REPORT:  # what the records need that only the engine knows
+            _REPORT["engine"] = _describe_engine(self)
+            _write_report()
         return result
 
     step._mics_repro = True  # type: ignore[attr-defined]
     engine_cls.step = step
+
+
+def _describe_engine(engine: Any) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    try:
+        found["dtype"] = ("fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32")
+    except Exception as exc:  # noqa: BLE001 - a DeepSpeed without these methods: leave it out
+        found["dtype_error"] = str(exc)
+    try:
+        import torch.distributed as dist
+
+        found["world_size"] = dist.get_world_size()
+        found["rank"] = dist.get_rank()
+    except Exception:  # noqa: BLE001 - not initialised: nothing to say
+        pass
+    return found
 
 
 def _write_report() -> None:

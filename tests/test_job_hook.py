@@ -1,0 +1,108 @@
+"""The interpreter-start hook and the in-env job runner, with real processes of the host Python
+(no torch needed): inert unless asked; a command without DeepSpeed is judged clean with a note;
+a deadlocked command ends hung with every process's stack and no survivors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from repro.run.job import RawRun, build_records
+from repro.workload import job
+
+PROBE = textwrap.dedent("""\
+    import json, sys
+    print(json.dumps({"hook": "repro.workload.jobhook" in sys.modules,
+                      "deepspeed": "deepspeed" in sys.modules}))
+""")
+
+
+def _fake_deepspeed(root: Path) -> Path:
+    pkg = root / "site" / "deepspeed"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '0.0.fake'\n")
+    return root / "site"
+
+
+def _python(code: str, env: dict[str, str], cwd: Path) -> dict[str, bool]:
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_hook_is_inert_unless_asked(tmp_path: Path, real_subprocess: None) -> None:
+    site = _fake_deepspeed(tmp_path)
+    job_dir = tmp_path / "job"
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MICS_REPRO_")}
+    asked = job.hook_environment(base, patch="fixed", device="gpu", transport="async",
+                                 job_dir=str(job_dir), user_pythonpath=str(site))
+    not_asked = dict(asked)
+    del not_asked["MICS_REPRO_HOOK"]
+    # Not asked: the hook module is never imported, nothing is written, and an import of
+    # DeepSpeed gets the module untouched (no fix attempted, so no report either).
+    seen = _python(PROBE + "import deepspeed\n", not_asked, tmp_path)
+    assert seen == {"hook": False, "deepspeed": False}
+    assert not job_dir.exists()
+    # Asked, but the command never imports DeepSpeed: the hook does not import it either.
+    assert _python(PROBE, asked, tmp_path) == {"hook": True, "deepspeed": False}
+    assert list((job_dir / "hook").iterdir()) == []  # only DeepSpeed users report
+    assert len(list((job_dir / "pids").iterdir())) == 1
+    # Asked and DeepSpeed imported: the hook acts (here the fake has nothing to patch: the fix
+    # reports why, and the process goes on).
+    _python("import deepspeed\nprint('{}')", asked, tmp_path)
+    reports = [json.loads(p.read_text()) for p in (job_dir / "hook").iterdir()]
+    assert len(reports) == 1 and reports[0]["deepspeed"] == "0.0.fake" and reports[0]["fix_error"]
+
+
+def _run_job(tmp_path: Path, command: str, stall: float = 300.0) -> dict[str, object]:
+    out = tmp_path / "out"
+    code = job.main(["--cmd", command, "--workdir", str(tmp_path), "--out", str(out), "--device", "gpu",
+                     "--stall-timeout", str(stall), "--timeout", "600"])
+    assert code == 0
+    return json.loads((out / job.JOB_JSON).read_text())  # type: ignore[no-any-return]
+
+
+def test_command_without_deepspeed_runs_and_is_clean_with_a_note(tmp_path: Path, real_subprocess: None) -> None:
+    result = _run_job(tmp_path, f"{sys.executable} -c \"print('hello from the job')\"")
+    assert result["exit_code"] == 0 and result["status"] is None
+    text = (tmp_path / "out" / job.JOB_LOG).read_text()
+    assert "hello from the job" in text
+    [record] = build_records("cpu", [RawRun("stock", result, text, "cpu/custom-stock/job.log")], None,
+                             "sha256:x", 600.0)
+    assert (record["outcome"], record["scenario"]) == ("clean", "custom")
+    assert record["job"] is not None and "never imported DeepSpeed" in record["job"]["notes"][0]
+
+
+DEADLOCK = textwrap.dedent("""\
+    import subprocess, sys, threading
+    child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait()"])
+    print("child", child.pid, flush=True)
+    lock = threading.Lock(); lock.acquire(); lock.acquire()
+""")
+
+
+@pytest.mark.parametrize("stall", [2.0])
+def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(
+        tmp_path: Path, real_subprocess: None, stall: float) -> None:
+    script = tmp_path / "deadlock.py"
+    script.write_text(DEADLOCK)
+    result = _run_job(tmp_path, f"{sys.executable} {script}", stall=stall)
+    assert result["status"] == "hung"
+    stacks = result["stacks"]
+    assert isinstance(stacks, dict) and len(stacks) == 2  # the script and its child
+    assert any("deadlock.py" in text for text in stacks.values())
+    assert result["survivors"] == []
+    processes = result["processes"]
+    assert isinstance(processes, dict)
+    for pid in processes:
+        assert not job.alive(int(pid))
+    text = (tmp_path / "out" / job.JOB_LOG).read_text()
+    [record] = build_records("cpu", [RawRun("stock", result, text, None)], None, "sha256:x", 600.0)
+    assert (record["outcome"], record["signature"]) == ("hung", "hang")
+    assert record["stacks"] == stacks
