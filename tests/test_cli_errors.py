@@ -160,12 +160,11 @@ def test_numbers_the_suite_accepts_pass_the_front_door(
 # -- a suite that did not run its plan ends `make repro` non-zero ---------------------------------
 # What the suite plans for `make repro` on the cpu env without overrides (README "Scenarios"):
 # the control, each MiCS scenario stock and fixed, and the sync-transport proof; all fp32.
-CPU_PLAN = [("zero3", "stock", "async", "fp32"),
-            *((s, p, "async", "fp32") for s in ("mics", "mics-hier", "mics-replica") for p in ("stock", "fixed")),
+MICS_RUNS = [(s, p) for s in ("mics", "mics-hier", "mics-replica") for p in ("stock", "fixed")]
+CPU_PLAN = [("zero3", "stock", "async", "fp32"), *((s, p, "async", "fp32") for s, p in MICS_RUNS),
             ("mics", "stock", "sync", "fp32")]
 # The same on a GPU env: the native backend and the reporter's fp16; no sync proof.
-GPU_PLAN = [("zero3", "stock", "native", "fp16"),
-            *((s, p, "native", "fp16") for s in ("mics", "mics-hier", "mics-replica") for p in ("stock", "fixed"))]
+GPU_PLAN = [("zero3", "stock", "native", "fp16"), *((s, p, "native", "fp16") for s, p in MICS_RUNS)]
 
 
 class SuiteEngine:
@@ -229,7 +228,8 @@ def test_records_of_other_runs_do_not_stand_in_for_planned_ones(
     recorded twice does not make up for it."""
     keys = [key for key in CPU_PLAN if key[:2] != ("mics-hier", "fixed")] + [CPU_PLAN[0]]
     monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: SuiteEngine(0, keys))
-    assert run(["repro", "--env", "cpu", "--out", str(tmp_path / "out")], tmp_path) == SuiteFailedError.exit_code
+    code = run(["repro", "--env", "cpu", "--out", str(tmp_path / "out")], tmp_path)
+    assert code == SuiteFailedError.exit_code
     assert "no record for 1 planned run(s): mics-hier/fixed/async/fp32" in capsys.readouterr().err
 
 

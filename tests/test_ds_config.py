@@ -10,7 +10,8 @@ from repro.workload import ds_config as dc
 REPORTER = Path(__file__).resolve().parents[1] / "repro" / "configs" / "reporter_ds_config.json"
 
 
-def shape(scenario: str = "mics", world: int = 4, shard: int | None = 4, hier: bool = False) -> dc.ScenarioShape:
+def shape(scenario: str = "mics", world: int = 4, shard: int | None = 4,
+          hier: bool = False) -> dc.ScenarioShape:
     return dc.ScenarioShape(scenario, world, shard, hier, 2)
 
 

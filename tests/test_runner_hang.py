@@ -18,7 +18,8 @@ FAKE_RANK = r'''
 import faulthandler, os, signal, sys, time
 run_dir, rank = sys.argv[1], sys.argv[2]
 # Arm the stack dump before announcing the pid: the launcher signals only pids it has read.
-faulthandler.register(signal.SIGUSR1, file=open(os.path.join(run_dir, f"rank{rank}.stack"), "w"), all_threads=True)
+faulthandler.register(signal.SIGUSR1, file=open(os.path.join(run_dir, f"rank{rank}.stack"), "w"),
+                      all_threads=True)
 open(os.path.join(run_dir, f"rank{rank}.pid"), "w").write(str(os.getpid()))
 signal.signal(signal.SIGINT, signal.SIG_IGN)   # a rank stuck in a collective ignores Ctrl-C
 def blocked_in_collective():
@@ -35,7 +36,8 @@ blocked_in_collective()
 FAKE_LAUNCHER = r'''
 import subprocess, sys, time
 run_dir, mode = sys.argv[1], sys.argv[2]
-procs = [subprocess.Popen([sys.executable, "-c", open(sys.argv[3]).read(), run_dir, str(r), mode]) for r in range(2)]
+procs = [subprocess.Popen([sys.executable, "-c", open(sys.argv[3]).read(), run_dir, str(r), mode])
+         for r in range(2)]
 for p in procs:
     p.wait()
 '''
@@ -84,8 +86,8 @@ def test_hang_is_a_result_with_stacks_and_no_survivors(fake_torchrun, tmp_path: 
 
 def test_launcher_failure_without_ranks_is_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      real_subprocess: None) -> None:
-    monkeypatch.setattr(runner, "_command", lambda spec, port: [sys.executable, "-c",
-                                                                "import sys; print('No module named torch'); sys.exit(1)"])
+    no_torch = "import sys; print('No module named torch'); sys.exit(1)"
+    monkeypatch.setattr(runner, "_command", lambda spec, port: [sys.executable, "-c", no_torch])
     spec = _spec(tmp_path, 30.0, 30.0)
     result = runner.launch(spec)
     record, status = runner.assemble(spec, result, {"env": "t"})

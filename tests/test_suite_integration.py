@@ -80,7 +80,8 @@ def by_name(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def matches_control(run: dict[str, Any], control: dict[str, Any]) -> bool:
-    return bool(run["losses"]) and first_divergent_step(run["losses"], control["losses"], run["dtype"]) is None
+    return (bool(run["losses"])
+            and first_divergent_step(run["losses"], control["losses"], run["dtype"]) is None)
 
 
 def test_reporter_stack_on_cpu(reporter_stack: tuple[Path, dict[str, Any]]) -> None:

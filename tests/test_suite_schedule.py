@@ -70,7 +70,8 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeTorchrun, jo
     return code, json.loads((out / "suite.json").read_text())
 
 
-def test_two_jobs_overlap_and_records_keep_plan_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_jobs_overlap_and_records_keep_plan_order(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeTorchrun()
     code, data = _run(tmp_path, monkeypatch, fake, jobs=2)
     assert code == 0

@@ -115,9 +115,11 @@ def load_user_config(path: str | None) -> dict[str, Any] | None:
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"cannot read CONFIG={path}", why=str(exc), fix="pass the path of a DeepSpeed config JSON") from None
+        raise ConfigError(f"cannot read CONFIG={path}", why=str(exc),
+                          fix="pass the path of a DeepSpeed config JSON") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"CONFIG={path} is not valid JSON", why=f"line {exc.lineno} column {exc.colno}: {exc.msg}",
+        raise ConfigError(f"CONFIG={path} is not valid JSON",
+                          why=f"line {exc.lineno} column {exc.colno}: {exc.msg}",
                           fix="fix the JSON (DeepSpeed configs are plain JSON, no comments)") from None
     if not isinstance(data, dict) or not isinstance(data.get("zero_optimization", {}), dict):
         raise ConfigError(f"CONFIG={path} is not a DeepSpeed config object",
@@ -167,7 +169,8 @@ def describe(steps: Sequence[Step], engine_label: str) -> str:
     for step in steps:
         env = step.env
         pins = ", ".join(f"{k}={v}" for k, v in env.pins().items())
-        lines.append(f"env {env.id} ({env.platform.value}{', derived from ' + env.derived_from if env.derived_from else ''}): {pins}")
+        derived = f", derived from {env.derived_from}" if env.derived_from else ""
+        lines.append(f"env {env.id} ({env.platform.value}{derived}): {pins}")
     return "\n".join(lines)
 
 
@@ -198,7 +201,8 @@ def execute(steps: Sequence[Step], engine: Engine, invocation: InvocationDir,
             invocation.finish(interrupted=True)
             # core/signals.py names SIGTERM/SIGHUP in the KeyboardInterrupt it raises for them.
             raise Interrupted("interrupted", why=str(stop) or "Ctrl-C",
-                              fix=f"what finished is in {invocation.folder}; run the same command again to redo the rest") from None
+                              fix=f"what finished is in {invocation.folder}; "
+                                  "run the same command again to redo the rest") from None
         _collect(invocation, env, prepared, out, engine.kind.value, suite.exit_code, suite.timed_out)
     invocation.finish()
     return invocation.runs
@@ -215,7 +219,8 @@ def _collect(invocation: InvocationDir, env: Env, prepared: Any, out: Path, engi
             "interrupted": bool(suite.get("interrupted"))}
     if prepared is not None:
         key = "image_id" if engine == "docker" else "venv"
-        info[key] = prepared.details.get("image_id", prepared.handle) if engine == "docker" else prepared.label
+        info[key] = (prepared.details.get("image_id", prepared.handle) if engine == "docker"
+                     else prepared.label)
     invocation.add_env(env.id, info)
     invocation.add_runs(env.id, list(suite.get("runs") or []))
 

@@ -49,7 +49,8 @@ class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm that computes in the activations' dtype (see Linear)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps)
+        return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype),
+                            self.eps)
 
 
 class CausalSelfAttention(nn.Module):
