@@ -31,8 +31,9 @@ def _fake_deepspeed(root: Path) -> Path:
 
 
 def _python(code: str, env: dict[str, str], cwd: Path) -> dict[str, bool]:
-    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
-                          check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, check=True
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
@@ -40,8 +41,9 @@ def test_hook_is_inert_unless_asked(tmp_path: Path, real_subprocess: None) -> No
     site = _fake_deepspeed(tmp_path)
     job_dir = tmp_path / "job"
     base = {k: v for k, v in os.environ.items() if not k.startswith("MICS_REPRO_")}
-    asked = job.hook_environment(base, patch="fixed", device="gpu", transport="async",
-                                 job_dir=str(job_dir), user_pythonpath=str(site))
+    asked = job.hook_environment(
+        base, patch="fixed", device="gpu", transport="async", job_dir=str(job_dir), user_pythonpath=str(site)
+    )
     not_asked = dict(asked)
     del not_asked["MICS_REPRO_HOOK"]
     # Not asked: the hook module is never imported, nothing is written, and an import of
@@ -62,19 +64,36 @@ def test_hook_is_inert_unless_asked(tmp_path: Path, real_subprocess: None) -> No
 
 def _run_job(tmp_path: Path, command: str, stall: float = 300.0) -> dict[str, object]:
     out = tmp_path / "out"
-    code = job.main(["--cmd", command, "--workdir", str(tmp_path), "--out", str(out), "--device", "gpu",
-                     "--stall-timeout", str(stall), "--timeout", "600"])
+    code = job.main(
+        [
+            "--cmd",
+            command,
+            "--workdir",
+            str(tmp_path),
+            "--out",
+            str(out),
+            "--device",
+            "gpu",
+            "--stall-timeout",
+            str(stall),
+            "--timeout",
+            "600",
+        ]
+    )
     assert code == 0
     return json.loads((out / job.JOB_JSON).read_text())  # type: ignore[no-any-return]
 
 
-def test_command_without_deepspeed_runs_and_is_clean_with_a_note(tmp_path: Path, real_subprocess: None) -> None:
+def test_command_without_deepspeed_runs_and_is_clean_with_a_note(
+    tmp_path: Path, real_subprocess: None
+) -> None:
     result = _run_job(tmp_path, f"{sys.executable} -c \"print('hello from the job')\"")
     assert result["exit_code"] == 0 and result["status"] is None
     text = (tmp_path / "out" / job.JOB_LOG).read_text()
     assert "hello from the job" in text
-    [record] = build_records("cpu", [RawRun("stock", result, text, "cpu/custom-stock/job.log")], None,
-                             "sha256:x", 600.0)
+    [record] = build_records(
+        "cpu", [RawRun("stock", result, text, "cpu/custom-stock/job.log")], None, "sha256:x", 600.0
+    )
     assert (record["outcome"], record["scenario"]) == ("clean", "custom")
     assert record["job"] is not None and "never imported DeepSpeed" in record["job"]["notes"][0]
 
@@ -89,7 +108,8 @@ DEADLOCK = textwrap.dedent("""\
 
 @pytest.mark.parametrize("stall", [2.0])
 def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(
-        tmp_path: Path, real_subprocess: None, stall: float) -> None:
+    tmp_path: Path, real_subprocess: None, stall: float
+) -> None:
     script = tmp_path / "deadlock.py"
     script.write_text(DEADLOCK)
     result = _run_job(tmp_path, f"{sys.executable} {script}", stall=stall)

@@ -68,8 +68,13 @@ def _make(*args: str) -> subprocess.CompletedProcess[str]:
     make = shutil.which("make")
     if make is None:
         pytest.skip("no make on PATH")
-    return subprocess.run([make, "--no-print-directory", f"PYTHON={sys.executable}", *args], cwd=REPO,
-                          capture_output=True, text=True, env=dict(os.environ, ENGINE="venv"))
+    return subprocess.run(
+        [make, "--no-print-directory", f"PYTHON={sys.executable}", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, ENGINE="venv"),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +83,14 @@ def custom_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str
     work = tmp_path_factory.mktemp("their-project")
     (work / "train_classifier.py").write_text(TRAIN)
     out = tmp_path_factory.mktemp("custom") / "results"
-    done = _make("run", "ENV=cpu", f"WORKDIR={work}", f"OUT={out}", "STALL_TIMEOUT=240",
-                 "CMD=torchrun --nproc_per_node 2 train_classifier.py")
+    done = _make(
+        "run",
+        "ENV=cpu",
+        f"WORKDIR={work}",
+        f"OUT={out}",
+        "STALL_TIMEOUT=240",
+        "CMD=torchrun --nproc_per_node 2 train_classifier.py",
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
 

@@ -63,8 +63,9 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAIL
 
 
 def _judge(text: str, patch: str = "stock", exit_code: int = 0, **kw: object) -> judge.Judgement:
-    return judge.judge(judge.parse(text), patch=patch, exit_code=exit_code, status=None,
-                       used_deepspeed=True, **kw)  # type: ignore[arg-type]
+    return judge.judge(
+        judge.parse(text), patch=patch, exit_code=exit_code, status=None, used_deepspeed=True, **kw
+    )  # type: ignore[arg-type]
 
 
 def test_deepspeed_illegal_work_messages_and_nan_losses() -> None:
@@ -74,7 +75,10 @@ def test_deepspeed_illegal_work_messages_and_nan_losses() -> None:
     assert parsed.losses == [2.302585, None]  # rank 1's copy of step 1 is the same step
     verdict = _judge(DS_ILLEGAL)
     assert (verdict.outcome, verdict.signature, verdict.first_divergent_step) == (
-        "reproduced", "illegal-work-divergence", 1)
+        "reproduced",
+        "illegal-work-divergence",
+        1,
+    )
 
 
 def test_megatron_losses_skips_and_scales() -> None:
@@ -90,7 +94,11 @@ def test_megatron_losses_skips_and_scales() -> None:
 
 def test_hf_trainer_losses_without_step_numbers() -> None:
     parsed = judge.parse(HF)
-    assert (parsed.loss_pattern, parsed.losses, parsed.loss_steps) == ("hf-trainer", [2.4512, 2.1], [None, None])
+    assert (parsed.loss_pattern, parsed.losses, parsed.loss_steps) == (
+        "hf-trainer",
+        [2.4512, 2.1],
+        [None, None],
+    )
     assert _judge(HF).outcome == "clean"
 
 
@@ -103,8 +111,15 @@ def test_deepspeed_overflow_counts_a_step_once_over_ranks() -> None:
 
 def test_overflow_storm_against_a_clean_fixed_run() -> None:
     fixed = judge.parse("steps: 1 loss: 10.5 iter time (s): 0.5\n")
-    verdict = judge.judge(judge.parse(DS_OVERFLOW), patch="stock", exit_code=0, status=None,
-                          used_deepspeed=True, other=fixed, other_clean=True)
+    verdict = judge.judge(
+        judge.parse(DS_OVERFLOW),
+        patch="stock",
+        exit_code=0,
+        status=None,
+        used_deepspeed=True,
+        other=fixed,
+        other_clean=True,
+    )
     assert (verdict.outcome, verdict.signature) == ("reproduced", "overflow-storm")
 
 
@@ -130,21 +145,40 @@ def test_other_crash_env_error_hang_and_unsupported() -> None:
 def test_stock_losses_that_part_from_the_clean_fixed_run() -> None:
     stock = judge.parse("step 0 loss 2.0\nstep 1 loss 2.5\n")
     fixed = judge.parse("step 0 loss 2.0\nstep 1 loss 1.5\n")
-    verdict = judge.judge(stock, patch="stock", exit_code=0, status=None, used_deepspeed=True,
-                          other=fixed, other_clean=True)
-    assert (verdict.outcome, verdict.signature, verdict.first_divergent_step) == ("reproduced", "divergence", 1)
+    verdict = judge.judge(
+        stock, patch="stock", exit_code=0, status=None, used_deepspeed=True, other=fixed, other_clean=True
+    )
+    assert (verdict.outcome, verdict.signature, verdict.first_divergent_step) == (
+        "reproduced",
+        "divergence",
+        1,
+    )
     # The fixed run is not judged against the stock run: its own evidence decides.
-    assert judge.judge(fixed, patch="fixed", exit_code=0, status=None, used_deepspeed=True,
-                       other=stock, other_clean=False).outcome == "clean"
+    assert (
+        judge.judge(
+            fixed,
+            patch="fixed",
+            exit_code=0,
+            status=None,
+            used_deepspeed=True,
+            other=stock,
+            other_clean=False,
+        ).outcome
+        == "clean"
+    )
 
 
 def test_a_command_without_deepspeed_is_clean_with_a_note() -> None:
-    verdict = judge.judge(judge.parse("hello\n"), patch="stock", exit_code=0, status=None, used_deepspeed=False)
+    verdict = judge.judge(
+        judge.parse("hello\n"), patch="stock", exit_code=0, status=None, used_deepspeed=False
+    )
     assert verdict.outcome == "clean" and verdict.notes and "never imported DeepSpeed" in verdict.notes[0]
 
 
 def test_loss_regex_override_and_hidden_messages_from_the_hook() -> None:
-    parsed = judge.parse("it=3 my_loss=0.25\nit=4 my_loss=inf\n", loss_regex=r"it=(?P<step>\d+) my_loss=(?P<loss>\S+)")
+    parsed = judge.parse(
+        "it=3 my_loss=0.25\nit=4 my_loss=inf\n", loss_regex=r"it=(?P<step>\d+) my_loss=(?P<loss>\S+)"
+    )
     assert (parsed.loss_pattern, parsed.losses, parsed.loss_steps) == ("custom", [0.25, None], [3, 4])
     assert judge.patterns_used(parsed, r"it=(?P<step>\d+) my_loss=(?P<loss>\S+)")["loss"]["name"] == "custom"
     judge.with_hook(parsed, [{"illegal_work_failures": 4}, {"illegal_work_failures": 0}])

@@ -17,8 +17,12 @@ from repro.workload.record import PATCHES, TRANSPORT_MODES
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default=None, help="env id (default: the matrix default, cpu)")
     p.add_argument("--engine", default=None, help="venv (docker: not yet for custom commands)")
-    p.add_argument("--transport", default="async", choices=TRANSPORT_MODES,
-                   help="gloo adapter mode on CPU envs (default async)")
+    p.add_argument(
+        "--transport",
+        default="async",
+        choices=TRANSPORT_MODES,
+        help="gloo adapter mode on CPU envs (default async)",
+    )
     add_matrix_option(p)
 
 
@@ -29,8 +33,12 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default=".", help="folder the command runs in (default .)")
     p.add_argument("--loss-regex", default=None, help="regex with a group `loss` (and optional `step`)")
     p.add_argument("--timeout", type=float, default=1800.0, help="time limit per run, seconds")
-    p.add_argument("--stall-timeout", type=float, default=300.0,
-                   help="no output and no DeepSpeed step for this long: hung (seconds)")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=300.0,
+        help="no output and no DeepSpeed step for this long: hung (seconds)",
+    )
     p.add_argument("--out", default=None, help="results folder (default results/<timestamp>-<env>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
 
@@ -58,16 +66,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     from repro.run.summary import render
 
     env = _env(args)
-    request = JobRequest(env_id=env.id, command=args.cmd, patches=csv(args.patch) or (),
-                         workdir=Path(args.workdir), transport=args.transport, loss_regex=args.loss_regex,
-                         timeout_s=args.timeout, stall_s=args.stall_timeout)
+    request = JobRequest(
+        env_id=env.id,
+        command=args.cmd,
+        patches=csv(args.patch) or (),
+        workdir=Path(args.workdir),
+        transport=args.transport,
+        loss_regex=args.loss_regex,
+        timeout_s=args.timeout,
+        stall_s=args.stall_timeout,
+    )
     engine = _engine(args.engine)
     root = Path(args.results_root)
     out = Path(args.out) if args.out else None
     folder, _made = open_invocation_dir(root, out, [env.id])
-    line = make_line("run", [("ENV", args.env), ("CMD", args.cmd), ("PATCH", args.patch),
-                             ("WORKDIR", args.workdir), ("TRANSPORT", args.transport),
-                             ("LOSS_REGEX", args.loss_regex)])
+    line = make_line(
+        "run",
+        [
+            ("ENV", args.env),
+            ("CMD", args.cmd),
+            ("PATCH", args.patch),
+            ("WORKDIR", args.workdir),
+            ("TRANSPORT", args.transport),
+            ("LOSS_REGEX", args.loss_regex),
+        ],
+    )
     invocation = InvocationDir(folder, invocation_meta(list(args.argv), line))
     invocation.save()
     if out is None:
@@ -80,8 +103,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-@command("shell", "an interactive shell in an env with the startup hook active (PATCH=fixed applies the fix)",
-         lambda p: (_common(p), p.add_argument("--patch", default="stock", choices=PATCHES)))
+def _shell_options(p: argparse.ArgumentParser) -> None:
+    _common(p)
+    p.add_argument("--patch", default="stock", choices=PATCHES, help="stock or fixed (default stock)")
+
+
+@command(
+    "shell",
+    "an interactive shell in an env with the startup hook active (PATCH=fixed applies the fix)",
+    _shell_options,
+)
 def cmd_shell(args: argparse.Namespace) -> int:
     from repro.workload.job import hook_environment
 
@@ -93,13 +124,20 @@ def cmd_shell(args: argparse.Namespace) -> int:
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     base["PATH"] = os.pathsep.join((bin_dir, base.get("PATH", "")))
     base["VIRTUAL_ENV"] = prepared.handle
-    shell_env = hook_environment(base, patch=args.patch, device="cpu" if env.platform.value == "cpu" else "gpu",
-                                 transport=args.transport, job_dir=None,
-                                 user_pythonpath=os.environ.get("PYTHONPATH"))
+    shell_env = hook_environment(
+        base,
+        patch=args.patch,
+        device="cpu" if env.platform.value == "cpu" else "gpu",
+        transport=args.transport,
+        job_dir=None,
+        user_pythonpath=os.environ.get("PYTHONPATH"),
+    )
     # hook_environment put this (host) interpreter's folder first; the env's venv must win.
     shell_env["PATH"] = os.pathsep.join((bin_dir, shell_env["PATH"]))
     shell_env["PS1"] = f"({env.id} {args.patch}) \\w$ "
-    print(f"{env.id} ({prepared.label}), patch {args.patch}: the hook is active in every python; exit to leave")
+    print(
+        f"{env.id} ({prepared.label}), patch {args.patch}: the hook is active in every python; exit to leave"
+    )
     # exec, not the subprocess door: an interactive shell needs this terminal's session and job
     # control, which cmd.run's new session (for stopping process groups) would take away.
     shell = os.environ.get("SHELL") or "/bin/bash"

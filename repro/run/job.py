@@ -34,8 +34,9 @@ DIGEST_MAX_BYTES = 1 << 20  # files above this are digested by size only
 class JobEngine(Protocol):
     """The engines that can run a custom command (VenvEngine, DockerEngine)."""
 
-    def run_job(self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path,
-                timeout_s: float | None) -> SuiteRun: ...
+    def run_job(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: float | None
+    ) -> SuiteRun: ...
 
 
 @dataclass(frozen=True)
@@ -56,22 +57,39 @@ class JobRequest:
         if bad or not self.patches:
             raise UsageError(f"unknown patch {', '.join(bad) or '(none)'}", fix=f"use {','.join(PATCHES)}")
         if not self.workdir.is_dir():
-            raise UsageError(f"WORKDIR={self.workdir} is not a folder", fix="give the folder the command runs in")
+            raise UsageError(
+                f"WORKDIR={self.workdir} is not a folder", fix="give the folder the command runs in"
+            )
         if self.loss_regex:
             import re
 
             try:
                 re.compile(self.loss_regex)
             except re.error as exc:
-                raise UsageError(f"LOSS_REGEX= does not compile: {exc}",
-                                 fix="a Python regex with a group named `loss` (optional `step`)") from None
+                raise UsageError(
+                    f"LOSS_REGEX= does not compile: {exc}",
+                    fix="a Python regex with a group named `loss` (optional `step`)",
+                ) from None
 
 
 def job_args(request: JobRequest, patch: str, device: str) -> list[str]:
     """Arguments of the in-env runner; engines add `--out`."""
-    return ["--cmd", request.command, "--workdir", str(request.workdir.resolve()), "--patch", patch,
-            "--device", device, "--transport", request.transport, "--timeout", f"{request.timeout_s:g}",
-            "--stall-timeout", f"{request.stall_s:g}"]
+    return [
+        "--cmd",
+        request.command,
+        "--workdir",
+        str(request.workdir.resolve()),
+        "--patch",
+        patch,
+        "--device",
+        device,
+        "--transport",
+        request.transport,
+        "--timeout",
+        f"{request.timeout_s:g}",
+        "--stall-timeout",
+        f"{request.stall_s:g}",
+    ]
 
 
 def workdir_digest(folder: Path) -> str:
@@ -80,7 +98,9 @@ def workdir_digest(folder: Path) -> str:
     h = hashlib.sha256()
     count = 0
     for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if d not in (".git", "__pycache__", ".venv", "results", ".mypy_cache"))
+        dirs[:] = sorted(
+            d for d in dirs if d not in (".git", "__pycache__", ".venv", "results", ".mypy_cache")
+        )
         for name in sorted(files):
             path = Path(root) / name
             try:
@@ -109,11 +129,14 @@ class RawRun:
     log_rel: str | None
 
 
-def build_records(env_id: str, raws: Sequence[RawRun], loss_regex: str | None, digest: str,
-                  timeout_s: float | None) -> list[RunRecord]:
+def build_records(
+    env_id: str, raws: Sequence[RawRun], loss_regex: str | None, digest: str, timeout_s: float | None
+) -> list[RunRecord]:
     """Judge every patch's run against the other's and make the records (pure)."""
-    parsed = {raw.patch: judge.with_hook(judge.parse(raw.log_text, loss_regex), raw.job.get("hook_reports") or [])
-              for raw in raws}
+    parsed = {
+        raw.patch: judge.with_hook(judge.parse(raw.log_text, loss_regex), raw.job.get("hook_reports") or [])
+        for raw in raws
+    }
     fixed_raw = next((r for r in raws if r.patch == "fixed"), None)
     fixed_clean = False
     verdicts: dict[str, judge.Judgement] = {}
@@ -124,21 +147,44 @@ def build_records(env_id: str, raws: Sequence[RawRun], loss_regex: str | None, d
         if raw.patch != "fixed":
             verdicts[raw.patch] = _judge_one(raw, parsed[raw.patch], parsed.get("fixed"), fixed_clean)
     stock, fixed = parsed.get("stock"), parsed.get("fixed")
-    parting = (judge.first_parting_step(stock.losses, fixed.losses)
-               if stock is not None and fixed is not None else None)
-    return [_record(env_id, raw, parsed[raw.patch], verdicts[raw.patch], loss_regex, digest, timeout_s, parting)
-            for raw in raws]
+    parting = (
+        judge.first_parting_step(stock.losses, fixed.losses)
+        if stock is not None and fixed is not None
+        else None
+    )
+    return [
+        _record(env_id, raw, parsed[raw.patch], verdicts[raw.patch], loss_regex, digest, timeout_s, parting)
+        for raw in raws
+    ]
 
 
-def _judge_one(raw: RawRun, parsed: judge.Parsed, other: judge.Parsed | None, other_clean: bool) -> judge.Judgement:
+def _judge_one(
+    raw: RawRun, parsed: judge.Parsed, other: judge.Parsed | None, other_clean: bool
+) -> judge.Judgement:
     reports = raw.job.get("hook_reports") or []
     fix_error = next((r["fix_error"] for r in reports if r.get("fix_error")), None)
-    return judge.judge(parsed, patch=raw.patch, exit_code=raw.job.get("exit_code"), status=raw.job.get("status"),
-                       used_deepspeed=bool(reports), fix_error=fix_error, other=other, other_clean=other_clean)
+    return judge.judge(
+        parsed,
+        patch=raw.patch,
+        exit_code=raw.job.get("exit_code"),
+        status=raw.job.get("status"),
+        used_deepspeed=bool(reports),
+        fix_error=fix_error,
+        other=other,
+        other_clean=other_clean,
+    )
 
 
-def _record(env_id: str, raw: RawRun, parsed: judge.Parsed, verdict: judge.Judgement, loss_regex: str | None,
-            digest: str, timeout_s: float | None, parting: int | None) -> RunRecord:
+def _record(
+    env_id: str,
+    raw: RawRun,
+    parsed: judge.Parsed,
+    verdict: judge.Judgement,
+    loss_regex: str | None,
+    digest: str,
+    timeout_s: float | None,
+    parting: int | None,
+) -> RunRecord:
     job = raw.job
     reports = job.get("hook_reports") or []
     first = reports[0] if reports else {}
@@ -147,55 +193,95 @@ def _record(env_id: str, raw: RawRun, parsed: judge.Parsed, verdict: judge.Judge
         reason = f"{job['hang_detail']}; {len(job.get('stacks') or {})} Python stacks recorded"
     if job.get("survivors"):
         reason += f"; processes still alive after SIGKILL: {job['survivors']}"
-    engine = next((r["engine"] for r in reports if r.get("engine")), {})
+    engine: dict[str, Any] = next((r["engine"] for r in reports if r.get("engine")), {})
     notes = list(verdict.notes)
     dtype = engine.get("dtype")
     if dtype is None:  # the report needs one; say it was not seen
         dtype = "fp32"
         notes.append("no DeepSpeed engine step seen: dtype recorded as fp32 by default")
     record = empty_record(
-        env=env_id, scenario=CUSTOM_SCENARIO, dtype=dtype, world_size=engine.get("world_size"), patch=raw.patch, run_name=f"{CUSTOM_SCENARIO}-{raw.patch}",
-        transport=job.get("transport"), outcome=verdict.outcome, signature=verdict.signature, reason=reason,
-        losses=parsed.losses, loss_scale=parsed.loss_scale or None, skipped_steps=parsed.skipped_steps,
+        env=env_id,
+        scenario=CUSTOM_SCENARIO,
+        dtype=dtype,
+        world_size=engine.get("world_size"),
+        patch=raw.patch,
+        run_name=f"{CUSTOM_SCENARIO}-{raw.patch}",
+        transport=job.get("transport"),
+        outcome=verdict.outcome,
+        signature=verdict.signature,
+        reason=reason,
+        losses=parsed.losses,
+        loss_scale=parsed.loss_scale or None,
+        skipped_steps=parsed.skipped_steps,
         illegal_work_messages=parsed.illegal_work_messages,
-        first_divergent_step=verdict.first_divergent_step if verdict.first_divergent_step is not None else (
-            parting if raw.patch == "stock" else None),
-        exception=parsed.exception, exit_codes={"launcher": job.get("exit_code")},
-        durations={"total_s": job.get("wall_s"), "train_s": None}, versions=job.get("versions") or {},
-        stacks=job.get("stacks") or {}, logs={"job": raw.log_rel} if raw.log_rel else {},
-        timeout_s=timeout_s, fix=first.get("fix") if raw.patch == "fixed" else None,
+        first_divergent_step=verdict.first_divergent_step
+        if verdict.first_divergent_step is not None
+        else (parting if raw.patch == "stock" else None),
+        exception=parsed.exception,
+        exit_codes={"launcher": job.get("exit_code")},
+        durations={"total_s": job.get("wall_s"), "train_s": None},
+        versions=job.get("versions") or {},
+        stacks=job.get("stacks") or {},
+        logs={"job": raw.log_rel} if raw.log_rel else {},
+        timeout_s=timeout_s,
+        fix=first.get("fix") if raw.patch == "fixed" else None,
         transport_info=first.get("transport_info") or {},
-        job={"command": job.get("command"), "workdir": job.get("workdir"), "workdir_digest": digest,
-             "patterns": judge.patterns_used(parsed, loss_regex), "notes": notes,
-             "exit_code": job.get("exit_code"), "survivors": job.get("survivors") or [],
-             "processes": job.get("processes") or {}, "loss_steps": parsed.loss_steps,
-             "deepspeed_imported": bool(reports), "first_parting_step": parting},
+        job={
+            "command": job.get("command"),
+            "workdir": job.get("workdir"),
+            "workdir_digest": digest,
+            "patterns": judge.patterns_used(parsed, loss_regex),
+            "notes": notes,
+            "exit_code": job.get("exit_code"),
+            "survivors": job.get("survivors") or [],
+            "processes": job.get("processes") or {},
+            "loss_steps": parsed.loss_steps,
+            "deepspeed_imported": bool(reports),
+            "first_parting_step": parting,
+        },
     )
     return record  # type: ignore[return-value]
 
 
-def execute_job(request: JobRequest, env: Env, engine: Any, invocation: InvocationDir,
-                say: Callable[[str], None] = print) -> list[RunRecord]:
+def execute_job(
+    request: JobRequest, env: Env, engine: Any, invocation: InvocationDir, say: Callable[[str], None] = print
+) -> list[RunRecord]:
     """Prepare the env once, run the command per patch, record every run."""
     if not hasattr(engine, "run_job"):
-        raise UsageError(f"the {engine.kind.value} engine cannot run custom commands",
-                         fix="use ENGINE=venv")
+        raise UsageError(f"the {engine.kind.value} engine cannot run custom commands", fix="use ENGINE=venv")
     engine.preflight(env)
     prepared = engine.prepare(env)
     say(f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label}")
     device = "cpu" if env.platform.value == "cpu" else "gpu"
     env_dir = invocation.env_dir(env.id)
     raws: list[RawRun] = []
-    invocation.add_env(env.id, {"platform": env.platform.value, "engine": engine.kind.value, "pins": env.pins(),
-                                "derived_from": env.derived_from, "image_id": None, "venv": prepared.label,
-                                "artifacts": {}, "suite_exit_code": None, "suite_timed_out": False,
-                                "interrupted": False, "custom_command": request.command})
+    invocation.add_env(
+        env.id,
+        {
+            "platform": env.platform.value,
+            "engine": engine.kind.value,
+            "pins": env.pins(),
+            "derived_from": env.derived_from,
+            "image_id": None,
+            "venv": prepared.label,
+            "artifacts": {},
+            "suite_exit_code": None,
+            "suite_timed_out": False,
+            "interrupted": False,
+            "custom_command": request.command,
+        },
+    )
     digest = workdir_digest(request.workdir.resolve())
     for patch in request.patches:
         out = env_dir / f"custom-{patch}"
         say(f"== {env.id}: {patch}: {request.command}")
-        ran = engine.run_job(prepared, job_args(request, patch, device), out, request.workdir.resolve(),
-                             request.timeout_s + 120)
+        ran = engine.run_job(
+            prepared,
+            job_args(request, patch, device),
+            out,
+            request.workdir.resolve(),
+            request.timeout_s + 120,
+        )
         raws.append(_read_raw(patch, out, invocation.folder, ran))
     records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s)
     invocation.add_runs(env.id, [dict(r) for r in records])  # type: ignore[misc]
@@ -216,5 +302,7 @@ def _read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
 
 
 def describe(request: JobRequest, engine_label: str) -> str:
-    return (f"custom command in {request.env_id} ({engine_label}), patches {','.join(request.patches)}:\n"
-            f"  cd {shlex.quote(str(request.workdir.resolve()))} && {request.command}")
+    return (
+        f"custom command in {request.env_id} ({engine_label}), patches {','.join(request.patches)}:\n"
+        f"  cd {shlex.quote(str(request.workdir.resolve()))} && {request.command}"
+    )

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.record import TRANSPORT_MODES, write_json_atomic
@@ -40,14 +40,27 @@ JOB_LOG = "job.log"
 JOB_JSON = "job.json"
 
 
-def hook_environment(base: dict[str, str], *, patch: str, device: str, transport: str,
-                     job_dir: str | None, user_pythonpath: str | None) -> dict[str, str]:
+def hook_environment(
+    base: dict[str, str],
+    *,
+    patch: str,
+    device: str,
+    transport: str,
+    job_dir: str | None,
+    user_pythonpath: str | None,
+) -> dict[str, str]:
     """The environment that switches the hook on for every Python process of the job."""
     env = dict(base)
     env["PATH"] = os.pathsep.join(p for p in (os.path.dirname(sys.executable), env.get("PATH", "")) if p)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (HOOK_DIR, user_pythonpath or "") if p)
-    env.update(MICS_REPRO_HOOK="1", MICS_REPRO_PATCH=patch, MICS_REPRO_DEVICE=device,
-               MICS_REPRO_TRANSPORT=transport, MICS_REPRO_ROOT=REPO_ROOT, PYTHONUNBUFFERED="1")
+    env.update(
+        MICS_REPRO_HOOK="1",
+        MICS_REPRO_PATCH=patch,
+        MICS_REPRO_DEVICE=device,
+        MICS_REPRO_TRANSPORT=transport,
+        MICS_REPRO_ROOT=REPO_ROOT,
+        PYTHONUNBUFFERED="1",
+    )
     if job_dir:
         env["MICS_REPRO_JOB_DIR"] = job_dir
     if device == "cpu":
@@ -110,16 +123,14 @@ def dump_stacks(job_dir: str) -> dict[str, str]:
 def stop_everything(proc: subprocess.Popen[bytes], job_dir: str) -> list[int]:
     """Interrupt, terminate, kill the group and every hooked process (one that left the group
     with setsid still gets the signal); returns the pids still alive after SIGKILL."""
+
     def targets() -> list[int]:
         return [p for p in _pids(job_dir) if alive(p)]
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        for send in ([lambda s: os.killpg(proc.pid, s)]
-                     + [lambda s, p=p: os.kill(p, s) for p in targets()]):  # type: ignore[misc]
-            try:
-                send(sig)
-            except ProcessLookupError:
-                pass
+        _signal(os.killpg, proc.pid, sig)
+        for pid in targets():
+            _signal(os.kill, pid, sig)
         deadline = time.monotonic() + RANK_STOP_GRACE_S
         while time.monotonic() < deadline:
             if proc.poll() is not None and not targets() and not _group_alive(proc.pid):
@@ -127,6 +138,13 @@ def stop_everything(proc: subprocess.Popen[bytes], job_dir: str) -> list[int]:
             time.sleep(POLL_S)
     proc.wait()
     return targets()
+
+
+def _signal(send: Callable[[int, int], None], target: int, sig: int) -> None:
+    try:
+        send(target, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _group_alive(pgid: int) -> bool:
@@ -179,23 +197,40 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     out = os.path.abspath(args.out)
     job_dir = os.path.join(out, "job")
     os.makedirs(job_dir, exist_ok=True)
-    env = hook_environment(dict(os.environ), patch=args.patch, device=args.device,
-                           transport=args.transport, job_dir=job_dir,
-                           user_pythonpath=os.environ.get("MICS_REPRO_USER_PYTHONPATH"))
+    env = hook_environment(
+        dict(os.environ),
+        patch=args.patch,
+        device=args.device,
+        transport=args.transport,
+        job_dir=job_dir,
+        user_pythonpath=os.environ.get("MICS_REPRO_USER_PYTHONPATH"),
+    )
     shell = shutil.which("bash") or "/bin/sh"
     started = time.time()
     start = time.monotonic()
-    proc = subprocess.Popen([shell, "-c", args.cmd], cwd=args.workdir, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [shell, "-c", args.cmd],
+        cwd=args.workdir,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     tee = _Tee(proc, os.path.join(out, JOB_LOG))
     tee.start()
-    status, detail, stacks, survivors = None, "", {}, []  # type: ignore[var-annotated]
+    status: str | None = None
+    detail = ""
+    stacks: dict[str, str] = {}
+    survivors: list[int] = []
     try:
         while proc.poll() is None:
             quiet = time.time() - max(tee.last_output, _last_heartbeat(job_dir))
             if time.monotonic() - start > args.timeout or quiet > args.stall_timeout:
-                detail = (f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
-                          if quiet > args.stall_timeout else f"exceeded the {args.timeout:g} s time limit")
+                detail = (
+                    f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
+                    if quiet > args.stall_timeout
+                    else f"exceeded the {args.timeout:g} s time limit"
+                )
                 status = "hung"
                 stacks = dump_stacks(job_dir)
                 survivors = stop_everything(proc, job_dir)
@@ -208,11 +243,21 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         survivors = stop_everything(proc, job_dir)  # leftovers of a finished command must not outlive it
     tee.join(timeout=10)
     return {
-        "status": status, "exit_code": proc.returncode, "hang_detail": detail,
-        "wall_s": round(time.monotonic() - start, 3), "started_at": started,
-        "stacks": stacks, "survivors": survivors, "processes": {str(k): v for k, v in _pids(job_dir).items()},
-        "hook_reports": _reports(job_dir), "versions": _versions(), "log": JOB_LOG,
-        "command": args.cmd, "workdir": args.workdir, "patch": args.patch, "device": args.device,
+        "status": status,
+        "exit_code": proc.returncode,
+        "hang_detail": detail,
+        "wall_s": round(time.monotonic() - start, 3),
+        "started_at": started,
+        "stacks": stacks,
+        "survivors": survivors,
+        "processes": {str(k): v for k, v in _pids(job_dir).items()},
+        "hook_reports": _reports(job_dir),
+        "versions": _versions(),
+        "log": JOB_LOG,
+        "command": args.cmd,
+        "workdir": args.workdir,
+        "patch": args.patch,
+        "device": args.device,
         "transport": args.transport if args.device == "cpu" else "native",
     }
 

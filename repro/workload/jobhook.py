@@ -29,7 +29,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any, Callable
 
 _OPEN: list[Any] = []  # stack files must stay open for faulthandler
 _REPORT: dict[str, Any] = {}
@@ -44,8 +45,9 @@ def activate(environ: Mapping[str, str]) -> None:
     patch = environ.get("MICS_REPRO_PATCH", "stock")
     device = environ.get("MICS_REPRO_DEVICE", "gpu")
     job_dir = environ.get("MICS_REPRO_JOB_DIR") or None
-    _STATE.update(patch=patch, device=device, job_dir=job_dir,
-                  transport=environ.get("MICS_REPRO_TRANSPORT", "async"))
+    _STATE.update(
+        patch=patch, device=device, job_dir=job_dir, transport=environ.get("MICS_REPRO_TRANSPORT", "async")
+    )
     _REPORT.update(pid=os.getpid(), argv=list(sys.argv), patch=patch, device=device)
     if job_dir:
         _arm_stack_dump(job_dir)
@@ -137,9 +139,10 @@ def _install_cpu(deepspeed: Any) -> None:
 
     claim_fp16, _ = shims.torch_runs_fp16_on_cpu()
     set_accelerator(shims._gloo_accelerator(claim_fp16))
-    _REPORT["transport_info"] = {"adapter": gloo_transport.install(_STATE["transport"]),
-                                 "cpu_shims": {"accelerator": "cpu accelerator with gloo",
-                                               "fp16_claimed": claim_fp16}}
+    _REPORT["transport_info"] = {
+        "adapter": gloo_transport.install(_STATE["transport"]),
+        "cpu_shims": {"accelerator": "cpu accelerator with gloo", "fp16_claimed": claim_fp16},
+    }
     # Whatever backend the script names (nccl, ccl), a CPU rank can only talk gloo.
     comm = sys.modules.get("deepspeed.comm")
     original = getattr(comm, "init_distributed", None)
@@ -183,7 +186,7 @@ def _heartbeat_on_step(deepspeed: Any) -> None:
 def _describe_engine(engine: Any) -> dict[str, Any]:
     found: dict[str, Any] = {}
     try:
-        found["dtype"] = ("fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32")
+        found["dtype"] = "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"
     except Exception as exc:  # noqa: BLE001 - a DeepSpeed without these methods: leave it out
         found["dtype_error"] = str(exc)
     try:

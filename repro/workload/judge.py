@@ -35,7 +35,8 @@ LOSS_PATTERNS: dict[str, str] = {
     "megatron": rf"\biteration\s+(?P<step>\d+)\s*/\s*\d+\s*\|.*?\blm loss:\s*(?P<loss>{_NUM})",
     "deepspeed-pipe": rf"\bsteps:\s*(?P<step>\d+)\s+loss:\s*(?P<loss>{_NUM})",
     "hf-trainer": rf"\{{'loss':\s*(?P<loss>{_NUM}),",
-    "generic": rf"(?i)\b(?:step|iter|iteration)\s*[:=#]?\s*(?P<step>\d+)\b.*?\bloss\s*[:=]?\s*(?P<loss>{_NUM})\b",
+    "generic": rf"(?i)\b(?:step|iter|iteration)\s*[:=#]?\s*(?P<step>\d+)\b"
+    rf".*?\bloss\s*[:=]?\s*(?P<loss>{_NUM})\b",
 }
 ILLEGAL_WORK_FAILURE = r"Error message: .*IllegalWork"
 ILLEGAL_WORK_LINE = r"IllegalWork"
@@ -44,7 +45,7 @@ ILLEGAL_WORK_LINE = r"IllegalWork"
 # X to Y" (unfused); Megatron: "| loss scale: 4096.0 |" and "number of skipped iterations:   1".
 OVERFLOW_PATTERNS: dict[str, str] = {
     "deepspeed-overflow": r"OVERFLOW! Rank (?P<rank>\d+) Skipping step\.(?: Attempted loss scale: "
-                          rf"(?P<old>{_NUM}), reducing to (?P<new>{_NUM}))?",
+    rf"(?P<old>{_NUM}), reducing to (?P<new>{_NUM}))?",
     "deepspeed-unfused": rf"Reducing dynamic loss scale from (?P<old>{_NUM}) to (?P<new>{_NUM})",
     "megatron-skipped": r"number of skipped iterations:\s*(?P<skipped>\d+)",
     "megatron-scale": rf"\|\s*loss scale:\s*(?P<scale>{_NUM})\s*\|",
@@ -79,7 +80,9 @@ def strip_prefix(line: str) -> str:
     return _PREFIX.sub("", line, count=1)
 
 
-def _losses(lines: list[str], loss_regex: str | None) -> tuple[list[float | None], list[int | None], str | None]:
+def _losses(
+    lines: list[str], loss_regex: str | None
+) -> tuple[list[float | None], list[int | None], str | None]:
     patterns = {"custom": loss_regex} if loss_regex else LOSS_PATTERNS
     for name, text in patterns.items():
         rx = re.compile(text)
@@ -134,8 +137,14 @@ def _tracebacks(lines: list[str]) -> list[dict[str, Any]]:
         for i in range(start + 1, len(lines)):
             m = _EXC_LINE.match(lines[i])
             if m:
-                found.append({"type": m["type"], "message": m["message"], "rank": None,
-                              "traceback": "\n".join(lines[start:i + 1])[-4000:]})
+                found.append(
+                    {
+                        "type": m["type"],
+                        "message": m["message"],
+                        "rank": None,
+                        "traceback": "\n".join(lines[start : i + 1])[-4000:],
+                    }
+                )
                 break
     return found
 
@@ -229,15 +238,27 @@ def _raised_from_illegal_work(exc: dict[str, Any] | None) -> bool:
     return bool(exc) and "IllegalWork" in f"{exc.get('message')}\n{exc.get('traceback')}"  # type: ignore[union-attr]
 
 
-def judge(own: Parsed, *, patch: str, exit_code: int | None, status: str | None,
-          used_deepspeed: bool, fix_error: str | None = None,
-          other: Parsed | None = None, other_clean: bool = False) -> Judgement:
+def judge(
+    own: Parsed,
+    *,
+    patch: str,
+    exit_code: int | None,
+    status: str | None,
+    used_deepspeed: bool,
+    fix_error: str | None = None,
+    other: Parsed | None = None,
+    other_clean: bool = False,
+) -> Judgement:
     """One run. `other` is the parse of the same command with the other patch (None when it was
     not run); `other_clean` says whether that run ended clean (only then is it a control)."""
     if status in ("hung", "interrupted"):
         why = "no output and no heartbeat within the stall limit, or the time limit reached"
-        return Judgement(status, "hang" if status == "hung" else "none",
-                         why if status == "hung" else "stopped by the user", None)
+        return Judgement(
+            status,
+            "hang" if status == "hung" else "none",
+            why if status == "hung" else "stopped by the user",
+            None,
+        )
     if patch == "fixed" and fix_error:
         return Judgement("unsupported", "none", f"the fix cannot patch this DeepSpeed: {fix_error}", None)
     exc = own.exception
@@ -246,9 +267,17 @@ def judge(own: Parsed, *, patch: str, exit_code: int | None, status: str | None,
         return Judgement("env-error", "none", f"the command could not run in this env: {what}", None)
     if _raised_from_illegal_work(exc):
         assert exc is not None
-        extra = f"; {own.illegal_work_messages} IllegalWork messages before it" if own.illegal_work_messages else ""
-        return Judgement("reproduced", "illegal-work-crash",
-                         f"crash raised from an IllegalWork object: {exc['type']}: {exc['message']}{extra}", None)
+        extra = (
+            f"; {own.illegal_work_messages} IllegalWork messages before it"
+            if own.illegal_work_messages
+            else ""
+        )
+        return Judgement(
+            "reproduced",
+            "illegal-work-crash",
+            f"crash raised from an IllegalWork object: {exc['type']}: {exc['message']}{extra}",
+            None,
+        )
     if exit_code not in (0, None):
         summary = f"{exc['type']}: {exc['message']}" if exc else "no Python exception in the log"
         return Judgement("crashed", "crash", f"exit code {exit_code}: {summary}", None)
@@ -276,7 +305,9 @@ def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) 
         parted = bad if parted is None else min(parted, bad)
     if control is not None and own.skipped_steps - control.skipped_steps >= OVERFLOW_STORM_EXTRA:
         storm = True
-        evidence.append(f"{own.skipped_steps} overflow-skipped steps vs {control.skipped_steps} in the fixed run")
+        evidence.append(
+            f"{own.skipped_steps} overflow-skipped steps vs {control.skipped_steps} in the fixed run"
+        )
     if own.illegal_work_messages:
         evidence.insert(0, f"{own.illegal_work_messages} IllegalWork messages")
     reason = "; ".join(evidence)
@@ -287,14 +318,21 @@ def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) 
         return Judgement("reproduced", "divergence", reason, parted, tuple(notes))
     if storm:
         return Judgement("reproduced", "overflow-storm", reason, None, tuple(notes))
-    compared = ("losses match the fixed run's" if control is not None and own.losses
-                else f"{len(own.losses)} finite losses")
+    compared = (
+        "losses match the fixed run's"
+        if control is not None and own.losses
+        else f"{len(own.losses)} finite losses"
+    )
     return Judgement("clean", "none", f"exit code 0; no IllegalWork messages; {compared}", None, tuple(notes))
 
 
 def patterns_used(parsed: Parsed, loss_regex: str | None) -> dict[str, Any]:
     """What decided, for the record: the loss pattern (name and text) and the message patterns."""
-    loss_text = loss_regex if parsed.loss_pattern == "custom" else LOSS_PATTERNS.get(parsed.loss_pattern or "")
-    return {"loss": {"name": parsed.loss_pattern, "regex": loss_text},
-            "illegal_work": ILLEGAL_WORK_FAILURE,
-            "overflow": {name: OVERFLOW_PATTERNS[name] for name in parsed.overflow_patterns}}
+    loss_text = (
+        loss_regex if parsed.loss_pattern == "custom" else LOSS_PATTERNS.get(parsed.loss_pattern or "")
+    )
+    return {
+        "loss": {"name": parsed.loss_pattern, "regex": loss_text},
+        "illegal_work": ILLEGAL_WORK_FAILURE,
+        "overflow": {name: OVERFLOW_PATTERNS[name] for name in parsed.overflow_patterns},
+    }

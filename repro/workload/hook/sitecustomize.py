@@ -12,7 +12,8 @@ import sys
 
 def _activate() -> None:
     root = os.environ.get("MICS_REPRO_ROOT") or os.path.dirname(
-        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    )
     if root not in sys.path:
         sys.path.append(root)  # last: the job's own modules always win
     from repro.workload import jobhook
