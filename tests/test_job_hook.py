@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,9 +18,10 @@ from repro.run.job import RawRun, build_records
 from repro.workload import job
 
 PROBE = textwrap.dedent("""\
-    import json, sys
+    import builtins, json, sys
     print(json.dumps({"hook": "repro.workload.jobhook" in sys.modules,
-                      "deepspeed": "deepspeed" in sys.modules}))
+                      "deepspeed": "deepspeed" in sys.modules,
+                      "own_sitecustomize": getattr(builtins, "own_sitecustomize_ran", False)}))
 """)
 
 
@@ -27,10 +29,14 @@ def _fake_deepspeed(root: Path) -> Path:
     pkg = root / "site" / "deepspeed"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("__version__ = '0.0.fake'\n")
+    # The env's own sitecustomize, which the hook's shadows: it must still run.
+    (root / "site" / "sitecustomize.py").write_text(
+        "import builtins\nbuiltins.own_sitecustomize_ran = True\n"
+    )
     return root / "site"
 
 
-def _python(code: str, env: dict[str, str], cwd: Path) -> dict[str, bool]:
+def _python(code: str, env: dict[str, str], cwd: Path) -> dict[str, Any]:
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, check=True
     )
@@ -49,10 +55,10 @@ def test_hook_is_inert_unless_asked(tmp_path: Path, real_subprocess: None) -> No
     # Not asked: the hook module is never imported, nothing is written, and an import of
     # DeepSpeed gets the module untouched (no fix attempted, so no report either).
     seen = _python(PROBE + "import deepspeed\n", not_asked, tmp_path)
-    assert seen == {"hook": False, "deepspeed": False}
+    assert seen == {"hook": False, "deepspeed": False, "own_sitecustomize": True}
     assert not job_dir.exists()
     # Asked, but the command never imports DeepSpeed: the hook does not import it either.
-    assert _python(PROBE, asked, tmp_path) == {"hook": True, "deepspeed": False}
+    assert _python(PROBE, asked, tmp_path) == {"hook": True, "deepspeed": False, "own_sitecustomize": True}
     assert list((job_dir / "hook").iterdir()) == []  # only DeepSpeed users report
     assert len(list((job_dir / "pids").iterdir())) == 1
     # Asked and DeepSpeed imported: the hook acts (here the fake has nothing to patch: the fix
