@@ -1,0 +1,116 @@
+"""`python -m repro run` on the host side with a fake engine: one run per patch, judged against
+each other, recorded in results.json (scenario custom, the command, the workdir digest, the
+patterns that decided) and shown by the summary."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.core.errors import UsageError
+from repro.core.results import InvocationDir, invocation_meta
+from repro.engines.base import EngineKind, Prepared, SuiteRun
+from repro.matrix.schema import load_matrix
+from repro.run.job import JobRequest, execute_job, job_args, workdir_digest
+
+STOCK_LOG = (
+    "[Rank 0] Error message: Illegal to call wait on IllegalWork object\nstep 0 loss 2.5\nstep 1 loss nan\n"
+)
+FIXED_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
+
+
+class FakeJobEngine:
+    kind = EngineKind.VENV
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def describe(self) -> str:
+        return "fake"
+
+    def preflight(self, env: Any) -> None:
+        pass
+
+    def prepare(self, env: Any) -> Prepared:
+        return Prepared(EngineKind.VENV, env.id, "/fake/venv", "fake venv", True, {"platform": "cpu"})
+
+    def run_job(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: float | None
+    ) -> SuiteRun:
+        self.calls.append(list(args))
+        patch = args[list(args).index("--patch") + 1]
+        out_dir.mkdir(parents=True)
+        (out_dir / "job.log").write_text(STOCK_LOG if patch == "stock" else FIXED_LOG)
+        report = {"deepspeed": "0.13.1", "engine": {"dtype": "fp16", "world_size": 2}}
+        if patch == "fixed":
+            report["fix"] = {"applied": True, "fix_id": "abc"}
+        job = {
+            "status": None,
+            "exit_code": 0,
+            "wall_s": 1.0,
+            "stacks": {},
+            "survivors": [],
+            "processes": {"11": "train.py"},
+            "hook_reports": [report],
+            "versions": {"torch": "2.1.0"},
+            "command": args[list(args).index("--cmd") + 1],
+            "workdir": str(workdir),
+            "patch": patch,
+            "device": "cpu",
+            "transport": "async",
+        }
+        (out_dir / "job.json").write_text(json.dumps(job))
+        return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
+
+
+def test_each_patch_runs_once_and_both_records_land_in_results(tmp_path: Path) -> None:
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "train.py").write_text("print('hi')\n")
+    env = load_matrix().get("cpu")
+    request = JobRequest(env_id="cpu", command="torchrun --nproc_per_node 2 train.py", workdir=work)
+    engine = FakeJobEngine()
+    invocation = InvocationDir(tmp_path / "out", invocation_meta(["run"], "make run"))
+    (tmp_path / "out").mkdir()
+    records = execute_job(request, env, engine, invocation, say=lambda _: None)
+    assert [c[c.index("--patch") + 1] for c in engine.calls] == ["stock", "fixed"]
+    assert all(c[c.index("--device") + 1] == "cpu" for c in engine.calls)
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert [r["patch"] for r in saved] == ["stock", "fixed"] and saved == [dict(r) for r in records]
+    stock, fixed = saved
+    assert (stock["outcome"], stock["signature"], stock["first_divergent_step"]) == (
+        "reproduced",
+        "illegal-work-divergence",
+        1,
+    )
+    assert (fixed["outcome"], fixed["fix"]) == ("clean", {"applied": True, "fix_id": "abc"})
+    for record in saved:
+        assert record["scenario"] == "custom" and record["dtype"] == "fp16" and record["world_size"] == 2
+        assert record["job"]["workdir_digest"] == workdir_digest(work)
+        assert record["job"]["patterns"]["loss"]["name"] == "generic"
+        assert record["logs"]["job"] == f"cpu/custom-{record['patch']}/job.log"
+
+
+def test_digest_changes_with_content(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("x = 1\n")
+    first = workdir_digest(tmp_path)
+    assert workdir_digest(tmp_path) == first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert workdir_digest(tmp_path) != first
+
+
+def test_request_checks(tmp_path: Path) -> None:
+    with pytest.raises(UsageError):
+        JobRequest(env_id="cpu", command="  ", workdir=tmp_path)
+    with pytest.raises(UsageError):
+        JobRequest(env_id="cpu", command="true", patches=("patched",), workdir=tmp_path)
+    with pytest.raises(UsageError):
+        JobRequest(env_id="cpu", command="true", workdir=tmp_path / "missing")
+    with pytest.raises(UsageError):
+        JobRequest(env_id="cpu", command="true", workdir=tmp_path, loss_regex="(")
+    args = job_args(JobRequest(env_id="cpu", command="true", workdir=tmp_path), "fixed", "gpu")
+    assert args[args.index("--workdir") + 1] == str(tmp_path.resolve())
