@@ -15,7 +15,7 @@ from repro.core.errors import UsageError
 from repro.core.results import InvocationDir, invocation_meta
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.matrix.schema import load_matrix
-from repro.run.job import JobRequest, execute_job, job_args, workdir_digest
+from repro.run.job import JobRequest, custom_lines, execute_job, job_args, workdir_digest
 
 STOCK_LOG = (
     "[Rank 0] Error message: Illegal to call wait on IllegalWork object\nstep 0 loss 2.5\nstep 1 loss nan\n"
@@ -93,6 +93,7 @@ def test_each_patch_runs_once_and_both_records_land_in_results(tmp_path: Path) -
         assert record["job"]["workdir_digest"] == workdir_digest(work)
         assert record["job"]["patterns"]["loss"]["name"] == "generic"
         assert record["logs"]["job"] == f"cpu/custom-{record['patch']}/job.log"
+    assert custom_lines(records)[-1] == "=> stock shows the bug and the fix makes this command clean"
 
 
 def test_digest_changes_with_content(tmp_path: Path) -> None:

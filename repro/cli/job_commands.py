@@ -62,7 +62,7 @@ def _engine(choice: str | None):  # type: ignore[no-untyped-def]
 @command("run", "run YOUR command in an env, stock and fixed, judged from its own output", _run_options)
 def cmd_run(args: argparse.Namespace) -> int:
     from repro.core.results import InvocationDir, invocation_meta, open_invocation_dir, point_latest
-    from repro.run.job import JobRequest, describe, execute_job
+    from repro.run.job import JobRequest, custom_lines, describe, execute_job
     from repro.run.summary import render
 
     env = _env(args)
@@ -100,6 +100,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     runs = execute_job(request, env, engine, invocation)
     print()
     print(render(runs, str(folder)))
+    print("\ncustom command:")
+    print("\n".join(f"  {line}" for line in custom_lines(runs)))
     return 0
 
 

@@ -306,3 +306,24 @@ def describe(request: JobRequest, engine_label: str) -> str:
         f"custom command in {request.env_id} ({engine_label}), patches {','.join(request.patches)}:\n"
         f"  cd {shlex.quote(str(request.workdir.resolve()))} && {request.command}"
     )
+
+
+def custom_lines(runs: Sequence[RunRecord]) -> list[str]:
+    """What the custom runs say, under the summary (the env verdict knows only our scenarios)."""
+    by_patch = {r.get("patch"): r for r in runs if r.get("scenario") == CUSTOM_SCENARIO}
+    lines = [
+        f"{patch}: {r.get('outcome')} ({r.get('signature')}): {r.get('reason')}"
+        for patch, r in by_patch.items()
+    ]
+    for r in by_patch.values():
+        lines += [f"  note: {n}" for n in (r.get("job") or {}).get("notes") or []]
+    stock, fixed = by_patch.get("stock"), by_patch.get("fixed")
+    if stock and fixed:
+        s, f = stock.get("outcome"), fixed.get("outcome")
+        if s == "reproduced" and f == "clean":
+            lines.append("=> stock shows the bug and the fix makes this command clean")
+        elif f != "clean":
+            lines.append(f"=> the fixed run is not clean ({f}): the fix does not make this command clean")
+        else:
+            lines.append(f"=> stock {s}, fixed clean: this command does not show the bug as stock")
+    return lines
