@@ -21,6 +21,7 @@ from repro.core.errors import (
     GpuDriverError,
     MissingToolError,
     ReproError,
+    UsageError,
 )
 from repro.engines import preflight
 from repro.engines.gpu_host import GpuHost
@@ -326,3 +327,13 @@ def test_orchestrator_refuses_world_size_above_the_gpus_before_preparing(
         orchestrate.execute([step], engine, invocation=Any)
     assert engine.prepared == []
     assert orchestrate._world_size(("--env", "cpu")) is None
+
+
+def test_cpu_env_refuses_a_single_rank_before_any_build(tmp_path: Path) -> None:
+    # The control cannot run with one rank on DeepSpeed's CPU accelerator (measured: it crashes in
+    # ZeRO-3's single-rank wait), so WORLD_SIZE=1 is a GPU-host layout only.
+    host = amd_host(tmp_path, [90008])
+    err = raised(lambda: preflight.check_world_size(CPU, 1, host))
+    assert isinstance(err, UsageError) and err.exit_code == 2 and "WORLD_SIZE=1" in err.what
+    preflight.check_world_size(CPU, 2, host)
+    preflight.check_world_size(ROCM56, 1, host)

@@ -22,6 +22,7 @@ from repro.core.errors import (
     GpuCountError,
     GpuDriverError,
     PythonVersionError,
+    UsageError,
 )
 from repro.engines.gpu_host import CUDA_VISIBILITY, ROCM_VISIBILITY, GpuHost, visible_count, visible_limit
 from repro.matrix import compat
@@ -261,6 +262,15 @@ def check_world_size(env: Env, world_size: int | None, host: GpuHost | None = No
     """WORLD_SIZE= asks for one rank per GPU: more ranks than GPUs is refused before any build."""
     if world_size is None:
         return
+    if env.platform is compat.Platform.CPU and world_size < 2:
+        # Measured: torch 2.1 + DeepSpeed 0.13.1 on CPU crash in ZeRO-3's single-rank wait
+        # (the CPU accelerator's current_stream() is None), so the control itself cannot run.
+        raise UsageError(
+            f"WORLD_SIZE={world_size} cannot run on the CPU env {env.id}",
+            why="DeepSpeed's CPU accelerator has no stream for ZeRO-3's single-rank path: the control "
+            "crashes, so nothing could be compared",
+            fix="use an even WORLD_SIZE >= 2 on CPU (the default is 4); WORLD_SIZE=1 is for a 1-GPU host",
+        )
     count = gpu_count(env, host)
     if count is None or world_size <= count:
         return
