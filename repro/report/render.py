@@ -13,6 +13,7 @@ import jinja2
 from markupsafe import Markup
 
 from repro import __version__
+from repro.core import templating
 from repro.core.paths import confined
 from repro.report.answers import Answers
 from repro.report.merge import MergedResults
@@ -139,26 +140,9 @@ def _json_for_script(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _fence(text: str) -> str:
-    """A Markdown code fence longer than any backtick run inside the text."""
-    longest, run = 0, 0
-    for ch in text:
-        run = run + 1 if ch == "`" else 0
-        longest = max(longest, run)
-    return "`" * max(3, longest + 1)
-
-
 def _environment(autoescape: bool) -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        autoescape=autoescape,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
+    env = templating.environment(TEMPLATES, autoescape=autoescape)
     env.filters["md"] = md_escape
-    env.filters["fence"] = _fence
     env.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
     env.globals.update(columns=COLUMNS, row_values=row_values)
     return env

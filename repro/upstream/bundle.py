@@ -30,7 +30,7 @@ from typing import Any
 import jinja2
 
 from repro import __version__
-from repro.core import paths
+from repro.core import paths, templating
 from repro.core.errors import BundleError, ReproError
 from repro.core.evidence import platform_mismatch
 from repro.core.makeline import make_line
@@ -211,14 +211,7 @@ def patch_text(version: str) -> tuple[str, str, str]:
 
 
 def _templates() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(issue_comment.TEMPLATES)),
-        autoescape=False,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
+    return templating.environment(issue_comment.TEMPLATES)
 
 
 def make_bundle(

@@ -17,9 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import jinja2
-
 from repro import __version__
+from repro.core import templating
 from repro.core.errors import UsageError
 from repro.workload import ds_config
 from repro.workload import layout as lay
@@ -193,14 +192,7 @@ def render(
     """`timeout_s`/`stall_s`: each run's limits (the suite's defaults); `time_limit`: the job's, by
     default enough for every run to use its whole limit."""
     layout.check()
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        autoescape=False,
-    )
+    env = templating.environment(TEMPLATES)
     sbatch_name = f"mics-{'cpu-twin' if layout.device == 'cpu' else 'hier'}.sbatch"
     # launch-node.sh passes --ipc host itself.
     device_pairs = [pair for pair in docker_cli_pairs(layout.platform) if pair[0] != "--ipc"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import jinja2
 
+from repro.core import templating
 from repro.core.verdict import EnvVerdict, FixVerdict, Reproduces, env_verdicts
 from repro.upstream.source_refs import Refs
 
@@ -224,27 +225,8 @@ def cell(value: object) -> str:
     return " ".join(text.split()).replace("|", "\\|")
 
 
-def fence(text: str) -> str:
-    """A backtick fence longer than any run of backticks inside `text`."""
-    longest, run = 0, 0
-    for ch in text:
-        run = run + 1 if ch == "`" else 0
-        longest = max(longest, run)
-    return "`" * max(3, longest + 1)
-
-
 def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-        autoescape=False,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-    )
-    env.filters["cell"] = cell
-    env.filters["fence"] = fence
-    return env
+    return templating.environment(TEMPLATES, filters={"cell": cell})
 
 
 def render(data: IssueInput, *, artifact_limit: int | None = None) -> str:
