@@ -14,7 +14,7 @@ ifeq ($(PYTHON_GIVEN),)
 PYTHON := $(VENV)/bin/python
 HOST_PYTHON_READY := $(VENV)/.mics-repro-installed
 endif
-REPRO = $(PYTHON) -m repro
+REPRO = $(PYTHON) -m repro $(if $(QUIET),--quiet) $(if $(VERBOSE),--verbose)
 
 # Make variables -> CLI flags (only those given on the command line or in the environment).
 flag = $(if $($(1)),--$(2) "$($(1))")

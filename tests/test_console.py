@@ -55,3 +55,15 @@ def test_flags_map_to_levels_and_quiet_wins(quiet: bool, verbose: bool, level: L
 
 def test_the_default_is_normal() -> None:
     assert console.get_level() is Level.NORMAL
+
+
+def test_quiet_flag_keeps_results(capsys: pytest.CaptureFixture[str]) -> None:
+    # `list` prints its table as results; a dry run's plan is a result too. --quiet must keep them.
+    from repro.cli.main import main
+
+    assert main(["--quiet", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "cpu" in out and "platform" in out
+    assert console.get_level() is console.Level.QUIET
+    assert main(["list"]) == 0  # the next invocation is back at the default level
+    assert console.get_level() is console.Level.NORMAL

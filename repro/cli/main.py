@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from repro.cli.registry import SPECS, Handler
+from repro.core import console
 from repro.core.errors import Interrupted, ReproError, UsageError
 from repro.core.signals import install_stop_handlers
 
@@ -51,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
             "pinned environments, with and without our fix."
         ),
     )
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="show only results, warnings and errors (make: QUIET=1)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show details (make: VERBOSE=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for spec in SPECS.values():
         p = sub.add_parser(spec.name, help=spec.help, description=spec.help)
@@ -72,8 +76,10 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
         args = parser.parse_args(args_list)
     except _BadOptions as bad:
         bad.parser.print_usage(sys.stderr)
-        print(f"{bad.parser.prog}: error: {bad.message}", file=sys.stderr)
+        console.error(f"{bad.parser.prog}: error: {bad.message}")
         return error_exit or EXIT_USAGE
+    # Set on every call, so one invocation's level never leaks into the next (tests call main()).
+    console.set_level(console.level_from_flags(quiet=args.quiet, verbose=args.verbose))
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
@@ -81,10 +87,10 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
     try:
         return (handler or SPECS[args.command].handler)(args)
     except (KeyboardInterrupt, Interrupted) as exc:
-        print(exc.render() if isinstance(exc, Interrupted) else "interrupted", file=sys.stderr)
+        console.error(exc.render() if isinstance(exc, Interrupted) else "interrupted")
         return EXIT_INTERRUPTED
     except ReproError as exc:
-        print(exc.render(), file=sys.stderr)
+        console.error(exc.render())
         return error_exit or exc.exit_code
 
 

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from repro.cli.registry import command
+from repro.core import console
 from repro.core.paths import PATCH_DIR, REPO_ROOT
 
 # A check ran and found problems (drift, lint findings): not an error of the tool.
@@ -44,13 +45,13 @@ def cmd_dockerfiles(args: argparse.Namespace) -> int:
         return 0
     if args.write:
         for path in dockerfiles.write_all(matrix, args.root):
-            print(f"wrote {path.relative_to(args.root)}")
+            console.result(f"wrote {path.relative_to(args.root)}")
     problems = dockerfiles.out_of_sync(matrix, args.root)
     for problem in problems:
-        print(problem.render())
+        console.result(problem.render())
     if problems:
         return EXIT_FINDINGS
-    print(f"{len(matrix)} Dockerfiles in sync with {matrix.path}")
+    console.result(f"{len(matrix)} Dockerfiles in sync with {matrix.path}")
     return 0
 
 
@@ -74,8 +75,8 @@ def cmd_lint_dockerfiles(args: argparse.Namespace) -> int:
     matrix = load_matrix(args.root / "env_matrix" / "envs.toml")
     findings = lint_matrix(matrix, args.root, Hadolint(args.hadolint))
     for finding in findings:
-        print(finding.render())
-    print(f"{len(matrix)} Dockerfiles, {len(findings)} finding(s)")
+        console.result(finding.render())
+    console.result(f"{len(matrix)} Dockerfiles, {len(findings)} finding(s)")
     return EXIT_FINDINGS if findings else 0
 
 
@@ -106,7 +107,7 @@ def cmd_patches(args: argparse.Namespace) -> int:
             text, diffs = patchgen.generate(version, wheelhouse)
             path = patchgen.patch_file(version, args.patch_dir)
             path.write_text(text)
-            print(f"wrote {path}: {patchgen.stats(diffs)}")
+            console.result(f"wrote {path}: {patchgen.stats(diffs)}")
         return 0
     drifted = patchgen.check(versions, wheelhouse, args.patch_dir)
     if drifted:

@@ -17,6 +17,7 @@ from repro.cli.options import (
     run_target_from_args,
 )
 from repro.cli.registry import command
+from repro.core import console
 from repro.core.errors import FixNotResolvedError, Interrupted, SuiteFailedError, UsageError
 from repro.core.paths import REPO_ROOT
 from repro.workload.record import RunRecord
@@ -37,13 +38,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     from repro.engines.preflight import host_can_run
 
     matrix = _matrix(args.matrix)
-    print(f"{'env':<14} {'platform':<8} {'torch':<8} {'deepspeed':<10} {'rocm/cuda':<10} {'here':<5} notes")
+    console.result(
+        f"{'env':<14} {'platform':<8} {'torch':<8} {'deepspeed':<10} {'rocm/cuda':<10} {'here':<5} notes"
+    )
     for env_id in matrix.ids():
         env = matrix.get(env_id)
         ok, _why = host_can_run(env)
         accel = env.rocm or env.cuda or "-"
         default = " (default)" if env_id == matrix.default_id else ""
-        print(
+        console.result(
             f"{env_id:<14} {env.platform.value:<8} {env.torch:<8} {env.deepspeed:<10} {accel:<10} "
             f"{'yes' if ok else 'no':<5} {env.notes.splitlines()[0] if env.notes else ''}{default}"
         )
@@ -66,14 +69,14 @@ def cmd_build(args: argparse.Namespace) -> int:
         from repro.engines.docker.buildplan import dry_run_text
 
         for step in steps:
-            print(dry_run_text(step.env))
+            console.result(dry_run_text(step.env))
         return 0
     engine = _engine(args.engine)
-    print(describe(steps, engine.describe()))
+    console.info(describe(steps, engine.describe()))
     for step in steps:
         engine.preflight(step.env)
         prepared = engine.prepare(step.env)
-        print(f"{step.env.id}: {'reused' if prepared.reused else 'built'} {prepared.label}")
+        console.info(f"{step.env.id}: {'reused' if prepared.reused else 'built'} {prepared.label}")
     return 0
 
 
@@ -94,9 +97,9 @@ def run_request(request: Request, target: RunTarget, matrix: Matrix | None = Non
 
     steps = plan(matrix or _matrix(target.matrix), request)
     if target.dry_run:
-        print(describe(steps, "(dry run: no engine chosen)"))
+        console.result(describe(steps, "(dry run: no engine chosen)"))
         for step in steps:
-            print(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
+            console.result(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
         return []
     engine = _engine(target.engine)
     for step in steps:  # missing devices / daemon / Python: say so before any folder exists
@@ -107,20 +110,20 @@ def run_request(request: Request, target: RunTarget, matrix: Matrix | None = Non
     previous_latest = latest_target(target.results_root)
     if not target.out:
         point_latest(target.results_root, folder)
-    print(describe(steps, engine.describe()))
-    print(f"results: {folder}")
+    console.info(describe(steps, engine.describe()))
+    console.info(f"results: {folder}")
     try:
         runs = execute(steps, engine, invocation)
     except Interrupted:
-        print(render(invocation.runs, str(folder)))
+        console.result(render(invocation.runs, str(folder)))
         raise
     except BaseException:
         # Nothing ran (e.g. the build failed): no results folder, and latest stays where it was.
         if not invocation.data["envs"] and discard_unused(folder, made, target.results_root, previous_latest):
-            print(f"nothing was recorded; removed {folder}", flush=True)
+            console.result(f"nothing was recorded; removed {folder}")
         raise
-    print()
-    print(render(runs, str(folder)))
+    console.result("")
+    console.result(render(runs, str(folder)))
     problems = suite_failures(invocation, steps)
     if problems:
         raise SuiteFailedError(
@@ -178,7 +181,7 @@ def cmd_check_fix(args: argparse.Namespace) -> int:
             why="; ".join(result.unverified),
             fix="look at the control's record; check STEPS/WORLD_SIZE, and that this DeepSpeed has MiCS",
         )
-    print(f"check-fix: {result.verified} fixed MiCS run(s) ran clean and matched the ZeRO-3 control")
+    console.result(f"check-fix: {result.verified} fixed MiCS run(s) ran clean and matched the ZeRO-3 control")
     return 0
 
 
@@ -193,7 +196,7 @@ def cmd_matrix(args: argparse.Namespace) -> int:
         ok, why = host_can_run(matrix.get(env_id))
         (runnable if ok else skipped).append(env_id if ok else f"{env_id} ({why})")
     for line in skipped:
-        print(f"skipping {line}")
+        console.info(f"skipping {line}")
     if not runnable:
         raise UsageError("no env of the matrix can run on this host")
     _run(args, env_ids=tuple(runnable))
@@ -222,7 +225,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     paths = build_report(folders, out)
     for path in (getattr(paths, "html", None), getattr(paths, "markdown", None)):
         if path:
-            print(f"wrote {path}")
+            console.result(f"wrote {path}")
     return 0
 
 
@@ -243,7 +246,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
     for path in (DEFAULT_RESULTS_ROOT, REPO_ROOT / "bundles", REPO_ROOT / "test-artifacts"):
         if path.exists():
             shutil.rmtree(path)
-            print(f"removed {path}")
+            console.result(f"removed {path}")
     return 0
 
 
@@ -265,5 +268,5 @@ def cmd_venv_python(args: argparse.Namespace) -> int:
     env = _matrix(args.matrix).get(args.env)
     engine.preflight(env)
     prepared = engine.prepare(env)
-    print(prepared.details["python"])
+    console.result(prepared.details["python"])
     return 0

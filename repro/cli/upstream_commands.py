@@ -9,6 +9,7 @@ from typing import Any
 
 from repro.cli.options import DEFAULT_RESULTS_ROOT, RunTarget, add_matrix_option
 from repro.cli.registry import command
+from repro.core import console
 from repro.core.errors import DockerUnavailableError, UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import REPO_ROOT
@@ -77,7 +78,7 @@ def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Pat
         argv=tuple(argv),
         make_command=make_line("repro", [("ENV", env_id), ("ENGINE", "docker")]),
     )
-    print(f"bundle: no RESULTS= given; running the reproduction of {env_id} in Docker first")
+    console.info(f"bundle: no RESULTS= given; running the reproduction of {env_id} in Docker first")
     run_request(Request(env_ids=(env_id,)), target)
     return folder
 
@@ -114,7 +115,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         archive=not args.no_archive,
         keep_image=args.keep_image,
     )
-    print(summary(make_bundle(request, client, scrubber)))
+    console.result(summary(make_bundle(request, client, scrubber)))
     return 0
 
 
@@ -143,7 +144,7 @@ def cmd_verify_bundle(args: argparse.Namespace) -> int:
 
     result = verify(Path(args.bundle), None, Path(args.results_root), argv=list(args.argv), connect=connect,
                     allow_privileges=args.allow_gpu_privileges)
-    print(report(result))
+    console.result(report(result))
     if args.remove_image and clients:
         clients[-1].images.remove(result.image_id, force=True)
     require_match(result)
@@ -199,7 +200,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         layout, env_id=args.env, image_ref=args.image_ref or f"mics-repro-bundle:{args.env}"
     )
     for path in cluster.write(scripts, args.out):
-        print(f"wrote {path}")
+        console.result(f"wrote {path}")
     return 0
 
 
@@ -232,7 +233,7 @@ def cmd_pr_regression(args: argparse.Namespace) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="mics-pr-"))
     variants = [Variant.STOCK, Variant.PATCHED] if args.variant == "both" else [Variant(args.variant)]
     runs = [run_variant(python, v, work / v.value, args.transport) for v in variants]
-    print(summary(runs))
+    console.result(summary(runs))
     if len(runs) == 2:
         problems = discriminates(*runs)
         if problems:
@@ -241,5 +242,5 @@ def cmd_pr_regression(args: argparse.Namespace) -> int:
                 why="; ".join(problems),
                 fix=f"read the pytest logs in {work}",
             )
-        print("ok: every test fails on stock DeepSpeed and passes with the patch")
+        console.result("ok: every test fails on stock DeepSpeed and passes with the patch")
     return 0
