@@ -104,7 +104,8 @@ PROBE_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,
 	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIO,scenario) $(call flag,PATCH,patch) \
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,STEPS,steps) \
 	$(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) $(call flag,OUT,out) \
-	$(call flag,MATRIX,matrix)
+	$(call flag,MATRIX,matrix) $(if $(CMD),--cmd $(call sq,$(CMD))) $(call flag,WORKDIR,workdir) \
+	$(if $(LOSS_REGEX),--loss-regex $(call sq,$(LOSS_REGEX)))
 .PHONY: bisect survey probe
 bisect:
 	$(REPRO) bisect $(WALK_FLAGS) $(PROBE_FLAGS) $(call flag,GOOD,good) $(call flag,BAD,bad) \

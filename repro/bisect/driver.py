@@ -48,6 +48,9 @@ class ProbeOptions:
     timeout_s: float | None = None
     steps: int | None = None
     world_size: int | None = None
+    command: str | None = None  # CMD=: probe the user's command instead of the suite's scenario
+    workdir: str | None = None
+    loss_regex: str | None = None
 
     def spec_fields(self) -> dict[str, Any]:
         return dict(
@@ -58,6 +61,9 @@ class ProbeOptions:
             timeout_s=self.timeout_s,
             steps=self.steps,
             world_size=self.world_size,
+            command=self.command,
+            workdir=self.workdir,
+            loss_regex=self.loss_regex,
         )
 
     def make_pairs(self, env_id: str) -> list[tuple[str, object]]:
@@ -71,6 +77,9 @@ class ProbeOptions:
             ("STEPS", self.steps),
             ("WORLD_SIZE", self.world_size),
             ("TIMEOUT", self.timeout_s),
+            ("CMD", self.command),
+            ("WORKDIR", self.workdir),
+            ("LOSS_REGEX", self.loss_regex),
         ]
 
 

@@ -25,6 +25,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.bisect.search import ProbeVerdict
@@ -32,6 +33,7 @@ from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunEr
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
 from repro.run.orchestrate import Request, execute, plan
+from repro.workload.record import CUSTOM_SCENARIO, RunRecord
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -149,6 +151,10 @@ class ProbeSpec:
     steps: int | None = None
     world_size: int | None = None
     label: str = ""
+    # A custom command (`CMD=`, repro/run/job.py) probed instead of our suite's scenario.
+    command: str | None = None
+    workdir: str | None = None
+    loss_regex: str | None = None
 
     def request(self) -> Request:
         return Request(
@@ -166,7 +172,22 @@ class ProbeSpec:
         )
 
     def repro_command(self) -> str:
-        """The `make repro` line that runs exactly this probe's env, scenario and patch."""
+        """The `make repro` line that runs exactly this probe's env, scenario and patch (for a
+        custom command, the `make probe` line: `make run` takes no release pins)."""
+        if self.command:
+            return make_line(
+                "probe",
+                [
+                    ("ENV", self.env_id),
+                    ("TORCH", self.torch),
+                    ("DEEPSPEED", self.deepspeed),
+                    ("PATCH", self.patch),
+                    ("TRANSPORT", None if self.transport == "async" else self.transport),
+                    ("CMD", self.command),
+                    ("WORKDIR", self.workdir),
+                    ("LOSS_REGEX", self.loss_regex),
+                ],
+            )
         return make_line(
             "repro",
             [
@@ -210,6 +231,9 @@ class _Watch:
     def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
         return self.inner.run_suite(prepared, args, out_dir, timeout_s)
 
+    def run_job(self, prepared: Any, args: Any, out_dir: Any, workdir: Any, timeout_s: Any) -> Any:
+        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s)  # type: ignore[attr-defined]
+
 
 class OrchestratedProbe:
     """The real evaluator: `plan` + `execute` into one shared results folder."""
@@ -232,15 +256,20 @@ class OrchestratedProbe:
             return Observation(label, "env-error", "none", _one_line(exc), time.monotonic() - started)
         env_id = steps[0].env.id
         try:
-            runs = execute(steps, watch, self.invocation, say=self.say)
+            if spec.command:
+                runs = self._custom(spec, steps[0].env, watch)
+                before = 0
+            else:
+                runs = execute(steps, watch, self.invocation, say=self.say)
         except CANDIDATE_ERRORS as exc:
             return Observation(
                 label, "env-error", "none", _one_line(exc), time.monotonic() - started, env_id, watch.reused
             )
+        scenario = CUSTOM_SCENARIO if spec.command else spec.scenario
         mine = [
             r
             for r in runs[before:]
-            if r.get("scenario") == spec.scenario
+            if r.get("scenario") == scenario
             and r.get("patch") == spec.patch
             and r.get("transport") != "sync"
         ]
@@ -273,8 +302,24 @@ class OrchestratedProbe:
         )
 
 
+    def _custom(self, spec: ProbeSpec, env: Any, watch: _Watch) -> list[RunRecord]:
+        """One patch of the user's command in this candidate's env (its records land in the
+        shared results folder like the suite's)."""
+        from repro.run.job import JobRequest, execute_job
+
+        request = JobRequest(
+            env_id=env.id, command=spec.command or "", patches=(spec.patch,),
+            workdir=Path(spec.workdir or "."), transport=spec.transport, loss_regex=spec.loss_regex,
+            timeout_s=spec.timeout_s or JobRequest.timeout_s,
+        )
+        return execute_job(request, env, watch, self.invocation, say=self.say)
+
+
 def _record_path(logs: dict[str, Any]) -> str | None:
-    # The suite writes record.json next to the launcher log, in the run's folder.
+    # The suite writes record.json next to the launcher log, in the run's folder; a custom run
+    # leaves job.json next to its job log.
+    if isinstance(logs.get("job"), str) and "/" in logs["job"]:
+        return str(logs["job"]).rsplit("/", 1)[0] + "/job.json"
     path = logs.get("launcher")
     return path.rsplit("/", 1)[0] + "/record.json" if isinstance(path, str) and "/" in path else None
 

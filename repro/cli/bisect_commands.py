@@ -60,6 +60,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="results folder (default: a new one under results/)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
+    p.add_argument("--cmd", default=None, help="probe YOUR command (README 'Your own job'), not --scenario")
+    p.add_argument("--workdir", default=None, help="folder --cmd runs in (default .)")
+    p.add_argument("--loss-regex", default=None, help="loss pattern of --cmd's output (group `loss`)")
 
 
 def _range_options(p: argparse.ArgumentParser, *, bisecting: bool) -> None:
@@ -113,6 +116,9 @@ def probe_options(args: argparse.Namespace) -> ProbeOptions:
         timeout_s=args.timeout,
         steps=args.steps,
         world_size=args.world_size,
+        command=args.cmd,
+        workdir=str(Path(args.workdir).resolve()) if args.workdir else None,
+        loss_regex=args.loss_regex,
     )
 
 

@@ -1,0 +1,90 @@
+"""`make bisect AXIS=deepspeed ... CMD=...`: a bisection over DeepSpeed releases that probes the
+user's command (repro/run/job.py) instead of our suite, through the real driver and orchestration
+with the fake matrix of tests/test_bisect.py and an engine whose jobs print what a DeepSpeed job
+prints (IllegalWork messages from 0.13.0 on, where PR #4792 started catching the exception)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from packaging.version import Version
+from test_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
+
+from repro.cli import bisect_commands as bisect_cli
+from repro.engines.base import Prepared, SuiteRun
+
+CLEAN_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
+BAD_LOG = "[Rank 0] Error message: Illegal to call wait on IllegalWork object\n" + CLEAN_LOG
+
+
+class FakeJobEngine(FakeEngine):
+    """Runs "the user's command": its output depends on the DeepSpeed of the env."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda env: ("clean", "none"))
+        self.commands: list[str] = []
+
+    def run_job(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: float | None
+    ) -> SuiteRun:
+        argv = list(args)
+        self.commands.append(argv[argv.index("--cmd") + 1])
+        env: FakeEnv = self.envs[prepared.env_id]
+        out_dir.mkdir(parents=True)
+        log = BAD_LOG if Version(env.deepspeed) >= Version("0.13.0") else CLEAN_LOG
+        (out_dir / "job.log").write_text(log)
+        job = {
+            "status": None,
+            "exit_code": 0,
+            "wall_s": 1.0,
+            "stacks": {},
+            "survivors": [],
+            "hook_reports": [{"deepspeed": env.deepspeed, "engine": {"dtype": "fp32", "world_size": 2}}],
+            "versions": {"deepspeed": env.deepspeed},
+            "command": argv[argv.index("--cmd") + 1],
+            "workdir": str(workdir),
+            "transport": "async",
+        }
+        (out_dir / "job.json").write_text(json.dumps(job))
+        return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
+
+
+def test_bisect_over_deepspeed_with_a_custom_command(tmp_path: Path) -> None:
+    work = tmp_path / "proj"
+    work.mkdir()
+    args = parse(
+        "bisect",
+        [
+            "--axis",
+            "deepspeed",
+            "--versions",
+            "0.12.3,0.12.6,0.13.0,0.13.1,0.14.0",
+            "--from",
+            "0.12.3",
+            "--to",
+            "0.14.0",
+            "--cmd",
+            "torchrun --nproc_per_node 2 train.py",
+            "--workdir",
+            str(work),
+            "--out",
+            str(tmp_path / "out"),
+            "--results-root",
+            str(tmp_path / "results"),
+        ],
+    )
+    engine = FakeJobEngine()
+    lines: list[str] = []
+    services = bisect_cli.Services(matrix=FakeMatrix(), engine=engine, say=lines.append)
+    assert bisect_cli.run_bisect(args, services) == 0
+    data = json.loads((tmp_path / "out" / "bisect.json").read_text())
+    assert (data["status"], data["last_good"], data["first_bad"]) == ("found", "0.12.6", "0.13.0")
+    assert engine.commands and set(engine.commands) == {"torchrun --nproc_per_node 2 train.py"}
+    assert data["evidence"]["first_bad"]["signature"] == "illegal-work-warnings"
+    # The first bad is reproduced by probing the same command in the same env.
+    assert data["repro_command"].startswith("make probe ENV=cpu DEEPSPEED=0.13.0 PATCH=stock CMD=")
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert runs and {r["scenario"] for r in runs} == {"custom"}
+    assert all(p["record"] and p["record"].endswith("/job.json") for p in data["probes"])
