@@ -225,6 +225,27 @@ def planned_keys(argv: list[str]) -> list[tuple[str, str, str, str]]:
     return [(run.scenario, run.patch, run.transport, run.dtype) for run in planned]
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """What every run of one suite shares, typed once from the command line: the functions below
+    the parser take this, never the argparse namespace."""
+
+    env: str
+    steps: int
+    seed: int
+    timeout_s: float
+    stall_s: float
+    results_root: str | None
+    model_args: tuple[str, ...]
+    jobs: int | None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunOptions:
+        return cls(env=args.env, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
+                   stall_s=args.stall_timeout, results_root=args.results_root,
+                   model_args=tuple(args.model_args or ()), jobs=args.jobs)
+
+
 def run_suite(args: argparse.Namespace) -> int:
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
@@ -250,7 +271,8 @@ def run_suite(args: argparse.Namespace) -> int:
         print("capturing ds_report and collect_env in the background ...", flush=True)
         capture = ArtifactCapture(out, device)
     try:
-        return _run_planned(args, out, planned, meta, device, dtype, user_config, capture, not_run)
+        return _run_planned(RunOptions.from_args(args), out, planned, meta, device, dtype, user_config,
+                            capture, not_run)
     finally:
         if capture is not None:
             capture.abandon()
@@ -265,7 +287,7 @@ def default_jobs(device: str, world_size: int) -> int:
     return max(2, (os.cpu_count() or 2) // max(world_size, 1))
 
 
-def _run_planned(args: argparse.Namespace, out: str, planned: list[PlannedRun], meta: dict[str, Any],
+def _run_planned(opts: RunOptions, out: str, planned: list[PlannedRun], meta: dict[str, Any],
                  device: str, dtype: str, user_config: dict[str, Any] | None,
                  capture: ArtifactCapture | None, not_run: dict[str, Any] | None = None) -> int:
     """Launch up to `jobs` runs at once; classify and record them in plan order, so a run is
@@ -276,12 +298,12 @@ def _run_planned(args: argparse.Namespace, out: str, planned: list[PlannedRun], 
     _save(out, runs, meta)
     prepared = []
     for item in planned:
-        spec = _spec(args, out, item, device)
+        spec = _spec(opts, out, item, device)
         built = ds_config.build_config(item.shape, dtype=dtype, user_config=user_config)
         rec.write_json_atomic(spec.ds_config_path, built.config)
-        prepared.append((item, spec, {**_base_record(args, spec, item, built), "ran_on": not_run}))
+        prepared.append((item, spec, {**_base_record(opts, spec, item, built), "ran_on": not_run}))
     total = len(prepared)
-    jobs = args.jobs or default_jobs(device, prepared[0][1].world_size if prepared else 1)
+    jobs = opts.jobs or default_jobs(device, prepared[0][1].world_size if prepared else 1)
     stop = threading.Event()
 
     def execute(i: int, spec: runner.RunSpec, item: PlannedRun) -> runner.LaunchResult | None:
@@ -364,21 +386,21 @@ def _control_for(controls: dict[tuple[str, str, int], dict[str, Any]],
     return choose_control(want, list(controls.values()), record_key)
 
 
-def _spec(args: argparse.Namespace, out: str, item: PlannedRun, device: str) -> runner.RunSpec:
+def _spec(opts: RunOptions, out: str, item: PlannedRun, device: str) -> runner.RunSpec:
     shape = item.shape
     spec = runner.RunSpec(
-        env=args.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype, transport=item.transport,
+        env=opts.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype, transport=item.transport,
         world_size=shape.world_size, shard_size=shape.shard_size, hierarchical=shape.hierarchical,
-        devices_per_node=shape.devices_per_node, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
-        stall_s=args.stall_timeout, device=device, run_dir="", results_root=args.results_root or out,
-        ds_config_path="", model_args=tuple(args.model_args or ()))
+        devices_per_node=shape.devices_per_node, steps=opts.steps, seed=opts.seed, timeout_s=opts.timeout_s,
+        stall_s=opts.stall_s, device=device, run_dir="", results_root=opts.results_root or out,
+        ds_config_path="", model_args=opts.model_args)
     run_dir = os.path.join(out, "runs", spec.run_name)
     if os.path.exists(run_dir):  # never overwrite an earlier run's evidence
         run_dir = f"{run_dir}-{dt.datetime.now(dt.timezone.utc).strftime('%H%M%S%f')}"
     return replace(spec, run_dir=run_dir, ds_config_path=os.path.join(run_dir, "ds_config.json"))
 
 
-def _base_record(args: argparse.Namespace, spec: runner.RunSpec, item: PlannedRun,
+def _base_record(opts: RunOptions, spec: runner.RunSpec, item: PlannedRun,
                  built: ds_config.BuiltConfig) -> dict[str, Any]:
     shape = item.shape
     how = ("one node" if shape.nodes <= 1 else
@@ -386,12 +408,12 @@ def _base_record(args: argparse.Namespace, spec: runner.RunSpec, item: PlannedRu
            f" with world size {shape.world_size}" if spec.device == "cpu" else
            f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE={shape.devices_per_node}")
     return dict(
-        env=args.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype,
+        env=opts.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype,
         world_size=shape.world_size, shard_size=shape.shard_size, hierarchical=shape.hierarchical,
         layout={"nodes": shape.nodes, "devices_per_node": shape.devices_per_node, "how": how},
         backend="gloo" if spec.device == "cpu" else "nccl", transport=item.transport,
-        steps=args.steps, seed=args.seed, config=built.config, config_adaptations=built.adaptations,
-        config_problems=built.problems, timeout_s=args.timeout, started_at=_now(),
+        steps=opts.steps, seed=opts.seed, config=built.config, config_adaptations=built.adaptations,
+        config_problems=built.problems, timeout_s=opts.timeout_s, started_at=_now(),
     )
 
 
