@@ -78,10 +78,16 @@ def _make(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def custom_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env_python("cpu")  # skips (or fails in CI) when the env's venv is not built
     work = tmp_path_factory.mktemp("their-project")
     (work / "train_classifier.py").write_text(TRAIN)
+    return work
+
+
+@pytest.fixture(scope="module")
+def custom_run(project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    work = project
     out = tmp_path_factory.mktemp("custom") / "results"
     done = _make(
         "run",
@@ -124,3 +130,37 @@ def test_both_records_are_in_the_report(custom_run: tuple[Path, dict[str, Any]])
     report = (out / "REPORT.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| cpu | custom |")]
     assert rows and "reproduced → clean" in rows[0]
+
+
+def test_one_real_probe_of_the_command_is_bad_on_stock(project: Path, tmp_path: Path) -> None:
+    """The probe that each step of `make bisect ... CMD=` runs (`python -m repro probe --cmd`, the
+    form `git bisect run` calls; make would turn its exit 1 into 2): bad, because stock reproduces."""
+    out = tmp_path / "probe"
+    command = "torchrun --nproc_per_node 2 train_classifier.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro",
+            "probe",
+            "--env",
+            "cpu",
+            "--engine",
+            "venv",
+            "--cmd",
+            command,
+            "--workdir",
+            str(project),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1, done.stdout[-4000:] + done.stderr[-3000:]
+    probe = json.loads((out / "probe.json").read_text())
+    [run] = json.loads((out / "results.json").read_text())["runs"]
+    assert (run["scenario"], run["patch"], run["outcome"]) == ("custom", "stock", "reproduced")
+    assert run["job"]["command"] == command
+    assert probe["exit_code"] == 1 and probe["probes"][0]["verdict"] == "bad"
