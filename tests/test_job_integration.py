@@ -164,3 +164,45 @@ def test_one_real_probe_of_the_command_is_bad_on_stock(project: Path, tmp_path: 
     assert (run["scenario"], run["patch"], run["outcome"]) == ("custom", "stock", "reproduced")
     assert run["job"]["command"] == command
     assert probe["exit_code"] == 1 and probe["probes"][0]["verdict"] == "bad"
+
+
+DEADLOCK = textwrap.dedent("""\
+    import threading
+
+    import deepspeed
+    import torch.distributed as dist
+
+    deepspeed.init_distributed()
+    print(f"rank {dist.get_rank()} up", flush=True)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        dist.barrier()  # rank 1 never comes: a deadlock, silent from here on
+    else:
+        threading.Event().wait()
+""")
+
+
+def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(tmp_path: Path) -> None:
+    env_python("cpu")
+    work = tmp_path / "proj"
+    work.mkdir()
+    (work / "deadlock.py").write_text(DEADLOCK)
+    out = tmp_path / "out"
+    done = _make(
+        "run",
+        "ENV=cpu",
+        "PATCH=stock",
+        f"WORKDIR={work}",
+        f"OUT={out}",
+        "STALL_TIMEOUT=20",
+        "CMD=torchrun --nproc_per_node 2 deadlock.py",
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    [run] = json.loads((out / "results.json").read_text())["runs"]
+    assert (run["outcome"], run["signature"]) == ("hung", "hang")
+    # torchrun and both ranks are hooked Python processes: each left its stack.
+    assert len(run["stacks"]) == 3, sorted(run["stacks"])
+    assert sum("deadlock.py" in text for text in run["stacks"].values()) == 2
+    assert run["job"]["survivors"] == []
+    assert len(run["job"]["processes"]) == 3
+    assert not [pid for pid in run["job"]["processes"] if alive(int(pid))]
