@@ -115,3 +115,31 @@ def test_request_checks(tmp_path: Path) -> None:
         JobRequest(env_id="cpu", command="true", workdir=tmp_path, loss_regex="(")
     args = job_args(JobRequest(env_id="cpu", command="true", workdir=tmp_path), "fixed", "gpu")
     assert args[args.index("--workdir") + 1] == str(tmp_path.resolve())
+
+
+def test_shell_execs_an_interactive_shell_with_the_hook_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from repro.cli import job_commands
+    from repro.cli.main import main
+
+    class Engine(FakeJobEngine):
+        def prepare(self, env: Any) -> Prepared:
+            return Prepared(EngineKind.VENV, env.id, "/venvs/cpu", "cpu venv", True, {"platform": "cpu"})
+
+    seen: dict[str, Any] = {}
+
+    def fake_exec(path: str, argv: list[str], env: dict[str, str]) -> None:
+        seen.update(path=path, argv=argv, env=env)
+
+    monkeypatch.setattr(job_commands, "_engine", lambda choice: Engine())
+    monkeypatch.setattr(job_commands.os, "execvpe", fake_exec)
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    assert main(["shell", "--env", "cpu", "--patch", "fixed"]) == 0
+    env = seen["env"]
+    assert seen["argv"] == ["/bin/bash", "-i"]
+    assert env["PATH"].split(":")[0] == "/venvs/cpu/bin"
+    assert (env["MICS_REPRO_HOOK"], env["MICS_REPRO_PATCH"], env["MICS_REPRO_DEVICE"]) == (
+        "1",
+        "fixed",
+        "cpu",
+    )
+    assert env["PYTHONPATH"].split(":")[0].endswith("repro/workload/hook")
