@@ -144,7 +144,8 @@ run:
 	$(REPRO) run --cmd $(call sq,$(CMD)) $(call flag,ENV,env) $(call flag,ENGINE,engine) \
 		$(call flag,PATCH,patch) $(call flag,WORKDIR,workdir) $(call flag,TRANSPORT,transport) \
 		$(if $(LOSS_REGEX),--loss-regex $(call sq,$(LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
-		$(call flag,STALL_TIMEOUT,stall-timeout) $(call flag,OUT,out) $(call flag,MATRIX,matrix)
+		$(call flag,STALL_TIMEOUT,stall-timeout) $(call flag,OUT,out) $(call flag,MATRIX,matrix) \
+		$(if $(call yes,$(NETWORK)),--network)
 
 shell:
 	$(REPRO) shell $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,PATCH,patch) \

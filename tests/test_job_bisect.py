@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 from test_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
@@ -27,7 +28,13 @@ class FakeJobEngine(FakeEngine):
         self.commands: list[str] = []
 
     def run_job(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: float | None
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        **kw: Any,
     ) -> SuiteRun:
         argv = list(args)
         self.commands.append(argv[argv.index("--cmd") + 1])

@@ -39,7 +39,13 @@ class FakeJobEngine:
         return Prepared(EngineKind.VENV, env.id, "/fake/venv", "fake venv", True, {"platform": "cpu"})
 
     def run_job(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: float | None
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        **kw: Any,
     ) -> SuiteRun:
         self.calls.append(list(args))
         patch = args[list(args).index("--patch") + 1]
@@ -130,7 +136,7 @@ def test_shell_execs_an_interactive_shell_with_the_hook_on(monkeypatch: pytest.M
     def fake_exec(path: str, argv: list[str], env: dict[str, str]) -> None:
         seen.update(path=path, argv=argv, env=env)
 
-    monkeypatch.setattr(job_commands, "_engine", lambda choice: Engine())
+    monkeypatch.setattr(job_commands, "_engine", lambda choice, shell=False: Engine())
     monkeypatch.setattr(job_commands.os, "execvpe", fake_exec)
     monkeypatch.setenv("SHELL", "/bin/bash")
     assert main(["shell", "--env", "cpu", "--patch", "fixed"]) == 0

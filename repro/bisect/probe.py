@@ -231,8 +231,8 @@ class _Watch:
     def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
         return self.inner.run_suite(prepared, args, out_dir, timeout_s)
 
-    def run_job(self, prepared: Any, args: Any, out_dir: Any, workdir: Any, timeout_s: Any) -> Any:
-        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s)  # type: ignore[attr-defined]
+    def run_job(self, prepared: Any, args: Any, out_dir: Any, workdir: Any, timeout_s: Any, **kw: Any) -> Any:
+        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, **kw)  # type: ignore[attr-defined]
 
 
 class OrchestratedProbe:

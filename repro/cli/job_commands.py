@@ -16,7 +16,7 @@ from repro.workload.record import PATCHES, TRANSPORT_MODES
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default=None, help="env id (default: the matrix default, cpu)")
-    p.add_argument("--engine", default=None, help="venv (docker: not yet for custom commands)")
+    p.add_argument("--engine", default=None, help="docker|venv|auto (default: $ENGINE or auto)")
     p.add_argument(
         "--transport",
         default="async",
@@ -39,6 +39,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         default=300.0,
         help="no output and no DeepSpeed step for this long: hung (seconds)",
     )
+    p.add_argument("--network", action="store_true", help="Docker engine: give the container a network")
     p.add_argument("--out", default=None, help="results folder (default results/<timestamp>-<env>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
 
@@ -50,13 +51,19 @@ def _env(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     return matrix.get(args.env or matrix.default_id)
 
 
-def _engine(choice: str | None):  # type: ignore[no-untyped-def]
+def _engine(choice: str | None, *, shell: bool = False):  # type: ignore[no-untyped-def]
+    """As for `make repro` (ENGINE=auto: Docker when its daemon answers); `shell` needs a venv."""
     from repro.engines.select import choose_engine
 
-    name = choice or os.environ.get("ENGINE") or "venv"
-    if name not in ("venv", "auto"):
-        raise UsageError(f"ENGINE={name} cannot run custom commands yet", fix="use ENGINE=venv")
-    return choose_engine("venv")
+    if shell:
+        name = choice or os.environ.get("ENGINE") or "venv"
+        if name not in ("venv", "auto"):
+            raise UsageError(
+                f"ENGINE={name}: make shell opens a shell in the env's venv only",
+                fix="use ENGINE=venv, or `docker run -it <the env's image> bash`",
+            )
+        return choose_engine("venv")
+    return choose_engine(choice or None)
 
 
 @command("run", "run YOUR command in an env, stock and fixed, judged from its own output", _run_options)
@@ -75,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         loss_regex=args.loss_regex,
         timeout_s=args.timeout,
         stall_s=args.stall_timeout,
+        network=args.network,
     )
     engine = _engine(args.engine)
     root = Path(args.results_root)
@@ -119,7 +127,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
     from repro.workload.job import hook_environment
 
     env = _env(args)
-    engine = _engine(args.engine)
+    engine = _engine(args.engine, shell=True)
     engine.preflight(env)
     prepared = engine.prepare(env)
     bin_dir = str(Path(prepared.handle) / "bin")

@@ -35,7 +35,14 @@ class JobEngine(Protocol):
     """The engines that can run a custom command (VenvEngine, DockerEngine)."""
 
     def run_job(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: float | None
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        *,
+        network: bool = False,
     ) -> SuiteRun: ...
 
 
@@ -49,6 +56,7 @@ class JobRequest:
     loss_regex: str | None = None
     timeout_s: float = 1800.0
     stall_s: float = 300.0
+    network: bool = False  # Docker engine: the container gets a network only when asked (NETWORK=1)
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -281,6 +289,7 @@ def execute_job(
             out,
             request.workdir.resolve(),
             request.timeout_s + 120,
+            network=request.network,
         )
         raws.append(_read_raw(patch, out, invocation.folder, ran))
     records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s)

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -188,14 +188,26 @@ class DockerEngine:
                         platform=prepared.details.get("platform", "cpu"), name_hint=prepared.env_id,
                         copy_out=RESULTS_DIR)
 
+    def run_job(self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path,
+                timeout_s: float | None, *, network: bool = False) -> SuiteRun:
+        """A custom command (repro/run/job.py): the in-env runner in the env's image, WORKDIR
+        mounted read-write at the same path (the job's files stay where the user has them), no
+        network unless asked."""
+        command = ["python", "-m", "repro.workload.job", *args, "--out", RESULTS_DIR]
+        return self.run(prepared.handle, command, out_dir, timeout_s,
+                        platform=prepared.details.get("platform", "cpu"), name_hint=f"{prepared.env_id}-job",
+                        copy_out=RESULTS_DIR, binds=(f"{workdir}:{workdir}:rw",), network=network)
+
     def run(
         self, image: str, command: Sequence[str], out_dir: Path, timeout_s: float | None, *,
         platform: str = "cpu", name_hint: str = "run", copy_out: str | None = None,
+        binds: tuple[str, ...] = (), network: bool = True,
     ) -> SuiteRun:
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path = out_dir / "engine.log"
         via_cdi = platform == "cuda" and cuda_via_cdi(DockerFacts.from_info(self.client.info()))
-        options = run_options(platform, device_gids(), via_cdi=via_cdi)
+        options = replace(run_options(platform, device_gids(), via_cdi=via_cdi), binds=binds,
+                          network_disabled=not network)
         name = f"mics-repro-{re.sub(r'[^a-zA-Z0-9_.-]+', '-', name_hint)}-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         # Containers get none of the host's environment but the GPU selection and NCCL/RCCL/HSA settings.
@@ -265,9 +277,15 @@ class RunOptions:
     cap_add: tuple[str, ...] = ()
     gpus: bool = False
     cdi_devices: tuple[str, ...] = ()  # e.g. "nvidia.com/gpu=all": GPUs by CDI name instead of --gpus
+    binds: tuple[str, ...] = ()  # "host:container:rw" (custom jobs: WORKDIR at the same path)
+    network_disabled: bool = False  # custom jobs run offline unless NETWORK=1
 
     def to_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
+        if self.binds:
+            kwargs["volumes"] = list(self.binds)
+        if self.network_disabled:
+            kwargs["network_disabled"] = True
         if self.devices:
             kwargs["devices"] = [f"{d}:{d}:rwm" for d in self.devices]
         if self.group_add:
@@ -301,6 +319,7 @@ class RunOptions:
         if self.gpus:
             pairs.append(("--gpus", "all"))
         pairs += [("--device", d) for d in self.cdi_devices]
+        pairs += [("-v", b) for b in self.binds] + ([("--network", "none")] if self.network_disabled else [])
         return pairs
 
 def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:

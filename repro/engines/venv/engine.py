@@ -362,9 +362,10 @@ class VenvEngine:
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
 
     def run_job(self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path,
-                timeout_s: float | None) -> SuiteRun:
+                timeout_s: float | None, *, network: bool = False) -> SuiteRun:
         """A custom command (repro/run/job.py): the in-env runner with the venv's Python, which
-        puts the venv first on PATH and the startup hook on the job's PYTHONPATH."""
+        puts the venv first on PATH and the startup hook on the job's PYTHONPATH. A venv cannot
+        take the network away: `network` is for the Docker engine."""
         out_dir.mkdir(parents=True, exist_ok=True)
         py = Path(prepared.handle) / "bin" / "python"
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
