@@ -201,13 +201,12 @@ class DockerEngine:
     def run(
         self, image: str, command: Sequence[str], out_dir: Path, timeout_s: float | None, *,
         platform: str = "cpu", name_hint: str = "run", copy_out: str | None = None,
-        binds: tuple[str, ...] = (), network: bool = True,
+        binds: tuple[str, ...] = (), network: bool = False,
     ) -> SuiteRun:
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path = out_dir / "engine.log"
         via_cdi = platform == "cuda" and cuda_via_cdi(DockerFacts.from_info(self.client.info()))
-        options = replace(run_options(platform, device_gids(), via_cdi=via_cdi), binds=binds,
-                          network_disabled=not network)
+        options = replace(run_options(platform, device_gids(), via_cdi=via_cdi), binds=binds, network=network)
         name = f"mics-repro-{re.sub(r'[^a-zA-Z0-9_.-]+', '-', name_hint)}-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
         # Containers get none of the host's environment but the GPU selection and NCCL/RCCL/HSA settings.
@@ -278,14 +277,12 @@ class RunOptions:
     gpus: bool = False
     cdi_devices: tuple[str, ...] = ()  # e.g. "nvidia.com/gpu=all": GPUs by CDI name instead of --gpus
     binds: tuple[str, ...] = ()  # "host:container:rw" (custom jobs: WORKDIR at the same path)
-    network_disabled: bool = False  # custom jobs run offline unless NETWORK=1
+    network: bool = False  # containers run offline; a custom job may ask for it (NETWORK=1)
 
     def to_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {}
         if self.binds:
             kwargs["volumes"] = list(self.binds)
-        if self.network_disabled:
-            kwargs["network_disabled"] = True
         if self.devices:
             kwargs["devices"] = [f"{d}:{d}:rwm" for d in self.devices]
         if self.group_add:
@@ -319,7 +316,7 @@ class RunOptions:
         if self.gpus:
             pairs.append(("--gpus", "all"))
         pairs += [("--device", d) for d in self.cdi_devices]
-        pairs += [("-v", b) for b in self.binds] + ([("--network", "none")] if self.network_disabled else [])
+        pairs += [("-v", b) for b in self.binds]
         return pairs
 
 def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:
@@ -366,7 +363,7 @@ class ManagedContainer:
     def __enter__(self) -> ManagedContainer:
         # A failure inside create leaves nothing behind; anything after it is undone by __exit__.
         self.container = self.client.containers.create(
-            self.image, self.command, name=self.name, network_disabled=True, init=True,
+            self.image, self.command, name=self.name, network_disabled=not self.options.network, init=True,
             environment=self.environment, labels={"mics-repro": "1"}, **self.options.to_kwargs(),
         )
         return self
