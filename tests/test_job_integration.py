@@ -43,7 +43,7 @@ TRAIN = textwrap.dedent("""\
 
     config = {
         "train_micro_batch_size_per_gpu": 4,
-        "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+        "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},  # no JIT build
         "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": 3, "mics_shard_size": 2, "mics_hierarchical_params_gather": False},
         "steps_per_print": 100,
