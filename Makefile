@@ -104,8 +104,8 @@ PROBE_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,
 	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIO,scenario) $(call flag,PATCH,patch) \
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,STEPS,steps) \
 	$(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) $(call flag,OUT,out) \
-	$(call flag,MATRIX,matrix) $(if $(CMD),--cmd $(call sq,$(CMD))) $(call flag,WORKDIR,workdir) \
-	$(if $(LOSS_REGEX),--loss-regex $(call sq,$(LOSS_REGEX)))
+	$(call flag,MATRIX,matrix) $(if $(CMD),--cmd $(call sq,$(value CMD))) $(call flag,WORKDIR,workdir) \
+	$(if $(LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX)))
 .PHONY: bisect survey probe
 bisect:
 	$(REPRO) bisect $(WALK_FLAGS) $(PROBE_FLAGS) $(call flag,GOOD,good) $(call flag,BAD,bad) \
@@ -135,15 +135,16 @@ pr-regression:
 	$(REPRO) pr-regression $(call flag,PYTHON_VENV,python) $(call flag,TRANSPORT,transport)
 
 # Your own command in an env, stock and fixed, judged from its own output (README "Your own job";
-# repro/cli/job_commands.py). CMD is passed in single quotes, so it may hold double quotes.
+# repro/cli/job_commands.py). CMD (and LOSS_REGEX) are passed as written, in single quotes: it may
+# hold double quotes, and $VARS in it expand in the job's shell, not in make.
 #   make run ENV=cpu WORKDIR=~/proj CMD="torchrun --nproc_per_node 2 train.py" [PATCH=stock,fixed]
 #   make shell ENV=cpu [PATCH=fixed]      an interactive shell in the env with the hook active
 sq = '$(subst ','\'',$(1))'
 .PHONY: run shell
 run:
-	$(REPRO) run --cmd $(call sq,$(CMD)) $(call flag,ENV,env) $(call flag,ENGINE,engine) \
+	$(REPRO) run --cmd $(call sq,$(value CMD)) $(call flag,ENV,env) $(call flag,ENGINE,engine) \
 		$(call flag,PATCH,patch) $(call flag,WORKDIR,workdir) $(call flag,TRANSPORT,transport) \
-		$(if $(LOSS_REGEX),--loss-regex $(call sq,$(LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
+		$(if $(LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
 		$(call flag,STALL_TIMEOUT,stall-timeout) $(call flag,OUT,out) $(call flag,MATRIX,matrix) \
 		$(if $(call yes,$(NETWORK)),--network)
 
