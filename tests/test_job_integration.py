@@ -206,3 +206,23 @@ def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(tmp_path: Pat
     assert run["job"]["survivors"] == []
     assert len(run["job"]["processes"]) == 3
     assert not [pid for pid in run["job"]["processes"] if alive(int(pid))]
+
+
+def test_deepspeed_launcher_on_cpu(project: Path, tmp_path: Path) -> None:
+    """DeepSpeed's own launcher asks the accelerator for a device count before it starts the
+    ranks (numactl on CPU, absent here): the hook gives the launcher one per core, the ranks their
+    own count, and the stock run reproduces."""
+    out = tmp_path / "out"
+    done = _make(
+        "run",
+        "ENV=cpu",
+        "PATCH=stock",
+        f"WORKDIR={project}",
+        f"OUT={out}",
+        "STALL_TIMEOUT=240",
+        "CMD=deepspeed --num_gpus 2 train_classifier.py",
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    [run] = json.loads((out / "results.json").read_text())["runs"]
+    assert (run["outcome"], run["world_size"]) == ("reproduced", 2)
+    assert run["illegal_work_messages"] > 0

@@ -26,6 +26,7 @@ import importlib.abc
 import importlib.machinery
 import json
 import os
+import shutil
 import signal
 import sys
 import time
@@ -76,10 +77,18 @@ def _prepare_cpu_env() -> None:
     from repro.workload.cpu import shims
 
     os.environ["DS_ACCELERATOR"] = "cpu"
-    # Ranks only (the launcher's value would be inherited by every rank it starts): the CPU
-    # accelerator counts devices with numactl unless LOCAL_SIZE is set.
-    if "LOCAL_WORLD_SIZE" in os.environ:
-        os.environ.setdefault("LOCAL_SIZE", os.environ["LOCAL_WORLD_SIZE"])
+    # The CPU accelerator counts devices with numactl unless LOCAL_SIZE is set. A torchrun rank
+    # counts its launcher's ranks; a launcher (DeepSpeed's runner asks for a device count before
+    # it starts anything) without numactl gets one "device" per core, and its ranks, which inherit
+    # that value, get their own count back (DeepSpeed's launch.py sets LOCAL_SIZE itself).
+    env = os.environ
+    given = env.get("MICS_REPRO_LAUNCHER_LOCAL_SIZE")
+    if "LOCAL_WORLD_SIZE" in env:
+        if given is not None and env.get("LOCAL_SIZE") == given:
+            env["LOCAL_SIZE"] = env["LOCAL_WORLD_SIZE"]
+        env.setdefault("LOCAL_SIZE", env["LOCAL_WORLD_SIZE"])
+    elif "LOCAL_SIZE" not in env and shutil.which("numactl") is None:
+        env["LOCAL_SIZE"] = env["MICS_REPRO_LAUNCHER_LOCAL_SIZE"] = str(os.cpu_count() or 1)
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     _REPORT["placeholders"] = shims.install_placeholders(shims.deepspeed_version())
 
