@@ -131,9 +131,9 @@ def _on_deepspeed(deepspeed: Any) -> None:
 
         try:
             _REPORT["fix"] = fix.apply()
-        except fix.FixNotApplicableError as exc:
+        except Exception as exc:  # noqa: BLE001 - never break the user's `import deepspeed`
             # The run goes on as stock; the judge reports it unsupported instead of "fixed".
-            _REPORT["fix_error"] = str(exc)
+            _REPORT["fix_error"] = f"{type(exc).__name__}: {exc}"
     from repro.workload import logcount
 
     _STATE["counter"] = logcount.install()
