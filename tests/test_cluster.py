@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from repro.core.errors import UsageError
+from repro.core.paths import REPO_ROOT
 from repro.upstream import cluster, cluster_summary
 from repro.workload import layout as lay
 from repro.workload import suite as workload_suite
@@ -307,7 +308,7 @@ def _venv_python() -> str:
 
 
 def _twin_env(python: str, out: Path) -> dict[str, str]:
-    repo = Path(cluster.__file__).resolve().parent.parent
+    repo = REPO_ROOT
     return dict(os.environ, RUNTIME="none", PYTHON=python, REPRO_SRC=str(repo), STEPS="3",
                 BUNDLE_DIR=str(out.parent))
 
