@@ -132,3 +132,36 @@ def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(
     [record] = build_records("cpu", [RawRun("stock", result, text, None)], None, "sha256:x", 600.0)
     assert (record["outcome"], record["signature"]) == ("hung", "hang")
     assert record["stacks"] == stacks
+
+
+FAKE_PY_SPY = """#!/bin/sh
+echo "Thread 0x1 (idle): MainThread"
+echo "    wait (threading.py:320) pid $3"
+"""
+
+
+@pytest.mark.parametrize("with_py_spy", [True, False])
+def test_python_the_hook_cannot_reach_gets_py_spy_or_is_named(
+    tmp_path: Path, real_subprocess: None, monkeypatch: pytest.MonkeyPatch, with_py_spy: bool
+) -> None:
+    """A child started with `python -I` ignores PYTHONPATH, so no hook: py-spy (when the env has
+    it; a stand-in here) dumps its stack, else the record names it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if with_py_spy:
+        (bin_dir / "py-spy").write_text(FAKE_PY_SPY)
+        (bin_dir / "py-spy").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    script = tmp_path / "isolated.py"
+    script.write_text(DEADLOCK.replace('[sys.executable, "-c"', '[sys.executable, "-I", "-c"'))
+    result = _run_job(tmp_path, f"{sys.executable} {script}", stall=2.0)
+    assert result["status"] == "hung" and result["survivors"] == []
+    stacks = result["stacks"]
+    assert isinstance(stacks, dict)
+    spied = [pid for pid, text in stacks.items() if text.startswith("(py-spy dump)")]
+    hooked = result["processes"]
+    assert isinstance(hooked, dict) and len(hooked) == 1  # the script; its -I child is not hooked
+    if with_py_spy:
+        assert len(spied) == 1 and spied[0] not in hooked and f"pid {spied[0]}" in stacks[spied[0]]
+    else:
+        assert not spied and "the hook did not reach" in str(result["hang_detail"])

@@ -120,6 +120,52 @@ def dump_stacks(job_dir: str) -> dict[str, str]:
     return {pid: text for pid, text in stacks.items() if text}
 
 
+def group_members(pgid: int) -> list[int]:
+    """Pids of the job's process group (Linux /proc), the shell and launchers included."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            found.append(int(entry))
+    return sorted(found)
+
+
+def _is_python(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv0 = fh.read().split(b"\0", 1)[0].decode(errors="replace")
+    except OSError:
+        return False
+    return os.path.basename(argv0).startswith("python")
+
+
+def unhooked_stacks(pgid: int, hooked: set[int], path: str | None = None) -> tuple[dict[str, str], list[int]]:
+    """Python processes of the group the hook is not in (started with -I/-S, or a PYTHONPATH the
+    job replaced): their stacks through py-spy (PyPI) when it is installed in the env. Returns
+    the stacks and the pids left without one."""
+    missing = [p for p in group_members(pgid) if p not in hooked and _is_python(p)]
+    spy = shutil.which("py-spy", path=path)  # the job's PATH: the env's bin folder first
+    stacks: dict[str, str] = {}
+    if spy is None:
+        return stacks, missing
+    for pid in missing:
+        try:
+            done = subprocess.run(
+                [spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=STACK_WAIT_S * 5
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if done.returncode == 0 and done.stdout.strip():
+            stacks[str(pid)] = "(py-spy dump)\n" + done.stdout
+    return stacks, [p for p in missing if str(p) not in stacks]
+
+
 def stop_everything(proc: subprocess.Popen[bytes], job_dir: str) -> list[int]:
     """Interrupt, terminate, kill the group and every hooked process (one that left the group
     with setsid still gets the signal); returns the pids still alive after SIGKILL."""
@@ -233,6 +279,13 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 status = "hung"
                 stacks = dump_stacks(job_dir)
+                spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), env.get("PATH"))
+                stacks.update(spied)
+                if unseen:
+                    detail += (
+                        f"; no stack from Python process(es) {unseen}, which the hook did not reach"
+                        " (install py-spy in the env to get them)"
+                    )
                 survivors = stop_everything(proc, job_dir)
                 break
             time.sleep(POLL_S)
