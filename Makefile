@@ -86,6 +86,7 @@ LINT_IMPORTS = $(PYTHON) -c 'import sys; sys.version_info >= (3, 10) or sys.exit
 	from importlinter.cli import lint_imports_command as c; sys.exit(c())'
 lint:
 	$(PYTHON) -m ruff check repro tests
+	$(PYTHON) -m ruff format --check repro tests
 	$(PYTHON) -m mypy
 	$(LINT_IMPORTS)
 

@@ -21,8 +21,10 @@ def python_too_old(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> st
         return None
     need = ".".join(map(str, MIN_PYTHON))
     have = ".".join(map(str, version))
-    return (f"error: python -m repro needs Python >= {need}; this is Python {have} ({sys.executable}).\n"
-            f"  fix: run it with Python {need} to 3.11, e.g. `make repro PYTHON=python3.11`")
+    return (
+        f"error: python -m repro needs Python >= {need}; this is Python {have} ({sys.executable}).\n"
+        f"  fix: run it with Python {need} to 3.11, e.g. `make repro PYTHON=python3.11`"
+    )
 
 
 def _run() -> int:

@@ -57,8 +57,11 @@ def real_subprocess() -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
     outcome = yield
     report = outcome.get_result()
-    if (report.skipped and os.environ.get("MICS_REPRO_REQUIRE_TIERS") == "1"
-            and any(item.get_closest_marker(m) for m in _EXEMPT_MARKERS)
-            and not item.get_closest_marker("optional")):
+    if (
+        report.skipped
+        and os.environ.get("MICS_REPRO_REQUIRE_TIERS") == "1"
+        and any(item.get_closest_marker(m) for m in _EXEMPT_MARKERS)
+        and not item.get_closest_marker("optional")
+    ):
         report.outcome = "failed"
         report.longrepr = f"tier required in CI but skipped: {report.longrepr}"

@@ -679,8 +679,20 @@ def test_survey_command_reports_every_change_point(tmp_path: Path, every: bool) 
 
 def test_interrupted_survey_saves_what_it_has_and_names_the_command(tmp_path: Path) -> None:
     """The one driver handles Ctrl-C for both commands: save, mark interrupted, say how to go on."""
-    argv = ["--axis", "deepspeed", "--versions", DS_RELEASES, "--from", "0.12.5", "--torch", "2.1.0",
-            "--out", str(tmp_path / "s"), "--results-root", str(tmp_path)]
+    argv = [
+        "--axis",
+        "deepspeed",
+        "--versions",
+        DS_RELEASES,
+        "--from",
+        "0.12.5",
+        "--torch",
+        "2.1.0",
+        "--out",
+        str(tmp_path / "s"),
+        "--results-root",
+        str(tmp_path),
+    ]
     engine = FakeEngine(ds_landscape, interrupt_at=3)
     with pytest.raises(Interrupted) as info:
         bisect_cli.run_survey(

@@ -24,8 +24,7 @@ MISSING_ON_A_BARE_PYTHON = ("packaging", "jinja2", "docker", "pytest")
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True)
+    return subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +34,9 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
             pytest.skip(f"`{tool}` is not installed")
     work = tmp_path_factory.mktemp("bootstrap")
     clone = work / "clone"
-    done = _run(["git", "clone", "--quiet", "--no-hardlinks", str(REPO_ROOT), str(clone)], work,
-                dict(os.environ))
+    done = _run(
+        ["git", "clone", "--quiet", "--no-hardlinks", str(REPO_ROOT), str(clone)], work, dict(os.environ)
+    )
     assert done.returncode == 0, done.stdout
     bare = work / "bare"
     base = getattr(sys, "_base_executable", sys.executable)  # not this venv's packages
@@ -45,17 +45,32 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
         pytest.skip(f"this Python cannot make venvs (no ensurepip): {done.stdout.strip()}")
     assert done.returncode == 0, done.stdout
     # The environment of a new shell: the bare Python first on PATH, nothing of ours selected.
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHON", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "BOOTSTRAP_PYTHON", "MAKEFLAGS",
-                        "MAKELEVEL", "MICS_REPRO_REQUIRE_TIERS", "PYTEST_ADDOPTS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in (
+            "PYTHON",
+            "PYTHONPATH",
+            "PYTHONHOME",
+            "VIRTUAL_ENV",
+            "BOOTSTRAP_PYTHON",
+            "MAKEFLAGS",
+            "MAKELEVEL",
+            "MICS_REPRO_REQUIRE_TIERS",
+            "PYTEST_ADDOPTS",
+        )
+    }
     env["PATH"] = f"{bare / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return clone, env
 
 
 def test_the_python_on_path_is_bare(fresh: tuple[Path, dict[str, str]]) -> None:
     clone, env = fresh
-    probe = ("import importlib.util as u, sys; print(sys.prefix); "
-             "print([m for m in sys.argv[1:] if u.find_spec(m)])")
+    probe = (
+        "import importlib.util as u, sys; print(sys.prefix); "
+        "print([m for m in sys.argv[1:] if u.find_spec(m)])"
+    )
     # Not from the clone: its docker/ folder would import as a namespace package.
     done = _run(["python3", "-c", probe, *MISSING_ON_A_BARE_PYTHON], clone.parent, env)
     prefix, found = done.stdout.strip().splitlines()

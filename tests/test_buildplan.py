@@ -17,8 +17,13 @@ def test_rocm56_dry_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert "torch = 2.1.0" in out and "deepspeed = 0.13.1" in out and "rocm = 5.6" in out
     assert "https://download.pytorch.org/whl/rocm5.6" in out
     assert "docker build -f docker/rocm56.Dockerfile" in out
-    for flag in ("--device=/dev/kfd", "--device=/dev/dri", "--ipc=host", "--security-opt=seccomp=unconfined",
-                 "--network none"):
+    for flag in (
+        "--device=/dev/kfd",
+        "--device=/dev/dri",
+        "--ipc=host",
+        "--security-opt=seccomp=unconfined",
+        "--network none",
+    ):
         assert flag in out
 
 

@@ -106,12 +106,24 @@ def all_bytes(folder: Path) -> dict[str, bytes]:
 
 # ---- what a bundle holds -------------------------------------------------------------------------
 
+
 def test_bundle_holds_everything_a_maintainer_needs(tmp_path: Path, host: dict[str, str]) -> None:
     result = new_bundle(tmp_path, host)
     folder = result.folder
-    for name in ("image.tar.gz", "manifest.json", "SHA256SUMS", "README.md", "ISSUE_COMMENT.md",
-                 "report/REPORT.md", "report/report.html", "results/results.json", "deepspeed-0.13.1.patch",
-                 "cluster/launch-node.sh", "cluster/mics-cpu-twin.sbatch", "cluster/summarize.py"):
+    for name in (
+        "image.tar.gz",
+        "manifest.json",
+        "SHA256SUMS",
+        "README.md",
+        "ISSUE_COMMENT.md",
+        "report/REPORT.md",
+        "report/report.html",
+        "results/results.json",
+        "deepspeed-0.13.1.patch",
+        "cluster/launch-node.sh",
+        "cluster/mics-cpu-twin.sbatch",
+        "cluster/summarize.py",
+    ):
         assert (folder / name).is_file(), name
     assert result.archive is not None and result.archive.name == "cpu.tar"
     with tarfile.open(result.archive) as tar:
@@ -126,7 +138,8 @@ def test_bundle_holds_everything_a_maintainer_needs(tmp_path: Path, host: dict[s
 
     records = json.loads((folder / "results" / "results.json").read_text())["runs"]
     assert [(e.run_name, e.outcome, e.signature) for e in manifest.expected] == [
-        (r["run_name"], r["outcome"], r["signature"]) for r in records]
+        (r["run_name"], r["outcome"], r["signature"]) for r in records
+    ]
     assert manifest.image["source_id"] == SOURCE_ID and manifest.image["flattened"] is True
     assert manifest.env["pins"]["deepspeed"] == "0.13.1"
     assert "docker run --rm --network none" in manifest.commands["run"]
@@ -137,8 +150,12 @@ def test_bundle_holds_everything_a_maintainer_needs(tmp_path: Path, host: dict[s
 def test_nothing_from_the_host_leaks_into_any_bundle_file(tmp_path: Path, host: dict[str, str]) -> None:
     result = new_bundle(tmp_path, host)
     planted = {k: v.encode() for k, v in host.items()}
-    leaks = [f"{name}: {what}" for name, data in all_bytes(result.folder).items()
-             for what, value in planted.items() if value in data]
+    leaks = [
+        f"{name}: {what}"
+        for name, data in all_bytes(result.folder).items()
+        for what, value in planted.items()
+        if value in data
+    ]
     assert leaks == []
     assert not any(b"/srv/lab-7" in data for data in all_bytes(result.folder).values())
     with tarfile.open(result.archive) as tar:  # type: ignore[arg-type]
@@ -160,8 +177,13 @@ def test_build_only_files_are_not_in_the_bundled_image(tmp_path: Path, host: dic
         assert not any(f == gone or f.startswith(gone + "/") for f in files), gone
     assert "opt/venv/bin/python" in files
     assert sorted(Manifest.read(result.folder).image["removed"]) == sorted(
-        ["opt/mics-repro/certs/host-ca.crt", "opt/mics-repro/ca-bundle.pem", "opt/venv/pip.conf",
-         ".dockerenv"])
+        [
+            "opt/mics-repro/certs/host-ca.crt",
+            "opt/mics-repro/ca-bundle.pem",
+            "opt/venv/pip.conf",
+            ".dockerenv",
+        ]
+    )
     # The flattened image keeps the original's config (env, workdir, command, labels).
     changes = client.import_changes[0]
     assert "ENV PYTHONPATH=/opt/mics-repro/src" in changes and "WORKDIR /results" in changes
@@ -198,14 +220,27 @@ def test_scan_refuses_a_leak_without_repeating_it(tmp_path: Path) -> None:
 
 def test_scrubber_replaces_host_values_and_keeps_the_evidence() -> None:
     scrubber = Scrubber.from_host(
-        {"SECRET_TOKEN": "abcd1234", "GH_PAT": "ghp_Abc123def456GHI789jkl", "HTTPS_PROXY": "http://u:pw@proxy:3128",
-         "DEBIAN_FRONTEND": "noninteractive", "SHELL": "/bin/bash", "OMP_NUM_THREADS": "1"},
-        home="/home/alice", hostnames=["vm", "build-42"], user="alice", paths={"<repo>": "/work/main"})
-    text = ("abcd1234 ghp_Abc123def456GHI789jkl via http://u:pw@proxy:3128 in /home/alice/.cache and "
-            "/home/alicebob on build-42 by alice; /work/main/repro; noninteractive /bin/bash 1 vm malice")
+        {
+            "SECRET_TOKEN": "abcd1234",
+            "GH_PAT": "ghp_Abc123def456GHI789jkl",
+            "HTTPS_PROXY": "http://u:pw@proxy:3128",
+            "DEBIAN_FRONTEND": "noninteractive",
+            "SHELL": "/bin/bash",
+            "OMP_NUM_THREADS": "1",
+        },
+        home="/home/alice",
+        hostnames=["vm", "build-42"],
+        user="alice",
+        paths={"<repo>": "/work/main"},
+    )
+    text = (
+        "abcd1234 ghp_Abc123def456GHI789jkl via http://u:pw@proxy:3128 in /home/alice/.cache and "
+        "/home/alicebob on build-42 by alice; /work/main/repro; noninteractive /bin/bash 1 vm malice"
+    )
     assert scrubber.text(text) == (
         "<SECRET_TOKEN> <$GH_PAT> via <HTTPS_PROXY> in ~/.cache and /home/alicebob on <host> by <user>; "
-        "<repo>/repro; noninteractive /bin/bash 1 vm malice")
+        "<repo>/repro; noninteractive /bin/bash 1 vm malice"
+    )
     assert scrubber.leaks(scrubber.text(text)) == []
     assert scrubber.data({"k abcd1234": ["x abcd1234"]}) == {"k <SECRET_TOKEN>": ["x <SECRET_TOKEN>"]}
 
@@ -218,8 +253,15 @@ def test_suite_args_plan_exactly_the_recorded_runs(tmp_path: Path) -> None:
     b.run("cpu", "mics", "stock", transport="sync", illegal=3)
     records = b.runs
     ns = workload_suite.parser().parse_args([*bundle.suite_args_from_records("cpu", records), "--out", "x"])
-    planned = workload_suite.plan(ns.scenarios, ns.patches, ns.dtype, ns.transports, ns.world_size,
-                                  ns.world_size, sync_proof=not ns.no_sync_proof)
+    planned = workload_suite.plan(
+        ns.scenarios,
+        ns.patches,
+        ns.dtype,
+        ns.transports,
+        ns.world_size,
+        ns.world_size,
+        sync_proof=not ns.no_sync_proof,
+    )
     names = {f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w{p.shape.world_size}" for p in planned}
     recorded = {r["run_name"] for r in records}
     # This suite runs no zero3 with the fix (older ones did; the builder still makes that record).
@@ -233,6 +275,7 @@ def test_suite_args_plan_exactly_the_recorded_runs(tmp_path: Path) -> None:
 
 
 # ---- verification -----------------------------------------------------------------------------------
+
 
 class FakeEngine:
     """Writes the suite's output as the real suite would, with outcomes the test chooses."""
@@ -260,8 +303,13 @@ def test_verify_loads_the_image_and_matches_the_manifest(tmp_path: Path, host: d
     result = new_bundle(tmp_path, host, client)
     manifest = Manifest.read(result.folder)
     engine = FakeEngine(_recorded(result.folder))
-    got = verify_bundle.verify(result.archive, client, tmp_path / "verify-results",  # type: ignore[arg-type]
-                               engine_factory=lambda _c: engine, say=lambda _l: None)
+    got = verify_bundle.verify(
+        result.archive,
+        client,
+        tmp_path / "verify-results",  # type: ignore[arg-type]
+        engine_factory=lambda _c: engine,
+        say=lambda _l: None,
+    )
     assert client.loaded == [manifest.image["id"]]
     prepared, args = engine.calls[0]
     assert prepared.handle == manifest.image["id"] and args == list(manifest.suite_args)
@@ -276,8 +324,13 @@ def test_verify_reports_a_different_outcome(tmp_path: Path, host: dict[str, str]
     records = _recorded(result.folder)
     flipped = next(r for r in records if r["outcome"] == "reproduced")
     flipped.update(outcome="clean", signature="none")
-    got = verify_bundle.verify(result.folder, client, tmp_path / "v",
-                               engine_factory=lambda _c: FakeEngine(records), say=lambda _l: None)
+    got = verify_bundle.verify(
+        result.folder,
+        client,
+        tmp_path / "v",
+        engine_factory=lambda _c: FakeEngine(records),
+        say=lambda _l: None,
+    )
     assert not got.ok
     assert [c.run_name for c in got.comparisons if not c.ok] == [flipped["run_name"]]
     with pytest.raises(BundleError, match="did not reproduce the outcomes"):
@@ -290,11 +343,17 @@ def test_a_damaged_image_tarball_is_a_clear_error(tmp_path: Path, host: dict[str
     result = new_bundle(tmp_path, host, client)
     image = result.folder / bundle.IMAGE_FILE
     data = image.read_bytes()
-    image.write_bytes(data[: len(data) // 2] if damage == "truncate" else data[:100] + bytes([data[100] ^ 1])
-                      + data[101:])
+    image.write_bytes(
+        data[: len(data) // 2] if damage == "truncate" else data[:100] + bytes([data[100] ^ 1]) + data[101:]
+    )
     with pytest.raises(BundleError, match="does not match its manifest") as err:
-        verify_bundle.verify(result.folder, client, tmp_path / "v", engine_factory=lambda _c: FakeEngine([]),
-                             say=lambda _l: None)
+        verify_bundle.verify(
+            result.folder,
+            client,
+            tmp_path / "v",
+            engine_factory=lambda _c: FakeEngine([]),
+            say=lambda _l: None,
+        )
     assert "image.tar.gz differs from the manifest" in err.value.why
     assert client.loaded == [], "nothing is loaded from a damaged tarball"
 
@@ -312,8 +371,9 @@ def test_a_truncated_archive_is_a_clear_error(tmp_path: Path, host: dict[str, st
     cut = tmp_path / "cut.tar"
     cut.write_bytes(result.archive.read_bytes()[:20_000])
     with pytest.raises(BundleError):
-        verify_bundle.verify(cut, FakeClient(), tmp_path / "v", engine_factory=lambda _c: FakeEngine([]),
-                             say=lambda _l: None)
+        verify_bundle.verify(
+            cut, FakeClient(), tmp_path / "v", engine_factory=lambda _c: FakeEngine([]), say=lambda _l: None
+        )
 
 
 def test_an_unsafe_archive_is_refused(tmp_path: Path) -> None:
@@ -329,11 +389,13 @@ def test_an_unsafe_archive_is_refused(tmp_path: Path) -> None:
 
 # ---- a bundle is untrusted input (issue 12, item 1) -----------------------------------------------
 
+
 class _Door:
     """`python -m repro verify-bundle` with a fake Docker: counts connections, never a real daemon."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, client: FakeClient,
-                 records: list[dict[str, Any]]) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, client: FakeClient, records: list[dict[str, Any]]
+    ) -> None:
         self.client, self.connects, self.engine = client, 0, FakeEngine(records)
 
         def connect() -> FakeClient:
@@ -360,22 +422,30 @@ def _files_under(root: Path) -> set[Path]:
     return {p for p in root.rglob("*")} if root.exists() else set()
 
 
-@pytest.mark.parametrize(("mutate", "named"), [
-    (lambda d: d["env"].update(id="../../../../tmp/x"), "env.id"),
-    (lambda d: d["env"].update(id="/tmp/x"), "env.id"),
-    (lambda d: d["env"].update(platform="rocm --privileged"), "env.platform"),
-    (lambda d: d["image"].update(file="../image.tar.gz"), "image.file"),
-    (lambda d: d["image"].update(id="sha256:abc; rm -rf /"), "image.id"),
-    (lambda d: d["files"].update({"../../outside.txt": "0" * 64}), "outside the bundle"),
-    (lambda d: d["suite_args"].extend(["--out", "/host"]), "--out"),
-    (lambda d: d.update(notes=["suite time limit nan s"]), "time limit"),
-    (lambda d: d["expected"][0].update(outcome="\x1b[2Jclean"), "expected[0].outcome"),
-    (lambda d: d["expected"][0].update(world_size="four"), "world_size"),
-    (lambda d: d["commands"].update(run="docker run x\nrm -rf ~"), "control characters"),
-])
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        (lambda d: d["env"].update(id="../../../../tmp/x"), "env.id"),
+        (lambda d: d["env"].update(id="/tmp/x"), "env.id"),
+        (lambda d: d["env"].update(platform="rocm --privileged"), "env.platform"),
+        (lambda d: d["image"].update(file="../image.tar.gz"), "image.file"),
+        (lambda d: d["image"].update(id="sha256:abc; rm -rf /"), "image.id"),
+        (lambda d: d["files"].update({"../../outside.txt": "0" * 64}), "outside the bundle"),
+        (lambda d: d["suite_args"].extend(["--out", "/host"]), "--out"),
+        (lambda d: d.update(notes=["suite time limit nan s"]), "time limit"),
+        (lambda d: d["expected"][0].update(outcome="\x1b[2Jclean"), "expected[0].outcome"),
+        (lambda d: d["expected"][0].update(world_size="four"), "world_size"),
+        (lambda d: d["commands"].update(run="docker run x\nrm -rf ~"), "control characters"),
+    ],
+)
 def test_a_crafted_manifest_is_refused_before_docker_and_writes_nothing(
-        tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str], mutate: Any, named: str) -> None:
+    tmp_path: Path,
+    host: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    mutate: Any,
+    named: str,
+) -> None:
     client = FakeClient()
     result = new_bundle(tmp_path, host, client)
     _craft(result.folder, mutate)
@@ -390,9 +460,9 @@ def test_a_crafted_manifest_is_refused_before_docker_and_writes_nothing(
     assert _files_under(tmp_path) | _files_under(escape) == before  # nothing written anywhere
 
 
-def test_a_bundle_with_a_link_is_refused(tmp_path: Path, host: dict[str, str],
-                                         monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_bundle_with_a_link_is_refused(
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     client = FakeClient()
     result = new_bundle(tmp_path, host, client)
     secret = tmp_path / "host-secret.txt"
@@ -406,7 +476,8 @@ def test_a_bundle_with_a_link_is_refused(tmp_path: Path, host: dict[str, str],
 
 
 def test_a_missing_bundle_is_named_before_anything_about_docker(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from repro.core.errors import DockerUnavailableError
 
     def no_daemon() -> Any:
@@ -415,8 +486,9 @@ def test_a_missing_bundle_is_named_before_anything_about_docker(
     monkeypatch.setattr("repro.cli.upstream_commands._docker_client", no_daemon)
     from repro.cli.main import main
 
-    code = main(["verify-bundle", "--bundle", str(tmp_path / "nope.tar"),
-                 "--results-root", str(tmp_path / "r")])
+    code = main(
+        ["verify-bundle", "--bundle", str(tmp_path / "nope.tar"), "--results-root", str(tmp_path / "r")]
+    )
     err = capsys.readouterr().err
     assert code == BundleError.exit_code
     assert "nope.tar does not exist" in err and "Docker" not in err
@@ -443,9 +515,9 @@ def _rocm_bundle(tmp_path: Path, host: dict[str, str], client: FakeClient) -> Pa
     return folder
 
 
-def test_a_gpu_bundle_needs_the_users_consent(tmp_path: Path, host: dict[str, str],
-                                              monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_gpu_bundle_needs_the_users_consent(
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from repro.core.errors import UsageError
 
     client = FakeClient()
@@ -460,8 +532,9 @@ def test_a_gpu_bundle_needs_the_users_consent(tmp_path: Path, host: dict[str, st
     assert devices.calls == 0  # refused on consent alone
 
 
-def test_a_gpu_bundle_needs_a_host_with_the_devices(tmp_path: Path, host: dict[str, str],
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_gpu_bundle_needs_a_host_with_the_devices(
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from repro.core.errors import DeviceUnavailableError
 
     client = FakeClient()
@@ -474,8 +547,8 @@ def test_a_gpu_bundle_needs_a_host_with_the_devices(tmp_path: Path, host: dict[s
 
 
 def test_with_consent_a_gpu_bundle_says_what_will_run_then_runs(
-        tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     client = FakeClient()
     folder = _rocm_bundle(tmp_path, host, client)
     door = _Door(monkeypatch, client, _recorded(folder))
@@ -490,8 +563,9 @@ def test_with_consent_a_gpu_bundle_says_what_will_run_then_runs(
     assert prepared.details["platform"] == "rocm"
 
 
-def test_a_verification_writes_only_under_the_results_root(tmp_path: Path, host: dict[str, str],
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_verification_writes_only_under_the_results_root(
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = FakeClient()
     result = new_bundle(tmp_path, host, client)
     records = _recorded(result.folder)
@@ -499,9 +573,14 @@ def test_a_verification_writes_only_under_the_results_root(tmp_path: Path, host:
 
     def run_suite(prepared: Any, args: list[str], out_dir: Path, timeout_s: float | None) -> SuiteRun:
         out_dir.mkdir(parents=True, exist_ok=True)  # what a crafted image's suite could write
-        (out_dir / "suite.json").write_text(json.dumps(
-            {"runs": [*records, "junk"],
-             "artifacts": {"ds_report": "../../../../etc/passwd", "ok": "a/b.txt"}}))
+        (out_dir / "suite.json").write_text(
+            json.dumps(
+                {
+                    "runs": [*records, "junk"],
+                    "artifacts": {"ds_report": "../../../../etc/passwd", "ok": "a/b.txt"},
+                }
+            )
+        )
         return SuiteRun(0, False, 1.0, out_dir, None)
 
     monkeypatch.setattr(door.engine, "run_suite", run_suite)
@@ -520,13 +599,19 @@ def test_files_copied_out_of_a_container_stay_in_their_folder(tmp_path: Path) ->
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in (("results/ok.json", b"{}"), ("results/../../escaped.txt", b"x"),
-                           ("/abs.txt", b"x"), ("results/sub/../../../up.txt", b"x")):
+        for name, data in (
+            ("results/ok.json", b"{}"),
+            ("results/../../escaped.txt", b"x"),
+            ("/abs.txt", b"x"),
+            ("results/sub/../../../up.txt", b"x"),
+        ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        for kind, name, target in ((tarfile.SYMTYPE, "results/link", "/etc"),
-                                   (tarfile.LNKTYPE, "results/hard", "/etc/passwd")):
+        for kind, name, target in (
+            (tarfile.SYMTYPE, "results/link", "/etc"),
+            (tarfile.LNKTYPE, "results/hard", "/etc/passwd"),
+        ):
             info = tarfile.TarInfo(name)
             info.type, info.linkname = kind, target
             tar.addfile(info)
@@ -555,10 +640,12 @@ PLANTED = {
 
 
 def _plant_secrets(folder: Path) -> None:
-    text = (f"AWS_ACCESS_KEY_ID={PLANTED['aws']} HF {PLANTED['hf']} gh {PLANTED['github']} "
-            f"{PLANTED['github_pat']} slack {PLANTED['slack']}\n"
-            f"pip index https://bob:{PLANTED['url_password']}@pypi.corp.example/simple\n"
-            f"-----BEGIN RSA PRIVATE KEY-----\n{PLANTED['key_body']}\n-----END RSA PRIVATE KEY-----\n")
+    text = (
+        f"AWS_ACCESS_KEY_ID={PLANTED['aws']} HF {PLANTED['hf']} gh {PLANTED['github']} "
+        f"{PLANTED['github_pat']} slack {PLANTED['slack']}\n"
+        f"pip index https://bob:{PLANTED['url_password']}@pypi.corp.example/simple\n"
+        f"-----BEGIN RSA PRIVATE KEY-----\n{PLANTED['key_body']}\n-----END RSA PRIVATE KEY-----\n"
+    )
     (folder / "cpu" / "artifacts" / "collect_env.txt").write_text("PyTorch version: 2.1.0\n" + text)
     data = json.loads((folder / "results.json").read_text())
     data["runs"][0]["reason"] += " " + text
@@ -567,7 +654,8 @@ def _plant_secrets(folder: Path) -> None:
 
 
 def test_planted_secrets_are_scrubbed_with_a_clean_environment(
-        tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Secrets that reached records and collect_env from elsewhere: found by shape, through `make bundle`."""
     from repro.cli.main import main
 
@@ -581,14 +669,38 @@ def test_planted_secrets_are_scrubbed_with_a_clean_environment(
     _plant_secrets(results)
     monkeypatch.setattr("repro.cli.upstream_commands._docker_client", lambda: client)
     out = work / "bundles" / "cpu"
-    assert main(["bundle", "--env", "cpu", "--results", str(results), "--out", str(out),
-                 "--results-root", str(work / "results")]) == 0
-    found = [f"{name}: {what}" for name, data in all_bytes(out).items()
-             for what, value in PLANTED.items() if value.encode() in data]
+    assert (
+        main(
+            [
+                "bundle",
+                "--env",
+                "cpu",
+                "--results",
+                str(results),
+                "--out",
+                str(out),
+                "--results-root",
+                str(work / "results"),
+            ]
+        )
+        == 0
+    )
+    found = [
+        f"{name}: {what}"
+        for name, data in all_bytes(out).items()
+        for what, value in PLANTED.items()
+        if value.encode() in data
+    ]
     assert found == []
     comment = (out / "ISSUE_COMMENT.md").read_text()  # collect_env is quoted there, scrubbed
-    for placeholder in ("<aws-access-key-id>", "<hf-token>", "<github-token>", "<slack-token>",
-                        "https://<credentials>@pypi.corp.example", "<private-key>"):
+    for placeholder in (
+        "<aws-access-key-id>",
+        "<hf-token>",
+        "<github-token>",
+        "<slack-token>",
+        "https://<credentials>@pypi.corp.example",
+        "<private-key>",
+    ):
         assert placeholder in comment, placeholder
     assert "PyTorch version: 2.1.0" in comment  # the evidence around them stays
 
@@ -600,21 +712,38 @@ def test_the_leak_scan_finds_secret_shapes_without_any_host_value(tmp_path: Path
     assert "records.json: <hf-token>" in err.value.render() and PLANTED["hf"] not in err.value.render()
 
 
-@pytest.mark.parametrize(("name", "secret"), [
-    ("DB_PASS", True), ("MY_PW", True), ("PWD", True), ("SSH_KEY", True), ("GITHUB_TOKEN", True),
-    ("AWS_SECRET_ACCESS_KEY", True), ("SESSION_COOKIE", True), ("MY_CREDENTIALS", True),
-    ("BASIC_AUTH", True),
-    ("PATH", False), ("KEYBOARD_LAYOUT", False), ("BYPASS_CACHE", False), ("COMPASS_DIR", False),
-    ("DEBIAN_FRONTEND", False),
-])
+@pytest.mark.parametrize(
+    ("name", "secret"),
+    [
+        ("DB_PASS", True),
+        ("MY_PW", True),
+        ("PWD", True),
+        ("SSH_KEY", True),
+        ("GITHUB_TOKEN", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("SESSION_COOKIE", True),
+        ("MY_CREDENTIALS", True),
+        ("BASIC_AUTH", True),
+        ("PATH", False),
+        ("KEYBOARD_LAYOUT", False),
+        ("BYPASS_CACHE", False),
+        ("COMPASS_DIR", False),
+        ("DEBIAN_FRONTEND", False),
+    ],
+)
 def test_secret_names_are_matched_by_their_parts(name: str, secret: bool) -> None:
     scrubber = Scrubber.from_host({name: "v4lue-of-it"}, home="/nonexistent", hostnames=[], user="")
     assert (scrubber.text("x v4lue-of-it y") != "x v4lue-of-it y") is secret
 
 
 def test_db_pass_and_my_pw_never_reach_a_bundle_file(tmp_path: Path) -> None:
-    scrubber = Scrubber.from_host({"DB_PASS": "hunter2!", "MY_PW": "pw-1234", "PWD": "/srv/checkout"},
-                                  home="/nonexistent", hostnames=[], user="", paths={"<repo>": "/work/r"})
+    scrubber = Scrubber.from_host(
+        {"DB_PASS": "hunter2!", "MY_PW": "pw-1234", "PWD": "/srv/checkout"},
+        home="/nonexistent",
+        hostnames=[],
+        user="",
+        paths={"<repo>": "/work/r"},
+    )
     (tmp_path / "log.txt").write_text("login hunter2! pw-1234 in /srv/checkout/results\n")
     with pytest.raises(BundleError):
         bundle.scan(tmp_path, scrubber)
@@ -639,8 +768,9 @@ def test_a_bundle_copies_no_file_from_outside_the_results(tmp_path: Path, host: 
     (results / "results.json").write_text(json.dumps(data))
     said: list[str] = []
     request = bundle.BundleRequest(env_id="cpu", out=work / "bundles" / "cpu", results=results)
-    result = bundle.make_bundle(request, client, Scrubber.from_host(paths={"<repo>": str(bundle.REPO_ROOT)}),
-                                say=said.append)
+    result = bundle.make_bundle(
+        request, client, Scrubber.from_host(paths={"<repo>": str(bundle.REPO_ROOT)}), say=said.append
+    )
     assert not any(canary.encode() in data for data in all_bytes(result.folder).values())
     assert any("not copied: cpu/artifacts/linked.txt" in line for line in said)
     comment = (result.folder / "ISSUE_COMMENT.md").read_text()
@@ -648,6 +778,7 @@ def test_a_bundle_copies_no_file_from_outside_the_results(tmp_path: Path, host: 
 
 
 # ---- the issue comment ------------------------------------------------------------------------------
+
 
 def _tables(tokens: list[Any]) -> list[list[list[str]]]:
     tables, rows, row, in_cell = [], [], [], False
@@ -668,8 +799,9 @@ def _tables(tokens: list[Any]) -> list[list[list[str]]]:
     return tables
 
 
-def test_issue_comment_is_valid_markdown_whose_facts_match_the_records(tmp_path: Path,
-                                                                      host: dict[str, str]) -> None:
+def test_issue_comment_is_valid_markdown_whose_facts_match_the_records(
+    tmp_path: Path, host: dict[str, str]
+) -> None:
     result = new_bundle(tmp_path, host)
     text = (result.folder / "ISSUE_COMMENT.md").read_text()
     assert len(text) <= issue_comment.GITHUB_COMMENT_LIMIT
@@ -703,8 +835,13 @@ def test_issue_comment_is_valid_markdown_whose_facts_match_the_records(tmp_path:
 
     # Root-cause links point at the lines of the release's own source.
     refs = source_refs.find_refs("0.13.1", {source_refs.COMM: COMM_SOURCE, source_refs.MICS: MICS_SOURCE})
-    links = [t.attrGet("href") for t in tokens if t.type == "inline" for t in (t.children or [])
-             if t.type == "link_open"]
+    links = [
+        t.attrGet("href")
+        for t in tokens
+        if t.type == "inline"
+        for t in (t.children or [])
+        if t.type == "link_open"
+    ]
     assert links == [r.url("0.13.1") for r in refs.refs]
     ret = refs.get("comm.return")
     assert ret is not None and ret.start == 12
@@ -716,8 +853,11 @@ def test_issue_comment_headline_follows_the_records(tmp_path: Path) -> None:
     standard_env(b, "cpu", bug=False)
     data = json.loads(b.write().joinpath("results.json").read_text())
     refs = source_refs.Refs("0.13.1", (), source_refs.EXPECTED)
-    text = issue_comment.render_fitting(issue_comment.IssueInput(
-        "cpu", data["envs"]["cpu"], data["runs"], refs, "", "", "r", "c", ["true"], "make repro"))
+    text = issue_comment.render_fitting(
+        issue_comment.IssueInput(
+            "cpu", data["envs"]["cpu"], data["runs"], refs, "", "", "r", "c", ["true"], "make repro"
+        )
+    )
     assert text.startswith("### Not reproduced on torch 2.1.0 + DeepSpeed 0.13.1")
     assert "Not found in this release's source" in text
 
@@ -729,12 +869,16 @@ def test_issue_comment_fits_a_github_comment(tmp_path: Path) -> None:
     data = json.loads(b.write().joinpath("results.json").read_text())
     refs = source_refs.Refs("0.13.1", (), ())
     huge = "x" * 50_000 + "\n"
-    text = issue_comment.render_fitting(issue_comment.IssueInput(
-        "cpu", data["envs"]["cpu"], data["runs"], refs, "p.patch", "diff\n", huge, huge, ["true"], "make"))
+    text = issue_comment.render_fitting(
+        issue_comment.IssueInput(
+            "cpu", data["envs"]["cpu"], data["runs"], refs, "p.patch", "diff\n", huge, huge, ["true"], "make"
+        )
+    )
     assert len(text) <= issue_comment.GITHUB_COMMENT_LIMIT and "cut to fit a GitHub comment" in text
 
 
 # ---- Docker tier: the real thing ----------------------------------------------------------------------
+
 
 @pytest.mark.docker
 def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> None:
@@ -756,12 +900,45 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
     from repro.cli.main import main
 
     # A short suite: the flat and hierarchical MiCS scenarios, stock and fixed, 2 ranks, 3 steps.
-    assert main(["repro", "--env", env.id, "--engine", "docker", "--scenarios", "mics,mics-hier",
-                 "--world-size", "2", "--steps", "3", "--out", str(results / "run"),
-                 "--results-root", str(results)]) == 0
+    assert (
+        main(
+            [
+                "repro",
+                "--env",
+                env.id,
+                "--engine",
+                "docker",
+                "--scenarios",
+                "mics,mics-hier",
+                "--world-size",
+                "2",
+                "--steps",
+                "3",
+                "--out",
+                str(results / "run"),
+                "--results-root",
+                str(results),
+            ]
+        )
+        == 0
+    )
     out = tmp_path / "bundles" / env.id
-    assert main(["bundle", "--env", env.id, "--results", str(results / "run"), "--out", str(out),
-                 "--results-root", str(results)]) == 0
+    assert (
+        main(
+            [
+                "bundle",
+                "--env",
+                env.id,
+                "--results",
+                str(results / "run"),
+                "--out",
+                str(out),
+                "--results-root",
+                str(results),
+            ]
+        )
+        == 0
+    )
     manifest = Manifest.read(out)
     try:  # `bundle` removes its flattened image after saving it; make sure: verify must load it
         client.images.remove(manifest.image["id"], force=True)

@@ -13,8 +13,14 @@ CONTROL_LOSSES = [4.0, 3.5, 3.1, 2.8]
 
 
 def control(**kw: Any) -> dict[str, Any]:
-    rec = empty_record(scenario="zero3", patch="stock", dtype="fp32", run_name="zero3-stock-fp32-async-w4",
-                       losses=list(CONTROL_LOSSES), exit_codes={"launcher": 0, "0": 0})
+    rec = empty_record(
+        scenario="zero3",
+        patch="stock",
+        dtype="fp32",
+        run_name="zero3-stock-fp32-async-w4",
+        losses=list(CONTROL_LOSSES),
+        exit_codes={"launcher": 0, "0": 0},
+    )
     rec.update(kw)
     verdict = cls.classify(rec, None)
     rec.update(outcome=verdict.outcome, signature=verdict.signature)
@@ -22,8 +28,13 @@ def control(**kw: Any) -> dict[str, Any]:
 
 
 def run(**kw: Any) -> dict[str, Any]:
-    rec = empty_record(scenario="mics", patch="stock", dtype="fp32", losses=list(CONTROL_LOSSES),
-                       exit_codes={"launcher": 0, "0": 0, "1": 0})
+    rec = empty_record(
+        scenario="mics",
+        patch="stock",
+        dtype="fp32",
+        losses=list(CONTROL_LOSSES),
+        exit_codes={"launcher": 0, "0": 0, "1": 0},
+    )
     rec.update(kw)
     return rec
 
@@ -69,8 +80,12 @@ def test_shorter_run_diverges_where_it_stops() -> None:
 
 
 def test_crash_from_illegal_work() -> None:
-    exc = {"type": "RuntimeError", "message": "Illegal to call wait on IllegalWork object", "rank": 1,
-           "traceback": "..."}
+    exc = {
+        "type": "RuntimeError",
+        "message": "Illegal to call wait on IllegalWork object",
+        "rank": 1,
+        "traceback": "...",
+    }
     v = cls.classify(run(scenario="mics-hier", exception=exc, losses=[]), control())
     assert (v.outcome, v.signature) == ("reproduced", "illegal-work-crash")
     assert "rank 1" in v.reason
@@ -101,9 +116,15 @@ def test_storm_with_illegal_work_counts_as_divergence_signature() -> None:
     assert v.signature == "illegal-work-divergence"
 
 
-@pytest.mark.parametrize("status,outcome,signature", [
-    ("hung", "hung", "hang"), ("interrupted", "interrupted", "none"),
-    ("unsupported", "unsupported", "none"), ("env-error", "env-error", "none")])
+@pytest.mark.parametrize(
+    "status,outcome,signature",
+    [
+        ("hung", "hung", "hang"),
+        ("interrupted", "interrupted", "none"),
+        ("unsupported", "unsupported", "none"),
+        ("env-error", "env-error", "none"),
+    ],
+)
 def test_runner_status_decides(status: str, outcome: str, signature: str) -> None:
     v = cls.classify(run(illegal_work_messages=3), control(), status)
     assert (v.outcome, v.signature) == (outcome, signature)

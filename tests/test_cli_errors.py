@@ -57,14 +57,17 @@ def test_bad_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_docker_without_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_daemon(*a: object, **k: object) -> object:
         raise DockerUnavailableError("no Docker daemon answers", fix="start dockerd or use ENGINE=venv")
+
     import repro.engines.docker.engine as engine_docker
+
     monkeypatch.setattr(engine_docker.DockerEngine, "connect", classmethod(lambda cls, **k: no_daemon()))
     assert run(["repro", "--engine", "docker"], tmp_path) == DockerUnavailableError.exit_code
     assert left_behind(tmp_path) == []
 
 
-def test_rocm_env_without_gpu_fails_before_anything_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_rocm_env_without_gpu_fails_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     built: list[str] = []
 
     class FakeEngine:
@@ -75,6 +78,7 @@ def test_rocm_env_without_gpu_fails_before_anything_starts(tmp_path: Path, monke
 
         def preflight(self, env: object) -> None:
             from repro.engines import preflight
+
             preflight.check_devices(env)  # type: ignore[arg-type]
 
         def prepare(self, env: object) -> object:
@@ -135,8 +139,14 @@ class CountingEngine:
 )
 @pytest.mark.parametrize("command", ["repro", "check-fix", "build"])
 def test_bad_numbers_fail_before_any_build(
-    command: str, flag: str, value: str, name: str, allowed: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    command: str,
+    flag: str,
+    value: str,
+    name: str,
+    allowed: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     engine = CountingEngine()
     monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
@@ -148,8 +158,17 @@ def test_bad_numbers_fail_before_any_build(
     assert engine.calls == [] and left_behind(tmp_path) == []
 
 
-@pytest.mark.parametrize("flag,value", [("--world-size", "4"), ("--world-size", "2"), ("--world-size", "1"),
-                                        ("--steps", "1"), ("--timeout", "0.5"), ("--jobs", "1")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--world-size", "4"),
+        ("--world-size", "2"),
+        ("--world-size", "1"),
+        ("--steps", "1"),
+        ("--timeout", "0.5"),
+        ("--jobs", "1"),
+    ],
+)
 def test_numbers_the_suite_accepts_pass_the_front_door(
     flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -161,8 +180,11 @@ def test_numbers_the_suite_accepts_pass_the_front_door(
 # What the suite plans for `make repro` on the cpu env without overrides (README "Scenarios"):
 # the control, each MiCS scenario stock and fixed, and the sync-transport proof; all fp32.
 MICS_RUNS = [(s, p) for s in ("mics", "mics-hier", "mics-replica") for p in ("stock", "fixed")]
-CPU_PLAN = [("zero3", "stock", "async", "fp32"), *((s, p, "async", "fp32") for s, p in MICS_RUNS),
-            ("mics", "stock", "sync", "fp32")]
+CPU_PLAN = [
+    ("zero3", "stock", "async", "fp32"),
+    *((s, p, "async", "fp32") for s, p in MICS_RUNS),
+    ("mics", "stock", "sync", "fp32"),
+]
 # The same on a GPU env: the native backend and the reporter's fp16; no sync proof.
 GPU_PLAN = [("zero3", "stock", "native", "fp16"), *((s, p, "native", "fp16") for s, p in MICS_RUNS)]
 
@@ -173,8 +195,13 @@ class SuiteEngine:
 
     kind = engines.EngineKind.VENV
 
-    def __init__(self, code: int, keys: list[tuple[str, str, str, str]], timed_out: bool = False,
-                 outcome: str = "clean") -> None:
+    def __init__(
+        self,
+        code: int,
+        keys: list[tuple[str, str, str, str]],
+        timed_out: bool = False,
+        outcome: str = "clean",
+    ) -> None:
         self.code, self.keys, self.timed_out, self.outcome = code, keys, timed_out, outcome
 
     def describe(self) -> str:
@@ -187,9 +214,19 @@ class SuiteEngine:
         return engines.Prepared(engines.EngineKind.VENV, env.id, "/fake", "fake venv", True)
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> engines.SuiteRun:
-        runs = [empty_record(env=prepared.env_id, run_name=f"run{i}", scenario=scenario, patch=patch,
-                             transport=transport, dtype=dtype, outcome=self.outcome, signature="none")
-                for i, (scenario, patch, transport, dtype) in enumerate(self.keys)]
+        runs = [
+            empty_record(
+                env=prepared.env_id,
+                run_name=f"run{i}",
+                scenario=scenario,
+                patch=patch,
+                transport=transport,
+                dtype=dtype,
+                outcome=self.outcome,
+                signature="none",
+            )
+            for i, (scenario, patch, transport, dtype) in enumerate(self.keys)
+        ]
         write_json_atomic(str(out_dir / "suite.json"), {"env": prepared.env_id, "runs": runs})
         return engines.SuiteRun(self.code, self.timed_out, 0.1, out_dir, None)
 
@@ -205,8 +242,13 @@ class SuiteEngine:
     ],
 )
 def test_an_incomplete_suite_is_a_suite_failure(
-    code: int, runs: int, timed_out: bool, why: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    code: int,
+    runs: int,
+    timed_out: bool,
+    why: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     engine = SuiteEngine(code, CPU_PLAN[:runs], timed_out)
     monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
@@ -222,7 +264,9 @@ def test_a_complete_suite_exits_zero(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def test_records_of_other_runs_do_not_stand_in_for_planned_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """As many records as planned runs, but one planned run (mics-hier fixed) has none: a control
     recorded twice does not make up for it."""
@@ -235,7 +279,9 @@ def test_records_of_other_runs_do_not_stand_in_for_planned_ones(
 
 @pytest.mark.parametrize("dropped", [None, ("mics-replica", "fixed", "native", "fp16")])
 def test_gpu_env_runs_recorded_unsupported_count_as_recorded(
-    dropped: tuple[str, str, str, str] | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    dropped: tuple[str, str, str, str] | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """On a GPU host with too few GPUs the suite records every planned run, those it cannot lay
@@ -255,8 +301,13 @@ def test_gpu_env_runs_recorded_unsupported_count_as_recorded(
 
 # -- exit codes --------------------------------------------------------------------------------
 def test_exit_codes_are_distinct_per_kind() -> None:
-    kinds = {"usage": UsageError, "env": DockerUnavailableError, "suite": SuiteFailedError,
-             "nothing verified": NothingVerifiedError, "interrupted": Interrupted}
+    kinds = {
+        "usage": UsageError,
+        "env": DockerUnavailableError,
+        "suite": SuiteFailedError,
+        "nothing verified": NothingVerifiedError,
+        "interrupted": Interrupted,
+    }
     codes = {name: cls.exit_code for name, cls in kinds.items()}
     assert len(set(codes.values())) == len(codes), codes
     assert codes["interrupted"] == 130 and 0 not in codes.values()
@@ -264,13 +315,16 @@ def test_exit_codes_are_distinct_per_kind() -> None:
 
 def test_readme_documents_every_exit_code() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme[readme.index("## Exit codes"):]
+    table = readme[readme.index("## Exit codes") :]
     table = table[: table.index("\n## ", 3)] if "\n## " in table[3:] else table
     documented = {int(m) for m in re.findall(r"^\|\s*`?(\d+)", table, re.M)}
     import repro.core.errors as errors_module
 
-    codes = {cls.exit_code for cls in vars(errors_module).values()
-             if isinstance(cls, type) and issubclass(cls, ReproError)}
+    codes = {
+        cls.exit_code
+        for cls in vars(errors_module).values()
+        if isinstance(cls, type) and issubclass(cls, ReproError)
+    }
     assert codes <= documented, sorted(codes - documented)
     assert {0, 1, 2, 125, 128, 130} <= documented
 
@@ -312,7 +366,11 @@ def test_python_m_repro_is_the_front_door(tmp_path: Path, real_subprocess: None)
     import sys
 
     root = Path(__file__).resolve().parent.parent
-    proc = subprocess.run([sys.executable, "-m", "repro", "repro", "--world-size", "3", "--results-root",
-                           str(tmp_path)], cwd=root, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "repro", "repro", "--world-size", "3", "--results-root", str(tmp_path)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == UsageError.exit_code, proc.stderr
     assert "WORLD_SIZE=3" in proc.stderr and "Traceback" not in proc.stderr

@@ -39,9 +39,9 @@ def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path
     out = written(tmp_path, cluster.REPORTER)
     sbatch = (out / "mics-hier.sbatch").read_text()
     assert "#SBATCH --nodes=2\n" in sbatch and "#SBATCH --gpus-per-node=8\n" in sbatch
-    assert 'docker-archive://$scratch/image.tar' in sbatch and '"$RUNTIME" build "$SIF"' in sbatch
+    assert "docker-archive://$scratch/image.tar" in sbatch and '"$RUNTIME" build "$SIF"' in sbatch
     launch = (out / "launch-node.sh").read_text()
-    assert "--rdzv_backend c10d" in launch and "--rdzv_endpoint \"$head_address:$PORT\"" in launch
+    assert "--rdzv_backend c10d" in launch and '--rdzv_endpoint "$head_address:$PORT"' in launch
     assert "flags+=(--rocm)" in launch and "--nv" not in launch
     assert os.access(out / "launch-node.sh", os.X_OK) and os.access(out / "mics-hier.sbatch", os.X_OK)
 
@@ -57,8 +57,11 @@ def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path
 def test_cluster_layouts_are_the_suites_planner(tmp_path: Path, name: str) -> None:
     """Every run's config and NDEV_PER_NODE come from repro/workload/layout.py, as the suite's do."""
     layout = cluster.LAYOUTS[name]
-    plan = (lay.plan_layouts("cpu", layout.world_size) if layout.device == "cpu"
-            else lay.plan_layouts("gpu", gpus_per_node=layout.procs_per_node, nodes=layout.nodes))
+    plan = (
+        lay.plan_layouts("cpu", layout.world_size)
+        if layout.device == "cpu"
+        else lay.plan_layouts("gpu", gpus_per_node=layout.procs_per_node, nodes=layout.nodes)
+    )
     out = written(tmp_path, layout, "cpu" if layout.device == "cpu" else "rocm56")
     launch = (out / "launch-node.sh").read_text()
     for run in cluster.RUNS:
@@ -69,11 +72,14 @@ def test_cluster_layouts_are_the_suites_planner(tmp_path: Path, name: str) -> No
         assert f"    {run.scenario}) planned_ndev={planned.devices_per_node} ;;" in launch
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"procs_per_node": 3}, "even number of ranks per node"),
-    ({"procs_per_node": 1, "nodes": 1}, "needs 2 ranks"),
-    ({"nodes": 0}, "must be positive"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"procs_per_node": 3}, "even number of ranks per node"),
+        ({"procs_per_node": 1, "nodes": 1}, "needs 2 ranks"),
+        ({"nodes": 0}, "must be positive"),
+    ],
+)
 def test_layouts_the_planner_cannot_serve_are_refused(change: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         replace(cluster.REPORTER, **change).check()  # type: ignore[arg-type]
@@ -85,11 +91,14 @@ def test_cuda_layout_asks_for_nvidia_devices(tmp_path: Path) -> None:
     assert "flags+=(--nv)" in launch and 'flags+=("--gpus" "all")' in launch and "/dev/kfd" not in launch
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"shard_size": 8}, "spanning more than one node"),
-    ({"shard_size": 12}, "cannot be split"),
-    ({"platform": "tpu"}, "is not one of"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"shard_size": 8}, "spanning more than one node"),
+        ({"shard_size": 12}, "cannot be split"),
+        ({"platform": "tpu"}, "is not one of"),
+    ],
+)
 def test_impossible_layouts_are_refused(change: dict[str, object], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         replace(cluster.REPORTER, **change).check()  # type: ignore[arg-type]
@@ -102,8 +111,9 @@ def test_generated_scripts_pass_shellcheck(tmp_path: Path, layout: str, real_sub
     chosen = replace(cluster.REPORTER, platform="cuda") if layout == "cuda" else cluster.LAYOUTS[layout]
     out = written(tmp_path, chosen)
     scripts = sorted(str(p) for p in out.iterdir() if p.suffix in (".sh", ".sbatch"))
-    proc = subprocess.run(["shellcheck", "--severity=style", "--shell=bash", *scripts],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["shellcheck", "--severity=style", "--shell=bash", *scripts], capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stdout
 
 
@@ -131,15 +141,36 @@ def test_launch_node_runs_torchrun_with_rendezvous_and_layout(tmp_path: Path, re
     out = written(tmp_path, cluster.CPU_TWIN, "cpu")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stub(bin_dir, "python", 'env | grep -E "^(NDEV_PER_NODE|LOCAL_SIZE|DS_ACCELERATOR|PYTHONPATH)=" '
-                            '| sort > "$CALLS.env"\n')
+    stub(
+        bin_dir,
+        "python",
+        'env | grep -E "^(NDEV_PER_NODE|LOCAL_SIZE|DS_ACCELERATOR|PYTHONPATH)=" | sort > "$CALLS.env"\n',
+    )
     run_dir = tmp_path / "runs" / "mics-hier-stock"
     run_dir.mkdir(parents=True)
     (run_dir / "ds_config.json").write_text("{}")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
-               RUNTIME="none", PYTHON=str(bin_dir / "python"), REPRO_SRC="/src/mics-repro")
-    proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(run_dir), "mics-hier", "stock", "node-a",
-                           "job7-mics-hier-stock"], env=env, capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        CALLS=str(tmp_path / "calls"),
+        RUNTIME="none",
+        PYTHON=str(bin_dir / "python"),
+        REPRO_SRC="/src/mics-repro",
+    )
+    proc = subprocess.run(
+        [
+            BASH,
+            str(out / "launch-node.sh"),
+            str(run_dir),
+            "mics-hier",
+            "stock",
+            "node-a",
+            "job7-mics-hier-stock",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     (call,) = calls(tmp_path / "calls")
     assert call[:2] == ["python", "-m"] and call[2] == "torch.distributed.run"
@@ -149,23 +180,39 @@ def test_launch_node_runs_torchrun_with_rendezvous_and_layout(tmp_path: Path, re
     assert pairs["--rdzv_backend"] == "c10d" and pairs["--rdzv_endpoint"] == "node-a:29500"
     assert pairs["--rdzv_id"] == "job7-mics-hier-stock"
     i = args.index("repro.workload.train")
-    train = dict(zip(args[i + 1::2], args[i + 2::2]))
-    assert train == {"--run-dir": str(run_dir), "--ds-config": f"{run_dir}/ds_config.json",
-                     "--scenario": "mics-hier", "--patch": "stock", "--steps": str(DEFAULT_STEPS),
-                     "--seed": "1234", "--device": "cpu", "--transport": "async"}
+    train = dict(zip(args[i + 1 :: 2], args[i + 2 :: 2]))
+    assert train == {
+        "--run-dir": str(run_dir),
+        "--ds-config": f"{run_dir}/ds_config.json",
+        "--scenario": "mics-hier",
+        "--patch": "stock",
+        "--steps": str(DEFAULT_STEPS),
+        "--seed": "1234",
+        "--device": "cpu",
+        "--transport": "async",
+    }
     assert (tmp_path / "calls.env").read_text().split() == [
-        "DS_ACCELERATOR=cpu", "LOCAL_SIZE=2", "NDEV_PER_NODE=2", "PYTHONPATH=/src/mics-repro"]
+        "DS_ACCELERATOR=cpu",
+        "LOCAL_SIZE=2",
+        "NDEV_PER_NODE=2",
+        "PYTHONPATH=/src/mics-repro",
+    ]
 
 
 def test_launch_node_refuses_a_run_dir_without_config(tmp_path: Path, real_subprocess: None) -> None:
     out = written(tmp_path, cluster.CPU_TWIN, "cpu")
-    proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(tmp_path), "mics", "stock", "h"],
-                          capture_output=True, text=True, env=dict(os.environ, RUNTIME="none"))
+    proc = subprocess.run(
+        [BASH, str(out / "launch-node.sh"), str(tmp_path), "mics", "stock", "h"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, RUNTIME="none"),
+    )
     assert proc.returncode == 2 and "ds_config.json not found" in proc.stderr
 
 
-def test_batch_script_builds_the_image_once_and_runs_every_run_on_every_node(tmp_path: Path,
-                                                                            real_subprocess: None) -> None:
+def test_batch_script_builds_the_image_once_and_runs_every_run_on_every_node(
+    tmp_path: Path, real_subprocess: None
+) -> None:
     out = written(tmp_path, cluster.REPORTER)
     bundle_dir = out.parent
     import gzip
@@ -173,19 +220,32 @@ def test_batch_script_builds_the_image_once_and_runs_every_run_on_every_node(tmp
     (bundle_dir / "image.tar.gz").write_bytes(gzip.compress(b"docker save output"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stub(bin_dir, "scontrol", 'echo gpu-node-01; echo gpu-node-02\n')
+    stub(bin_dir, "scontrol", "echo gpu-node-01; echo gpu-node-02\n")
     # srun stands in for the nodes: it runs the task once and fails it for stock MiCS runs.
-    stub(bin_dir, "srun", 'while [[ "$1" == --* ]]; do shift; done\n'
-                          'case "$3" in mics-hier) [ "$4" = stock ] && exit 1 ;; esac\nexit 0\n')
-    stub(bin_dir, "apptainer", '[ "$1" = build ] && { cmp -s "${3#docker-archive://}" '
-                               '<(printf "docker save output") && touch "$2"; }\nexit 0\n')
+    stub(
+        bin_dir,
+        "srun",
+        'while [[ "$1" == --* ]]; do shift; done\n'
+        'case "$3" in mics-hier) [ "$4" = stock ] && exit 1 ;; esac\nexit 0\n',
+    )
+    stub(
+        bin_dir,
+        "apptainer",
+        '[ "$1" = build ] && { cmp -s "${3#docker-archive://}" '
+        '<(printf "docker save output") && touch "$2"; }\nexit 0\n',
+    )
     stub(bin_dir, "python3")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
-               SLURM_JOB_ID="77", SLURM_JOB_NODELIST="gpu-node-[01-02]", SLURM_JOB_NUM_NODES="2",
-               SLURM_SUBMIT_DIR=str(bundle_dir))
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        CALLS=str(tmp_path / "calls"),
+        SLURM_JOB_ID="77",
+        SLURM_JOB_NODELIST="gpu-node-[01-02]",
+        SLURM_JOB_NUM_NODES="2",
+        SLURM_SUBMIT_DIR=str(bundle_dir),
+    )
     for attempt in (1, 2):
-        proc = subprocess.run([BASH, str(out / "mics-hier.sbatch")], env=env, capture_output=True,
-                              text=True)
+        proc = subprocess.run([BASH, str(out / "mics-hier.sbatch")], env=env, capture_output=True, text=True)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         recorded = calls(tmp_path / "calls")
         builds = [c for c in recorded if c[:2] == ["apptainer", "build"]]
@@ -196,25 +256,30 @@ def test_batch_script_builds_the_image_once_and_runs_every_run_on_every_node(tmp
     first = sruns[: len(cluster.RUNS)]
     for run, call in zip(cluster.RUNS, first):
         assert "--nodes=2" in call and "--ntasks-per-node=1" in call
-        task = call[call.index(f"{out}/launch-node.sh"):]
+        task = call[call.index(f"{out}/launch-node.sh") :]
         assert task[2:5] == [run.scenario, run.patch, "gpu-node-01"] and task[5] == f"77-{run.name}"
         run_dir = Path(task[1])
         assert json.loads((run_dir / "ds_config.json").read_text()) == json.loads(
-            (out / "configs" / f"{run.name}.json").read_text())
+            (out / "configs" / f"{run.name}.json").read_text()
+        )
         assert (run_dir / "exit_code").read_text().strip() == ("1" if run.name == "mics-hier-stock" else "0")
     assert ["python3", f"{out}/summarize.py", f"{bundle_dir}/cluster-results/77"] in recorded
     assert "1 run(s) exited non-zero" in proc.stdout
 
 
-
 # ---- pass-through and per-run limits -----------------------------------------------------------------
 
-GPU_HOST_ENV = {"HIP_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO", "HSA_XNACK": "1",
-                "NCCL_SOCKET_IFNAME": 'ib0,"odd\\name'}
+GPU_HOST_ENV = {
+    "HIP_VISIBLE_DEVICES": "0,1",
+    "NCCL_DEBUG": "INFO",
+    "HSA_XNACK": "1",
+    "NCCL_SOCKET_IFNAME": 'ib0,"odd\\name',
+}
 
 
-def _gpu_run(tmp_path: Path, runtime: str, body: str, **extra: str) -> tuple[subprocess.CompletedProcess[str],
-                                                                                Path, Path]:
+def _gpu_run(
+    tmp_path: Path, runtime: str, body: str, **extra: str
+) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
     out = written(tmp_path, cluster.REPORTER)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -222,23 +287,35 @@ def _gpu_run(tmp_path: Path, runtime: str, body: str, **extra: str) -> tuple[sub
     run_dir = tmp_path / "runs" / "mics-stock"
     run_dir.mkdir(parents=True)
     (run_dir / "ds_config.json").write_text("{}")
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"),
-               RUNTIME=runtime, SIF=str(tmp_path / "x.sif"), AWS_SECRET_ACCESS_KEY="not-for-the-run",
-               **GPU_HOST_ENV, **extra)
-    proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(run_dir), "mics", "stock", "node-a"],
-                          env=env, capture_output=True, text=True)
+    env = dict(
+        os.environ,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        CALLS=str(tmp_path / "calls"),
+        RUNTIME=runtime,
+        SIF=str(tmp_path / "x.sif"),
+        AWS_SECRET_ACCESS_KEY="not-for-the-run",
+        **GPU_HOST_ENV,
+        **extra,
+    )
+    proc = subprocess.run(
+        [BASH, str(out / "launch-node.sh"), str(run_dir), "mics", "stock", "node-a"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     return proc, run_dir, tmp_path / "calls.env"
 
 
 @pytest.mark.parametrize("runtime", ["apptainer", "singularity"])
-def test_cleanenv_still_gets_the_allowlisted_gpu_variables(tmp_path: Path, real_subprocess: None,
-                                                           runtime: str) -> None:
+def test_cleanenv_still_gets_the_allowlisted_gpu_variables(
+    tmp_path: Path, real_subprocess: None, runtime: str
+) -> None:
     prefix = "APPTAINERENV_" if runtime == "apptainer" else "SINGULARITYENV_"
     proc, _, seen = _gpu_run(tmp_path, runtime, f'env | grep "^{prefix}" | sort > "$CALLS.env"\n')
     assert proc.returncode == 0, proc.stderr
     (call,) = calls(tmp_path / "calls")
     assert call[:3] == [runtime, "exec", "--cleanenv"] and "--rocm" in call
-    passed = dict(line[len(prefix):].split("=", 1) for line in seen.read_text().splitlines())
+    passed = dict(line[len(prefix) :].split("=", 1) for line in seen.read_text().splitlines())
     described = json.loads(passed.pop("MICS_REPRO_PASSTHROUGH"))
     assert passed == GPU_HOST_ENV and described == GPU_HOST_ENV  # commas, quotes, backslashes intact
     assert "AWS_SECRET_ACCESS_KEY" not in seen.read_text()
@@ -260,9 +337,11 @@ def test_a_run_over_its_time_limit_is_stopped(tmp_path: Path, real_subprocess: N
 
 def test_a_run_without_heartbeats_is_stopped_as_hung(tmp_path: Path, real_subprocess: None) -> None:
     # The "ranks" start training (one heartbeat), then hang; the time limit is far away.
-    body = ('for a in "$@"; do case "$a" in --run-dir) next=1 ;; '
-            '*) [ -n "${next:-}" ] && { dir=$a; next=; } ;; esac; done\n'
-            'touch "$dir/rank0.heartbeat"\nexec sleep 60\n')
+    body = (
+        'for a in "$@"; do case "$a" in --run-dir) next=1 ;; '
+        '*) [ -n "${next:-}" ] && { dir=$a; next=; } ;; esac; done\n'
+        'touch "$dir/rank0.heartbeat"\nexec sleep 60\n'
+    )
     proc, run_dir, _ = _gpu_run(tmp_path, "apptainer", body, TIMEOUT="300", STALL_TIMEOUT="2")
     assert proc.returncode != 0 and "no rank heartbeat" in proc.stderr
     assert (run_dir / "stalled").is_file()
@@ -278,6 +357,7 @@ def test_job_time_limit_covers_every_run_at_its_limit(tmp_path: Path) -> None:
 
 # ---- the summary --------------------------------------------------------------------------------------
 
+
 def test_summary_states_what_each_run_did(tmp_path: Path) -> None:
     stock = tmp_path / "mics-hier-stock"
     fixed = tmp_path / "mics-hier-fixed"
@@ -285,9 +365,18 @@ def test_summary_states_what_each_run_did(tmp_path: Path) -> None:
     for folder, exc, losses in ((stock, crash, []), (fixed, None, [5.0, None, 4.5])):
         folder.mkdir()
         for rank in range(2):
-            (folder / f"rank{rank}.json").write_text(json.dumps(
-                {"rank": rank, "world_size": 2, "losses": losses, "exception": exc,
-                 "steps_completed": len(losses), "illegal_work_messages": 3 if exc else 0}))
+            (folder / f"rank{rank}.json").write_text(
+                json.dumps(
+                    {
+                        "rank": rank,
+                        "world_size": 2,
+                        "losses": losses,
+                        "exception": exc,
+                        "steps_completed": len(losses),
+                        "illegal_work_messages": 3 if exc else 0,
+                    }
+                )
+            )
     (stock / "exit_code").write_text("1\n")
     rows = {r["run"]: r for r in (cluster_summary.summarize_run(d) for d in (stock, fixed))}
     assert rows["mics-hier-stock"]["errors"] == ["RuntimeError: Illegal to call wait on IllegalWork object"]
@@ -300,6 +389,7 @@ def test_summary_states_what_each_run_did(tmp_path: Path) -> None:
 
 # ---- integration: the CPU twin for real ---------------------------------------------------------------
 
+
 def _venv_python() -> str:
     python = os.environ.get("MICS_TEST_PYTHON_T21")
     if not python or not Path(python).is_file():
@@ -309,19 +399,26 @@ def _venv_python() -> str:
 
 def _twin_env(python: str, out: Path) -> dict[str, str]:
     repo = REPO_ROOT
-    return dict(os.environ, RUNTIME="none", PYTHON=python, REPRO_SRC=str(repo), STEPS="3",
-                BUNDLE_DIR=str(out.parent))
+    return dict(
+        os.environ, RUNTIME="none", PYTHON=python, REPRO_SRC=str(repo), STEPS="3", BUNDLE_DIR=str(out.parent)
+    )
 
 
 def _hier_stock_and_fixed(out: Path, results: Path, env: dict[str, str]) -> tuple[dict[str, Any], ...]:
     """Both hierarchical runs through launch-node.sh on this host; their summaries."""
-    for name, scenario, patch in (("mics-hier-stock", "mics-hier", "stock"),
-                                  ("mics-hier-fixed", "mics-hier", "fixed")):
+    for name, scenario, patch in (
+        ("mics-hier-stock", "mics-hier", "stock"),
+        ("mics-hier-fixed", "mics-hier", "fixed"),
+    ):
         run_dir = results / name
         run_dir.mkdir(parents=True)
         shutil.copy(out / "configs" / f"{name}.json", run_dir / "ds_config.json")
-        proc = subprocess.run([BASH, str(out / "launch-node.sh"), str(run_dir), scenario, patch,
-                               "127.0.0.1", name], env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [BASH, str(out / "launch-node.sh"), str(run_dir), scenario, patch, "127.0.0.1", name],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         (run_dir / "exit_code").write_text(f"{proc.returncode}\n")
     return tuple(cluster_summary.summarize_run(results / n) for n in ("mics-hier-stock", "mics-hier-fixed"))
 
@@ -364,8 +461,19 @@ def test_cpu_twin_through_a_real_sbatch(tmp_path: Path) -> None:
     out = written(tmp_path, cluster.CPU_TWIN, "cpu")
     env = _twin_env(python, out)
     env.update(RESULTS=str(tmp_path / "results"), RUNS="mics-hier-stock mics-hier-fixed")
-    proc = subprocess.run(["sbatch", "--parsable", "--wait", f"--chdir={out.parent}", "--export=ALL",
-                           str(out / "mics-cpu-twin.sbatch")], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "--wait",
+            f"--chdir={out.parent}",
+            "--export=ALL",
+            str(out / "mics-cpu-twin.sbatch"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = proc.stdout.strip().split(";")[0]
     log = out.parent / f"mics-repro-{job}.out"

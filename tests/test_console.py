@@ -46,8 +46,12 @@ def test_each_level_shows_its_lines_on_the_right_stream(
 
 @pytest.mark.parametrize(
     ("quiet", "verbose", "level"),
-    [(False, False, Level.NORMAL), (True, False, Level.QUIET), (False, True, Level.VERBOSE),
-     (True, True, Level.QUIET)],
+    [
+        (False, False, Level.NORMAL),
+        (True, False, Level.QUIET),
+        (False, True, Level.VERBOSE),
+        (True, True, Level.QUIET),
+    ],
 )
 def test_flags_map_to_levels_and_quiet_wins(quiet: bool, verbose: bool, level: Level) -> None:
     assert console.level_from_flags(quiet=quiet, verbose=verbose) is level

@@ -37,8 +37,9 @@ def test_no_gpu_names_causes_and_fixes() -> None:
     assert missing.device == "gpu" and missing.gpus == 0 and missing.error
     for words in ("/dev/kfd", "--device /dev/dri", "gfx908", "driver", "no evidence for rocm"):
         assert words in missing.error.replace("nothing here can be evidence", "no evidence"), words
-    no_access = dev.decide("rocm", dev.TorchView(0, "5.6", None, None,
-                                                 {"/dev/kfd": False, "/dev/dri/renderD128": False}))
+    no_access = dev.decide(
+        "rocm", dev.TorchView(0, "5.6", None, None, {"/dev/kfd": False, "/dev/dri/renderD128": False})
+    )
     assert no_access.error and "usermod -aG render,video" in no_access.error
     assert "--device /dev/dri" not in no_access.error  # the nodes are there: not the first suspect
     cuda = dev.decide("cuda", dev.TorchView(0, None, "12.1", "CUDA initialization: no driver", {}))
@@ -60,15 +61,32 @@ class FakeLaunch:
         self.specs: list[runner.RunSpec] = []
         self.lock = threading.Lock()
 
-    def __call__(self, spec: runner.RunSpec, progress: Any = None,
-                 stop: threading.Event | None = None) -> runner.LaunchResult:
+    def __call__(
+        self, spec: runner.RunSpec, progress: Any = None, stop: threading.Event | None = None
+    ) -> runner.LaunchResult:
         with self.lock:
             self.specs.append(spec)
         for rank in range(spec.world_size):
-            data = {"rank": rank, "losses": [2.0, 1.9], "illegal_work_messages": 0, "exception": None,
-                    "versions": {"torch": "fake", "cuda": "12.1"}, "steps_completed": 2, "backend": "nccl",
-                    "ran_on": {"device": "gpu", "backend": "nccl", "gpu_count": 1, "gpus": ["NVIDIA H200"],
-                               "arch": ["sm_90"], "hip": None, "cuda": "12.1", "nccl": "2.18.1", "ran": True}}
+            data = {
+                "rank": rank,
+                "losses": [2.0, 1.9],
+                "illegal_work_messages": 0,
+                "exception": None,
+                "versions": {"torch": "fake", "cuda": "12.1"},
+                "steps_completed": 2,
+                "backend": "nccl",
+                "ran_on": {
+                    "device": "gpu",
+                    "backend": "nccl",
+                    "gpu_count": 1,
+                    "gpus": ["NVIDIA H200"],
+                    "arch": ["sm_90"],
+                    "hip": None,
+                    "cuda": "12.1",
+                    "nccl": "2.18.1",
+                    "ran": True,
+                },
+            }
             Path(spec.run_dir, f"rank{rank}.json").write_text(json.dumps(data))
         return runner.LaunchResult(None, 0, 0.1, {}, "")
 
@@ -77,8 +95,13 @@ def _refuse_launch(spec: runner.RunSpec, progress: Any = None, stop: Any = None)
     raise AssertionError(f"nothing may be launched here, got {spec.run_name}")
 
 
-def _suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: dev.TorchView | None, *args: str,
-           launch: Any = _refuse_launch) -> dict[str, Any]:
+def _suite(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    view: dev.TorchView | None,
+    *args: str,
+    launch: Any = _refuse_launch,
+) -> dict[str, Any]:
     def probe() -> dev.TorchView:
         if view is None:
             raise AssertionError("a cpu env must not ask torch about GPUs")
@@ -93,8 +116,9 @@ def _suite(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, view: dev.TorchView 
     return data
 
 
-def test_rocm_env_without_gpu_ends_every_run_env_error(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rocm_env_without_gpu_ends_every_run_env_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     data = _suite(tmp_path, monkeypatch, ROCM_NO_GPU, "--env", "rocm56", "--device", "rocm")
     runs = data["runs"]
     assert len(runs) == 7  # control + 3 scenarios x 2 patches, nothing over a CPU transport
@@ -112,8 +136,23 @@ def test_rocm_env_without_gpu_ends_every_run_env_error(tmp_path: Path,
 
 def test_cpu_env_runs_on_cpu_on_a_gpu_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     launched = FakeLaunch()
-    data = _suite(tmp_path, monkeypatch, None, "--env", "cpu", "--device", "cpu", "--world-size", "2",
-                  "--scenarios", "mics", "--patches", "stock", "--no-sync-proof", launch=launched)
+    data = _suite(
+        tmp_path,
+        monkeypatch,
+        None,
+        "--env",
+        "cpu",
+        "--device",
+        "cpu",
+        "--world-size",
+        "2",
+        "--scenarios",
+        "mics",
+        "--patches",
+        "stock",
+        "--no-sync-proof",
+        launch=launched,
+    )
     assert {s.device for s in launched.specs} == {"cpu"} and data["device"] == "cpu"
     assert {r["dtype"] for r in data["runs"]} == {"fp32"}  # CPU keeps its default precision
     env = runner._launch_env(launched.specs[0])
@@ -121,11 +160,20 @@ def test_cpu_env_runs_on_cpu_on_a_gpu_host(tmp_path: Path, monkeypatch: pytest.M
     assert env["DS_ACCELERATOR"] == "cpu"
 
 
-def test_one_gpu_runs_the_control_and_says_what_mics_needs(tmp_path: Path,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_gpu_runs_the_control_and_says_what_mics_needs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     launched = FakeLaunch()
-    data = _suite(tmp_path, monkeypatch, dev.TorchView(gpus=1, cuda="12.1"), "--env", "cuda",
-                  "--device", "cuda", launch=launched)
+    data = _suite(
+        tmp_path,
+        monkeypatch,
+        dev.TorchView(gpus=1, cuda="12.1"),
+        "--env",
+        "cuda",
+        "--device",
+        "cuda",
+        launch=launched,
+    )
     assert [s.run_name for s in launched.specs] == ["zero3-stock-fp16-native-w1"]
     by_outcome: dict[str, list[dict[str, Any]]] = {}
     for r in data["runs"]:
@@ -144,19 +192,43 @@ def test_one_gpu_runs_the_control_and_says_what_mics_needs(tmp_path: Path,
 
 def test_eight_gpus_run_the_reporters_layouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     launched = FakeLaunch()
-    _suite(tmp_path, monkeypatch, dev.TorchView(gpus=8, hip="5.6"), "--env", "rocm56", "--device", "rocm",
-           "--patches", "stock", launch=launched)
-    shapes = {s.scenario: (s.world_size, s.shard_size, s.hierarchical, s.devices_per_node)
-              for s in launched.specs}
-    assert shapes == {"zero3": (8, None, False, 8), "mics": (8, 8, False, 8), "mics-hier": (8, 8, True, 4),
-                      "mics-replica": (8, 4, False, 8)}
+    _suite(
+        tmp_path,
+        monkeypatch,
+        dev.TorchView(gpus=8, hip="5.6"),
+        "--env",
+        "rocm56",
+        "--device",
+        "rocm",
+        "--patches",
+        "stock",
+        launch=launched,
+    )
+    shapes = {
+        s.scenario: (s.world_size, s.shard_size, s.hierarchical, s.devices_per_node) for s in launched.specs
+    }
+    assert shapes == {
+        "zero3": (8, None, False, 8),
+        "mics": (8, 8, False, 8),
+        "mics-hier": (8, 8, True, 4),
+        "mics-replica": (8, 4, False, 8),
+    }
     hier = [s for s in launched.specs if s.scenario == "mics-hier"]
     assert {runner._launch_env(s)["NDEV_PER_NODE"] for s in hier} == {"4"}
 
 
 def test_world_size_above_the_gpus_is_an_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    data = _suite(tmp_path, monkeypatch, dev.TorchView(gpus=4, hip="5.6"), "--env", "rocm56", "--device",
-                  "rocm", "--world-size", "8")
+    data = _suite(
+        tmp_path,
+        monkeypatch,
+        dev.TorchView(gpus=4, hip="5.6"),
+        "--env",
+        "rocm56",
+        "--device",
+        "rocm",
+        "--world-size",
+        "8",
+    )
     assert {r["outcome"] for r in data["runs"]} == {"env-error"}
     assert "WORLD_SIZE=8" in data["runs"][0]["reason"]
 
@@ -181,8 +253,20 @@ def test_orchestrator_passes_the_envs_platform() -> None:
 
 def test_world_size_one_is_the_control_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     launched = FakeLaunch()
-    data = _suite(tmp_path, monkeypatch, dev.TorchView(gpus=8, cuda="12.1"), "--env", "cuda", "--device",
-                  "cuda", "--world-size", "1", "--patches", "fixed", launch=launched)
+    data = _suite(
+        tmp_path,
+        monkeypatch,
+        dev.TorchView(gpus=8, cuda="12.1"),
+        "--env",
+        "cuda",
+        "--device",
+        "cuda",
+        "--world-size",
+        "1",
+        "--patches",
+        "fixed",
+        launch=launched,
+    )
     assert [s.run_name for s in launched.specs] == ["zero3-stock-fp16-native-w1"]
     assert [r["outcome"] for r in data["runs"]] == ["clean"] + ["unsupported"] * 3
     with pytest.raises(SystemExit):

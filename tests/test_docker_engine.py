@@ -93,12 +93,27 @@ def tiny(
     saved_ca = os.environ.get("MICS_REPRO_CA_BUNDLE")
     os.environ["MICS_REPRO_CA_BUNDLE"] = "none"  # nothing in this image talks TLS
     env = Env(
-        id=f"dockertest-{uuid.uuid4().hex[:6]}", platform=Platform.CPU, base_image=BASE_IMAGE_REF,
-        python="3.11", torch="2.1.0", torch_index=None, deepspeed="0.13.1", extra_pins=(), rocm=None,
-        cuda=None, notes="", derived_from=None, dockerfile="docker/tiny.Dockerfile",
+        id=f"dockertest-{uuid.uuid4().hex[:6]}",
+        platform=Platform.CPU,
+        base_image=BASE_IMAGE_REF,
+        python="3.11",
+        torch="2.1.0",
+        torch_index=None,
+        deepspeed="0.13.1",
+        extra_pins=(),
+        rocm=None,
+        cuda=None,
+        notes="",
+        derived_from=None,
+        dockerfile="docker/tiny.Dockerfile",
     )
-    engine = DockerEngine(client, repo_root=root, wheelhouse=NoDownloadWheelhouse(wheels, offline=False),
-                          log_dir=tmp_path_factory.mktemp("logs"), build_args={})
+    engine = DockerEngine(
+        client,
+        repo_root=root,
+        wheelhouse=NoDownloadWheelhouse(wheels, offline=False),
+        log_dir=tmp_path_factory.mktemp("logs"),
+        build_args={},
+    )
     try:
         prepared = engine.prepare(env)
         yield engine, env, prepared
@@ -156,7 +171,9 @@ def test_hung_suite_times_out_as_a_result(tiny: tuple[DockerEngine, Env, Prepare
 
 @pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
 def test_running_container_is_removed_when_the_run_raises(
-    tiny: tuple[DockerEngine, Env, Prepared], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny: tuple[DockerEngine, Env, Prepared],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     error: type[BaseException],
 ) -> None:
     engine, env, prepared = tiny
@@ -185,18 +202,22 @@ def test_bad_inputs_leave_no_container(tiny: tuple[DockerEngine, Env, Prepared],
 
 
 @pytest.mark.optional
-@pytest.mark.skipif(os.environ.get("MICS_REPRO_TEST_FULL_IMAGE") != "1",
-                    reason="builds the full torch image (minutes, ~5 GB): set MICS_REPRO_TEST_FULL_IMAGE=1")
+@pytest.mark.skipif(
+    os.environ.get("MICS_REPRO_TEST_FULL_IMAGE") != "1",
+    reason="builds the full torch image (minutes, ~5 GB): set MICS_REPRO_TEST_FULL_IMAGE=1",
+)
 def test_full_cpu_image_imports_torch_and_deepspeed_offline(client: Any, tmp_path: Path) -> None:
     from repro.matrix.schema import load_matrix
 
     env = load_matrix().get("cpu")
     engine = DockerEngine(client, base_image=os.environ.get("MICS_REPRO_BASE_IMAGE") or BASE_IMAGE_REF)
     prepared = engine.prepare(env)
-    probe = ("import socket, torch, deepspeed\n"
-             "print('versions', torch.__version__, deepspeed.__version__)\n"
-             "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); print('network on')\n"
-             "except OSError:\n    print('network off')\n")
+    probe = (
+        "import socket, torch, deepspeed\n"
+        "print('versions', torch.__version__, deepspeed.__version__)\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3); print('network on')\n"
+        "except OSError:\n    print('network off')\n"
+    )
     run = engine.run(prepared.handle, ["python", "-c", probe], tmp_path, 600, name_hint="fullimage")
     log = (tmp_path / "engine.log").read_text()
     assert run.exit_code == 0, log
@@ -211,9 +232,11 @@ STAND_IN_ARGS = {"OS_PACKAGES": "", "PYTHON": "python3", "TORCH_INDEX_URL": "htt
 
 
 @pytest.mark.optional
-@pytest.mark.skipif(not os.environ.get("MICS_REPRO_TEST_STANDIN"),
-                    reason="stand-in build of a GPU env's Dockerfile (minutes, ~5 GB): set "
-                    "MICS_REPRO_TEST_STANDIN to an env id, e.g. rocm56")
+@pytest.mark.skipif(
+    not os.environ.get("MICS_REPRO_TEST_STANDIN"),
+    reason="stand-in build of a GPU env's Dockerfile (minutes, ~5 GB): set "
+    "MICS_REPRO_TEST_STANDIN to an env id, e.g. rocm56",
+)
 def test_gpu_dockerfile_builds_on_a_stand_in_base(client: Any, tmp_path: Path) -> None:
     from repro.engines.docker.build_context import parse_build_args
     from repro.matrix.schema import load_matrix
@@ -222,14 +245,17 @@ def test_gpu_dockerfile_builds_on_a_stand_in_base(client: Any, tmp_path: Path) -
     args = {**STAND_IN_ARGS, **parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", ""))}
     # The GPU wheel index is unreachable, so nothing is pre-fetched for it; the build still gets
     # every wheel the wheelhouse has over 127.0.0.1.
-    engine = DockerEngine(client, base_image=BASE_IMAGE_REF, build_args=args,
-                          wheelhouse=NoDownloadWheelhouse(offline=False))
+    engine = DockerEngine(
+        client, base_image=BASE_IMAGE_REF, build_args=args, wheelhouse=NoDownloadWheelhouse(offline=False)
+    )
     prepared = engine.prepare(env)
     # The GPU Dockerfiles' first RUN parks vendor apt sources; on the Debian base it must run and
     # find nothing (the build would have stopped otherwise), leaving the script in the image.
-    probe = ("import os, torch, deepspeed; print('versions', torch.__version__, deepspeed.__version__); "
-             "print('vendor-apt', os.path.isfile('/opt/mics-repro/disable-vendor-apt.sh'), "
-             "os.path.exists('/etc/apt/vendor-sources.disabled'))")
+    probe = (
+        "import os, torch, deepspeed; print('versions', torch.__version__, deepspeed.__version__); "
+        "print('vendor-apt', os.path.isfile('/opt/mics-repro/disable-vendor-apt.sh'), "
+        "os.path.exists('/etc/apt/vendor-sources.disabled'))"
+    )
     try:
         run = engine.run(prepared.handle, ["python", "-c", probe], tmp_path, 600, name_hint="standin")
     finally:

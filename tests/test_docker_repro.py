@@ -23,9 +23,25 @@ SCENARIO_ARGS = ["--scenarios", "mics,mics-hier", "--steps", "4", "--world-size"
 
 
 def repro(engine: str, out: Path) -> list[dict[str, object]]:
-    done = subprocess.run([sys.executable, "-m", "repro", "repro", "--env", "cpu", "--engine", engine,
-                           "--out", str(out), *SCENARIO_ARGS], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro",
+            "repro",
+            "--env",
+            "cpu",
+            "--engine",
+            engine,
+            "--out",
+            str(out),
+            *SCENARIO_ARGS,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert "verdict:" in done.stdout
     return json.loads((out / "results.json").read_text())["runs"]  # type: ignore[no-any-return]

@@ -171,22 +171,39 @@ def move_workload_copy_before_deepspeed(text: str) -> str:
 
 
 MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
-    ("other base", "rocm56", replace_once("ARG BASE_IMAGE=rocm/dev-ubuntu-20.04:5.6",
-                                          "ARG BASE_IMAGE=rocm/dev-ubuntu-20.04:5.7"), Rule.BASE_IMAGE),
+    (
+        "other base",
+        "rocm56",
+        replace_once("ARG BASE_IMAGE=rocm/dev-ubuntu-20.04:5.6", "ARG BASE_IMAGE=rocm/dev-ubuntu-20.04:5.7"),
+        Rule.BASE_IMAGE,
+    ),
     ("latest tag", "cpu", replace_once("python:3.11-slim-bookworm\n", "python:latest\n"), Rule.FLOATING_TAG),
     ("unpinned torch", "cpu", replace_once("torch==2.1.0 numpy", "torch numpy"), Rule.UNPINNED),
     ("range pin", "cpu", replace_once("numpy==1.26.4", "numpy<2"), Rule.UNPINNED),
-    ("requirements file", "cpu", replace_once("install --no-deps", "install -r req.txt --no-deps"),
-     Rule.UNPINNED),
+    (
+        "requirements file",
+        "cpu",
+        replace_once("install --no-deps", "install -r req.txt --no-deps"),
+        Rule.UNPINNED,
+    ),
     ("wrong torch", "cpu", replace_once("torch==2.1.0 numpy", "torch==2.1.1 numpy"), Rule.PINS),
     ("extra package", "cpu", replace_once("hjson==3.1.0", "hjson==3.1.0 rich==13.7.1"), Rule.PINS),
     ("dropped dep", "cpu", replace_once(" tqdm==4.70.1", ""), Rule.PINS),
-    ("wrong rocm index", "rocm56", replace_once("ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.6",
-                                                "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.7"),
-     Rule.TORCH_INDEX),
-    ("torch from pypi on rocm", "rocm56",
-     replace_once('--index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" ', ""),
-     Rule.TORCH_INDEX),
+    (
+        "wrong rocm index",
+        "rocm56",
+        replace_once(
+            "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.6",
+            "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.7",
+        ),
+        Rule.TORCH_INDEX,
+    ),
+    (
+        "torch from pypi on rocm",
+        "rocm56",
+        replace_once('--index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" ', ""),
+        Rule.TORCH_INDEX,
+    ),
     ("label dropped", "cpu", replace_once('      mics-repro.deepspeed="0.13.1" \\\n', ""), Rule.LABELS),
     ("label wrong", "cpu", replace_once('mics-repro.torch="2.1.0"', 'mics-repro.torch="2.1.1"'), Rule.LABELS),
     ("pynvml on rocm", "rocm56", replace_once("hjson==3.1.0", "hjson==3.1.0 pynvml==13.0.1"), Rule.ROCM_NVML),
@@ -196,18 +213,33 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
     ("wrong env in CMD", "cpu", replace_once('"--env", "cpu"', '"--env", "rocm56"'), Rule.CMD),
     ("misspelt suite flag", "cpu", replace_once('"--transports"', '"--transport"'), Rule.CMD),
     ("shell CMD", "cpu", lambda t: t[: t.index("CMD [")] + "CMD python -m repro.workload.suite\n", Rule.CMD),
-    ("missing source", "cpu", replace_once("COPY docker/verify_image.py", "COPY docker/verify.py"),
-     Rule.MISSING),
-    ("vendor apt left on", "rocm56", replace_once("    sh /opt/mics-repro/disable-vendor-apt.sh; \\\n", ""),
-     Rule.VENDOR_APT),
-    ("vendor apt parked after update", "rocm56",
-     lambda t: replace_once("    sh /opt/mics-repro/disable-vendor-apt.sh; \\\n", "")(t).replace(
-         "rm -rf /var/lib/apt/lists/*; fi",
-         "rm -rf /var/lib/apt/lists/*; fi; sh /opt/mics-repro/disable-vendor-apt.sh"),
-     Rule.VENDOR_APT),
-    ("vendor apt script not copied", "cuda",
-     replace_once("COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh\n", ""),
-     Rule.VENDOR_APT),
+    (
+        "missing source",
+        "cpu",
+        replace_once("COPY docker/verify_image.py", "COPY docker/verify.py"),
+        Rule.MISSING,
+    ),
+    (
+        "vendor apt left on",
+        "rocm56",
+        replace_once("    sh /opt/mics-repro/disable-vendor-apt.sh; \\\n", ""),
+        Rule.VENDOR_APT,
+    ),
+    (
+        "vendor apt parked after update",
+        "rocm56",
+        lambda t: replace_once("    sh /opt/mics-repro/disable-vendor-apt.sh; \\\n", "")(t).replace(
+            "rm -rf /var/lib/apt/lists/*; fi",
+            "rm -rf /var/lib/apt/lists/*; fi; sh /opt/mics-repro/disable-vendor-apt.sh",
+        ),
+        Rule.VENDOR_APT,
+    ),
+    (
+        "vendor apt script not copied",
+        "cuda",
+        replace_once("COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh\n", ""),
+        Rule.VENDOR_APT,
+    ),
 ]
 
 
@@ -238,7 +270,7 @@ def test_lint_against_another_env_fails(matrix: Matrix) -> None:
 
 
 def test_parse_joins_continuations_and_drops_comments() -> None:
-    text = "# top\nARG A=1\nRUN echo a && \\\n# inside\n    echo b\n\nCMD [\"x\"]\n"
+    text = '# top\nARG A=1\nRUN echo a && \\\n# inside\n    echo b\n\nCMD ["x"]\n'
     parsed = [(i.line, i.keyword, i.value) for i in parse(text)]
     assert parsed == [(2, "ARG", "A=1"), (3, "RUN", "echo a && echo b"), (6 + 1, "CMD", '["x"]')]
 
@@ -309,7 +341,6 @@ def test_derived_rocm_env_checks_torch_and_base_separately(matrix: Matrix) -> No
     assert "--torch-cuda 12.1" in (REPO_ROOT / "docker/cuda.Dockerfile").read_text()
 
 
-
 # --- GPU images: vendor apt sources, base images, ROCm architectures ------------------------------
 
 VENDOR_SCRIPT = REPO_ROOT / dockerfiles.VENDOR_APT_SCRIPT
@@ -321,13 +352,16 @@ def _apt_tree(root: Path) -> Path:
     lists.mkdir(parents=True)
     (root / "etc/apt/sources.list").write_text(
         "deb http://archive.ubuntu.com/ubuntu/ focal main restricted\n"
-        "deb [arch=amd64] https://repo.radeon.com/amdgpu/5.6/ubuntu focal main\n")
+        "deb [arch=amd64] https://repo.radeon.com/amdgpu/5.6/ubuntu focal main\n"
+    )
     (lists / "rocm.list").write_text("deb [arch=amd64] https://repo.radeon.com/rocm/apt/5.6 focal main\n")
     (lists / "amdgpu.sources").write_text("Types: deb\nURIs: https://repo.radeon.com/amdgpu/5.6/ubuntu\n")
     (lists / "cuda.list").write_text(
-        "deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64 /\n")
+        "deb https://developer.download.nvidia.com/compute/cuda/repos/ubuntu2004/x86_64 /\n"
+    )
     (lists / "deadsnakes.list").write_text(
-        "deb https://ppa.launchpadcontent.net/deadsnakes/ppa/ubuntu focal main\n")
+        "deb https://ppa.launchpadcontent.net/deadsnakes/ppa/ubuntu focal main\n"
+    )
     return root
 
 
@@ -382,10 +416,15 @@ def test_cuda_image_does_not_depend_on_an_nvidia_cuda_tag(matrix: Matrix) -> Non
     assert "--index-url" in text and "whl/cu121" in text  # the CUDA runtime comes with torch's wheels
 
 
-@pytest.mark.parametrize(("env_id", "arches"), [
-    ("rocm56", "gfx908;gfx90a"), ("rocm57", "gfx908;gfx90a"),
-    ("rocm61", "gfx908;gfx90a;gfx942"), ("rocm64", "gfx908;gfx90a;gfx942"),
-])
+@pytest.mark.parametrize(
+    ("env_id", "arches"),
+    [
+        ("rocm56", "gfx908;gfx90a"),
+        ("rocm57", "gfx908;gfx90a"),
+        ("rocm61", "gfx908;gfx90a;gfx942"),
+        ("rocm64", "gfx908;gfx90a;gfx942"),
+    ],
+)
 def test_rocm_images_build_jit_ops_for_mi100_mi200_and_mi300(
     matrix: Matrix, env_id: str, arches: str
 ) -> None:

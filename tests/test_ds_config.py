@@ -10,8 +10,9 @@ from repro.workload import ds_config as dc
 REPORTER = Path(__file__).resolve().parents[1] / "repro" / "configs" / "reporter_ds_config.json"
 
 
-def shape(scenario: str = "mics", world: int = 4, shard: int | None = 4,
-          hier: bool = False) -> dc.ScenarioShape:
+def shape(
+    scenario: str = "mics", world: int = 4, shard: int | None = 4, hier: bool = False
+) -> dc.ScenarioShape:
     return dc.ScenarioShape(scenario, world, shard, hier, 2)
 
 
@@ -22,8 +23,14 @@ def test_default_has_reporter_settings_and_shards_every_weight() -> None:
     assert zero["contiguous_gradients"] and zero["stage3_param_persistence_threshold"] == 0
     assert zero["mics_shard_size"] == 4 and zero["mics_hierarchical_params_gather"] is False
     fp16 = built.config["fp16"]
-    assert fp16 == {"enabled": True, "loss_scale": 0, "initial_scale_power": 12, "loss_scale_window": 1000,
-                    "hysteresis": 2, "min_loss_scale": 1}
+    assert fp16 == {
+        "enabled": True,
+        "loss_scale": 0,
+        "initial_scale_power": 12,
+        "loss_scale_window": 1000,
+        "hysteresis": 2,
+        "min_loss_scale": 1,
+    }
     assert built.config["gradient_clipping"] == 1.0
     assert built.adaptations == [] and built.problems == []
 
@@ -49,8 +56,14 @@ def test_reporter_config_is_adapted_and_its_batch_problem_reported() -> None:
     assert zero["reduce_bucket_size"] == dc.SMALL_BUCKET
     assert zero["mics_shard_size"] == 4 and zero["mics_hierarchical_params_gather"] is True
     joined = "\n".join(built.adaptations)
-    for key in ("mics_shard_size", "mics_hierarchical_params_gather", "reduce_bucket_size",
-                "stage3_param_persistence_threshold", "train_batch_size", "train_micro_batch_size_per_gpu"):
+    for key in (
+        "mics_shard_size",
+        "mics_hierarchical_params_gather",
+        "reduce_bucket_size",
+        "stage3_param_persistence_threshold",
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+    ):
         assert key in joined, key
     # Not fixed silently: 8 != 1536 x accumulation x ranks.
     assert any("train_batch_size 8" in p for p in built.problems)
@@ -59,6 +72,10 @@ def test_reporter_config_is_adapted_and_its_batch_problem_reported() -> None:
 
 
 def test_consistent_user_config_has_no_problems() -> None:
-    user = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": 3}}
+    user = {
+        "train_batch_size": 8,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3},
+    }
     assert dc.build_config(shape(), user_config=user).problems == []

@@ -47,10 +47,21 @@ from repro.matrix.model import Env, Platform
 def StubEnv(**overrides: Any) -> Env:  # noqa: N802 - reads like the dataclass it builds
     """A small real Env (repro.matrix.model), independent of env_matrix/envs.toml's contents."""
     base = Env(
-        id="cpu", platform=Platform.CPU, base_image="python:3.11-slim-bookworm", python="3.11",
-        torch="2.1.0", torch_index=None, deepspeed="0.13.1", extra_pins=("numpy==1.26.4",), rocm=None,
-        cuda=None, notes="", derived_from=None, dockerfile="docker/cpu.Dockerfile",
-        tooling=("pip==26.3",), deepspeed_deps=("hjson==3.1.0",),
+        id="cpu",
+        platform=Platform.CPU,
+        base_image="python:3.11-slim-bookworm",
+        python="3.11",
+        torch="2.1.0",
+        torch_index=None,
+        deepspeed="0.13.1",
+        extra_pins=("numpy==1.26.4",),
+        rocm=None,
+        cuda=None,
+        notes="",
+        derived_from=None,
+        dockerfile="docker/cpu.Dockerfile",
+        tooling=("pip==26.3",),
+        deepspeed_deps=("hjson==3.1.0",),
     )
     return replace(base, **overrides)
 
@@ -232,8 +243,9 @@ class FakeClient:
             def create(self, image: str, command: list[str], **kwargs: Any) -> FakeContainer:
                 if image not in outer.image_store and not image.startswith("sha256:"):
                     raise docker.errors.ImageNotFound(f"no such image: {image}")
-                box = FakeContainer(outer, kwargs["name"], {"image": image, "command": command, **kwargs},
-                                    outer.script)
+                box = FakeContainer(
+                    outer, kwargs["name"], {"image": image, "command": command, **kwargs}, outer.script
+                )
                 outer.live[box.name] = box
                 outer.created.append(box)
                 return box
@@ -313,8 +325,9 @@ def docker_engine(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) 
     wh = FakeWheelhouse(tmp_path / "wheels")
     wh.path.mkdir()
     (wh.path / "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl").write_bytes(b"")
-    return DockerEngine(FakeClient(), repo_root=_fake_repo(tmp_path), wheelhouse=wh,
-                        log_dir=tmp_path / "logs", build_args={})
+    return DockerEngine(
+        FakeClient(), repo_root=_fake_repo(tmp_path), wheelhouse=wh, log_dir=tmp_path / "logs", build_args={}
+    )
 
 
 # -- docker: containers are always removed ---------------------------------------------------------
@@ -329,8 +342,15 @@ def test_run_suite_runs_offline_copies_results_and_removes(
     run = docker_engine.run_suite(_prepared(), ["--env", "cpu"], tmp_path / "out", timeout_s=60)
     (box,) = client.created
     assert box.kwargs["network_disabled"] is True and box.kwargs["init"] is True
-    assert box.kwargs["command"] == ["python", "-m", "repro.workload.suite", "--env", "cpu",
-                                     "--out", "/results"]
+    assert box.kwargs["command"] == [
+        "python",
+        "-m",
+        "repro.workload.suite",
+        "--env",
+        "cpu",
+        "--out",
+        "/results",
+    ]
     assert (tmp_path / "out" / "suite.json").read_text() == '{"runs": []}'
     assert (tmp_path / "out" / "engine.log").read_bytes() == b"hello\n"
     assert run.exit_code == 0 and not run.timed_out and run.ok
@@ -420,8 +440,13 @@ def test_build_context_args_and_labels(docker_engine: DockerEngine, monkeypatch:
     prepared = docker_engine.prepare(env)
     client: FakeClient = docker_engine.client
     (build,) = client.builds
-    assert _context_names(build) == ["docker/certs", "docker/cpu.Dockerfile", "docker/verify_image.py",
-                                     "repro/__init__.py", "repro/workload/suite.py"]
+    assert _context_names(build) == [
+        "docker/certs",
+        "docker/cpu.Dockerfile",
+        "docker/verify_image.py",
+        "repro/__init__.py",
+        "repro/workload/suite.py",
+    ]
     assert build["dockerfile"] == "docker/cpu.Dockerfile" and build["custom_context"] is True
     assert build["network_mode"] == "host" and build["tag"] == env.image_tag()
     assert build["buildargs"]["PIP_FIND_LINKS"].startswith("http://127.0.0.1:")
@@ -452,8 +477,9 @@ def test_image_is_reused_until_workload_changes(docker_engine: DockerEngine) -> 
     assert len(docker_engine.client.builds) == 2
 
 
-def test_ca_bundle_goes_into_the_context(docker_engine: DockerEngine, tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ca_bundle_goes_into_the_context(
+    docker_engine: DockerEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     bundle = tmp_path / "ca.pem"
     bundle.write_text("-----BEGIN CERTIFICATE-----\n")
     monkeypatch.setenv("MICS_REPRO_CA_BUNDLE", str(bundle))
@@ -472,7 +498,11 @@ def test_copy_of_a_missing_file_is_a_build_error(docker_engine: DockerEngine) ->
 
 def test_copy_sources_reads_every_form() -> None:
     assert build_context.copy_sources(FAKE_DOCKERFILE) == [
-        "docker/certs/", "docker/verify_image.py", "repro/__init__.py", "repro/workload/"]
+        "docker/certs/",
+        "docker/verify_image.py",
+        "repro/__init__.py",
+        "repro/workload/",
+    ]
 
 
 def test_build_args_extra_and_bad_input() -> None:
@@ -545,8 +575,9 @@ def test_daemon_status_never_raises() -> None:
 
 
 # -- venv engine -------------------------------------------------------------------------------------
-def _venv_handler(python_version: str = "3.11.7", fail_on: str | None = None,
-                  versions: str = "2.1.0 0.13.1") -> Any:
+def _venv_handler(
+    python_version: str = "3.11.7", fail_on: str | None = None, versions: str = "2.1.0 0.13.1"
+) -> Any:
     def handle(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
         if fail_on and any(fail_on in a for a in argv):
             return CmdResult(argv, 1, stderr="ERROR: no matching distribution")
@@ -644,8 +675,9 @@ def test_python_too_new_is_refused_before_any_install(
     venv_engine: VenvEngine, fake_cmd: FakeCmd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fake_cmd.handler = _venv_handler(python_version="3.12.3")
-    monkeypatch.setattr(engine_venv.shutil, "which",
-                        lambda name: sys.executable if name == sys.executable else None)
+    monkeypatch.setattr(
+        engine_venv.shutil, "which", lambda name: sys.executable if name == sys.executable else None
+    )
     with pytest.raises(PythonVersionError) as err:
         venv_engine.prepare(StubEnv())
     assert err.value.exit_code == 12 and "too new" in err.value.what and "--python" in err.value.fix
@@ -657,8 +689,11 @@ def test_a_supported_pythonXY_on_path_is_used_when_this_python_is_too_new(
 ) -> None:
     versions = {sys.executable: "3.12.3", "/opt/py311/bin/python3.11": "3.11.9"}
     fake_cmd.handler = lambda argv, kw: CmdResult(argv, 0, stdout=versions[argv[0]] + "\n")
-    monkeypatch.setattr(engine_venv.shutil, "which",
-                        lambda name: "/opt/py311/bin/python3.11" if name == "python3.11" else name)
+    monkeypatch.setattr(
+        engine_venv.shutil,
+        "which",
+        lambda name: "/opt/py311/bin/python3.11" if name == "python3.11" else name,
+    )
     chosen = venv_engine.interpreter(StubEnv())
     assert (chosen.path, chosen.minor) == ("/opt/py311/bin/python3.11", "3.11")
 
@@ -681,15 +716,23 @@ def test_torch_index_is_the_primary_index(venv_engine: VenvEngine, fake_cmd: Fak
     assert "--no-index" not in torch_call
 
 
-def test_venv_run_suite(venv_engine: VenvEngine, fake_cmd: FakeCmd, tmp_path: Path,
-                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_venv_run_suite(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", "/somewhere/else")
     fake_cmd.handler = lambda argv, kw: CmdResult(argv, cmd.TIMEOUT_EXIT_CODE, timed_out=True, duration_s=3.0)
     prepared = Prepared(EngineKind.VENV, "cpu", "/v", "/v", True)
     run = venv_engine.run_suite(prepared, ["--env", "cpu"], tmp_path / "out", timeout_s=3)
     (argv,) = fake_cmd.calls
-    assert argv == ("/v/bin/python", "-m", "repro.workload.suite", "--env", "cpu",
-                    "--out", str(tmp_path / "out"))
+    assert argv == (
+        "/v/bin/python",
+        "-m",
+        "repro.workload.suite",
+        "--env",
+        "cpu",
+        "--out",
+        str(tmp_path / "out"),
+    )
     kw = fake_cmd.kwargs[0]
     assert kw["env"]["PYTHONPATH"] == str(venv_engine.repo_root) and kw["timeout_s"] == 3
     assert run.timed_out and run.exit_code == 124 and not run.ok
@@ -698,11 +741,16 @@ def test_venv_run_suite(venv_engine: VenvEngine, fake_cmd: FakeCmd, tmp_path: Pa
 # -- wheelhouse --------------------------------------------------------------------------------------
 def test_files_for_matches_local_versions_and_sdists(tmp_path: Path) -> None:
     wh = Wheelhouse(tmp_path, offline=False)
-    for name in ("torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl", "deepspeed-0.13.1.tar.gz",
-                 "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl", "README"):
+    for name in (
+        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "deepspeed-0.13.1.tar.gz",
+        "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl",
+        "README",
+    ):
         (tmp_path / name).write_bytes(b"")
     assert [p.name for p in wh.files_for("torch==2.13.0")] == [
-        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"]
+        "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    ]
     assert [p.name for p in wh.files_for("deepspeed==0.13.1")] == ["deepspeed-0.13.1.tar.gz"]
     assert wh.files_for("numpy<2") == [] and wh.files_for("torch==2.1.0") == []
 
@@ -730,10 +778,13 @@ def test_ensure_downloads_once_then_is_a_no_op(tmp_path: Path, fake_cmd: FakeCmd
 
     def download(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
         dest = Path(argv[argv.index("-d") + 1])
-        names = {"torch==2.1.0": "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl",
-                 "hjson==3.1.0": "hjson-3.1.0-py3-none-any.whl", "pip==26.3": "pip-26.3-py3-none-any.whl",
-                 "numpy==1.26.4": "numpy-1.26.4-cp311-cp311-manylinux1_x86_64.whl",
-                 "deepspeed==0.13.1": "deepspeed-0.13.1.tar.gz"}
+        names = {
+            "torch==2.1.0": "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl",
+            "hjson==3.1.0": "hjson-3.1.0-py3-none-any.whl",
+            "pip==26.3": "pip-26.3-py3-none-any.whl",
+            "numpy==1.26.4": "numpy-1.26.4-cp311-cp311-manylinux1_x86_64.whl",
+            "deepspeed==0.13.1": "deepspeed-0.13.1.tar.gz",
+        }
         for spec, name in names.items():
             if spec in argv:
                 (dest / name).write_bytes(b"")
@@ -779,11 +830,18 @@ def test_cache_root_follows_the_variable(monkeypatch: pytest.MonkeyPatch, tmp_pa
 # Device checks (fake /dev, /sys, nvidia-smi and docker info): tests/test_gpu_preflight.py.
 
 
-@pytest.mark.parametrize(("torch", "python", "ok"), [
-    ("2.1.0", "3.11.7", True), ("2.1.0", "3.12.1", False), ("2.1.0", "3.7.9", False),
-    ("2.2.2", "3.12.1", True), ("2.5.1", "3.8.10", False), ("2.1.0+rocm5.6", "3.8.10", True),
-    ("9.9.0", "3.99.0", True),  # unknown torch: left to pip
-])
+@pytest.mark.parametrize(
+    ("torch", "python", "ok"),
+    [
+        ("2.1.0", "3.11.7", True),
+        ("2.1.0", "3.12.1", False),
+        ("2.1.0", "3.7.9", False),
+        ("2.2.2", "3.12.1", True),
+        ("2.5.1", "3.8.10", False),
+        ("2.1.0+rocm5.6", "3.8.10", True),
+        ("9.9.0", "3.99.0", True),  # unknown torch: left to pip
+    ],
+)
 def test_python_support_table(torch: str, python: str, ok: bool) -> None:
     env = StubEnv(torch=torch)
     if ok:
@@ -794,8 +852,13 @@ def test_python_support_table(torch: str, python: str, ok: bool) -> None:
 
 
 def test_preflight_errors_have_distinct_exit_codes() -> None:
-    codes = {DockerUnavailableError.exit_code, DeviceUnavailableError.exit_code,
-             PythonVersionError.exit_code, BuildError.exit_code, MissingToolError.exit_code}
+    codes = {
+        DockerUnavailableError.exit_code,
+        DeviceUnavailableError.exit_code,
+        PythonVersionError.exit_code,
+        BuildError.exit_code,
+        MissingToolError.exit_code,
+    }
     assert len(codes) == 5
     assert preflight.docker_unavailable("socket missing").exit_code == DockerUnavailableError.exit_code
 
@@ -833,8 +896,12 @@ def test_base_image_debootstraps_packs_and_imports(
     spec = BaseImageSpec()
     image_id = make_base_image(force=True, engine=DockerEngine(client), spec=spec, workdir=tmp_path)
     debootstrap, tar = fake_cmd.calls
-    assert debootstrap[:4] == ("debootstrap", "--variant=minbase",
-                               "--include=python3,python3-venv,python3-pip,ca-certificates", "bookworm")
+    assert debootstrap[:4] == (
+        "debootstrap",
+        "--variant=minbase",
+        "--include=python3,python3-venv,python3-pip,ca-certificates",
+        "bookworm",
+    )
     assert tar[:2] == ("tar", "--numeric-owner")
     (imported,) = client.imports
     assert (imported["repository"], imported["tag"]) == ("mics-repro/base", "bookworm")
@@ -855,9 +922,14 @@ def test_failed_debootstrap_cleans_up(
 
 # -- pass-through of the host's GPU selection and NCCL/RCCL/HSA settings ---------------------------
 HOST_GPU_ENV = {
-    "HIP_VISIBLE_DEVICES": "0,1", "ROCR_VISIBLE_DEVICES": "0,1,2,3", "CUDA_VISIBLE_DEVICES": "2",
-    "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0", "RCCL_MSCCL_ENABLE": "0",
-    "HSA_FORCE_FINE_GRAIN_PCIE": "1", "MIOPEN_USER_DB_PATH": "/scratch/miopen",
+    "HIP_VISIBLE_DEVICES": "0,1",
+    "ROCR_VISIBLE_DEVICES": "0,1,2,3",
+    "CUDA_VISIBLE_DEVICES": "2",
+    "NCCL_DEBUG": "INFO",
+    "NCCL_SOCKET_IFNAME": "ib0",
+    "RCCL_MSCCL_ENABLE": "0",
+    "HSA_FORCE_FINE_GRAIN_PCIE": "1",
+    "MIOPEN_USER_DB_PATH": "/scratch/miopen",
 }
 NOT_PASSED = {"AWS_SECRET_ACCESS_KEY": "x", "HOME": "/root", "NCCLX": "1", "MY_NCCL_DEBUG": "1"}
 
@@ -889,8 +961,9 @@ def test_docker_run_passes_only_allowlisted_host_variables(
     assert described == expected
 
 
-def test_venv_run_names_the_passed_variables(venv_engine: VenvEngine, fake_cmd: FakeCmd, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_venv_run_names_the_passed_variables(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name, value in HOST_GPU_ENV.items():
         monkeypatch.setenv(name, value)
     prepared = Prepared(EngineKind.VENV, "rocm56", "/v", "/v", True, {"platform": "rocm"})
@@ -914,10 +987,16 @@ def test_records_carry_the_passed_variables(monkeypatch: pytest.MonkeyPatch) -> 
     assert device.passed_env() == {}
 
 
-@pytest.mark.parametrize(("info", "flag"), [
-    ({"Runtimes": {"nvidia": {}, "runc": {}}}, "gpus"),
-    ({"Runtimes": {"runc": {}}, "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=all"}]}, "cdi"),
-])
+@pytest.mark.parametrize(
+    ("info", "flag"),
+    [
+        ({"Runtimes": {"nvidia": {}, "runc": {}}}, "gpus"),
+        (
+            {"Runtimes": {"runc": {}}, "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=all"}]},
+            "cdi",
+        ),
+    ],
+)
 def test_cuda_run_asks_for_gpus_the_way_the_daemon_serves_them(
     docker_engine: DockerEngine, tmp_path: Path, info: dict[str, Any], flag: str
 ) -> None:
@@ -933,6 +1012,8 @@ def test_cuda_run_asks_for_gpus_the_way_the_daemon_serves_them(
 
 
 def test_cdi_run_options_print_as_docker_run_flags() -> None:
-    assert run_options("cuda", via_cdi=True).cli_pairs() == [("--ipc", "host"),
-                                                                  ("--device", "nvidia.com/gpu=all")]
+    assert run_options("cuda", via_cdi=True).cli_pairs() == [
+        ("--ipc", "host"),
+        ("--device", "nvidia.com/gpu=all"),
+    ]
     assert ("--gpus", "all") in run_options("cuda").cli_pairs()

@@ -10,31 +10,51 @@ import pytest
 from repro.core import evidence
 
 CPU_RAN = {"device": "cpu", "backend": "gloo", "hip": None, "cuda": "12.1", "ran": True}
-ROCM_RAN = {"device": "gpu", "backend": "nccl", "hip": "5.6.31061", "cuda": None, "ran": True,
-            "gpus": ["AMD Instinct MI100"], "arch": ["gfx908:sramecc+:xnack-"], "gpu_count": 8}
+ROCM_RAN = {
+    "device": "gpu",
+    "backend": "nccl",
+    "hip": "5.6.31061",
+    "cuda": None,
+    "ran": True,
+    "gpus": ["AMD Instinct MI100"],
+    "arch": ["gfx908:sramecc+:xnack-"],
+    "gpu_count": 8,
+}
 CUDA_RAN = {"device": "gpu", "backend": "nccl", "hip": None, "cuda": "12.1", "ran": True}
 
 
 def record(env: str, ran_on: dict[str, Any] | None, **fields: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "env": env, "scenario": "mics", "patch": "stock", "dtype": "fp32", "world_size": 4,
+        "env": env,
+        "scenario": "mics",
+        "patch": "stock",
+        "dtype": "fp32",
+        "world_size": 4,
         "transport": "native",
-        "outcome": "reproduced", "signature": "illegal-work-divergence", "reason": "IllegalWork warnings",
-        "ran_on": ran_on, "backend": None, "versions": {}}
+        "outcome": "reproduced",
+        "signature": "illegal-work-divergence",
+        "reason": "IllegalWork warnings",
+        "ran_on": ran_on,
+        "backend": None,
+        "versions": {},
+    }
     base.update(fields)
     return base
 
 
-@pytest.mark.parametrize("platform, ran_on, refused", [
-    ("rocm", CPU_RAN, "ran on CPU"),
-    ("rocm", CUDA_RAN, "non-ROCm torch"),
-    ("rocm", ROCM_RAN, None),
-    ("cuda", ROCM_RAN, "ROCm torch"),
-    ("cuda", CUDA_RAN, None),
-    ("cuda", CPU_RAN, "ran on CPU"),
-    ("cpu", CUDA_RAN, "ran on a GPU"),
-    ("cpu", CPU_RAN, None),
-])
+@pytest.mark.parametrize(
+    "platform, ran_on, refused",
+    [
+        ("rocm", CPU_RAN, "ran on CPU"),
+        ("rocm", CUDA_RAN, "non-ROCm torch"),
+        ("rocm", ROCM_RAN, None),
+        ("cuda", ROCM_RAN, "ROCm torch"),
+        ("cuda", CUDA_RAN, None),
+        ("cuda", CPU_RAN, "ran on CPU"),
+        ("cpu", CUDA_RAN, "ran on a GPU"),
+        ("cpu", CPU_RAN, None),
+    ],
+)
 def test_platform_mismatch(platform: str, ran_on: dict[str, Any], refused: str | None) -> None:
     why = evidence.platform_mismatch(record("x", ran_on), platform)
     if refused is None:
@@ -75,6 +95,9 @@ def test_the_bundle_refuses_runs_of_another_platform() -> None:
 
     refuse_other_platform("rocm56", "rocm", [record("rocm56", ROCM_RAN)])
     with pytest.raises(BundleError, match="did not run on its platform") as caught:
-        refuse_other_platform("rocm56", "rocm", [record("rocm56", ROCM_RAN, run_name="ok"),
-                                                 record("rocm56", CPU_RAN, run_name="mics-stock")])
+        refuse_other_platform(
+            "rocm56",
+            "rocm",
+            [record("rocm56", ROCM_RAN, run_name="ok"), record("rocm56", CPU_RAN, run_name="mics-stock")],
+        )
     assert "mics-stock: env platform is rocm but the run ran on CPU" in str(caught.value.why)

@@ -10,27 +10,70 @@ from typing import Any
 from repro.core.verdict import check_fix, env_verdicts
 
 CPU_RAN = {"device": "cpu", "backend": "gloo", "hip": None, "cuda": "12.1", "ran": True}
-ROCM_RAN = {"device": "gpu", "backend": "nccl", "hip": "5.6.31061", "cuda": None, "ran": True,
-            "gpus": ["AMD Instinct MI100"], "arch": ["gfx908:sramecc+:xnack-"], "gpu_count": 8}
+ROCM_RAN = {
+    "device": "gpu",
+    "backend": "nccl",
+    "hip": "5.6.31061",
+    "cuda": None,
+    "ran": True,
+    "gpus": ["AMD Instinct MI100"],
+    "arch": ["gfx908:sramecc+:xnack-"],
+    "gpu_count": 8,
+}
 
 
 def _suite_of(env: str, ran_on: dict[str, Any]) -> list[dict[str, Any]]:
     """A control and mics stock/fixed as a suite records them (the fixed run clean and matching)."""
     ran = {**ran_on, "env_platform": "rocm"}
-    common = {"dtype": "fp32", "world_size": 4, "transport": "native", "ran_on": ran, "steps": 3,
-              "shard_size": 4, "hierarchical": False, "skipped_steps": 0, "illegal_work_messages": 0,
-              "first_divergent_step": None, "weights_checksum": "w"}
-    control = {**common, "env": env, "scenario": "zero3", "patch": "stock",
-               "run_name": "zero3-stock-fp32-native-w4", "outcome": "clean", "signature": "none",
-               "losses": [2.0, 1.9, 1.8], "control_run": None, "shard_size": None}
-    stock = {**common, "env": env, "scenario": "mics", "patch": "stock",
-             "run_name": "mics-stock-fp32-native-w4",
-             "outcome": "reproduced", "signature": "illegal-work-divergence", "losses": [None, None, None],
-             "illegal_work_messages": 12, "first_divergent_step": 0, "control_run": control["run_name"]}
-    fixed = {**common, "env": env, "scenario": "mics", "patch": "fixed",
-             "run_name": "mics-fixed-fp32-native-w4",
-             "outcome": "clean", "signature": "none", "losses": [2.0, 1.9, 1.8],
-             "control_run": control["run_name"]}
+    common = {
+        "dtype": "fp32",
+        "world_size": 4,
+        "transport": "native",
+        "ran_on": ran,
+        "steps": 3,
+        "shard_size": 4,
+        "hierarchical": False,
+        "skipped_steps": 0,
+        "illegal_work_messages": 0,
+        "first_divergent_step": None,
+        "weights_checksum": "w",
+    }
+    control = {
+        **common,
+        "env": env,
+        "scenario": "zero3",
+        "patch": "stock",
+        "run_name": "zero3-stock-fp32-native-w4",
+        "outcome": "clean",
+        "signature": "none",
+        "losses": [2.0, 1.9, 1.8],
+        "control_run": None,
+        "shard_size": None,
+    }
+    stock = {
+        **common,
+        "env": env,
+        "scenario": "mics",
+        "patch": "stock",
+        "run_name": "mics-stock-fp32-native-w4",
+        "outcome": "reproduced",
+        "signature": "illegal-work-divergence",
+        "losses": [None, None, None],
+        "illegal_work_messages": 12,
+        "first_divergent_step": 0,
+        "control_run": control["run_name"],
+    }
+    fixed = {
+        **common,
+        "env": env,
+        "scenario": "mics",
+        "patch": "fixed",
+        "run_name": "mics-fixed-fp32-native-w4",
+        "outcome": "clean",
+        "signature": "none",
+        "losses": [2.0, 1.9, 1.8],
+        "control_run": control["run_name"],
+    }
     return [control, stock, fixed]
 
 

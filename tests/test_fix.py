@@ -56,6 +56,7 @@ class MiCS_AllGatherCoalescedHandle:
 
 # ---- fakes -------------------------------------------------------------------------------------
 
+
 class Buf:
     """A tensor stand-in: a value plus the device attribute DeepSpeed reads."""
 
@@ -130,11 +131,13 @@ class FakeTorch:
         self.recording: list[tuple[Buf, Buf]] | None = None
         self.made: list[Work] = []
         self.syncs = 0
-        self.distributed = SimpleNamespace(distributed_c10d=SimpleNamespace(
-            all_gather_into_tensor=self.all_gather_into_tensor))
+        self.distributed = SimpleNamespace(
+            distributed_c10d=SimpleNamespace(all_gather_into_tensor=self.all_gather_into_tensor)
+        )
 
-    def all_gather_into_tensor(self, output: Buf, input: Buf, group: Any = None,
-                               async_op: bool = False) -> Any:
+    def all_gather_into_tensor(
+        self, output: Buf, input: Buf, group: Any = None, async_op: bool = False
+    ) -> Any:
         assert self.recording is not None, "DeepSpeed gathers inside the coalescing manager"
         self.recording.append((output, input))
         self.transport.in_flight.append((output, input))
@@ -188,25 +191,35 @@ def _identity(func: Any = None, **_: Any) -> Any:
 def comm_namespace(fake: FakeTorch, customized: Callable[..., Any] | None = None) -> dict[str, Any]:
     torch = fake
     if customized is not None:
-        torch = SimpleNamespace(distributed=SimpleNamespace(distributed_c10d=SimpleNamespace(
-            _all_gather_base_coalesced=customized)))
+        torch = SimpleNamespace(
+            distributed=SimpleNamespace(
+                distributed_c10d=SimpleNamespace(_all_gather_base_coalesced=customized)
+            )
+        )
     return {
-        "__builtins__": builtins, "torch": torch, "has_coalescing_manager": lambda: True,
-        "get_coalescing_manager": fake.manager, "get_accelerator": lambda: fake,
+        "__builtins__": builtins,
+        "torch": torch,
+        "has_coalescing_manager": lambda: True,
+        "get_coalescing_manager": fake.manager,
+        "get_accelerator": lambda: fake,
         # decorators some releases put on the method (0.13.2+: compiler.disable; 0.19.x: these two)
-        "compiler": SimpleNamespace(disable=_identity), "disable_compiler_collective": _identity,
+        "compiler": SimpleNamespace(disable=_identity),
+        "disable_compiler_collective": _identity,
         "stage_on_cpu": _identity,
     }
 
 
 def mics_namespace(logged: list[str]) -> dict[str, Any]:
     return {
-        "__builtins__": builtins, "instrument_w_nvtx": lambda f: f, "ZeroParamStatus": Status,
+        "__builtins__": builtins,
+        "instrument_w_nvtx": lambda f: f,
+        "ZeroParamStatus": Status,
         "log_dist": lambda msg, ranks=None: logged.append(str(msg)),
     }
 
 
 # ---- implementations under test ----------------------------------------------------------------
+
 
 @functools.cache
 def _read_member(sdist: Path, member: str) -> str:
@@ -234,7 +247,7 @@ def method_text(impl: str, target: fix.Target) -> str:
     if kind == "fixed":
         return fix.function_text(source, splice)
     lines = source.splitlines(keepends=True)
-    return "".join(lines[splice.header_start - 1:splice.end])
+    return "".join(lines[splice.header_start - 1 : splice.end])
 
 
 def compiled(impl: str, target: fix.Target, namespace: dict[str, Any]) -> Callable[..., Any]:
@@ -247,8 +260,13 @@ STOCK_BUG = pytest.mark.xfail(strict=True, reason="stock DeepSpeed has the bug t
 def impls(stock_mark: pytest.MarkDecorator | None) -> list[Any]:
     """Every implementation; stock ones carry `stock_mark` (None: stock must pass too)."""
     marks = [stock_mark] if stock_mark else []
-    return ["fixed", "fixed-0.13.1", "fixed-0.19.6",
-            pytest.param("stock-0.13.1", marks=marks), pytest.param("stock-0.19.6", marks=marks)]
+    return [
+        "fixed",
+        "fixed-0.13.1",
+        "fixed-0.19.6",
+        pytest.param("stock-0.13.1", marks=marks),
+        pytest.param("stock-0.19.6", marks=marks),
+    ]
 
 
 def gather(impl: str, fake: FakeTorch, n: int = 3, async_op: bool = True) -> tuple[Any, list[Buf]]:
@@ -260,6 +278,7 @@ def gather(impl: str, fake: FakeTorch, n: int = 3, async_op: bool = True) -> tup
 
 
 # ---- all_gather_coalesced ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("exc", [RuntimeError, ValueError])
 @pytest.mark.parametrize("impl", impls(STOCK_BUG))
@@ -325,19 +344,25 @@ def test_customized_torch_path_is_untouched(impl: str) -> None:
 
 # ---- MiCS_AllGatherCoalescedHandle.wait --------------------------------------------------------
 
+
 def handle_for(allgather_handle: Any, params: list[Param]) -> SimpleNamespace:
     return SimpleNamespace(allgather_handle=allgather_handle, params=params, complete=False)
 
 
 # Stock 0.13.1 catches RuntimeError only (torch 2.1's placeholder); 0.13.2+ also ValueError.
-@pytest.mark.parametrize("impl,exc", [
-    ("fixed", RuntimeError), ("fixed", ValueError),
-    ("fixed-0.13.1", RuntimeError), ("fixed-0.19.6", ValueError),
-    pytest.param("stock-0.13.1", RuntimeError, marks=STOCK_BUG),
-    ("stock-0.13.1", ValueError),
-    pytest.param("stock-0.19.6", RuntimeError, marks=STOCK_BUG),
-    pytest.param("stock-0.19.6", ValueError, marks=STOCK_BUG),
-])
+@pytest.mark.parametrize(
+    "impl,exc",
+    [
+        ("fixed", RuntimeError),
+        ("fixed", ValueError),
+        ("fixed-0.13.1", RuntimeError),
+        ("fixed-0.19.6", ValueError),
+        pytest.param("stock-0.13.1", RuntimeError, marks=STOCK_BUG),
+        ("stock-0.13.1", ValueError),
+        pytest.param("stock-0.19.6", RuntimeError, marks=STOCK_BUG),
+        pytest.param("stock-0.19.6", ValueError, marks=STOCK_BUG),
+    ],
+)
 def test_mics_handle_propagates_a_failed_wait(impl: str, exc: type[Exception]) -> None:
     logged: list[str] = []
     wait = compiled(impl, MICS, mics_namespace(logged))
@@ -366,6 +391,7 @@ def test_mics_handle_marks_params_available_once(impl: str) -> None:
 
 
 # ---- splice / compile / apply ------------------------------------------------------------------
+
 
 def test_splice_keeps_release_header_and_is_idempotent() -> None:
     decorated = SYNTHETIC_COMM.replace("    def all_gather", "    @stage_on_cpu\n    def all_gather")
@@ -421,8 +447,13 @@ def fake_deepspeed(tmp_path: Path, mics_source: str = SYNTHETIC_MICS) -> dict[st
 def test_apply_replaces_both_methods_and_is_idempotent(tmp_path: Path) -> None:
     modules = fake_deepspeed(tmp_path)
     first = fix.apply(modules.__getitem__)
-    assert first == {"applied": True, "deepspeed": "0.0.test", "fix_id": fix.FIX_ID,
-                     "patched": [COMM.qualname, MICS.qualname], "source": "runtime"}
+    assert first == {
+        "applied": True,
+        "deepspeed": "0.0.test",
+        "fix_id": fix.FIX_ID,
+        "patched": [COMM.qualname, MICS.qualname],
+        "source": "runtime",
+    }
     installed = modules[COMM.module].TorchBackend.__dict__["all_gather_coalesced"]
     assert fix.apply(modules.__getitem__) == first
     assert modules[COMM.module].TorchBackend.__dict__["all_gather_coalesced"] is installed
@@ -470,7 +501,7 @@ def test_apply_leaves_an_already_patched_install_alone(tmp_path: Path) -> None:
 # One rank of gloo. gloo has no coalescing support, so the process group class gets the methods
 # torch's manager calls, written to behave like an asynchronous transport: outputs are written
 # when the work is waited. Everything else (the manager, _IllegalWork, DeepSpeed) is real.
-PROBE = r'''
+PROBE = r"""
 import importlib, json, sys
 import torch
 import torch.distributed as dist
@@ -537,7 +568,7 @@ report["apply"] = fix.apply()
 report["fixed"] = probe()
 with open(sys.argv[1], "w") as fh:
     json.dump(report, fh)
-'''
+"""
 
 VENVS = [
     pytest.param("MICS_TEST_PYTHON_T21", "0.13.1", "RuntimeError", id="torch2.1-ds0.13.1"),
@@ -561,8 +592,9 @@ def run_in_venv(python: str, args: list[str], tmp_path: Path) -> subprocess.Comp
 
 @pytest.mark.integration
 @pytest.mark.parametrize("var,version,placeholder_error", VENVS)
-def test_real_deepspeed_stock_vs_fixed(var: str, version: str, placeholder_error: str,
-                                      tmp_path: Path) -> None:
+def test_real_deepspeed_stock_vs_fixed(
+    var: str, version: str, placeholder_error: str, tmp_path: Path
+) -> None:
     python = venv_python(var)
     (tmp_path / "probe.py").write_text(PROBE)
     proc = run_in_venv(python, ["probe.py", str(tmp_path / "out.json")], tmp_path)

@@ -37,8 +37,15 @@ STRANGER = 4242  # a uid/gid this test process does not have
 
 
 # -- fake hosts ------------------------------------------------------------------------------------
-def amd_host(tmp_path: Path, arches: tuple[int, ...] | list[int] = (90008, 90008), *,
-             renders: int | None = None, kfd: bool = True, mode: int = 0o666, **fields: Any) -> GpuHost:
+def amd_host(
+    tmp_path: Path,
+    arches: tuple[int, ...] | list[int] = (90008, 90008),
+    *,
+    renders: int | None = None,
+    kfd: bool = True,
+    mode: int = 0o666,
+    **fields: Any,
+) -> GpuHost:
     """An AMD node: /dev/kfd, /dev/dri/renderD*, and KFD topology with a CPU node (version 0) first."""
     dev, sys = tmp_path / "dev", tmp_path / "sys"
     (dev / "dri").mkdir(parents=True)
@@ -54,15 +61,17 @@ def amd_host(tmp_path: Path, arches: tuple[int, ...] | list[int] = (90008, 90008
         (nodes / str(i)).mkdir(parents=True)
         (nodes / str(i) / "properties").write_text(
             f"cpu_cores_count {0 if version else 64}\nsimd_count {0 if not version else 480}\n"
-            f"gfx_target_version {version}\ndrm_render_minor {128 + i - 1 if version else 0}\n")
+            f"gfx_target_version {version}\ndrm_render_minor {128 + i - 1 if version else 0}\n"
+        )
     return GpuHost(dev=dev, sys=sys, root=tmp_path, environ=fields.pop("environ", {}), **fields)
 
 
 def bare_host(tmp_path: Path, **fields: Any) -> GpuHost:
     (tmp_path / "dev").mkdir(parents=True)
     (tmp_path / "sys").mkdir()
-    return GpuHost(dev=tmp_path / "dev", sys=tmp_path / "sys", root=tmp_path,
-                   environ=fields.pop("environ", {}), **fields)
+    return GpuHost(
+        dev=tmp_path / "dev", sys=tmp_path / "sys", root=tmp_path, environ=fields.pop("environ", {}), **fields
+    )
 
 
 class Smi:
@@ -104,15 +113,25 @@ def raised(call: Any) -> ReproError:
 
 
 # -- compat tables ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("version", "name"), [(90008, "gfx908"), (90010, "gfx90a"), (90402, "gfx942"),
-                                                (100300, "gfx1030"), (110000, "gfx1100"), (0, None)])
+@pytest.mark.parametrize(
+    ("version", "name"),
+    [
+        (90008, "gfx908"),
+        (90010, "gfx90a"),
+        (90402, "gfx942"),
+        (100300, "gfx1030"),
+        (110000, "gfx1100"),
+        (0, None),
+    ],
+)
 def test_kfd_target_versions_name_the_arch(version: int, name: str | None) -> None:
     assert compat.gfx_name(version) == name
 
 
 def test_wheel_arch_table_covers_the_instinct_generations() -> None:
-    assert "gfx908" in compat.rocm_wheel_arches("2.1.0", ROCM56.torch_index) and "gfx90a" in \
-        compat.rocm_wheel_arches("2.1.0", ROCM56.torch_index)
+    assert "gfx908" in compat.rocm_wheel_arches(
+        "2.1.0", ROCM56.torch_index
+    ) and "gfx90a" in compat.rocm_wheel_arches("2.1.0", ROCM56.torch_index)
     assert "gfx942" not in compat.rocm_wheel_arches("2.1.0", ROCM56.torch_index)
     assert "gfx942" in compat.rocm_wheel_arches(ROCM61.torch, ROCM61.torch_index)
     assert compat.cuda_driver_floor("12.1") == "525.60.13" and compat.cuda_driver_floor("11.8") == "450.80.02"
@@ -141,8 +160,9 @@ def test_rocm_on_a_host_without_any_gpu_exits_11(tmp_path: Path) -> None:
 
 def test_venv_user_outside_the_render_group_exits_41(tmp_path: Path) -> None:
     # The nodes are 0660 and owned by this process's uid/gid; the host says the user is someone else.
-    host = amd_host(tmp_path, mode=0o660, uid=STRANGER, gids=frozenset({STRANGER}),
-                    group_names={MY_GID: "render"})
+    host = amd_host(
+        tmp_path, mode=0o660, uid=STRANGER, gids=frozenset({STRANGER}), group_names={MY_GID: "render"}
+    )
     err = raised(lambda: preflight.check_devices(ROCM56, host))
     assert isinstance(err, DevicePermissionError) and err.exit_code == 41
     assert "usermod -aG render" in err.fix and "ENGINE=docker" in err.fix
@@ -150,8 +170,9 @@ def test_venv_user_outside_the_render_group_exits_41(tmp_path: Path) -> None:
 
 
 def test_group_membership_or_root_opens_the_nodes(tmp_path: Path) -> None:
-    preflight.check_devices(ROCM56, amd_host(tmp_path / "a", mode=0o660, uid=STRANGER,
-                                             gids=frozenset({STRANGER, MY_GID})))
+    preflight.check_devices(
+        ROCM56, amd_host(tmp_path / "a", mode=0o660, uid=STRANGER, gids=frozenset({STRANGER, MY_GID}))
+    )
     preflight.check_devices(ROCM56, amd_host(tmp_path / "b", mode=0o600, uid=0, gids=frozenset({0})))
 
 
@@ -190,12 +211,19 @@ def test_unreadable_topology_skips_only_the_arch_check(tmp_path: Path) -> None:
     assert preflight.gpu_count(ROCM56, host) == 1  # counted from the render nodes instead
 
 
-@pytest.mark.parametrize(("environ", "count"), [
-    ({}, 8), ({"HIP_VISIBLE_DEVICES": "0,1"}, 2), ({"ROCR_VISIBLE_DEVICES": "3"}, 1),
-    ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4), ({"HIP_VISIBLE_DEVICES": ""}, 0),
-    ({"ROCR_VISIBLE_DEVICES": "0,1,2", "HIP_VISIBLE_DEVICES": "0,1"}, 2),
-    ({"CUDA_VISIBLE_DEVICES": "-1"}, 0), ({"HIP_VISIBLE_DEVICES": "0,1,-1,2"}, 2),
-])
+@pytest.mark.parametrize(
+    ("environ", "count"),
+    [
+        ({}, 8),
+        ({"HIP_VISIBLE_DEVICES": "0,1"}, 2),
+        ({"ROCR_VISIBLE_DEVICES": "3"}, 1),
+        ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4),
+        ({"HIP_VISIBLE_DEVICES": ""}, 0),
+        ({"ROCR_VISIBLE_DEVICES": "0,1,2", "HIP_VISIBLE_DEVICES": "0,1"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": "-1"}, 0),
+        ({"HIP_VISIBLE_DEVICES": "0,1,-1,2"}, 2),
+    ],
+)
 def test_rocm_gpu_count_follows_visibility(tmp_path: Path, environ: dict[str, str], count: int) -> None:
     assert preflight.gpu_count(ROCM56, amd_host(tmp_path, [90008] * 8, environ=environ)) == count
 
@@ -254,10 +282,13 @@ def test_no_gpu_listed_exits_11(tmp_path: Path, smi: Any) -> None:
     assert raised(lambda: preflight.check_devices(CUDA, bare_host(tmp_path))).exit_code == 11
 
 
-@pytest.mark.parametrize("facts", [
-    DockerFacts(("io.containerd.runc.v2", "runc")),
-    DockerFacts(("runc",), cdi_spec_dirs=("/etc/cdi", "/var/run/cdi")),  # CDI on, but no NVIDIA spec
-])
+@pytest.mark.parametrize(
+    "facts",
+    [
+        DockerFacts(("io.containerd.runc.v2", "runc")),
+        DockerFacts(("runc",), cdi_spec_dirs=("/etc/cdi", "/var/run/cdi")),  # CDI on, but no NVIDIA spec
+    ],
+)
 def test_docker_daemon_without_nvidia_runtime_or_cdi_exits_44(
     tmp_path: Path, smi: Any, monkeypatch: pytest.MonkeyPatch, facts: DockerFacts
 ) -> None:
@@ -287,21 +318,29 @@ def test_cdi_specs_let_docker_pass_gpus(tmp_path: Path, smi: Any) -> None:
 
 
 def test_docker_facts_from_info() -> None:
-    facts = DockerFacts.from_info({
-        "Runtimes": {"runc": {}, "nvidia": {}}, "CDISpecDirs": ["/etc/cdi"],
-        "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}],
-    })
+    facts = DockerFacts.from_info(
+        {
+            "Runtimes": {"runc": {}, "nvidia": {}},
+            "CDISpecDirs": ["/etc/cdi"],
+            "DiscoveredDevices": [{"Source": "cdi", "ID": "nvidia.com/gpu=0"}],
+        }
+    )
     assert facts.runtimes == ("nvidia", "runc") and facts.cdi_spec_dirs == ("/etc/cdi",)
     assert facts.cdi_devices == ("nvidia.com/gpu=0",)
     assert DockerFacts.from_info({}) == DockerFacts(())
 
 
 def test_gpu_preflight_exit_codes_are_distinct() -> None:
-    kinds = (DeviceUnavailableError, DevicePermissionError, GpuArchError, GpuDriverError, ContainerGpuError,
-             GpuCountError)
+    kinds = (
+        DeviceUnavailableError,
+        DevicePermissionError,
+        GpuArchError,
+        GpuDriverError,
+        ContainerGpuError,
+        GpuCountError,
+    )
     assert len({k.exit_code for k in kinds}) == len(kinds)
     assert all(issubclass(k, DeviceUnavailableError) for k in kinds)
-
 
 
 def test_orchestrator_refuses_world_size_above_the_gpus_before_preparing(

@@ -45,12 +45,16 @@ def _repro(env_id: str, tmp_path: Path) -> tuple[list[dict], str, Path]:
     return [dict(r) for r in runs], render(runs, str(folder)), folder
 
 
-@pytest.mark.parametrize("env_id, platform, cause", [
-    ("rocm56", "rocm", "torch.version.hip is None"),  # the wrong kind of torch build
-    ("cuda", "cuda", "sees no GPU"),                   # the right kind, but no GPU on this host
-])
-def test_gpu_env_without_its_gpu_is_an_env_error_not_evidence(tmp_path: Path, env_id: str, platform: str,
-                                                              cause: str) -> None:
+@pytest.mark.parametrize(
+    "env_id, platform, cause",
+    [
+        ("rocm56", "rocm", "torch.version.hip is None"),  # the wrong kind of torch build
+        ("cuda", "cuda", "sees no GPU"),  # the right kind, but no GPU on this host
+    ],
+)
+def test_gpu_env_without_its_gpu_is_an_env_error_not_evidence(
+    tmp_path: Path, env_id: str, platform: str, cause: str
+) -> None:
     from repro.core.verdict import check_fix
 
     runs, summary, folder = _repro(env_id, tmp_path)

@@ -43,8 +43,9 @@ def test_python_38_through_the_front_door(real_subprocess: None) -> None:
     if old is None:
         pytest.skip("no Python 3.7/3.8 on this machine (the message itself is tested above)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    done = subprocess.run([old, "-m", "repro", "list"], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        [old, "-m", "repro", "list"], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert done.returncode == PythonVersionError.exit_code, done.stderr
     assert "needs Python >= 3.9" in done.stderr and "Traceback" not in done.stderr
 
@@ -57,12 +58,16 @@ def _subsets(items: tuple[str, ...]) -> list[tuple[str, ...]]:
 def test_engine_time_guard_counts_the_runs_the_suite_plans(sync_proof: bool) -> None:
     scenarios = tuple(str(s) for s in SCENARIOS)
     for chosen, patches, transports in itertools.product(
-            _subsets(scenarios), _subsets(tuple(str(p) for p in PATCHES)),
-            _subsets(tuple(str(t) for t in TRANSPORT_MODES))):
-        request = Request(env_ids=("cpu",), scenarios=chosen, patches=patches, transports=transports,
-                          sync_proof=sync_proof)
-        planned = suite.plan(list(chosen), list(patches), "fp32", list(transports), 4, 4,
-                             sync_proof=sync_proof)
+        _subsets(scenarios),
+        _subsets(tuple(str(p) for p in PATCHES)),
+        _subsets(tuple(str(t) for t in TRANSPORT_MODES)),
+    ):
+        request = Request(
+            env_ids=("cpu",), scenarios=chosen, patches=patches, transports=transports, sync_proof=sync_proof
+        )
+        planned = suite.plan(
+            list(chosen), list(patches), "fp32", list(transports), 4, 4, sync_proof=sync_proof
+        )
         assert planned_runs(request) == len(planned), (chosen, patches, transports)
 
 

@@ -73,8 +73,12 @@ def test_the_reporters_node_and_cluster() -> None:
 
 def test_small_counts_say_what_they_need() -> None:
     one = lay.plan_layouts("gpu", gpus_per_node=1)
-    assert {s: one.get(s).needs for s in SCENARIOS} == {"zero3": 0, "mics": 2, "mics-hier": 2,
-                                                        "mics-replica": 4}
+    assert {s: one.get(s).needs for s in SCENARIOS} == {
+        "zero3": 0,
+        "mics": 2,
+        "mics-hier": 2,
+        "mics-replica": 4,
+    }
     assert one.get("mics").describe() == "unsupported: needs 2 GPUs"
     two = lay.plan_layouts("gpu", gpus_per_node=2)
     assert two.get("mics-hier").supported and two.get("mics-hier").devices_per_node == 1
@@ -94,12 +98,18 @@ def test_world_size_chooses_a_subset_and_may_not_exceed_the_gpus() -> None:
 
 def test_cpu_keeps_the_layout_it_always_had() -> None:
     plan = lay.plan_layouts("cpu")
-    shapes = {x.scenario: (x.world_size, x.shard_size, x.hierarchical, x.devices_per_node)
-              for x in plan.layouts}
-    assert shapes == {"zero3": (4, None, False, 4), "mics": (4, 4, False, 4), "mics-hier": (4, 4, True, 2),
-                      "mics-replica": (4, 2, False, 4)}
+    shapes = {
+        x.scenario: (x.world_size, x.shard_size, x.hierarchical, x.devices_per_node) for x in plan.layouts
+    }
+    assert shapes == {
+        "zero3": (4, None, False, 4),
+        "mics": (4, 4, False, 4),
+        "mics-hier": (4, 4, True, 2),
+        "mics-replica": (4, 2, False, 4),
+    }
     assert plan.get("mics-hier").how("cpu") == (
-        "2 nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE=2 with world size 4")
+        "2 nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE=2 with world size 4"
+    )
     one = lay.plan_layouts("cpu", 1)
     assert one.get("zero3").supported and one.get("mics").needs == 2 and one.get("mics-replica").needs == 2
     two = lay.plan_layouts("cpu", 2)
@@ -111,6 +121,7 @@ def test_readme_table_is_generated_from_the_code() -> None:
     found = re.search(r"<!-- layout-table:start[^>]*-->\n(.*?)\n<!-- layout-table:end -->", text, re.S)
     assert found, "README.md lacks the generated layout table markers"
     assert found.group(1).strip() == lay.render_table().strip(), (
-        "README's layout table is stale: regenerate it with `python -m repro.workload.layout`")
+        "README's layout table is stale: regenerate it with `python -m repro.workload.layout`"
+    )
     rows = lay.render_table().splitlines()[2:]
     assert [r.split(" | ")[0].strip("| ") for r in rows] == [c[0] for c in lay.TABLE_CASES]

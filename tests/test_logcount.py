@@ -11,8 +11,10 @@ import pytest
 
 from repro.workload import logcount
 
-WARN_LINE = ("[Rank 0] WARNING: Runtime Error while waiting the collective all-gather, possibly due to "
-             "the _IllegalWork")
+WARN_LINE = (
+    "[Rank 0] WARNING: Runtime Error while waiting the collective all-gather, possibly due to "
+    "the _IllegalWork"
+)
 ERROR_LINE = "[Rank 0] Error message: Illegal to call wait on IllegalWork object"
 _names = itertools.count()
 

@@ -118,7 +118,10 @@ def test_install_steps_order_and_flags(matrix: Matrix) -> None:
     torch_step, deps_step, ds_step = steps[1], steps[2], steps[3]
     assert torch_step.index_url == "https://download.pytorch.org/whl/rocm5.6"
     assert torch_step.pip_install_args()[:5] == (
-        "install", "--index-url", "https://download.pytorch.org/whl/rocm5.6", "--extra-index-url",
+        "install",
+        "--index-url",
+        "https://download.pytorch.org/whl/rocm5.6",
+        "--extra-index-url",
         "https://pypi.org/simple",
     )
     assert deps_step.no_deps and deps_step.check
@@ -221,8 +224,11 @@ def test_extra_pins_reach_the_torch_layer(tmp_path: Path) -> None:
 
 
 def test_unknown_top_level_key_and_override_of_unpinned_package(tmp_path: Path) -> None:
-    problems = problems_of(tmp_path, ("schema = 1\n", "schema = 1\npinz = 2\n"),
-                           ('[pins_for_python."3.10"]\n', '[pins_for_python."3.10"]\nnumpyy = "2.2.6"\n'))
+    problems = problems_of(
+        tmp_path,
+        ("schema = 1\n", "schema = 1\npinz = 2\n"),
+        ('[pins_for_python."3.10"]\n', '[pins_for_python."3.10"]\nnumpyy = "2.2.6"\n'),
+    )
     assert find(problems, None, "pinz").suggestion == "pins"
     assert find(problems, None, "pins_for_python.3.10.numpyy").suggestion == "numpy"
 
@@ -237,8 +243,9 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
 
 
 def test_all_problems_are_reported_at_once(tmp_path: Path) -> None:
-    problems = problems_of(tmp_path, ('platform = "rocm"', 'platform = "rocn"'),
-                           ('default = "cpu"', 'default = "cpuu"'))
+    problems = problems_of(
+        tmp_path, ('platform = "rocm"', 'platform = "rocn"'), ('default = "cpu"', 'default = "cpuu"')
+    )
     assert {p.key for p in problems} >= {"platform", "default"}
 
 
@@ -283,7 +290,9 @@ def test_derive_rocm_picks_the_index_of_the_new_torch(matrix: Matrix) -> None:
 
 def test_derive_rocm_prefers_the_base_rocm_when_torch_has_several(matrix: Matrix) -> None:
     assert matrix.derive("rocm61", torch="2.5.1").torch_index == "https://download.pytorch.org/whl/rocm6.1"
-    assert matrix.derive("rocm62", deepspeed="0.17.6").torch_index == "https://download.pytorch.org/whl/rocm6.2"
+    assert (
+        matrix.derive("rocm62", deepspeed="0.17.6").torch_index == "https://download.pytorch.org/whl/rocm6.2"
+    )
 
 
 def test_derive_cuda_prefers_the_base_cuda(matrix: Matrix) -> None:
@@ -344,11 +353,21 @@ def test_derived_env_is_an_env(matrix: Matrix) -> None:
 # --- compat tables ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("torch", "tags"), [
-    ("2.0.1", ("rocm5.4.2",)), ("2.1.0", ("rocm5.6",)), ("2.2.0", ("rocm5.6",)), ("2.2.2", ("rocm5.7",)),
-    ("2.3.1", ("rocm6.0",)), ("2.4.1", ("rocm6.1",)), ("2.5.1", ("rocm6.1", "rocm6.2")),
-    ("2.6.0", ("rocm6.2.4",)), ("2.9.1", ("rocm6.4",)), ("2.12.0", ()),
-])
+@pytest.mark.parametrize(
+    ("torch", "tags"),
+    [
+        ("2.0.1", ("rocm5.4.2",)),
+        ("2.1.0", ("rocm5.6",)),
+        ("2.2.0", ("rocm5.6",)),
+        ("2.2.2", ("rocm5.7",)),
+        ("2.3.1", ("rocm6.0",)),
+        ("2.4.1", ("rocm6.1",)),
+        ("2.5.1", ("rocm6.1", "rocm6.2")),
+        ("2.6.0", ("rocm6.2.4",)),
+        ("2.9.1", ("rocm6.4",)),
+        ("2.12.0", ()),
+    ],
+)
 def test_rocm_index_table(torch: str, tags: tuple[str, ...]) -> None:
     assert tuple(i.tag for i in compat.wheel_indexes(Platform.ROCM, torch)) == tags
 
@@ -359,15 +378,18 @@ def test_index_versions() -> None:
     assert compat.same_minor("6.2.4", "6.2") and not compat.same_minor("6.1", "6.2")
 
 
-@pytest.mark.parametrize(("deepspeed", "platform", "expected_extra"), [
-    ("0.13.1", Platform.CPU, {"pynvml"}),
-    ("0.13.1", Platform.ROCM, set()),
-    ("0.14.5", Platform.CPU, {"nvidia-ml-py"}),
-    ("0.15.4", Platform.CPU, {"msgpack"}),
-    ("0.15.4", Platform.CUDA, {"msgpack", "nvidia-ml-py"}),
-    ("0.19.6", Platform.CPU, {"msgpack", "einops"}),
-    ("0.19.6", Platform.ROCM, {"msgpack", "einops"}),
-])
+@pytest.mark.parametrize(
+    ("deepspeed", "platform", "expected_extra"),
+    [
+        ("0.13.1", Platform.CPU, {"pynvml"}),
+        ("0.13.1", Platform.ROCM, set()),
+        ("0.14.5", Platform.CPU, {"nvidia-ml-py"}),
+        ("0.15.4", Platform.CPU, {"msgpack"}),
+        ("0.15.4", Platform.CUDA, {"msgpack", "nvidia-ml-py"}),
+        ("0.19.6", Platform.CPU, {"msgpack", "einops"}),
+        ("0.19.6", Platform.ROCM, {"msgpack", "einops"}),
+    ],
+)
 def test_deepspeed_packages(deepspeed: str, platform: Platform, expected_extra: set[str]) -> None:
     names = set(compat.deepspeed_packages(deepspeed, platform))
     assert names - set(compat.DS_COMMON) == expected_extra

@@ -47,8 +47,13 @@ def unpack(version: str, dest: Path) -> Path:
 
 def find_method(source: str, target: fix.Target) -> ast.FunctionDef:
     tree = ast.parse(source)
-    found = [item for node in tree.body if isinstance(node, ast.ClassDef) and node.name == target.cls
-             for item in node.body if isinstance(item, ast.FunctionDef) and item.name == target.func]
+    found = [
+        item
+        for node in tree.body
+        if isinstance(node, ast.ClassDef) and node.name == target.cls
+        for item in node.body
+        if isinstance(item, ast.FunctionDef) and item.name == target.func
+    ]
     assert found, f"{target.qualname} not in source"
     return found[-1]
 
@@ -62,12 +67,20 @@ def stand_in_module(target: fix.Target, path: Path) -> ModuleType:
     module = ModuleType(target.module)
     module.__file__ = str(path)
     identity = lambda func=None, **_: func if func is not None else identity  # noqa: E731
-    module.__dict__.update({
-        "__builtins__": builtins, "torch": None, "has_coalescing_manager": None,
-        "get_coalescing_manager": None, "get_accelerator": None, "instrument_w_nvtx": None,
-        "ZeroParamStatus": None, "compiler": SimpleNamespace(disable=identity),
-        "disable_compiler_collective": identity, "stage_on_cpu": identity,
-    })
+    module.__dict__.update(
+        {
+            "__builtins__": builtins,
+            "torch": None,
+            "has_coalescing_manager": None,
+            "get_coalescing_manager": None,
+            "get_accelerator": None,
+            "instrument_w_nvtx": None,
+            "ZeroParamStatus": None,
+            "compiler": SimpleNamespace(disable=identity),
+            "disable_compiler_collective": identity,
+            "stage_on_cpu": identity,
+        }
+    )
     setattr(module, target.cls, type(target.cls, (), {target.func: lambda self: None}))
     return module
 
@@ -87,14 +100,19 @@ def test_shipped_patch_is_what_the_generator_makes(version: str) -> None:
 
 @SHIPPED
 @pytest.mark.usefixtures("real_subprocess")
-def test_patch_applies_and_is_the_runtime_fix(version: str, tmp_path: Path,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_patch_applies_and_is_the_runtime_fix(
+    version: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if shutil.which("patch") is None:
         pytest.skip("GNU patch is not installed (apt-get install patch)")
     pristine = unpack(version, tmp_path / "pristine")
     patched = unpack(version, tmp_path / "patched")
-    proc = subprocess.run(["patch", "-p1", "--batch", "--forward", "-i", str(patchgen.patch_file(version))],
-                          cwd=patched, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["patch", "-p1", "--batch", "--forward", "-i", str(patchgen.patch_file(version))],
+        cwd=patched,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
     # (a) run time: apply() on modules whose source is the pristine release file
@@ -114,8 +132,8 @@ def test_patch_applies_and_is_the_runtime_fix(version: str, tmp_path: Path,
         # ...and outside the owned statements the file is byte for byte the release's
         old, new = fix.locate(before, target), fix.locate(after, target)
         old_lines, new_lines = before.splitlines(keepends=True), after.splitlines(keepends=True)
-        assert new_lines[:new.start - 1] == old_lines[:old.start - 1]
-        assert new_lines[new.end:] == old_lines[old.end:]
+        assert new_lines[: new.start - 1] == old_lines[: old.start - 1]
+        assert new_lines[new.end :] == old_lines[old.end :]
         assert new.unchanged and not old.unchanged
 
     # nothing else in the tree moved (no other file, no .orig/.rej left behind)
@@ -134,8 +152,9 @@ def test_patch_reverses_cleanly(tmp_path: Path) -> None:
     tree = unpack(version, tmp_path)
     patch = str(patchgen.patch_file(version))
     for flags in (["--forward"], ["--reverse"]):
-        proc = subprocess.run(["patch", "-p1", "--batch", *flags, "-i", patch], cwd=tree,
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["patch", "-p1", "--batch", *flags, "-i", patch], cwd=tree, capture_output=True, text=True
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
     for target in fix.TARGETS:
         with tarfile.open(sdist(version)) as tar:
@@ -145,8 +164,9 @@ def test_patch_reverses_cleanly(tmp_path: Path) -> None:
 
 
 @SHIPPED
-def test_check_catches_a_hand_edited_patch(version: str, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_check_catches_a_hand_edited_patch(
+    version: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     wheelhouse = str(sdist(version).parent)
     args = ["--patch-dir", str(tmp_path), "--wheelhouse", wheelhouse, "--versions", version]
     assert cli.main(["patches", "--write", *args]) == 0
@@ -179,9 +199,11 @@ def test_release_without_mics_has_no_patch(tmp_path: Path) -> None:
 
 # ---- integration: the real install -------------------------------------------------------------
 
+
 @pytest.mark.integration
-@pytest.mark.parametrize("var,version", [("MICS_TEST_PYTHON_T21", "0.13.1"),
-                                         ("MICS_TEST_PYTHON_T213_DS0196", "0.19.6")])
+@pytest.mark.parametrize(
+    "var,version", [("MICS_TEST_PYTHON_T21", "0.13.1"), ("MICS_TEST_PYTHON_T213_DS0196", "0.19.6")]
+)
 def test_real_install_compiles_the_shipped_patch(var: str, version: str, tmp_path: Path) -> None:
     python = os.environ.get(var)
     if not python or not Path(python).is_file():
@@ -189,15 +211,24 @@ def test_real_install_compiles_the_shipped_patch(var: str, version: str, tmp_pat
     if shutil.which("patch") is None:
         pytest.skip("GNU patch is not installed (apt-get install patch)")
     out = tmp_path / "fix.json"
-    proc = subprocess.run([python, "-m", "repro.workload.fix", "--out", str(out)], cwd=tmp_path,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True)
+    proc = subprocess.run(
+        [python, "-m", "repro.workload.fix", "--out", str(out)],
+        cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(out.read_text())
     assert result["deepspeed"] == version and result["fix_id"] == fix.FIX_ID
 
     tree = unpack(version, tmp_path / "sdist")
-    proc = subprocess.run(["patch", "-p1", "--batch", "-i", str(patchgen.patch_file(version))], cwd=tree,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["patch", "-p1", "--batch", "-i", str(patchgen.patch_file(version))],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for target in fix.TARGETS:
         expected = find_method((tree / target.path).read_text(), target)

@@ -42,14 +42,19 @@ def test_parse_junit_reads_each_outcome() -> None:
 
 
 def test_discriminates_only_when_stock_fails_and_patched_passes() -> None:
-    good = pr.discriminates(_run(Variant.STOCK, a=Outcome.FAILED, b=Outcome.FAILED),
-                            _run(Variant.PATCHED, a=Outcome.PASSED, b=Outcome.PASSED))
+    good = pr.discriminates(
+        _run(Variant.STOCK, a=Outcome.FAILED, b=Outcome.FAILED),
+        _run(Variant.PATCHED, a=Outcome.PASSED, b=Outcome.PASSED),
+    )
     assert good == []
-    passing_stock = pr.discriminates(_run(Variant.STOCK, a=Outcome.FAILED, b=Outcome.PASSED),
-                                     _run(Variant.PATCHED, a=Outcome.PASSED, b=Outcome.PASSED))
+    passing_stock = pr.discriminates(
+        _run(Variant.STOCK, a=Outcome.FAILED, b=Outcome.PASSED),
+        _run(Variant.PATCHED, a=Outcome.PASSED, b=Outcome.PASSED),
+    )
     assert passing_stock == ["stock: b passed, expected failed"]
-    skipped = pr.discriminates(_run(Variant.STOCK, a=Outcome.SKIPPED),
-                               _run(Variant.PATCHED, a=Outcome.SKIPPED))
+    skipped = pr.discriminates(
+        _run(Variant.STOCK, a=Outcome.SKIPPED), _run(Variant.PATCHED, a=Outcome.SKIPPED)
+    )
     assert len(skipped) == 2
     missing = pr.discriminates(_run(Variant.STOCK, a=Outcome.FAILED), _run(Variant.PATCHED))
     assert any("no test" in p for p in missing) and any("different tests" in p for p in missing)
@@ -73,8 +78,12 @@ def test_the_pr_test_file_is_deepspeed_style() -> None:
     assert classes
     for cls in classes:
         assert [b.id for b in cls.bases if isinstance(b, ast.Name)] == ["DistributedTest"]
-        sizes = [s for s in cls.body if isinstance(s, ast.Assign)
-                 and any(isinstance(t, ast.Name) and t.id == "world_size" for t in s.targets)]
+        sizes = [
+            s
+            for s in cls.body
+            if isinstance(s, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "world_size" for t in s.targets)
+        ]
         assert sizes, f"{cls.name} sets no world_size"
 
 
@@ -83,8 +92,9 @@ def test_patched_copy_applies_the_patch_to_a_copy(tmp_path: Path, monkeypatch: p
     (package / "comm").mkdir(parents=True)
     (package / "comm" / "torch.py").write_text("x = 1\n")
     patch = tmp_path / "fix.patch"
-    patch.write_text("--- a/deepspeed/comm/torch.py\n+++ b/deepspeed/comm/torch.py\n"
-                     "@@ -1 +1 @@\n-x = 1\n+x = 2\n")
+    patch.write_text(
+        "--- a/deepspeed/comm/torch.py\n+++ b/deepspeed/comm/torch.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    )
     calls: list[tuple[list[str], Path | None]] = []
 
     def fake_run(argv: list[str], **kw: object) -> object:

@@ -142,6 +142,7 @@ def test_truncated_results_json(tmp_path: Path) -> None:
 
 # ---- results.json is input: damaged fields and paths that leave the folder (issue 12, items 7 and 10) ----
 
+
 def _one_env_folder(tmp_path: Path) -> Path:
     b = ResultsBuilder(tmp_path / "results", "20250101T000000Z-cpu")
     b.env("cpu")
@@ -168,7 +169,10 @@ def _edit(folder: Path, mutate) -> None:  # type: ignore[no-untyped-def]
     ],
 )
 def test_make_report_names_a_malformed_field_instead_of_a_traceback(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate, names: str  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    mutate,
+    names: str,  # type: ignore[no-untyped-def]
 ) -> None:
     from repro.cli.main import main
 
@@ -190,9 +194,15 @@ def test_artifact_paths_outside_the_results_folder_are_noted_not_read(tmp_path: 
     folder = _one_env_folder(tmp_path)
     (folder / "cpu" / "artifacts" / "linked.txt").symlink_to(outside)
     climbing = "../" * (len(folder.resolve().parts) + 2) + str(outside).lstrip("/")
-    _edit(folder, lambda d: d["envs"]["cpu"]["artifacts"].update(
-        ds_report=climbing, collect_env=str(outside), linked="cpu/artifacts/linked.txt",
-        near="../private.txt"))
+    _edit(
+        folder,
+        lambda d: d["envs"]["cpu"]["artifacts"].update(
+            ds_report=climbing,
+            collect_env=str(outside),
+            linked="cpu/artifacts/linked.txt",
+            near="../private.txt",
+        ),
+    )
     assert main(["report", "--results", str(folder), "--results-root", str(tmp_path / "results")]) == 0
     html = (folder / "report.html").read_text()
     markdown = (folder / "REPORT.md").read_text()

@@ -43,21 +43,26 @@ def _repro(tmp_path: Path, *extra: str) -> int:
 
 
 @pytest.mark.parametrize("kind", ["file", "under-a-file", "unwritable"])
-def test_bad_out_is_a_usage_error_not_a_traceback(kind: str, tmp_path: Path, failing: None,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_out_is_a_usage_error_not_a_traceback(
+    kind: str, tmp_path: Path, failing: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    out = {"file": a_file, "under-a-file": a_file / "out",
-           # /proc refuses new folders even to root (chmod would not stop root).
-           "unwritable": Path("/proc/mics-repro-out")}[kind]
+    out = {
+        "file": a_file,
+        "under-a-file": a_file / "out",
+        # /proc refuses new folders even to root (chmod would not stop root).
+        "unwritable": Path("/proc/mics-repro-out"),
+    }[kind]
     assert _repro(tmp_path, "--out", str(out)) == UsageError.exit_code
     err = capsys.readouterr().err
     assert f"OUT={out}" in err and "Traceback" not in err
     assert a_file.read_text() == "mine"
 
 
-def test_unwritable_results_root_is_a_usage_error(tmp_path: Path, failing: None,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_unwritable_results_root_is_a_usage_error(
+    tmp_path: Path, failing: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     a_file = tmp_path / "results"
     a_file.write_text("")
     assert _repro(tmp_path) == UsageError.exit_code
@@ -87,8 +92,9 @@ def test_failed_build_into_out(tmp_path: Path, failing: None) -> None:
     assert not made.exists() and given.is_dir() and list(given.iterdir()) == []
 
 
-def test_out_with_results_is_refused(tmp_path: Path, failing: None,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_out_with_results_is_refused(
+    tmp_path: Path, failing: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     out = tmp_path / "out"
     out.mkdir()
     (out / results.RESULTS_FILE).write_text("{}")

@@ -14,7 +14,7 @@ import pytest
 
 from repro.workload import runner
 
-FAKE_RANK = r'''
+FAKE_RANK = r"""
 import faulthandler, os, signal, sys, time
 run_dir, rank = sys.argv[1], sys.argv[2]
 # Arm the stack dump before announcing the pid: the launcher signals only pids it has read.
@@ -31,23 +31,38 @@ def blocked_in_collective():
         time.sleep(0.2)
 mode = sys.argv[3]
 blocked_in_collective()
-'''
+"""
 
-FAKE_LAUNCHER = r'''
+FAKE_LAUNCHER = r"""
 import subprocess, sys, time
 run_dir, mode = sys.argv[1], sys.argv[2]
 procs = [subprocess.Popen([sys.executable, "-c", open(sys.argv[3]).read(), run_dir, str(r), mode])
          for r in range(2)]
 for p in procs:
     p.wait()
-'''
+"""
 
 
 def _spec(tmp_path: Path, timeout: float, stall: float) -> runner.RunSpec:
-    return runner.RunSpec(env="t", scenario="mics-replica", patch="stock", dtype="fp32", transport="async",
-                          world_size=2, shard_size=1, hierarchical=False, devices_per_node=2, steps=1, seed=1,
-                          timeout_s=timeout, stall_s=stall, device="cpu", run_dir=str(tmp_path / "run"),
-                          results_root=str(tmp_path), ds_config_path=str(tmp_path / "c.json"))
+    return runner.RunSpec(
+        env="t",
+        scenario="mics-replica",
+        patch="stock",
+        dtype="fp32",
+        transport="async",
+        world_size=2,
+        shard_size=1,
+        hierarchical=False,
+        devices_per_node=2,
+        steps=1,
+        seed=1,
+        timeout_s=timeout,
+        stall_s=stall,
+        device="cpu",
+        run_dir=str(tmp_path / "run"),
+        results_root=str(tmp_path),
+        ds_config_path=str(tmp_path / "c.json"),
+    )
 
 
 @pytest.fixture
@@ -58,7 +73,9 @@ def fake_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subproce
     def install(mode: str) -> None:
         def command(spec: runner.RunSpec, port: int) -> list[str]:
             return [sys.executable, "-c", FAKE_LAUNCHER, spec.run_dir, mode, str(rank_script)]
+
         monkeypatch.setattr(runner, "_command", command)
+
     return install
 
 
@@ -67,8 +84,13 @@ def _pids(run_dir: str) -> list[int]:
 
 
 @pytest.mark.parametrize("mode,timeout,stall", [("beat", 10.0, 100.0), ("once", 100.0, 2.0)])
-def test_hang_is_a_result_with_stacks_and_no_survivors(fake_torchrun, tmp_path: Path, mode: str,  # type: ignore[no-untyped-def]
-                                                       timeout: float, stall: float) -> None:
+def test_hang_is_a_result_with_stacks_and_no_survivors(
+    fake_torchrun,
+    tmp_path: Path,
+    mode: str,  # type: ignore[no-untyped-def]
+    timeout: float,
+    stall: float,
+) -> None:
     fake_torchrun(mode)
     spec = _spec(tmp_path, timeout, stall)
     result = runner.launch(spec)
@@ -84,8 +106,9 @@ def test_hang_is_a_result_with_stacks_and_no_survivors(fake_torchrun, tmp_path: 
     assert status == "hung" and record["stacks"] == result.stacks and "stacks of 2 ranks" in record["reason"]
 
 
-def test_launcher_failure_without_ranks_is_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                     real_subprocess: None) -> None:
+def test_launcher_failure_without_ranks_is_env_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None
+) -> None:
     no_torch = "import sys; print('No module named torch'); sys.exit(1)"
     monkeypatch.setattr(runner, "_command", lambda spec, port: [sys.executable, "-c", no_torch])
     spec = _spec(tmp_path, 30.0, 30.0)

@@ -23,7 +23,7 @@ from repro.core import cmd, signals
 from repro.engines.docker import engine as docker_engine
 from repro.workload import defaults, runner
 
-STUBBORN_RANK = r'''
+STUBBORN_RANK = r"""
 import os, signal, sys, time
 run_dir, rank = sys.argv[1], sys.argv[2]
 signal.signal(signal.SIGINT, signal.SIG_IGN)    # stuck in a collective: deaf to Ctrl-C
@@ -31,20 +31,20 @@ signal.signal(signal.SIGTERM, signal.SIG_IGN)   # and to terminate: only SIGKILL
 open(os.path.join(run_dir, f"rank{rank}.pid"), "w").write(str(os.getpid()))
 while True:
     time.sleep(0.2)
-'''
+"""
 
-LAUNCHER = r'''
+LAUNCHER = r"""
 import os, subprocess, sys
 run_dir, rank_script = sys.argv[1], sys.argv[2]
 open(os.path.join(run_dir, "launcher.pid"), "w").write(str(os.getpid()))
 procs = [subprocess.Popen([sys.executable, rank_script, run_dir, str(r)]) for r in range(2)]
 for p in procs:
     p.wait()
-'''
+"""
 
 # The suite as a real process, with torchrun replaced and MiCS declared present; sys.argv is
 # set so that suite.main() takes the command-line path (which installs the signal handlers).
-SUITE = r'''
+SUITE = r"""
 import os, sys
 from repro.workload import runner, suite
 out, launcher, rank_script = sys.argv[1:4]
@@ -56,10 +56,10 @@ sys.argv = ["suite", "--env", "t", "--out", out, "--device", "cpu", "--no-artifa
             "--scenarios", "mics", "--patches", "stock", "--no-sync-proof", "--jobs", "2",
             "--steps", "1", "--timeout", "600", "--stall-timeout", "600"]
 sys.exit(suite.main())
-'''
+"""
 
 # The host: its stop handlers, then the suite through the one subprocess door, as the venv engine does.
-HOST = r'''
+HOST = r"""
 import sys
 from repro.core import cmd, signals
 signals.install_stop_handlers()
@@ -68,7 +68,7 @@ try:
 except KeyboardInterrupt:
     print("host: interrupted", flush=True)
     sys.exit(130)
-'''
+"""
 
 
 def _running(pid: int) -> bool:
@@ -103,14 +103,19 @@ def scripts(tmp_path: Path) -> dict[str, Path]:
 
 @pytest.mark.parametrize("target,sig", [("host", signal.SIGTERM), ("suite", signal.SIGHUP)])
 def test_signal_stops_every_level_keeps_records_and_leaves_no_process(
-        tmp_path: Path, scripts: dict[str, Path], real_subprocess: None, target: str, sig: int) -> None:
+    tmp_path: Path, scripts: dict[str, Path], real_subprocess: None, target: str, sig: int
+) -> None:
     out = tmp_path / "out"
     suite_argv = [str(scripts["suite"]), str(out), str(scripts["launcher"]), str(scripts["rank"])]
-    argv = [sys.executable, str(scripts["host"]), *suite_argv] if target == "host" else [
-        sys.executable, *suite_argv]
+    argv = (
+        [sys.executable, str(scripts["host"]), *suite_argv]
+        if target == "host"
+        else [sys.executable, *suite_argv]
+    )
     env = {**os.environ, "PYTHONPATH": str(runner.REPO_ROOT)}
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
     try:
         # Both runs (control and MiCS) started, each with both ranks up.
         _wait_for(lambda: len(_pids(out, "runs/*/rank*.pid")) == 4, "four ranks running")
@@ -123,15 +128,16 @@ def test_signal_stops_every_level_keeps_records_and_leaves_no_process(
     text = output.decode(errors="replace")
     assert proc.returncode == 130, text
 
-    everyone = (_pids(out, "runs/*/rank*.pid") + _pids(out, "runs/*/launcher.pid")
-                + _pids(out, "suite.pid"))
+    everyone = _pids(out, "runs/*/rank*.pid") + _pids(out, "runs/*/launcher.pid") + _pids(out, "suite.pid")
     assert len(everyone) == 7
     _wait_for(lambda: not [p for p in everyone if _running(p)], "every process gone", limit_s=10)
 
     data = json.loads((out / "suite.json").read_text())
     assert data["interrupted"] is True
     assert [(r["scenario"], r["outcome"]) for r in data["runs"]] == [
-        ("zero3", "interrupted"), ("mics", "interrupted")], text
+        ("zero3", "interrupted"),
+        ("mics", "interrupted"),
+    ], text
     for run_dir in out.glob("runs/*"):
         assert (run_dir / "record.json").is_file()
 
@@ -173,18 +179,24 @@ def test_host_handler_keeps_a_signal_the_parent_ignored() -> None:
             signal.signal(sig, handler)
 
 
-def test_interrupted_container_keeps_the_suites_records(tmp_path: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_container_keeps_the_suites_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from test_engines import FakeClient, FakeWheelhouse, Script, _fake_repo, _prepared
 
     monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("MICS_REPRO_CA_BUNDLE", "none")
     monkeypatch.delenv("MICS_REPRO_KEEP_CONTAINER", raising=False)
-    client = FakeClient(Script(interrupt_on_wait=True,
-                               results={"suite.json": b'{"runs": [{"outcome": "interrupted"}]}'}))
-    engine = docker_engine.DockerEngine(client, repo_root=_fake_repo(tmp_path),
-                                        wheelhouse=FakeWheelhouse(tmp_path / "wheels"),
-                                        log_dir=tmp_path / "logs", build_args={})
+    client = FakeClient(
+        Script(interrupt_on_wait=True, results={"suite.json": b'{"runs": [{"outcome": "interrupted"}]}'})
+    )
+    engine = docker_engine.DockerEngine(
+        client,
+        repo_root=_fake_repo(tmp_path),
+        wheelhouse=FakeWheelhouse(tmp_path / "wheels"),
+        log_dir=tmp_path / "logs",
+        build_args={},
+    )
     with pytest.raises(KeyboardInterrupt):  # what SIGTERM/SIGHUP become on the host
         engine.run_suite(_prepared(), [], tmp_path / "out", timeout_s=None)
     (box,) = client.created

@@ -31,9 +31,25 @@ pytestmark = pytest.mark.integration
 def run_repro(env_id: str, out: Path, *args: str) -> dict[str, Any]:
     """One invocation of the front door for `env_id`; its results.json, checked for shape."""
     env_python(env_id)  # skips (or fails in CI) when the env's venv is not built
-    done = subprocess.run([sys.executable, "-m", "repro", "repro", "--env", env_id, "--engine", "venv",
-                           "--out", str(out), *args], cwd=REPO, capture_output=True, text=True,
-                          env=dict(os.environ))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro",
+            "repro",
+            "--env",
+            env_id,
+            "--engine",
+            "venv",
+            "--out",
+            str(out),
+            *args,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "verdict:" in done.stdout
     results = json.loads((out / "results.json").read_text())
@@ -58,8 +74,9 @@ def reporter_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict
 @pytest.fixture(scope="module")
 def reporter_fp16(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("cpu-fp16") / "results"
-    return out, run_repro("cpu", out, "--dtype", "fp16", "--scenarios", "mics", "--no-sync-proof",
-                          "--steps", "8")
+    return out, run_repro(
+        "cpu", out, "--dtype", "fp16", "--scenarios", "mics", "--no-sync-proof", "--steps", "8"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +88,9 @@ def newest_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[s
 @pytest.fixture(scope="module")
 def mics_removed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
     out = tmp_path_factory.mktemp("cpu-ds0198") / "results"
-    return out, run_repro("cpu-ds0198", out, "--scenarios", "mics,mics-hier", "--no-sync-proof",
-                          "--steps", "8")
+    return out, run_repro(
+        "cpu-ds0198", out, "--scenarios", "mics,mics-hier", "--no-sync-proof", "--steps", "8"
+    )
 
 
 def by_name(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -80,8 +98,9 @@ def by_name(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def matches_control(run: dict[str, Any], control: dict[str, Any]) -> bool:
-    return (bool(run["losses"])
-            and first_divergent_step(run["losses"], control["losses"], run["dtype"]) is None)
+    return (
+        bool(run["losses"]) and first_divergent_step(run["losses"], control["losses"], run["dtype"]) is None
+    )
 
 
 def test_reporter_stack_on_cpu(reporter_stack: tuple[Path, dict[str, Any]]) -> None:
@@ -121,8 +140,11 @@ def test_reporter_stack_on_cpu(reporter_stack: tuple[Path, dict[str, Any]]) -> N
 
 def test_fp16_overflow_storm_on_reporter_stack(reporter_fp16: tuple[Path, dict[str, Any]]) -> None:
     runs = by_name(reporter_fp16[1])
-    control, stock, fixed = (runs[("zero3", "stock", "async")], runs[("mics", "stock", "async")],
-                             runs[("mics", "fixed", "async")])
+    control, stock, fixed = (
+        runs[("zero3", "stock", "async")],
+        runs[("mics", "stock", "async")],
+        runs[("mics", "fixed", "async")],
+    )
     assert control["outcome"] == "clean", control["reason"]
     assert stock["outcome"] == "reproduced" and stock["skipped_steps"] > control["skipped_steps"]
     scales = [s for s in stock["loss_scale"] if s is not None]
@@ -153,25 +175,32 @@ def test_mics_removed(mics_removed: tuple[Path, dict[str, Any]]) -> None:
 
 # ---- one report from every invocation above, read back against the records ------------------
 
+
 def _bug(record: dict[str, Any]) -> bool:
     return record["outcome"] == "reproduced" or (
-        record["outcome"] == "crashed" and record["signature"] == "illegal-work-crash")
+        record["outcome"] == "crashed" and record["signature"] == "illegal-work-crash"
+    )
 
 
 def _expected_headline(records: list[dict[str, Any]]) -> tuple[str, str]:
     """(reproduces, fixed) for one env, worked out from its records alone."""
-    stock = [r for r in records
-             if r["scenario"] != "zero3" and r["patch"] == "stock" and r["transport"] != "sync"]
+    stock = [
+        r for r in records if r["scenario"] != "zero3" and r["patch"] == "stock" and r["transport"] != "sync"
+    ]
     if any(_bug(r) for r in stock):
         reproduces = "yes"
     elif stock and all(r["outcome"] == "unsupported" for r in stock):
         reproduces = "unsupported"
     else:
         reproduces = "other"
-    fixed_of = {(r["scenario"], r["dtype"], r["transport"], r["world_size"]): r
-                for r in records if r["patch"] == "fixed"}
-    twins = [fixed_of.get((r["scenario"], r["dtype"], r["transport"], r["world_size"]))
-             for r in stock if _bug(r)]
+    fixed_of = {
+        (r["scenario"], r["dtype"], r["transport"], r["world_size"]): r
+        for r in records
+        if r["patch"] == "fixed"
+    }
+    twins = [
+        fixed_of.get((r["scenario"], r["dtype"], r["transport"], r["world_size"])) for r in stock if _bug(r)
+    ]
     if not twins:
         fixed = "n/a" if reproduces == "unsupported" else "other"
     elif all(t is not None and t["outcome"] == "clean" and t["illegal_work_messages"] == 0 for t in twins):
@@ -182,13 +211,28 @@ def _expected_headline(records: list[dict[str, Any]]) -> tuple[str, str]:
 
 
 def test_report_from_several_envs_agrees_with_records(
-        reporter_stack: tuple[Path, dict[str, Any]], reporter_fp16: tuple[Path, dict[str, Any]],
-        newest_stack: tuple[Path, dict[str, Any]], mics_removed: tuple[Path, dict[str, Any]],
-        tmp_path: Path) -> None:
+    reporter_stack: tuple[Path, dict[str, Any]],
+    reporter_fp16: tuple[Path, dict[str, Any]],
+    newest_stack: tuple[Path, dict[str, Any]],
+    mics_removed: tuple[Path, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
     folders = [reporter_stack[0], reporter_fp16[0], newest_stack[0], mics_removed[0]]
-    done = subprocess.run([sys.executable, "-m", "repro", "report", "--results",
-                           ",".join(map(str, folders)), "--out", str(tmp_path / "report")],
-                          cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro",
+            "report",
+            "--results",
+            ",".join(map(str, folders)),
+            "--out",
+            str(tmp_path / "report"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "report" / "report.json").read_text())
     markdown = (tmp_path / "report" / "REPORT.md").read_text()
@@ -218,14 +262,19 @@ def test_report_from_several_envs_agrees_with_records(
                 cells[row[side]["run"]] = row[side]
     for env_id, runs in records.items():
         for record in runs:
-            matching = [c for ident, c in cells.items()
-                        if ident.endswith("/" + record["run_name"]) and ident.startswith(env_id)]
+            matching = [
+                c
+                for ident, c in cells.items()
+                if ident.endswith("/" + record["run_name"]) and ident.startswith(env_id)
+            ]
             assert matching, f"{env_id}/{record['run_name']} missing from the table"
-            assert any(c["outcome"] == record["outcome"]
-                       and c["illegal_work"] == record["illegal_work_messages"]
-                       and c["skipped_steps"] == record["skipped_steps"]
-                       and c["first_divergent_step"] == record["first_divergent_step"]
-                       for c in matching), (record["run_name"], matching)
+            assert any(
+                c["outcome"] == record["outcome"]
+                and c["illegal_work"] == record["illegal_work_messages"]
+                and c["skipped_steps"] == record["skipped_steps"]
+                and c["first_divergent_step"] == record["first_divergent_step"]
+                for c in matching
+            ), (record["run_name"], matching)
 
     # MiCS logic or ROCm: CPU-only evidence, so the GPU comparison is named as missing, and the
     # sync-transport control's IllegalWork count is the record's.
@@ -244,8 +293,9 @@ def test_report_from_several_envs_agrees_with_records(
     assert upgrade["verdict"] == "no"
 
     # Anything else the runs found: every hung record is a finding with its stacks.
-    hung = sorted((r["env"], r["run_name"])
-                  for runs in records.values() for r in runs if r["outcome"] == "hung")
+    hung = sorted(
+        (r["env"], r["run_name"]) for runs in records.values() for r in runs if r["outcome"] == "hung"
+    )
     findings = [f for f in report["findings"] if f["kind"] == "hang"]
     assert sorted((f["env"], f["run"].rsplit("/", 1)[-1]) for f in findings) == hung
     assert all(f["excerpt"] for f in findings)

@@ -31,8 +31,9 @@ class FakeTorchrun:
         self.interrupt_run = interrupt_run
         self.both_running = threading.Event()
 
-    def __call__(self, spec: runner.RunSpec, progress: Any = None,
-                 stop: threading.Event | None = None) -> runner.LaunchResult:
+    def __call__(
+        self, spec: runner.RunSpec, progress: Any = None, stop: threading.Event | None = None
+    ) -> runner.LaunchResult:
         with self.lock:
             self.running += 1
             self.most_at_once = max(self.most_at_once, self.running)
@@ -51,9 +52,14 @@ class FakeTorchrun:
                     return runner.LaunchResult("interrupted", None, 0.1, {}, "")
             stock_mics = spec.scenario.startswith("mics") and spec.patch == "stock"
             for rank in range(spec.world_size):
-                data = {"rank": rank, "losses": [None] * len(LOSSES) if stock_mics else LOSSES,
-                        "illegal_work_messages": 7 if stock_mics else 0, "exception": None,
-                        "versions": {"torch": "fake"}, "steps_completed": len(LOSSES)}
+                data = {
+                    "rank": rank,
+                    "losses": [None] * len(LOSSES) if stock_mics else LOSSES,
+                    "illegal_work_messages": 7 if stock_mics else 0,
+                    "exception": None,
+                    "versions": {"torch": "fake"},
+                    "steps_completed": len(LOSSES),
+                }
                 Path(spec.run_dir, f"rank{rank}.json").write_text(json.dumps(data))
             return runner.LaunchResult(None, 0, 0.1, {}, "")
         finally:
@@ -65,20 +71,36 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeTorchrun, jo
     monkeypatch.setattr(suite.runner, "launch", fake)
     monkeypatch.setattr(suite, "mics_available", lambda: True)
     out = tmp_path / "out"
-    code = suite.main(["--env", "fake", "--out", str(out), "--device", "cpu", "--no-artifacts",
-                       "--jobs", str(jobs), "--world-size", "2"])
+    code = suite.main(
+        [
+            "--env",
+            "fake",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--no-artifacts",
+            "--jobs",
+            str(jobs),
+            "--world-size",
+            "2",
+        ]
+    )
     return code, json.loads((out / "suite.json").read_text())
 
 
-def test_two_jobs_overlap_and_records_keep_plan_order(tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_jobs_overlap_and_records_keep_plan_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = FakeTorchrun()
     code, data = _run(tmp_path, monkeypatch, fake, jobs=2)
     assert code == 0
     assert fake.most_at_once == 2
     names = [r["run_name"] for r in data["runs"]]
-    planned = [f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w2" for p in
-               suite.plan(list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, 2, True)]
+    planned = [
+        f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w2"
+        for p in suite.plan(list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, 2, True)
+    ]
     assert names == planned
     by_name = {r["run_name"]: r for r in data["runs"]}
     control = by_name["zero3-stock-fp32-async-w2"]
@@ -99,16 +121,24 @@ def test_one_job_never_overlaps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_interruption_records_started_runs_and_launches_nothing_more(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     fake = FakeTorchrun(interrupt_run="mics-stock-fp32-async-w2")
     code, data = _run(tmp_path, monkeypatch, fake, jobs=2)
     assert code == 130 and data["interrupted"] is True
     recorded = [r["run_name"] for r in data["runs"]]
     # the control, the interrupted run and whatever was in flight beside it; nothing after
     assert sorted(recorded) == sorted(fake.started)
-    planned = [r for r in [f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w2" for p in
-               suite.plan(list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, 2, True)]]
-    assert recorded == planned[:len(recorded)]
+    planned = [
+        r
+        for r in [
+            f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w2"
+            for p in suite.plan(
+                list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, 2, True
+            )
+        ]
+    ]
+    assert recorded == planned[: len(recorded)]
     assert len(recorded) < 8
     assert any(r["outcome"] == "interrupted" for r in data["runs"])
     for name in recorded:

@@ -22,23 +22,33 @@ STEPS = 5
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(not os.path.exists(PYTHON),
-                       reason=f"no torch 2.1 + DeepSpeed 0.13.1 venv at {PYTHON} (set MICS_TEST_PYTHON_T21)"),
+    pytest.mark.skipif(
+        not os.path.exists(PYTHON),
+        reason=f"no torch 2.1 + DeepSpeed 0.13.1 venv at {PYTHON} (set MICS_TEST_PYTHON_T21)",
+    ),
 ]
 
 
-def _config(world: int, shard: int | None = None, hierarchical: bool = False,
-            fp16: bool = False) -> dict[str, Any]:
+def _config(
+    world: int, shard: int | None = None, hierarchical: bool = False, fp16: bool = False
+) -> dict[str, Any]:
     zero: dict[str, Any] = {
-        "stage": 3, "overlap_comm": True, "reduce_scatter": True, "contiguous_gradients": True,
-        "reduce_bucket_size": 20000, "stage3_prefetch_bucket_size": 20000,
+        "stage": 3,
+        "overlap_comm": True,
+        "reduce_scatter": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 20000,
+        "stage3_prefetch_bucket_size": 20000,
         "stage3_param_persistence_threshold": 0,
     }
     if shard is not None:
         zero.update(mics_shard_size=shard, mics_hierarchical_params_gather=hierarchical)
     config: dict[str, Any] = {
-        "train_batch_size": 2 * world, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-        "gradient_clipping": 1.0, "steps_per_print": 1000,
+        "train_batch_size": 2 * world,
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 1000,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
         "zero_optimization": zero,
     }
@@ -60,20 +70,59 @@ class Runs:
         self.root = root
         self.done: dict[str, dict[int, dict[str, Any]]] = {}
 
-    def get(self, name: str, scenario: str, config: dict[str, Any], *, world: int = 2, per_node: int = 2,
-            transport: str = "strict", patch: str = "stock") -> dict[int, dict[str, Any]]:
+    def get(
+        self,
+        name: str,
+        scenario: str,
+        config: dict[str, Any],
+        *,
+        world: int = 2,
+        per_node: int = 2,
+        transport: str = "strict",
+        patch: str = "stock",
+    ) -> dict[int, dict[str, Any]]:
         if name in self.done:
             return self.done[name]
         run_dir = self.root / name
         run_dir.mkdir()
         cfg = run_dir / "ds_config.json"
         cfg.write_text(json.dumps(config))
-        env = dict(os.environ, PYTHONPATH=str(REPO), LOCAL_SIZE=str(per_node), OMP_NUM_THREADS="1",
-                   CUDA_VISIBLE_DEVICES="")
-        cmd = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_addr",
-               "127.0.0.1", "--master_port", str(_free_port()), "-m", "repro.workload.train",
-               "--run-dir", str(run_dir), "--ds-config", str(cfg), "--scenario", scenario, "--patch", patch,
-               "--steps", str(STEPS), "--transport", transport, "--vocab", "128", "--hidden", "64"]
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(REPO),
+            LOCAL_SIZE=str(per_node),
+            OMP_NUM_THREADS="1",
+            CUDA_VISIBLE_DEVICES="",
+        )
+        cmd = [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            str(world),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "repro.workload.train",
+            "--run-dir",
+            str(run_dir),
+            "--ds-config",
+            str(cfg),
+            "--scenario",
+            scenario,
+            "--patch",
+            patch,
+            "--steps",
+            str(STEPS),
+            "--transport",
+            transport,
+            "--vocab",
+            "128",
+            "--hidden",
+            "64",
+        ]
         with open(run_dir / "torchrun.log", "w") as log:
             subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
         records = {}

@@ -200,11 +200,24 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, An
     work = tmp_path_factory.mktemp("transport")
     script = work / "child.py"
     script.write_text(_CHILD)
-    env = dict(os.environ, PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
-               OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    procs = [subprocess.Popen([PYTHON, str(script), str(work), str(r), str(WORLD), str(N)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(WORLD)]
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(_free_port()),
+        OMP_NUM_THREADS="1",
+        CUDA_VISIBLE_DEVICES="",
+    )
+    procs = [
+        subprocess.Popen(
+            [PYTHON, str(script), str(work), str(r), str(WORLD), str(N)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(WORLD)
+    ]
     logs = [p.communicate()[0] for p in procs]
     for rank, proc in enumerate(procs):
         if proc.returncode != 0:
@@ -219,7 +232,7 @@ def _gather(j: int = 0) -> list[float]:
 
 def _reduce_scatter(rank: int, average: bool) -> list[float]:
     total = [float(k * sum(r + 1 for r in range(WORLD))) for k in range(WORLD * N)]
-    mine = total[rank * N:(rank + 1) * N]
+    mine = total[rank * N : (rank + 1) * N]
     return [v / WORLD for v in mine] if average else mine
 
 
@@ -232,8 +245,9 @@ MODES = ("async", "sync", "strict")
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
-def test_gather_and_reduce_scatter_are_correct(observed: dict[int, Any], mode: str, dtype: str,
-                                               real_subprocess: None) -> None:
+def test_gather_and_reduce_scatter_are_correct(
+    observed: dict[int, Any], mode: str, dtype: str, real_subprocess: None
+) -> None:
     for rank, obs in observed.items():
         o = obs["modes"][mode]
         assert o[f"gather_{dtype}"] == _gather()
@@ -242,8 +256,9 @@ def test_gather_and_reduce_scatter_are_correct(observed: dict[int, Any], mode: s
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_gather_into_the_buffer_holding_the_input(observed: dict[int, Any], mode: str,
-                                                   real_subprocess: None) -> None:
+def test_gather_into_the_buffer_holding_the_input(
+    observed: dict[int, Any], mode: str, real_subprocess: None
+) -> None:
     for obs in observed.values():
         assert obs["modes"][mode]["alias_gather"] == _gather()
 
@@ -272,23 +287,26 @@ def test_strict_mode_poisons_until_wait(observed: dict[int, Any], real_subproces
         assert o["int_after_wait"] == _gather()
 
 
-def test_strict_mode_leaves_unwaited_later_work_poisoned(observed: dict[int, Any],
-                                                         real_subprocess: None) -> None:
+def test_strict_mode_leaves_unwaited_later_work_poisoned(
+    observed: dict[int, Any], real_subprocess: None
+) -> None:
     for obs in observed.values():
         assert _all_nan(obs["modes"]["strict"]["independent_b"])
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_waiting_a_later_work_completes_earlier_ones(observed: dict[int, Any], mode: str,
-                                                      real_subprocess: None) -> None:
+def test_waiting_a_later_work_completes_earlier_ones(
+    observed: dict[int, Any], mode: str, real_subprocess: None
+) -> None:
     # one NCCL stream per communicator: the adapter must not report a race NCCL cannot have
     for obs in observed.values():
         assert obs["modes"][mode]["order_a"] == _gather(1)
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_coalesced_block_completes_as_a_unit(observed: dict[int, Any], mode: str,
-                                             real_subprocess: None) -> None:
+def test_coalesced_block_completes_as_a_unit(
+    observed: dict[int, Any], mode: str, real_subprocess: None
+) -> None:
     for obs in observed.values():
         o = obs["modes"][mode]
         assert o["block_after_wait"] == [_gather(j) for j in range(3)]
@@ -309,8 +327,9 @@ def test_the_placeholder_and_the_bug_come_from_torch(observed: dict[int, Any], r
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_install_is_idempotent_and_refuses_a_second_mode(observed: dict[int, Any], mode: str,
-                                                         real_subprocess: None) -> None:
+def test_install_is_idempotent_and_refuses_a_second_mode(
+    observed: dict[int, Any], mode: str, real_subprocess: None
+) -> None:
     for obs in observed.values():
         o = obs["modes"][mode]
         assert o["reinstall_same"] is True
@@ -320,8 +339,9 @@ def test_install_is_idempotent_and_refuses_a_second_mode(observed: dict[int, Any
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_bf16_broadcast_and_allreduce_where_gloo_lacks_bf16(observed: dict[int, Any], mode: str,
-                                                            real_subprocess: None) -> None:
+def test_bf16_broadcast_and_allreduce_where_gloo_lacks_bf16(
+    observed: dict[int, Any], mode: str, real_subprocess: None
+) -> None:
     for obs in observed.values():
         o = obs["modes"][mode]
         if o["installed"]["gloo_native"]["bf16"]:

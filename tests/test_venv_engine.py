@@ -46,8 +46,10 @@ def env() -> Env:
     chosen = load_matrix().get(env_id)
     missing = Wheelhouse(offline=True).missing(DownloadPlan.for_env(chosen))
     if missing:
-        pytest.skip(f"the wheelhouse lacks {', '.join(missing)} for env {env_id}: fill it first "
-                    f"(python -m repro build ENV={env_id} ENGINE=venv, or Wheelhouse().ensure(env))")
+        pytest.skip(
+            f"the wheelhouse lacks {', '.join(missing)} for env {env_id}: fill it first "
+            f"(python -m repro build ENV={env_id} ENGINE=venv, or Wheelhouse().ensure(env))"
+        )
     return chosen
 
 
@@ -58,8 +60,9 @@ def built(env: Env, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[
     (repo / "repro" / "__init__.py").write_text("")
     (repo / "repro" / "workload" / "__init__.py").write_text("")
     (repo / "repro" / "workload" / "suite.py").write_text(STAND_IN_SUITE)
-    engine = VenvEngine(root=tmp_path_factory.mktemp("venvs"), wheelhouse=Wheelhouse(offline=True),
-                        repo_root=repo)
+    engine = VenvEngine(
+        root=tmp_path_factory.mktemp("venvs"), wheelhouse=Wheelhouse(offline=True), repo_root=repo
+    )
     try:
         engine.preflight(env)
     except PythonVersionError as exc:
@@ -105,6 +108,7 @@ def test_hung_suite_is_a_timed_out_result(built: tuple[VenvEngine, Prepared], tm
 def test_python_table_agrees_with_the_built_venv(env: Env, built: tuple[VenvEngine, Prepared]) -> None:
     _engine, prepared = built
     probe = "import sys; print(sys.version.split()[0])"
-    version = subprocess.run([f"{prepared.handle}/bin/python", "-c", probe],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    version = subprocess.run(
+        [f"{prepared.handle}/bin/python", "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
     preflight.check_python(env, version, prepared.handle)  # a venv that built must pass the table

@@ -22,9 +22,19 @@ from repro.engines.wheelhouse import Wheelhouse
 from repro.matrix.schema import load_matrix
 
 BASE = {
-    "recipe": "1", "platform": "cpu", "base_image": "python:3.11-slim-bookworm", "python": "3.11",
-    "torch_index": "https://pypi.org/simple", "torch": "2.1.0", "numpy": "1.26.4", "pip": "26.3",
-    "setuptools": "80.10.2", "wheel": "0.48.0", "deepspeed": "0.13.1", "hjson": "3.1.0", "pynvml": "13.0.1",
+    "recipe": "1",
+    "platform": "cpu",
+    "base_image": "python:3.11-slim-bookworm",
+    "python": "3.11",
+    "torch_index": "https://pypi.org/simple",
+    "torch": "2.1.0",
+    "numpy": "1.26.4",
+    "pip": "26.3",
+    "setuptools": "80.10.2",
+    "wheel": "0.48.0",
+    "deepspeed": "0.13.1",
+    "hjson": "3.1.0",
+    "pynvml": "13.0.1",
 }
 
 
@@ -152,9 +162,12 @@ def test_real_layer_shadows_the_base(tmp_path: Path, real_subprocess: None) -> N
     def make(name: str) -> tuple[Path, Path]:
         venv = tmp_path / name
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-        out = subprocess.run([str(venv / "bin" / "python"), "-c",
-                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True)
+        out = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         return venv, Path(out.stdout.strip())
 
     base, base_lib = make("base")
@@ -165,8 +178,9 @@ def test_real_layer_shadows_the_base(tmp_path: Path, real_subprocess: None) -> N
     (layer_lib / "fakeds.py").write_text("VERSION = 'layer'\n")
     link_base(layer_lib, str(base_lib))
     probe = "import os, fakeds, fakeds_dep; print(fakeds.VERSION, fakeds_dep.OK, os.environ['BASE_PTH_RAN'])"
-    out = subprocess.run([str(layer / "bin" / "python"), "-c", probe],
-                         check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(layer / "bin" / "python"), "-c", probe], check=True, capture_output=True, text=True
+    )
     assert out.stdout.split() == ["layer", "True", "1"]
 
 

@@ -22,7 +22,7 @@ from repro.engines.venv import engine as venv_engine
 from repro.engines.venv.engine import remove_stale_temps
 
 # Does what a build does before its long pip steps: takes the venv's lock and makes its temp dir.
-BUILDER = r'''
+BUILDER = r"""
 import fcntl, os, sys, tempfile
 root, name = sys.argv[1], sys.argv[2]
 lock = open(os.path.join(root, f".{name}.lock"), "w")
@@ -31,18 +31,23 @@ tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=root)
 open(os.path.join(tmp, "torch.whl-contents"), "w").write("gigabytes")
 print(tmp, flush=True)
 sys.stdin.read()  # until the test closes stdin or kills us
-'''
+"""
 
 
 def _builder(root: Path, name: str) -> tuple[subprocess.Popen[str], Path]:
-    proc = subprocess.Popen([sys.executable, "-c", BUILDER, str(root), name], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BUILDER, str(root), name],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None
     return proc, Path(proc.stdout.readline().strip())
 
 
-def test_killed_build_leaves_a_temp_venv_that_the_next_start_removes(tmp_path: Path,
-                                                                        real_subprocess: None) -> None:
+def test_killed_build_leaves_a_temp_venv_that_the_next_start_removes(
+    tmp_path: Path, real_subprocess: None
+) -> None:
     root = tmp_path / "venvs"
     root.mkdir()
     finished = root / "cpu-1234abcd"  # a finished venv and its lock are never touched
@@ -96,7 +101,7 @@ def test_prepare_cleans_up_before_building(tmp_path: Path, monkeypatch: pytest.M
 
 # A host process building a venv whose pip step never ends (a real `python -m venv`, then a
 # stand-in for pip started through the one subprocess door).
-HOST_BUILD = r'''
+HOST_BUILD = r"""
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -119,7 +124,7 @@ try:
     engine._build(env, ve.Interpreter(sys.executable, "3"), None, root / "cpu-k", wheelhouse_only=True)
 except KeyboardInterrupt:
     sys.exit(130)
-'''
+"""
 
 
 def _running(pid: int) -> bool:
@@ -131,11 +136,17 @@ def _running(pid: int) -> bool:
 
 
 def test_sigterm_during_a_venv_build_leaves_no_temp_venv_and_no_process(
-        tmp_path: Path, real_subprocess: None) -> None:
+    tmp_path: Path, real_subprocess: None
+) -> None:
     root, pid_file = tmp_path / "venvs", tmp_path / "pip.pid"
     env: dict[str, Any] = {**os.environ, "PYTHONPATH": str(venv_engine.REPO_ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", HOST_BUILD, str(root), str(pid_file)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOST_BUILD, str(root), str(pid_file)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 120  # only against a broken machine; the state is what is asserted
         while not (pid_file.exists() and pid_file.read_text().strip()):

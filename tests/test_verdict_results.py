@@ -90,8 +90,16 @@ def test_sync_transport_runs_do_not_decide(b: ResultsBuilder) -> None:
 
 
 def test_views_of_plain_dicts_need_only_the_record_keys() -> None:
-    rec = record.empty_record(env="cpu", scenario="mics", patch="stock", dtype="fp32", world_size=2,
-                              transport="async", outcome="reproduced", signature="divergence")
+    rec = record.empty_record(
+        env="cpu",
+        scenario="mics",
+        patch="stock",
+        dtype="fp32",
+        world_size=2,
+        transport="async",
+        outcome="reproduced",
+        signature="divergence",
+    )
     (v,) = env_verdicts([rec])
     assert v.reproduces is Reproduces.YES and v.fixed is FixVerdict.NOT_TESTED
     assert "cpu: REPRODUCED; fix not evaluated" in summary.render([rec], "results/x")
@@ -172,8 +180,14 @@ def ck(dtype: str = "fp32", transport: str = "async", ws: int = 2, patch: str = 
 
 
 def test_control_needs_same_dtype_and_world_size_and_prefers_transport_then_patch() -> None:
-    candidates = [ck("bf16"), ck(ws=4), ck(transport="sync", patch="fixed"), ck(transport="sync"),
-                  ck(patch="fixed"), ck()]
+    candidates = [
+        ck("bf16"),
+        ck(ws=4),
+        ck(transport="sync", patch="fixed"),
+        ck(transport="sync"),
+        ck(patch="fixed"),
+        ck(),
+    ]
     pick = choose_control(ck(patch="fixed"), candidates, lambda c: c)
     assert pick is candidates[4]
     assert choose_control(ck(transport="strict"), candidates, lambda c: c) is candidates[3]

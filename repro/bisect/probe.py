@@ -269,9 +269,7 @@ class OrchestratedProbe:
         mine = [
             r
             for r in runs[before:]
-            if r.get("scenario") == scenario
-            and r.get("patch") == spec.patch
-            and r.get("transport") != "sync"
+            if r.get("scenario") == scenario and r.get("patch") == spec.patch and r.get("transport") != "sync"
         ]
         seconds = time.monotonic() - started
         if not mine:
@@ -301,15 +299,18 @@ class OrchestratedProbe:
             watch.layered_on,
         )
 
-
     def _custom(self, spec: ProbeSpec, env: Any, watch: _Watch) -> list[RunRecord]:
         """One patch of the user's command in this candidate's env (its records land in the
         shared results folder like the suite's)."""
         from repro.run.job import JobRequest, execute_job
 
         request = JobRequest(
-            env_id=env.id, command=spec.command or "", patches=(spec.patch,),
-            workdir=Path(spec.workdir or "."), transport=spec.transport, loss_regex=spec.loss_regex,
+            env_id=env.id,
+            command=spec.command or "",
+            patches=(spec.patch,),
+            workdir=Path(spec.workdir or "."),
+            transport=spec.transport,
+            loss_regex=spec.loss_regex,
             timeout_s=spec.timeout_s or JobRequest.timeout_s,
         )
         return execute_job(request, env, watch, self.invocation, say=self.say)

@@ -52,8 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
             "pinned environments, with and without our fix."
         ),
     )
-    parser.add_argument("-q", "--quiet", action="store_true",
-                        help="show only results, warnings and errors (make: QUIET=1)")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="show only results, warnings and errors (make: QUIET=1)"
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="also show details (make: VERBOSE=1)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for spec in SPECS.values():

@@ -123,9 +123,11 @@ def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", required=True, help="bundle folder or its .tar archive")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--remove-image", action="store_true", help="remove the loaded image afterwards")
-    p.add_argument("--allow-gpu-privileges", action="store_true",
-                   help="consent to a ROCm/CUDA bundle's device access and weaker isolation "
-                   "(make: ALLOW_PRIVILEGES=1)")
+    p.add_argument(
+        "--allow-gpu-privileges",
+        action="store_true",
+        help="consent to a ROCm/CUDA bundle's device access and weaker isolation (make: ALLOW_PRIVILEGES=1)",
+    )
 
 
 @command(
@@ -142,8 +144,14 @@ def cmd_verify_bundle(args: argparse.Namespace) -> int:
         clients.append(_docker_client())
         return clients[-1]
 
-    result = verify(Path(args.bundle), None, Path(args.results_root), argv=list(args.argv), connect=connect,
-                    allow_privileges=args.allow_gpu_privileges)
+    result = verify(
+        Path(args.bundle),
+        None,
+        Path(args.results_root),
+        argv=list(args.argv),
+        connect=connect,
+        allow_privileges=args.allow_gpu_privileges,
+    )
     console.result(report(result))
     if args.remove_image and clients:
         clients[-1].images.remove(result.image_id, force=True)

@@ -56,8 +56,10 @@ def platform_mismatch(record: Mapping[str, Any], env_platform: str | None = None
             return f"env platform is cpu but the run ran on a GPU ({backend}): not evidence for the CPU twin"
         return None
     if device != "gpu":
-        return (f"env platform is {platform} but the run ran on CPU ({backend}): torch saw no GPU, so it is "
-                f"no evidence for {platform}")
+        return (
+            f"env platform is {platform} but the run ran on CPU ({backend}): torch saw no GPU, so it is "
+            f"no evidence for {platform}"
+        )
     hip, cuda = _build(record)
     if platform == "rocm" and not hip:
         return f"env platform is rocm but the run used a non-ROCm torch (CUDA {cuda}): not evidence for rocm"
@@ -66,8 +68,9 @@ def platform_mismatch(record: Mapping[str, Any], env_platform: str | None = None
     return None
 
 
-def as_evidence(records: Iterable[Mapping[str, Any]],
-                platforms: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def as_evidence(
+    records: Iterable[Mapping[str, Any]], platforms: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """The records as evidence: copies, where a run that did not run on its env's platform is an
     `env-error` naming why (signature "none"). `platforms`: env id -> platform, where known."""
     out = []
@@ -76,9 +79,12 @@ def as_evidence(records: Iterable[Mapping[str, Any]],
         if copy.get("outcome") not in _NOT_EVIDENCE:
             why = platform_mismatch(copy, (platforms or {}).get(str(copy.get("env"))))
             if why:
-                copy.update(outcome="env-error", signature="none", first_divergent_step=None,
-                            reason=f"not evidence: {why} (recorded as {copy.get('outcome')}: "
-                                   f"{copy.get('reason')})")
+                copy.update(
+                    outcome="env-error",
+                    signature="none",
+                    first_divergent_step=None,
+                    reason=f"not evidence: {why} (recorded as {copy.get('outcome')}: {copy.get('reason')})",
+                )
         out.append(copy)
     return out
 

@@ -34,6 +34,8 @@ class ResultsData(TypedDict):
     invocation: dict[str, Any]
     envs: dict[str, dict[str, Any]]
     runs: list[RunRecord]
+
+
 LATEST = "latest"
 
 
@@ -77,20 +79,28 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
             folder = new_invocation_dir(root, env_ids)
         else:
             if out.exists() and not out.is_dir():
-                raise UsageError(f"OUT={out} is a file, not a folder", why="results are a folder of files",
-                                 fix="choose a new OUT= folder (or leave OUT unset for a timestamped one)")
+                raise UsageError(
+                    f"OUT={out} is a file, not a folder",
+                    why="results are a folder of files",
+                    fix="choose a new OUT= folder (or leave OUT unset for a timestamped one)",
+                )
             if (out / RESULTS_FILE).exists():
-                raise UsageError(f"OUT={out} already holds results", why="results are never overwritten",
-                                 fix="choose a new OUT= folder (or leave OUT unset for a timestamped one)")
+                raise UsageError(
+                    f"OUT={out} already holds results",
+                    why="results are never overwritten",
+                    fix="choose a new OUT= folder (or leave OUT unset for a timestamped one)",
+                )
             out.mkdir(parents=True, exist_ok=True)
             folder = out
         probe = folder / f".write-test.{os.getpid()}"
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise UsageError(f"cannot write results to {where}", why=f"{exc.strerror or exc} ({exc.filename})",
-                         fix="choose a folder you can write: OUT=<folder>, or RESULTS_ROOT/--results-root"
-                         ) from None
+        raise UsageError(
+            f"cannot write results to {where}",
+            why=f"{exc.strerror or exc} ({exc.filename})",
+            fix="choose a folder you can write: OUT=<folder>, or RESULTS_ROOT/--results-root",
+        ) from None
     return folder, made
 
 
@@ -126,14 +136,24 @@ def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | 
 
 def host_info() -> dict[str, Any]:
     # Host facts that help a maintainer; no hostnames, user names or paths (they leak into bundles).
-    return {"os": f"{platform.system()} {platform.release()}", "machine": platform.machine(),
-            "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    return {
+        "os": f"{platform.system()} {platform.release()}",
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
 
 
 def invocation_meta(argv: list[str], command: str) -> dict[str, Any]:
-    return {"argv": list(argv), "command": command, "started_at": utc_now(), "finished_at": None,
-            "interrupted": False, "host": host_info(), "python_command": shlex.join(
-                [os.path.basename(sys.executable), "-m", "repro", *argv])}
+    return {
+        "argv": list(argv),
+        "command": command,
+        "started_at": utc_now(),
+        "finished_at": None,
+        "interrupted": False,
+        "host": host_info(),
+        "python_command": shlex.join([os.path.basename(sys.executable), "-m", "repro", *argv]),
+    }
 
 
 class InvocationDir:
@@ -142,8 +162,13 @@ class InvocationDir:
 
     def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
         self.folder = folder
-        self.data: ResultsData = {"schema": SCHEMA_VERSION, "tool_version": __version__,
-                                  "invocation": meta, "envs": {}, "runs": []}
+        self.data: ResultsData = {
+            "schema": SCHEMA_VERSION,
+            "tool_version": __version__,
+            "invocation": meta,
+            "envs": {},
+            "runs": [],
+        }
 
     def env_dir(self, env_id: str) -> Path:
         path = self.folder / env_id
@@ -180,9 +205,11 @@ def resolve_results_dir(root: Path, given: str | None) -> Path:
     """A results folder from RESULTS=/--results, or the latest one."""
     folder = Path(given) if given else root / LATEST
     if not (folder / RESULTS_FILE).exists():
-        raise UsageError(f"no {RESULTS_FILE} in {folder}",
-                         why="that folder is not a results folder of this tool (or no run finished yet)",
-                         fix="run `make repro` first, or pass RESULTS=<folder> of an earlier invocation")
+        raise UsageError(
+            f"no {RESULTS_FILE} in {folder}",
+            why="that folder is not a results folder of this tool (or no run finished yet)",
+            fix="run `make repro` first, or pass RESULTS=<folder> of an earlier invocation",
+        )
     return folder.resolve()
 
 

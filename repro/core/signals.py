@@ -26,8 +26,11 @@ class _Handler:
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None:
-            print(f"{signal.Signals(signum).name}: already stopping; waiting for the clean-up",
-                  file=sys.stderr, flush=True)
+            print(
+                f"{signal.Signals(signum).name}: already stopping; waiting for the clean-up",
+                file=sys.stderr,
+                flush=True,
+            )
             return
         self.received = signum
         raise KeyboardInterrupt(signal.Signals(signum).name)

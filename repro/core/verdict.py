@@ -265,8 +265,10 @@ def why_not_verified(fixed: RunView, runs: Sequence[RunView]) -> str | None:
     if control is None:
         return f"{fixed.name}: no ZeRO-3 control of the same dtype and world size to compare with"
     if control.outcome is not Outcome.CLEAN or not _finite_losses(control):
-        return (f"{fixed.name}: its control {control.name} is {control.outcome.value} "
-                f"({control.reason or 'no finite losses'}): nothing to compare with")
+        return (
+            f"{fixed.name}: its control {control.name} is {control.outcome.value} "
+            f"({control.reason or 'no finite losses'}): nothing to compare with"
+        )
     step = first_divergent_step(fixed.losses, control.losses, fixed.key.dtype)
     if step is not None:
         return f"{fixed.name}: losses leave the control's at step {step}"

@@ -20,7 +20,10 @@ from repro.matrix import compat
 # Variables that narrow which GPUs a process sees. HIP honours CUDA_VISIBLE_DEVICES too, and
 # ROCR_VISIBLE_DEVICES is applied below HIP, so on ROCm every one of them can only shrink the set.
 ROCM_VISIBILITY = (
-    "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
 )
 CUDA_VISIBILITY = ("CUDA_VISIBLE_DEVICES",)
 KFD_NODES = "class/kfd/kfd/topology/nodes"
@@ -111,8 +114,12 @@ class GpuHost:
             except OSError:
                 continue
             mode = st.st_mode
-            can = (uid == 0 or mode & 0o006 == 0o006 or (st.st_uid == uid and mode & 0o600 == 0o600)
-                   or (st.st_gid in gids and mode & 0o060 == 0o060))
+            can = (
+                uid == 0
+                or mode & 0o006 == 0o006
+                or (st.st_uid == uid and mode & 0o600 == 0o600)
+                or (st.st_gid in gids and mode & 0o060 == 0o060)
+            )
             if not can:
                 refused.append((node, st.st_gid))
         return refused

@@ -161,8 +161,11 @@ def _check_rocm_arch(host: GpuHost, env: Env) -> None:
         "(MI100 = gfx908, MI200 = gfx90a, MI300 = gfx942); torch would find no kernel for this GPU"
         + (f" (HSA_OVERRIDE_GFX_VERSION={override} is set)" if override else ""),
         fix="pick an env whose torch supports it (MI300/gfx942 needs a ROCm 6 env: rocm61, rocm62, rocm64)"
-        + ("; on a host with several GPU kinds, set HIP_VISIBLE_DEVICES to supported ones"
-           if len(unsupported) < len(set(arches)) else ""),
+        + (
+            "; on a host with several GPU kinds, set HIP_VISIBLE_DEVICES to supported ones"
+            if len(unsupported) < len(set(arches))
+            else ""
+        ),
     )
 
 
@@ -186,8 +189,9 @@ def check_cuda(host: GpuHost, docker: DockerFacts | None, env: Env | None = None
             "or pick a CPU env (ENV=cpu)",
         )
     elif not smi.gpus:
-        raise DeviceUnavailableError("`nvidia-smi` lists no GPU",
-                                     fix="check the driver with `nvidia-smi`; or pick a CPU env (ENV=cpu)")
+        raise DeviceUnavailableError(
+            "`nvidia-smi` lists no GPU", fix="check the driver with `nvidia-smi`; or pick a CPU env (ENV=cpu)"
+        )
     else:
         _check_driver(smi.gpus[0].driver, env)
     if docker is not None:
@@ -213,8 +217,9 @@ def cuda_via_cdi(docker: DockerFacts, host: GpuHost | None = None) -> bool:
     engine then requests them as nvidia.com/gpu=all rather than with --gpus."""
     if "nvidia" in docker.runtimes:
         return False
-    return (any(d.startswith("nvidia.com/gpu") for d in docker.cdi_devices)
-            or (host or GpuHost()).cdi_specs_name_nvidia(docker.cdi_spec_dirs))
+    return any(d.startswith("nvidia.com/gpu") for d in docker.cdi_devices) or (
+        host or GpuHost()
+    ).cdi_specs_name_nvidia(docker.cdi_spec_dirs)
 
 
 def _check_container_gpus(host: GpuHost, docker: DockerFacts) -> None:

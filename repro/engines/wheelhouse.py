@@ -44,8 +44,14 @@ PYPI_SIMPLE = "https://pypi.org/simple"
 # Cross-downloads (target Python differs from the host's) name every platform tag the images
 # accept: pip expands only the legacy manylinux2014 alias to older tags, and the PyTorch
 # indexes tag their ROCm/CUDA wheels plain linux_x86_64.
-TARGET_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
-                    "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+TARGET_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "linux_x86_64",
+)
 STAMP_DIR = ".stamps"
 DEFAULT_SERVE_PORT = 47491  # MICS_REPRO_WHEELHOUSE_PORT overrides
 
@@ -163,7 +169,8 @@ class Wheelhouse:
     def missing(self, plan: DownloadPlan) -> list[str]:
         build = torch_build(plan.index_url)
         return [
-            spec for spec in plan.pinned()
+            spec
+            for spec in plan.pinned()
             if not self.files_for(spec, plan.python, build if _name(spec) == "torch" else None)
         ]
 
@@ -196,8 +203,9 @@ class Wheelhouse:
                 )
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        console.step(f"wheelhouse: fetching what {env.id} needs into {self.path} "
-                     "(files already there are reused)")
+        console.step(
+            f"wheelhouse: fetching what {env.id} needs into {self.path} (files already there are reused)"
+        )
         self._pip_download(plan)
         stamp = self._stamp(plan)
         stamp.parent.mkdir(exist_ok=True)
@@ -205,8 +213,17 @@ class Wheelhouse:
         return True
 
     def _pip_download(self, plan: DownloadPlan) -> None:
-        base = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check",
-                "-d", str(self.path), "--find-links", str(self.path)]
+        base = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "-d",
+            str(self.path),
+            "--find-links",
+            str(self.path),
+        ]
         index = ["--index-url", plan.index_url, "--extra-index-url", PYPI_SIMPLE] if plan.index_url else []
         host = f"{sys.version_info.major}.{sys.version_info.minor}"
         target: list[str] = []
@@ -244,8 +261,10 @@ class Wheelhouse:
         try:
             server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
         except OSError as exc:
-            console.warn(f"wheelhouse: port {port} is busy ({exc.strerror}); serving on a free port, so this "
-                         "build cannot reuse cached layers that used the wheelhouse")
+            console.warn(
+                f"wheelhouse: port {port} is busy ({exc.strerror}); serving on a free port, so this "
+                "build cannot reuse cached layers that used the wheelhouse"
+            )
             server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         thread = threading.Thread(target=server.serve_forever, name="wheelhouse-http", daemon=True)
         thread.start()

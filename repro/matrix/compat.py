@@ -41,11 +41,11 @@ class WheelIndex:
 
     @property
     def platform_version(self) -> str | None:
-        """"5.6" for rocm5.6, "12.1" for cu121, None for cpu."""
+        """ "5.6" for rocm5.6, "12.1" for cu121, None for cpu."""
         if self.tag.startswith("rocm"):
-            return self.tag[len("rocm"):]
+            return self.tag[len("rocm") :]
         if self.tag.startswith("cu"):
-            digits = self.tag[len("cu"):]
+            digits = self.tag[len("cu") :]
             return f"{digits[:-1]}.{digits[-1]}"
         return None
 
@@ -85,17 +85,27 @@ CPU_INDEX = WheelIndex("cpu")
 
 # torch minor -> (oldest, newest) CPython with manylinux x86_64 wheels on PyPI.
 TORCH_PYTHONS: dict[str, tuple[str, str]] = {
-    "2.0": ("3.8", "3.11"), "2.1": ("3.8", "3.11"),
-    "2.2": ("3.8", "3.12"), "2.3": ("3.8", "3.12"), "2.4": ("3.8", "3.12"),
-    "2.5": ("3.9", "3.13"), "2.6": ("3.9", "3.13"), "2.7": ("3.9", "3.13"), "2.8": ("3.9", "3.13"),
-    "2.9": ("3.10", "3.14"), "2.10": ("3.10", "3.14"), "2.11": ("3.10", "3.14"),
-    "2.12": ("3.10", "3.14"), "2.13": ("3.10", "3.14"), "2.14": ("3.10", "3.14"),
+    "2.0": ("3.8", "3.11"),
+    "2.1": ("3.8", "3.11"),
+    "2.2": ("3.8", "3.12"),
+    "2.3": ("3.8", "3.12"),
+    "2.4": ("3.8", "3.12"),
+    "2.5": ("3.9", "3.13"),
+    "2.6": ("3.9", "3.13"),
+    "2.7": ("3.9", "3.13"),
+    "2.8": ("3.9", "3.13"),
+    "2.9": ("3.10", "3.14"),
+    "2.10": ("3.10", "3.14"),
+    "2.11": ("3.10", "3.14"),
+    "2.12": ("3.10", "3.14"),
+    "2.13": ("3.10", "3.14"),
+    "2.14": ("3.10", "3.14"),
     "2.15": ("3.11", "3.15"),
 }
 
 
 def minor(version: str) -> str:
-    """"2.1" for "2.1.0+rocm5.6"."""
+    """ "2.1" for "2.1.0+rocm5.6"."""
     release = Version(version).release
     return f"{release[0]}.{release[1] if len(release) > 1 else 0}"
 
@@ -196,8 +206,12 @@ ROCM_WHEEL_ARCHES: dict[str, tuple[str, ...]] = {
     "rocm5.4.2": _ROCM5,
     "rocm5.6": (*_ROCM5, "gfx1100"),
     "rocm5.7": (*_ROCM5, "gfx1100"),
-    "rocm6.0": _ROCM6, "rocm6.1": _ROCM6, "rocm6.2": _ROCM6,
-    "rocm6.2.4": _ROCM624, "rocm6.3": _ROCM624, "rocm6.4": _ROCM624,
+    "rocm6.0": _ROCM6,
+    "rocm6.1": _ROCM6,
+    "rocm6.2": _ROCM6,
+    "rocm6.2.4": _ROCM624,
+    "rocm6.3": _ROCM624,
+    "rocm6.4": _ROCM624,
 }
 
 # What DeepSpeed's JIT-compiled ops (FusedAdam...) are built for in the ROCm images: the
@@ -246,9 +260,18 @@ def rocm_wheel_arches(torch: str, torch_index: str | None) -> tuple[str, ...] | 
 # nothing runs. The driver that shipped with each toolkit is what NVIDIA recommends.
 CUDA_DRIVER_FLOOR: dict[int, str] = {11: "450.80.02", 12: "525.60.13", 13: "580.65.06"}
 CUDA_TOOLKIT_DRIVER: dict[str, str] = {
-    "11.7": "515.43.04", "11.8": "520.61.05", "12.0": "525.60.13", "12.1": "530.30.02",
-    "12.2": "535.54.03", "12.3": "545.23.06", "12.4": "550.54.14", "12.5": "555.42.02",
-    "12.6": "560.28.03", "12.8": "570.26", "12.9": "575.51.03", "13.0": "580.65.06",
+    "11.7": "515.43.04",
+    "11.8": "520.61.05",
+    "12.0": "525.60.13",
+    "12.1": "530.30.02",
+    "12.2": "535.54.03",
+    "12.3": "545.23.06",
+    "12.4": "550.54.14",
+    "12.5": "555.42.02",
+    "12.6": "560.28.03",
+    "12.8": "570.26",
+    "12.9": "575.51.03",
+    "13.0": "580.65.06",
 }
 
 

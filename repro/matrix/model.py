@@ -22,7 +22,14 @@ from repro.matrix import compat
 from repro.matrix.compat import Platform
 
 __all__ = [
-    "DEFAULT_MATRIX", "PYPI_INDEX", "RECIPE", "Env", "InstallStep", "Matrix", "PinTables", "Platform",
+    "DEFAULT_MATRIX",
+    "PYPI_INDEX",
+    "RECIPE",
+    "Env",
+    "InstallStep",
+    "Matrix",
+    "PinTables",
+    "Platform",
 ]
 
 DEFAULT_MATRIX = paths.DEFAULT_MATRIX
@@ -125,7 +132,10 @@ class Env:
             InstallStep("deepspeed-deps", self.deepspeed_deps, no_deps=True, check=True),
             # DeepSpeed's setup.py imports torch, and its own ops stay unbuilt (JIT-compiled on use).
             InstallStep(
-                "deepspeed", (f"deepspeed=={self.deepspeed}",), no_deps=True, no_build_isolation=True,
+                "deepspeed",
+                (f"deepspeed=={self.deepspeed}",),
+                no_deps=True,
+                no_build_isolation=True,
                 environment=(("DS_BUILD_OPS", "0"),),
             ),
         )
@@ -142,8 +152,11 @@ class Env:
     def pins(self) -> dict[str, str]:
         """Every pin: the stack (base image, Python, wheel index, ROCm/CUDA) and every package."""
         out = {
-            "recipe": RECIPE, "platform": self.platform.value, "base_image": self.base_image,
-            "python": self.python, "torch_index": self.torch_index or PYPI_INDEX,
+            "recipe": RECIPE,
+            "platform": self.platform.value,
+            "base_image": self.base_image,
+            "python": self.python,
+            "torch_index": self.torch_index or PYPI_INDEX,
         }
         if self.rocm is not None:
             out["rocm"] = self.rocm
@@ -169,7 +182,12 @@ def derived_dockerfile(env_id: str) -> str:
 
 
 def compute_pins(
-    tables: PinTables, platform: Platform, python: str, torch: str, deepspeed: str, own: tuple[str, ...],
+    tables: PinTables,
+    platform: Platform,
+    python: str,
+    torch: str,
+    deepspeed: str,
+    own: tuple[str, ...],
 ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     """(tooling, extra_pins, deepspeed_deps) for a stack; `own` are the env's own extra pins."""
     tooling = tuple(f"{n}=={tables.version(n, python)}" for n in tables.closure(TOOLING))
@@ -254,9 +272,18 @@ class Matrix:
             notes.append(f"torch {torch}'s Python support is not in repro/matrix/compat.py: not checked.")
             uncertain = (*uncertain, "python support")
         return replace(
-            base, id=new_id, torch=torch, deepspeed=deepspeed, torch_index=index, extra_pins=extra,
-            tooling=tooling, deepspeed_deps=deps, derived_from=root, dockerfile=derived_dockerfile(new_id),
-            notes=" ".join([f"Derived from {root} ({change}).", *notes]), uncertain=uncertain,
+            base,
+            id=new_id,
+            torch=torch,
+            deepspeed=deepspeed,
+            torch_index=index,
+            extra_pins=extra,
+            tooling=tooling,
+            deepspeed_deps=deps,
+            derived_from=root,
+            dockerfile=derived_dockerfile(new_id),
+            notes=" ".join([f"Derived from {root} ({change}).", *notes]),
+            uncertain=uncertain,
         )
 
     def _derived_index(self, base: Env, torch: str) -> tuple[str | None, list[str], tuple[str, ...]]:
@@ -274,8 +301,10 @@ class Matrix:
             )
         notes: list[str] = []
         uncertain: tuple[str, ...] = ()
-        if index.platform_version is not None and have is not None and not compat.same_minor(
-            index.platform_version, have
+        if (
+            index.platform_version is not None
+            and have is not None
+            and not compat.same_minor(index.platform_version, have)
         ):
             notes.append(
                 f"torch {torch} is built for {base.platform.label} {index.platform_version}; "
@@ -323,5 +352,7 @@ def unknown_env(env_id: str, valid: list[str], path: Path) -> UnknownEnvError:
     close = difflib.get_close_matches(env_id, valid, n=1, cutoff=0.5)
     fix = f"did you mean '{close[0]}'?" if close else "use one of the ids above"
     return UnknownEnvError(
-        f"no env named '{env_id}' in {path}", why=f"valid envs: {', '.join(valid)}", fix=fix,
+        f"no env named '{env_id}' in {path}",
+        why=f"valid envs: {', '.join(valid)}",
+        fix=fix,
     )

@@ -38,7 +38,15 @@ else:  # pragma: no cover - exercised on 3.9/3.10 only
 TOP_KEYS = ("schema", "default", "pins", "pins_for_python", "pin_requires", "numpy", "env")
 SCHEMA = 1
 ENV_KEYS = (
-    "platform", "base_image", "python", "torch", "torch_index", "deepspeed", "extra_pins", "rocm", "cuda",
+    "platform",
+    "base_image",
+    "python",
+    "torch",
+    "torch_index",
+    "deepspeed",
+    "extra_pins",
+    "rocm",
+    "cuda",
     "notes",
 )
 REQUIRED_ENV_KEYS = ("platform", "base_image", "python", "torch", "deepspeed", "notes")
@@ -167,13 +175,14 @@ def read_tables(checker: _Checker, data: Mapping[str, Any]) -> PinTables:
     by_python: dict[str, dict[str, str]] = {}
     for python, table in _table(checker, data, "pins_for_python").items():
         if not _PYTHON.match(python) or not isinstance(table, dict):
-            checker.add(None, f"pins_for_python.{python}", "must be a table named like \"3.9\"")
+            checker.add(None, f"pins_for_python.{python}", 'must be a table named like "3.9"')
             continue
         by_python[python] = _string_map(checker, table, f"pins_for_python.{python}")
         for name in by_python[python]:
             if name not in pins:
-                checker.add(None, f"pins_for_python.{python}.{name}", "overrides no [pins] entry",
-                            closest(name, pins))
+                checker.add(
+                    None, f"pins_for_python.{python}.{name}", "overrides no [pins] entry", closest(name, pins)
+                )
     requires: dict[str, tuple[str, ...]] = {}
     for name, deps in _table(checker, data, "pin_requires").items():
         if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
@@ -185,8 +194,9 @@ def read_tables(checker: _Checker, data: Mapping[str, Any]) -> PinTables:
         requires[name] = tuple(deps)
     numpy = _table(checker, data, "numpy")
     checker.unknown_keys(None, numpy, NUMPY_KEYS)
-    numpy1_below = checker.version(None, "numpy.numpy1_below_torch", checker.string(None, numpy,
-                                                                                    "numpy1_below_torch"))
+    numpy1_below = checker.version(
+        None, "numpy.numpy1_below_torch", checker.string(None, numpy, "numpy1_below_torch")
+    )
     numpy1 = checker.version(None, "numpy.numpy1", checker.string(None, numpy, "numpy1"))
     for key, value in zip(NUMPY_KEYS, (numpy1_below, numpy1)):
         if value is None and key not in numpy:
@@ -212,8 +222,12 @@ def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> En
         if text["platform"] in values:
             platform = Platform(text["platform"])
         else:
-            checker.add(env_id, "platform", f"'{text['platform']}' is not one of {', '.join(values)}",
-                        closest(text["platform"], values))
+            checker.add(
+                env_id,
+                "platform",
+                f"'{text['platform']}' is not one of {', '.join(values)}",
+                closest(text["platform"], values),
+            )
     python = text["python"]
     if python is not None and not _PYTHON.match(python):
         checker.add(env_id, "python", f"'{python}' is not a CPython major.minor like \"3.11\"")
@@ -237,10 +251,21 @@ def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> En
         return None
     tooling, extra, deps = compute_pins(tables, platform, python, torch, deepspeed, own)
     return Env(
-        id=env_id, platform=platform, base_image=text["base_image"] or "", python=python, torch=torch,
-        torch_index=text["torch_index"], deepspeed=deepspeed, extra_pins=extra, rocm=text["rocm"],
-        cuda=text["cuda"], notes=" ".join((text["notes"] or "").split()), derived_from=None,
-        dockerfile=named_dockerfile(env_id), tooling=tooling, deepspeed_deps=deps,
+        id=env_id,
+        platform=platform,
+        base_image=text["base_image"] or "",
+        python=python,
+        torch=torch,
+        torch_index=text["torch_index"],
+        deepspeed=deepspeed,
+        extra_pins=extra,
+        rocm=text["rocm"],
+        cuda=text["cuda"],
+        notes=" ".join((text["notes"] or "").split()),
+        derived_from=None,
+        dockerfile=named_dockerfile(env_id),
+        tooling=tooling,
+        deepspeed_deps=deps,
     )
 
 
@@ -255,7 +280,11 @@ def _check_base_image(checker: _Checker, env_id: str, image: str | None) -> None
 
 
 def _check_platform_keys(
-    checker: _Checker, env_id: str, platform: Platform, text: Mapping[str, str | None], torch: str | None,
+    checker: _Checker,
+    env_id: str,
+    platform: Platform,
+    text: Mapping[str, str | None],
+    torch: str | None,
 ) -> None:
     for key, owner in (("rocm", Platform.ROCM), ("cuda", Platform.CUDA)):
         value = text[key]
@@ -270,36 +299,51 @@ def _check_platform_keys(
         return
     if platform is Platform.CPU:
         if url is not None and url.rstrip("/") != compat.CPU_INDEX.url:
-            checker.add(env_id, "torch_index", "a cpu env uses PyPI (omit the key) or the cpu index",
-                        compat.CPU_INDEX.url)
+            checker.add(
+                env_id,
+                "torch_index",
+                "a cpu env uses PyPI (omit the key) or the cpu index",
+                compat.CPU_INDEX.url,
+            )
         return
     have = text["rocm"] if platform is Platform.ROCM else text["cuda"]
     expected = compat.pick_index(platform, torch, have)
     if url is None:
-        checker.add(env_id, "torch_index", f"missing: {platform.value} torch comes from PyTorch's index",
-                    expected.url if expected else None)
+        checker.add(
+            env_id,
+            "torch_index",
+            f"missing: {platform.value} torch comes from PyTorch's index",
+            expected.url if expected else None,
+        )
         return
     index = compat.index_for_url(platform, torch, url)
     if index is None:
         known = ", ".join(i.url for i in compat.wheel_indexes(platform, torch)) or "none known"
-        checker.add(env_id, "torch_index", f"'{url}' does not carry torch {torch} (known: {known})",
-                    expected.url if expected else None)
+        checker.add(
+            env_id,
+            "torch_index",
+            f"'{url}' does not carry torch {torch} (known: {known})",
+            expected.url if expected else None,
+        )
     elif have is not None and index.platform_version and not compat.same_minor(index.platform_version, have):
-        checker.add(env_id, "torch_index",
-                    f"'{url}' is built for {platform.value} {index.platform_version}, the env says {have}",
-                    expected.url if expected else None)
+        checker.add(
+            env_id,
+            "torch_index",
+            f"'{url}' is built for {platform.value} {index.platform_version}, the env says {have}",
+            expected.url if expected else None,
+        )
 
 
 def _check_extra_pins(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> tuple[str, ...]:
     if not isinstance(raw, list):
-        checker.add(env_id, "extra_pins", "must be a list of \"name==version\" strings")
+        checker.add(env_id, "extra_pins", 'must be a list of "name==version" strings')
         return ()
     managed = {"torch", "deepspeed", "numpy", *tables.pins}
     out = []
     for item in raw:
         match = _PIN.match(item) if isinstance(item, str) else None
         if match is None:
-            checker.add(env_id, "extra_pins", f"{item!r} is not an exact pin \"name==version\"")
+            checker.add(env_id, "extra_pins", f'{item!r} is not an exact pin "name==version"')
         elif match["name"].lower() in managed:
             checker.add(env_id, "extra_pins", f"'{match['name']}' is pinned by the matrix rules: edit [pins]")
         else:

@@ -86,8 +86,11 @@ def _damaged(where: str, what: str) -> UsageError:
 def _typed(data: Mapping[str, Any], key: str, kind: type, where: Path) -> Any:
     value = _require(data, key, where)
     if not isinstance(value, kind):
-        raise _damaged(str(where), f"{key!r} is {type(value).__name__} {value!r:.60}, not a JSON "
-                       f"{'object' if kind is dict else 'list'}")
+        raise _damaged(
+            str(where),
+            f"{key!r} is {type(value).__name__} {value!r:.60}, not a JSON "
+            f"{'object' if kind is dict else 'list'}",
+        )
     return value
 
 
@@ -119,8 +122,10 @@ def _artifacts(folder: Path, env_id: str, raw: Any, notes: list[str]) -> dict[st
             continue
         path = confined(folder, str(rel))
         if path is None:
-            notes.append(f"env {env_id}: artifact {name} names {str(rel)!r:.120}, outside the results folder "
-                         f"{folder.name}; not read")
+            notes.append(
+                f"env {env_id}: artifact {name} names {str(rel)!r:.120}, outside the results folder "
+                f"{folder.name}; not read"
+            )
             continue
         out[str(name)] = path
     return out
@@ -167,7 +172,7 @@ def load_folder(folder: Path) -> ResultsFolder:
     notes: list[str] = []
     for env_id, env in _typed(data, "envs", dict, path).items():
         if not isinstance(env, dict) or not isinstance(env.get("pins") or {}, dict):
-            raise _damaged(str(path), f"env {env_id!r} is not an object with a \"pins\" object")
+            raise _damaged(str(path), f'env {env_id!r} is not an object with a "pins" object')
         artifacts = _artifacts(folder, env_id, env.get("artifacts"), notes)
         envs[env_id] = EnvInfo(
             id=env_id,

@@ -37,17 +37,24 @@ def bench(env: str = "cpu", engine: str = "venv") -> int:
         console.error(f"bench: build failed (exit {code})")
         return code
     with tempfile.TemporaryDirectory(prefix="mics-bench-") as tmp:
-        suite_s, code = _timed([*base, "repro", "--env", env, "--engine", engine,
-                                "--out", str(Path(tmp) / "out")])
+        suite_s, code = _timed(
+            [*base, "repro", "--env", env, "--engine", engine, "--out", str(Path(tmp) / "out")]
+        )
         runs = json.loads((Path(tmp) / "out" / "results.json").read_text())["runs"] if code == 0 else []
-    figure = {"at": utc_now(), "env": env, "engine": engine, "prepare_warm_s": round(prepare_s, 1),
-              "full_suite_s": round(suite_s, 1), "runs": len(runs),
-              "per_run_s": {r["run_name"]: (r.get("durations") or {}).get("total_s") for r in runs},
-              "host": host_info(), "exit_code": code}
+    figure = {
+        "at": utc_now(),
+        "env": env,
+        "engine": engine,
+        "prepare_warm_s": round(prepare_s, 1),
+        "full_suite_s": round(suite_s, 1),
+        "runs": len(runs),
+        "per_run_s": {r["run_name"]: (r.get("durations") or {}).get("total_s") for r in runs},
+        "host": host_info(),
+        "exit_code": code,
+    }
     out = REPO / "results" / "bench.jsonl"
     out.parent.mkdir(exist_ok=True)
     with out.open("a") as fh:
         fh.write(json.dumps(figure) + "\n")
     console.result(json.dumps(figure, indent=2))
     return code
-

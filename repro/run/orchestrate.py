@@ -53,8 +53,10 @@ class Request:
         ):
             bad = [v for v in values if v not in allowed]
             if bad or not values:
-                raise UsageError(f"{name}={','.join(values)} is not valid",
-                                 fix=f"use a comma-separated subset of: {', '.join(allowed)}")
+                raise UsageError(
+                    f"{name}={','.join(values)} is not valid",
+                    fix=f"use a comma-separated subset of: {', '.join(allowed)}",
+                )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise UsageError(f"DTYPE={self.dtype} is not valid", fix=f"use one of: {', '.join(DTYPES)}")
         _check_numbers(self)
@@ -76,10 +78,11 @@ def _check_numbers(request: Request) -> None:
         )
     for name, seconds in (("TIMEOUT", request.timeout_s), ("STALL_TIMEOUT", request.stall_s)):
         if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
-            raise UsageError(f"{name}={seconds} is not valid", why="a time limit must be a finite number",
-                             fix=f"use a number of seconds > 0 and finite for {name} (e.g. 600)")
-
-
+            raise UsageError(
+                f"{name}={seconds} is not valid",
+                why="a time limit must be a finite number",
+                fix=f"use a number of seconds > 0 and finite for {name} (e.g. 600)",
+            )
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,8 @@ class Step:
 # The engine's overall limit only guards against a stuck engine (per-run hangs are caught inside
 # the suite): the sum of the per-run limits of the runs the suite will plan, plus this slack.
 _ENGINE_SLACK_S = 600.0
+
+
 def planned_runs(request: Request) -> int:
     """How many runs the suite plans for `request`: the same rule as repro.workload.suite.plan
     (a control per transport, each MiCS scenario x patch per transport, the sync proof), which a
@@ -107,40 +112,58 @@ def planned_runs(request: Request) -> int:
     return runs
 
 
-
-
 def load_user_config(path: str | None) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
         data = json.loads(Path(path).read_text())
     except OSError as exc:
-        raise ConfigError(f"cannot read CONFIG={path}", why=str(exc),
-                          fix="pass the path of a DeepSpeed config JSON") from None
+        raise ConfigError(
+            f"cannot read CONFIG={path}", why=str(exc), fix="pass the path of a DeepSpeed config JSON"
+        ) from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"CONFIG={path} is not valid JSON",
-                          why=f"line {exc.lineno} column {exc.colno}: {exc.msg}",
-                          fix="fix the JSON (DeepSpeed configs are plain JSON, no comments)") from None
+        raise ConfigError(
+            f"CONFIG={path} is not valid JSON",
+            why=f"line {exc.lineno} column {exc.colno}: {exc.msg}",
+            fix="fix the JSON (DeepSpeed configs are plain JSON, no comments)",
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("zero_optimization", {}), dict):
-        raise ConfigError(f"CONFIG={path} is not a DeepSpeed config object",
-                          fix="pass a JSON object like repro/configs/reporter_ds_config.json")
+        raise ConfigError(
+            f"CONFIG={path} is not a DeepSpeed config object",
+            fix="pass a JSON object like repro/configs/reporter_ds_config.json",
+        )
     return data
 
 
-def suite_args(request: Request, env_id: str, user_config: dict[str, Any] | None,
-               platform: str = "cpu") -> tuple[str, ...]:
+def suite_args(
+    request: Request, env_id: str, user_config: dict[str, Any] | None, platform: str = "cpu"
+) -> tuple[str, ...]:
     """The suite's command line. `--device` is the env's platform: a cpu env runs on CPU also on a
     GPU host, a rocm/cuda env only on GPUs of its kind (else every run ends env-error), never a
     silent fallback. Without DTYPE= the suite picks the precision (fp16, the reporter's, on GPUs)."""
-    args = ["--env", env_id, "--device", platform, "--scenarios", ",".join(request.scenarios),
-            "--patches", ",".join(request.patches), "--transports", ",".join(request.transports)]
+    args = [
+        "--env",
+        env_id,
+        "--device",
+        platform,
+        "--scenarios",
+        ",".join(request.scenarios),
+        "--patches",
+        ",".join(request.patches),
+        "--transports",
+        ",".join(request.transports),
+    ]
     if request.dtype:
         args += ["--dtype", request.dtype]
     if user_config is not None:
         args += ["--config-json", json.dumps(user_config, separators=(",", ":"))]
-    for flag, value in (("--steps", request.steps), ("--world-size", request.world_size),
-                        ("--timeout", request.timeout_s), ("--stall-timeout", request.stall_s),
-                        ("--jobs", request.jobs)):
+    for flag, value in (
+        ("--steps", request.steps),
+        ("--world-size", request.world_size),
+        ("--timeout", request.timeout_s),
+        ("--stall-timeout", request.stall_s),
+        ("--jobs", request.jobs),
+    ):
         if value is not None:
             args += [flag, str(value)]
     if not request.sync_proof:
@@ -158,8 +181,13 @@ def plan(matrix: Matrix, request: Request) -> list[Step]:
             env = matrix.derive(env_id, torch=request.torch, deepspeed=request.deepspeed)
         else:
             env = matrix.get(env_id)
-        steps.append(Step(env=env, suite_args=suite_args(request, env.id, user_config, env.platform.value),
-                          timeout_s=per_run * planned_runs(request) + _ENGINE_SLACK_S))
+        steps.append(
+            Step(
+                env=env,
+                suite_args=suite_args(request, env.id, user_config, env.platform.value),
+                timeout_s=per_run * planned_runs(request) + _ENGINE_SLACK_S,
+            )
+        )
     return steps
 
 
@@ -179,8 +207,9 @@ def _world_size(suite_args: Sequence[str]) -> int | None:
     return int(args[args.index("--world-size") + 1]) if "--world-size" in args else None
 
 
-def execute(steps: Sequence[Step], engine: Engine, invocation: InvocationDir,
-            say: Callable[[str], None] = print) -> list[RunRecord]:
+def execute(
+    steps: Sequence[Step], engine: Engine, invocation: InvocationDir, say: Callable[[str], None] = print
+) -> list[RunRecord]:
     """Prepare and run every step; record each env's runs as soon as its suite ends."""
     for step in steps:
         engine.preflight(step.env)
@@ -192,35 +221,54 @@ def execute(steps: Sequence[Step], engine: Engine, invocation: InvocationDir,
         started = time.monotonic()
         try:
             prepared = engine.prepare(env)
-            say(f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label} "
-                f"({time.monotonic() - started:.0f} s)")
+            say(
+                f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label} "
+                f"({time.monotonic() - started:.0f} s)"
+            )
             out = invocation.env_dir(env.id)
             suite = engine.run_suite(prepared, step.suite_args, out, step.timeout_s)
         except KeyboardInterrupt as stop:
             _collect(invocation, env, None, invocation.env_dir(env.id), engine.kind.value)
             invocation.finish(interrupted=True)
             # core/signals.py names SIGTERM/SIGHUP in the KeyboardInterrupt it raises for them.
-            raise Interrupted("interrupted", why=str(stop) or "Ctrl-C",
-                              fix=f"what finished is in {invocation.folder}; "
-                                  "run the same command again to redo the rest") from None
+            raise Interrupted(
+                "interrupted",
+                why=str(stop) or "Ctrl-C",
+                fix=f"what finished is in {invocation.folder}; run the same command again to redo the rest",
+            ) from None
         _collect(invocation, env, prepared, out, engine.kind.value, suite.exit_code, suite.timed_out)
     invocation.finish()
     return invocation.runs
 
 
-def _collect(invocation: InvocationDir, env: Env, prepared: Any, out: Path, engine: str,
-             exit_code: int | None = None, timed_out: bool = False) -> None:
+def _collect(
+    invocation: InvocationDir,
+    env: Env,
+    prepared: Any,
+    out: Path,
+    engine: str,
+    exit_code: int | None = None,
+    timed_out: bool = False,
+) -> None:
     suite_file = out / "suite.json"
     suite: dict[str, Any] = read_json(str(suite_file)) if suite_file.exists() else {"runs": []}
-    info = {"platform": env.platform.value, "engine": engine, "pins": env.pins(),
-            "derived_from": env.derived_from, "image_id": None, "venv": None,
-            "artifacts": {k: f"{env.id}/{v}" for k, v in (suite.get("artifacts") or {}).items()},
-            "suite_exit_code": exit_code, "suite_timed_out": timed_out,
-            "interrupted": bool(suite.get("interrupted"))}
+    info = {
+        "platform": env.platform.value,
+        "engine": engine,
+        "pins": env.pins(),
+        "derived_from": env.derived_from,
+        "image_id": None,
+        "venv": None,
+        "artifacts": {k: f"{env.id}/{v}" for k, v in (suite.get("artifacts") or {}).items()},
+        "suite_exit_code": exit_code,
+        "suite_timed_out": timed_out,
+        "interrupted": bool(suite.get("interrupted")),
+    }
     if prepared is not None:
         key = "image_id" if engine == "docker" else "venv"
-        info[key] = (prepared.details.get("image_id", prepared.handle) if engine == "docker"
-                     else prepared.label)
+        info[key] = (
+            prepared.details.get("image_id", prepared.handle) if engine == "docker" else prepared.label
+        )
     invocation.add_env(env.id, info)
     invocation.add_runs(env.id, list(suite.get("runs") or []))
 
@@ -243,16 +291,21 @@ def suite_failures(invocation: InvocationDir, steps: Sequence[Step] = ()) -> lis
         elif not records:
             problems.append(f"{env_id}: the suite recorded no run")
         elif missing := _missing_runs(plans.get(env_id, []), records):
-            problems.append(f"{env_id}: no record for {len(missing)} planned run(s): "
-                            + ", ".join("/".join(key) for key in missing))
+            problems.append(
+                f"{env_id}: no record for {len(missing)} planned run(s): "
+                + ", ".join("/".join(key) for key in missing)
+            )
     return problems
 
 
-def _missing_runs(planned: Sequence[tuple[str, str, str, str]],
-                  records: Sequence[RunRecord]) -> list[tuple[str, str, str, str]]:
+def _missing_runs(
+    planned: Sequence[tuple[str, str, str, str]], records: Sequence[RunRecord]
+) -> list[tuple[str, str, str, str]]:
     """The planned (scenario, patch, transport, dtype) keys that no record answers, in plan order."""
-    left = Counter((str(r.get("scenario")), str(r.get("patch")), str(r.get("transport")),
-                    str(r.get("dtype"))) for r in records)
+    left = Counter(
+        (str(r.get("scenario")), str(r.get("patch")), str(r.get("transport")), str(r.get("dtype")))
+        for r in records
+    )
     missing = []
     for key in planned:
         if left[key] > 0:

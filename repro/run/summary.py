@@ -8,9 +8,21 @@ from collections.abc import Sequence
 from repro.core.verdict import env_verdicts
 from repro.workload.record import RunRecord
 
-COLUMNS = (("env", 14), ("scenario", 12), ("patch", 6), ("dtype", 5), ("transport", 9), ("ws", 3),
-           ("outcome", 12), ("signature", 23), ("IllegalWork", 11), ("div@", 4), ("skip", 4),
-           ("exception", 22), ("secs", 6))
+COLUMNS = (
+    ("env", 14),
+    ("scenario", 12),
+    ("patch", 6),
+    ("dtype", 5),
+    ("transport", 9),
+    ("ws", 3),
+    ("outcome", 12),
+    ("signature", 23),
+    ("IllegalWork", 11),
+    ("div@", 4),
+    ("skip", 4),
+    ("exception", 22),
+    ("secs", 6),
+)
 
 
 def _cell(run: RunRecord, key: str) -> str:

@@ -276,8 +276,11 @@ def make_bundle(
         "run": run_command,
         # Run from a mics-repro checkout; BUNDLE= takes this folder or its .tar archive.
         # A GPU bundle's container gets device access: the verifier must consent (README "Security").
-        "verify": make_line("verify-bundle", [("BUNDLE", f"path/to/{out.name}.tar")]
-                            + ([("ALLOW_PRIVILEGES", "1")] if platform != "cpu" else [])),
+        "verify": make_line(
+            "verify-bundle",
+            [("BUNDLE", f"path/to/{out.name}.tar")]
+            + ([("ALLOW_PRIVILEGES", "1")] if platform != "cpu" else []),
+        ),
         "reproduce_from_source": str(
             data["invocation"].get("command") or make_line("repro", [("ENV", request.env_id)])
         ),

@@ -153,8 +153,15 @@ def flatten(
         rootfs.unlink(missing_ok=True)
     new_id = str(client.images.get(ref).id)
     base = (config.get("Labels") or {}).get("org.opencontainers.image.base.name")
-    return Flattened(new_id, ref, str(image.id), tuple(sorted(set(removed))), size,
-                     time.monotonic() - started, str(base) if base else None)
+    return Flattened(
+        new_id,
+        ref,
+        str(image.id),
+        tuple(sorted(set(removed))),
+        size,
+        time.monotonic() - started,
+        str(base) if base else None,
+    )
 
 
 def save_gzip(client: Any, ref: str, path: Path, level: int = 1) -> Saved:

@@ -198,8 +198,14 @@ def _check_expected(expected: Any, problems: list[str]) -> None:
     if not isinstance(expected, list) or not expected:
         problems.append("expected is not a non-empty list of runs")
         return
-    closed = {"scenario": SCENARIOS, "patch": PATCHES, "dtype": DTYPES, "outcome": OUTCOMES,
-              "signature": SIGNATURES, "transport": (*TRANSPORT_MODES, "native")}
+    closed = {
+        "scenario": SCENARIOS,
+        "patch": PATCHES,
+        "dtype": DTYPES,
+        "outcome": OUTCOMES,
+        "signature": SIGNATURES,
+        "transport": (*TRANSPORT_MODES, "native"),
+    }
     fields = {f for f in Expected.__dataclass_fields__}
     for index, run in enumerate(expected):
         where = f"expected[{index}]"
@@ -289,8 +295,11 @@ def refuse_links(folder: Path) -> None:
     """A bundle holds plain files: a link would make us read (hash, load) a file outside it."""
     links = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_symlink()]
     if links:
-        raise BundleError(f"the bundle in {folder} holds symbolic links", why="; ".join(links[:12]),
-                          fix="only verify bundles made by `make bundle` (copy the folder without links)")
+        raise BundleError(
+            f"the bundle in {folder} holds symbolic links",
+            why="; ".join(links[:12]),
+            fix="only verify bundles made by `make bundle` (copy the folder without links)",
+        )
 
 
 def check_files(folder: Path, manifest: Manifest) -> None:

@@ -97,12 +97,15 @@ class Layout:
             raise UsageError("nodes, ranks per node, devices per node and shard size must be positive")
         plan = self.plan()
         if plan.used != self.world_size:  # the planner would leave ranks out (an odd count per node)
-            raise UsageError(f"{self.procs_per_node} ranks per node: {'; '.join(plan.notes)}",
-                             fix="use an even number of ranks per node")
+            raise UsageError(
+                f"{self.procs_per_node} ranks per node: {'; '.join(plan.notes)}",
+                fix="use an even number of ranks per node",
+            )
         for scenario in sorted({run.scenario for run in RUNS}):
             if not plan.get(scenario).supported:
-                raise UsageError(f"{scenario} needs {plan.get(scenario).needs} ranks; "
-                                 f"this layout has {self.world_size}")
+                raise UsageError(
+                    f"{scenario} needs {plan.get(scenario).needs} ranks; this layout has {self.world_size}"
+                )
             shape = self.shape(scenario)
             if shape.shard_size is None:
                 continue
@@ -204,17 +207,17 @@ def render(
         sif_name=f"mics-repro-{env_id}.sif",
         sbatch_name=sbatch_name,
         runs=RUNS,
-        ndev_by_scenario=[(scenario, layout.shape(scenario).devices_per_node)
-                          for scenario in dict.fromkeys(run.scenario for run in RUNS)],
+        ndev_by_scenario=[
+            (scenario, layout.shape(scenario).devices_per_node)
+            for scenario in dict.fromkeys(run.scenario for run in RUNS)
+        ],
         tool_version=__version__,
         time_limit=time_limit or job_time_limit(len(RUNS), timeout_s),
         timeout_s=f"{timeout_s:g}",
         stall_s=f"{stall_s:g}",
         passthrough_pattern=passthrough_pattern(),
         passthrough_doc="*_VISIBLE_DEVICES, NCCL_*, RCCL_*, HSA_*, MIOPEN_*",
-        docker_device_flags=[
-            " ".join(f'"{x}"' for x in pair) for pair in device_pairs
-        ],
+        docker_device_flags=[" ".join(f'"{x}"' for x in pair) for pair in device_pairs],
     )
     scripts = [
         Script(sbatch_name, env.get_template("job.sbatch.j2").render(**context), executable=True),

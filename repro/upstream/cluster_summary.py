@@ -59,8 +59,12 @@ def render(rows: list[dict[str, Any]]) -> str:
         text = (
             f"{row['run']:<22} exit {row['exit_code'] or '?':<4} ranks {row['ranks_reported']}/"
             f"{row['world_size'] or '?'} steps {steps}  IllegalWork msgs {row['illegal_work_messages']}"
-            + (f"  loss {loss(row['first_loss'])} -> {loss(row['last_loss'])}"
-               f" ({row['non_finite_losses']} non-finite)" if row["losses"] else "  no losses")
+            + (
+                f"  loss {loss(row['first_loss'])} -> {loss(row['last_loss'])}"
+                f" ({row['non_finite_losses']} non-finite)"
+                if row["losses"]
+                else "  no losses"
+            )
         )
         lines.append(text)
         lines += [f"{'':<22} error: {e}" for e in row["errors"]]

@@ -181,8 +181,10 @@ def answer(
         bad = ", ".join(f"{r.run_name}: {r.outcome}" for r in patched if r.run_name in against)
         parts.append(f"With the patch below not every MiCS run is clean ({bad}).")
     elif verdict is not None and verdict.fixed is FixVerdict.UNVERIFIED:
-        parts.append("With the patch below the MiCS runs are clean, but the ZeRO-3 control failed, so their "
-                     "losses could not be compared.")
+        parts.append(
+            "With the patch below the MiCS runs are clean, but the ZeRO-3 control failed, so their "
+            "losses could not be compared."
+        )
     return Answer(title, " ".join(parts), reproduced, fixed)
 
 

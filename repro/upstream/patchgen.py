@@ -55,7 +55,7 @@ def sdist_path(version: str, wheelhouse: Path) -> Path:
             f"{path} not found",
             why="patches are generated from the pristine DeepSpeed sdist",
             fix=f"download it: pip download --no-deps --no-binary :all: deepspeed=={version} -d {wheelhouse} "
-                "(or fetch the .tar.gz from PyPI's simple index), or pass --wheelhouse",
+            "(or fetch the .tar.gz from PyPI's simple index), or pass --wheelhouse",
         )
     return path
 
@@ -85,8 +85,15 @@ def diff_file(path: str, before: str, after: str) -> FileDiff:
     if not before.endswith("\n"):
         # difflib would emit a line `patch` cannot apply without a "\ No newline" marker
         raise ReproError(f"{path} does not end with a newline; cannot write a clean diff")
-    lines = list(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                      fromfile=f"a/{path}", tofile=f"b/{path}", n=3))
+    lines = list(
+        difflib.unified_diff(
+            before.splitlines(keepends=True),
+            after.splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
+            n=3,
+        )
+    )
     added = sum(1 for ln in lines[2:] if ln.startswith("+"))
     removed = sum(1 for ln in lines[2:] if ln.startswith("-"))
     return FileDiff(path, "".join(lines), added, removed)

@@ -79,13 +79,20 @@ class ValuePattern:
 
 
 VALUE_PATTERNS = (
-    ValuePattern("private-key", re.compile(
-        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s]*)",
-        re.DOTALL)),
+    ValuePattern(
+        "private-key",
+        re.compile(
+            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"
+            r"(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s]*)",
+            re.DOTALL,
+        ),
+    ),
     ValuePattern("aws-access-key-id", re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")),
     ValuePattern("hf-token", re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,}")),
-    ValuePattern("github-token", re.compile(
-        r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})")),
+    ValuePattern(
+        "github-token",
+        re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    ),
     ValuePattern("slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}")),
     ValuePattern("credentials", re.compile(r"://([^/\s:@<>]+:[^/\s@<>]+)@"), group=1),
 )
@@ -104,7 +111,7 @@ def _replace_group(pattern: ValuePattern) -> Callable[[re.Match[str]], str]:
         start, end = match.span(pattern.group)
         whole_start = match.start()
         text = match.group(0)
-        return text[: start - whole_start] + pattern.placeholder + text[end - whole_start:]
+        return text[: start - whole_start] + pattern.placeholder + text[end - whole_start :]
 
     return sub
 

@@ -82,8 +82,10 @@ def _safe_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
     for member in tar.getmembers():
         parts = Path(member.name).parts
         if Path(member.name).is_absolute() or ".." in parts or not (member.isfile() or member.isdir()):
-            raise BundleError(f"the archive holds an unsafe entry: {member.name}",
-                              fix="only extract bundles made by `make bundle`")
+            raise BundleError(
+                f"the archive holds an unsafe entry: {member.name}",
+                fix="only extract bundles made by `make bundle`",
+            )
         members.append(member)
     return members
 
@@ -99,9 +101,11 @@ def open_bundle(path: Path, workdir: Path) -> Path:
             members = _safe_members(tar)
             tar.extractall(workdir, members=members)  # noqa: S202 - members checked above
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise BundleError(f"{path.name} is not a readable bundle archive", why=f"{type(exc).__name__}: {exc}",
-                          fix="copy it again (the archive is truncated or corrupt) or use the bundle folder"
-                          ) from None
+        raise BundleError(
+            f"{path.name} is not a readable bundle archive",
+            why=f"{type(exc).__name__}: {exc}",
+            fix="copy it again (the archive is truncated or corrupt) or use the bundle folder",
+        ) from None
     tops = sorted({Path(m.name).parts[0] for m in members if Path(m.name).parts})
     if len(tops) != 1:
         raise BundleError(f"{path.name} should hold one bundle folder, found {tops or 'nothing'}")
@@ -113,10 +117,14 @@ def compare(expected: Sequence[Expected], records: Sequence[Mapping[str, Any]]) 
     out = []
     for exp in expected:
         rec = by_name.pop(exp.run_name, None)
-        out.append(Comparison(exp.run_name, exp, rec.get("outcome") if rec else None,
-                              rec.get("signature") if rec else None))
-    out += [Comparison(name, None, r.get("outcome"), r.get("signature"))
-            for name, r in sorted(by_name.items())]
+        out.append(
+            Comparison(
+                exp.run_name, exp, rec.get("outcome") if rec else None, rec.get("signature") if rec else None
+            )
+        )
+    out += [
+        Comparison(name, None, r.get("outcome"), r.get("signature")) for name, r in sorted(by_name.items())
+    ]
     return tuple(out)
 
 
@@ -164,15 +172,26 @@ def _suite_output(suite_file: Path, env_id: str) -> tuple[list[Any], dict[str, s
     data = data if isinstance(data, dict) else {}
     runs = [r for r in data.get("runs") or [] if isinstance(r, dict)]
     raw = data.get("artifacts")
-    artifacts = {str(k): f"{env_id}/{v}" for k, v in (raw if isinstance(raw, dict) else {}).items()
-                 if isinstance(v, str) and safe_relpath(v)}
+    artifacts = {
+        str(k): f"{env_id}/{v}"
+        for k, v in (raw if isinstance(raw, dict) else {}).items()
+        if isinstance(v, str) and safe_relpath(v)
+    }
     return runs, artifacts
 
 
-def verify(bundle: Path, client: Any, results_root: Path, *, argv: Sequence[str] = (),
-           engine_factory: Callable[[Any], Any] | None = None,
-           say: Callable[[str], None] = print, connect: Callable[[], Any] | None = None,
-           allow_privileges: bool = False, host: GpuHost | None = None) -> VerifyResult:
+def verify(
+    bundle: Path,
+    client: Any,
+    results_root: Path,
+    *,
+    argv: Sequence[str] = (),
+    engine_factory: Callable[[Any], Any] | None = None,
+    say: Callable[[str], None] = print,
+    connect: Callable[[], Any] | None = None,
+    allow_privileges: bool = False,
+    host: GpuHost | None = None,
+) -> VerifyResult:
     """`client`: a docker-py client, or None with `connect` making one once the bundle has passed
     every check that needs no Docker (so a missing or crafted bundle is named first)."""
     with tempfile.TemporaryDirectory(prefix="mics-bundle-") as tmp:
@@ -201,9 +220,11 @@ def verify(bundle: Path, client: Any, results_root: Path, *, argv: Sequence[str]
         say(f"verify: loaded in {time.monotonic() - started:.0f} s")
         image_id = str(manifest.image["id"])
         if image_id not in loaded:
-            raise BundleError("the loaded image is not the one the manifest names",
-                              why=f"manifest: {image_id}; loaded: {', '.join(loaded) or 'nothing'}",
-                              fix="make the bundle again")
+            raise BundleError(
+                "the loaded image is not the one the manifest names",
+                why=f"manifest: {image_id}; loaded: {', '.join(loaded) or 'nothing'}",
+                fix="make the bundle again",
+            )
         out_root = new_invocation_dir(results_root, [f"verify-{env_id}"])
         if confined(out_root, env_id) is None:  # the manifest check refuses such ids; never trust one
             raise BundleError(f"env id {env_id!r} would leave the results folder {out_root}")
@@ -212,17 +233,32 @@ def verify(bundle: Path, client: Any, results_root: Path, *, argv: Sequence[str]
         invocation.save()
         client_now = docker_client()
         engine = engine_factory(client_now) if engine_factory else _docker_engine(client_now)
-        prepared = Prepared(EngineKind.DOCKER, env_id, image_id, str(manifest.image["ref"]), True,
-                            {"platform": platform, "image_id": image_id})
+        prepared = Prepared(
+            EngineKind.DOCKER,
+            env_id,
+            image_id,
+            str(manifest.image["ref"]),
+            True,
+            {"platform": platform, "image_id": image_id},
+        )
         say(f"verify: running the reproduction in {manifest.image['ref']} with networking off -> {out_root}")
-        suite = engine.run_suite(prepared, list(manifest.suite_args), invocation.env_dir(env_id),
-                                 suite_timeout(manifest))
+        suite = engine.run_suite(
+            prepared, list(manifest.suite_args), invocation.env_dir(env_id), suite_timeout(manifest)
+        )
         runs, artifacts = _suite_output(invocation.env_dir(env_id) / "suite.json", env_id)
-        invocation.add_env(env_id, {"platform": platform, "engine": "docker",
-                                    "image_id": image_id, "pins": manifest.env.get("pins"),
-                                    "derived_from": manifest.env.get("derived_from"),
-                                    "artifacts": artifacts,
-                                    "suite_exit_code": suite.exit_code, "suite_timed_out": suite.timed_out})
+        invocation.add_env(
+            env_id,
+            {
+                "platform": platform,
+                "engine": "docker",
+                "image_id": image_id,
+                "pins": manifest.env.get("pins"),
+                "derived_from": manifest.env.get("derived_from"),
+                "artifacts": artifacts,
+                "suite_exit_code": suite.exit_code,
+                "suite_timed_out": suite.timed_out,
+            },
+        )
         invocation.add_runs(env_id, runs)
         invocation.finish()
         return VerifyResult(out_root, image_id, compare(manifest.expected, invocation.runs))
@@ -243,6 +279,8 @@ def report(result: VerifyResult) -> str:
 def require_match(result: VerifyResult) -> None:
     if not result.ok:
         bad = [c.line() for c in result.comparisons if not c.ok]
-        raise BundleError("the bundle's image did not reproduce the outcomes in its manifest",
-                          why="; ".join(bad) or "no run produced a record",
-                          fix=f"read the runs in {result.folder} (the logs say why each run ended as it did)")
+        raise BundleError(
+            "the bundle's image did not reproduce the outcomes in its manifest",
+            why="; ".join(bad) or "no run produced a record",
+            fix=f"read the runs in {result.folder} (the logs say why each run ended as it did)",
+        )

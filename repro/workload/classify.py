@@ -32,8 +32,12 @@ TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 1e-2}
 OVERFLOW_STORM_EXTRA = 3
 
 # Runner-level statuses that decide the outcome before any evidence is weighed.
-STATUS_OUTCOMES = {"hung": "hung", "interrupted": "interrupted", "unsupported": "unsupported",
-                   "env-error": "env-error"}
+STATUS_OUTCOMES = {
+    "hung": "hung",
+    "interrupted": "interrupted",
+    "unsupported": "unsupported",
+    "env-error": "env-error",
+}
 
 _ILLEGAL_WORK_MARKERS = ("IllegalWork", "_IllegalWork")
 
@@ -49,8 +53,7 @@ class Classification:
     first_divergent_step: int | None
 
 
-def first_divergent_step(losses: list[float | None], control: list[float | None],
-                         dtype: str) -> int | None:
+def first_divergent_step(losses: list[float | None], control: list[float | None], dtype: str) -> int | None:
     """First step whose loss leaves the control's; None when all compared steps match.
 
     Steps beyond the shorter list are compared as missing: a run that stopped early diverges
@@ -89,8 +92,9 @@ def _describe_losses(losses: list[float | None]) -> str:
     return f"NaN/inf loss from step {bad}" if bad is not None else "losses finite"
 
 
-def classify(record: dict[str, Any], control: dict[str, Any] | None,
-             status: str | None = None) -> Classification:
+def classify(
+    record: dict[str, Any], control: dict[str, Any] | None, status: str | None = None
+) -> Classification:
     """Classify one run. `control` is the classified zero3 record of the same env, dtype and
     world size (None for the control itself or when it is missing). `status` is the runner's
     verdict on how the run ended ("hung", "interrupted", "unsupported", "env-error" or None)."""
@@ -103,15 +107,20 @@ def classify(record: dict[str, Any], control: dict[str, Any] | None,
     losses: list[float | None] = list(record.get("losses") or [])
     illegal = int(record.get("illegal_work_messages") or 0)
     failed = exc is not None or any(
-        code not in (0, None) for code in (record.get("exit_codes") or {}).values())
+        code not in (0, None) for code in (record.get("exit_codes") or {}).values()
+    )
 
     if failed:
         where = f" on rank {exc.get('rank')}" if exc and exc.get("rank") is not None else ""
         summary = f"{exc.get('type')}: {exc.get('message')}" if exc else "non-zero exit"
         if _raised_from_illegal_work(exc):
             extra = f"; {illegal} IllegalWork messages before it" if illegal else ""
-            return Classification("reproduced", "illegal-work-crash",
-                           f"crash raised from an IllegalWork object{where}: {summary}{extra}", None)
+            return Classification(
+                "reproduced",
+                "illegal-work-crash",
+                f"crash raised from an IllegalWork object{where}: {summary}{extra}",
+                None,
+            )
         return Classification("crashed", "crash", f"crashed{where}: {summary}", None)
 
     is_control = control is None and record.get("scenario") == "zero3"
@@ -129,13 +138,17 @@ def classify(record: dict[str, Any], control: dict[str, Any] | None,
         assert control is not None
         diverged_at = first_divergent_step(losses, control["losses"], record.get("dtype", "fp32"))
         if diverged_at is not None:
-            evidence.append(f"losses leave the control's at step {diverged_at} "
-                            f"({_describe_losses(losses)}; control finite)")
+            evidence.append(
+                f"losses leave the control's at step {diverged_at} "
+                f"({_describe_losses(losses)}; control finite)"
+            )
         extra_skips = int(record.get("skipped_steps") or 0) - int(control.get("skipped_steps") or 0)
         if record.get("dtype") == "fp16" and extra_skips >= OVERFLOW_STORM_EXTRA:
             storm = True
-            evidence.append(f"{record.get('skipped_steps')} overflow-skipped steps vs "
-                            f"{control.get('skipped_steps')} in the control")
+            evidence.append(
+                f"{record.get('skipped_steps')} overflow-skipped steps vs "
+                f"{control.get('skipped_steps')} in the control"
+            )
         compared = f"losses match the control within {TOLERANCE[record.get('dtype', 'fp32')]:g}"
     else:
         bad = _first_non_finite(losses)

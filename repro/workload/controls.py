@@ -40,5 +40,9 @@ def choose_control(want: ControlKey, candidates: Sequence[T], key: Callable[[T],
 
 def record_key(record: Mapping[str, Any]) -> ControlKey:
     """The matching key of a record dict (the suite's side; the report keys its typed views)."""
-    return ControlKey(str(record.get("dtype")), str(record.get("transport") or "native"),
-                      int(record.get("world_size") or 0), str(record.get("patch")))
+    return ControlKey(
+        str(record.get("dtype")),
+        str(record.get("transport") or "native"),
+        int(record.get("world_size") or 0),
+        str(record.get("patch")),
+    )

@@ -27,18 +27,18 @@ class TorchView:
     """What torch and the device nodes in this env show."""
 
     gpus: int = 0
-    hip: str | None = None            # torch.version.hip: a ROCm build
-    cuda: str | None = None           # torch.version.cuda: a CUDA build
-    init_error: str | None = None     # torch's warning/exception when it initialised the GPU runtime
+    hip: str | None = None  # torch.version.hip: a ROCm build
+    cuda: str | None = None  # torch.version.cuda: a CUDA build
+    init_error: str | None = None  # torch's warning/exception when it initialised the GPU runtime
     dev_nodes: dict[str, bool] = field(default_factory=dict)  # path -> readable and writable
 
 
 @dataclass(frozen=True)
 class Decision:
-    device: str                # "cpu" | "gpu": what the runs use (train.py --device)
-    gpus: int                  # GPUs torch sees (0 on CPU)
-    platform: str | None       # what the env asked for: cpu | rocm | cuda | gpu | None (auto)
-    error: str | None = None   # set: no run can be evidence here; every run ends env-error with it
+    device: str  # "cpu" | "gpu": what the runs use (train.py --device)
+    gpus: int  # GPUs torch sees (0 on CPU)
+    platform: str | None  # what the env asked for: cpu | rocm | cuda | gpu | None (auto)
+    error: str | None = None  # set: no run can be evidence here; every run ends env-error with it
 
 
 def probe() -> TorchView:
@@ -56,10 +56,14 @@ def probe() -> TorchView:
     for item in caught:  # torch reports a failed runtime initialisation as a UserWarning
         if error is None and ("CUDA initialization" in str(item.message) or "HIP" in str(item.message)):
             error = str(item.message).strip()
-    nodes = ["/dev/kfd", *sorted(glob.glob("/dev/dri/renderD*"))] if hip else ["/dev/nvidiactl",
-                                                                              *sorted(glob.glob("/dev/nvidia[0-9]*"))]
-    return TorchView(count, hip, cuda, error,
-                     {p: os.access(p, os.R_OK | os.W_OK) for p in nodes if os.path.exists(p)})
+    nodes = (
+        ["/dev/kfd", *sorted(glob.glob("/dev/dri/renderD*"))]
+        if hip
+        else ["/dev/nvidiactl", *sorted(glob.glob("/dev/nvidia[0-9]*"))]
+    )
+    return TorchView(
+        count, hip, cuda, error, {p: os.access(p, os.R_OK | os.W_OK) for p in nodes if os.path.exists(p)}
+    )
 
 
 def _rocm_causes(view: TorchView) -> list[str]:
@@ -67,29 +71,40 @@ def _rocm_causes(view: TorchView) -> list[str]:
     kfd = view.dev_nodes.get("/dev/kfd")
     renders = [p for p in view.dev_nodes if p.startswith("/dev/dri/renderD")]
     if kfd is None or not renders:
-        causes.append("the GPU device nodes are not here (/dev/kfd and /dev/dri/renderD*): pass them "
-                      "to the container (docker run --device /dev/kfd --device /dev/dri --group-add video "
-                      "--group-add render), or load the amdgpu driver on the host (ls /dev/kfd)")
+        causes.append(
+            "the GPU device nodes are not here (/dev/kfd and /dev/dri/renderD*): pass them "
+            "to the container (docker run --device /dev/kfd --device /dev/dri --group-add video "
+            "--group-add render), or load the amdgpu driver on the host (ls /dev/kfd)"
+        )
     elif kfd is False or not all(view.dev_nodes[p] for p in renders):
-        causes.append("the device nodes exist but this user cannot open them: add the user to the groups "
-                      "that own /dev/kfd and /dev/dri/renderD* (usually render and video: "
-                      "sudo usermod -aG render,video $USER, then log in again; containers: --group-add)")
-    causes.append("the GPU's gfx arch is not one this torch wheel was built for (rocminfo | grep gfx; "
-                  "MI100 is gfx908, MI200 gfx90a, MI300 gfx942): use an env whose torch supports it")
+        causes.append(
+            "the device nodes exist but this user cannot open them: add the user to the groups "
+            "that own /dev/kfd and /dev/dri/renderD* (usually render and video: "
+            "sudo usermod -aG render,video $USER, then log in again; containers: --group-add)"
+        )
+    causes.append(
+        "the GPU's gfx arch is not one this torch wheel was built for (rocminfo | grep gfx; "
+        "MI100 is gfx908, MI200 gfx90a, MI300 gfx942): use an env whose torch supports it"
+    )
     causes.append("HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES hide every GPU: unset them or list GPUs")
-    causes.append("the ROCm kernel driver or runtime is missing or too old for this torch "
-                  "(dmesg | grep amdgpu)")
+    causes.append(
+        "the ROCm kernel driver or runtime is missing or too old for this torch (dmesg | grep amdgpu)"
+    )
     return causes
 
 
 def _cuda_causes(view: TorchView) -> list[str]:
     causes = []
     if not view.dev_nodes:
-        causes.append("no NVIDIA device nodes are here (/dev/nvidia*): give the container the GPUs "
-                      "(docker run --gpus all, which needs the NVIDIA container toolkit registered with "
-                      "the daemon: sudo nvidia-ctk runtime configure --runtime=docker, restart docker)")
-    causes.append(f"the NVIDIA driver is missing or older than CUDA {view.cuda} needs "
-                  "(run nvidia-smi on the host; upgrade the driver)")
+        causes.append(
+            "no NVIDIA device nodes are here (/dev/nvidia*): give the container the GPUs "
+            "(docker run --gpus all, which needs the NVIDIA container toolkit registered with "
+            "the daemon: sudo nvidia-ctk runtime configure --runtime=docker, restart docker)"
+        )
+    causes.append(
+        f"the NVIDIA driver is missing or older than CUDA {view.cuda} needs "
+        "(run nvidia-smi on the host; upgrade the driver)"
+    )
     causes.append("CUDA_VISIBLE_DEVICES hides every GPU: unset it or list GPUs")
     return causes
 
@@ -97,9 +112,11 @@ def _cuda_causes(view: TorchView) -> list[str]:
 def _no_gpu(platform: str, view: TorchView) -> str:
     build = f"ROCm {view.hip}" if view.hip else f"CUDA {view.cuda}" if view.cuda else "CPU-only"
     causes = _rocm_causes(view) if platform == "rocm" or view.hip else _cuda_causes(view)
-    text = (f"env platform is {platform} but torch ({build} build) sees no GPU, so nothing here can be "
-            f"evidence for {platform}. Likely causes and fixes: " + "; ".join(
-                f"({i}) {c}" for i, c in enumerate(causes, 1)))
+    text = (
+        f"env platform is {platform} but torch ({build} build) sees no GPU, so nothing here can be "
+        f"evidence for {platform}. Likely causes and fixes: "
+        + "; ".join(f"({i}) {c}" for i, c in enumerate(causes, 1))
+    )
     if view.init_error:
         text += f". torch said: {view.init_error}"
     return text
@@ -108,12 +125,16 @@ def _no_gpu(platform: str, view: TorchView) -> str:
 def _wrong_build(platform: str, view: TorchView) -> str | None:
     if platform == "rocm" and not view.hip:
         kind = f"a CUDA {view.cuda} build" if view.cuda else "a CPU-only build"
-        return (f"env platform is rocm but its torch is {kind} (torch.version.hip is None): it cannot use "
-                "AMD GPUs; rebuild the env (its torch must come from PyTorch's rocm wheel index)")
+        return (
+            f"env platform is rocm but its torch is {kind} (torch.version.hip is None): it cannot use "
+            "AMD GPUs; rebuild the env (its torch must come from PyTorch's rocm wheel index)"
+        )
     if platform == "cuda" and (view.hip or not view.cuda):
         kind = f"a ROCm {view.hip} build" if view.hip else "a CPU-only build"
-        return (f"env platform is cuda but its torch is {kind} (torch.version.cuda is {view.cuda!r}): "
-                "rebuild the env (its torch must be a CUDA build)")
+        return (
+            f"env platform is cuda but its torch is {kind} (torch.version.cuda is {view.cuda!r}): "
+            "rebuild the env (its torch must be a CUDA build)"
+        )
     return None
 
 
@@ -136,9 +157,18 @@ def decide(requested: str, view: TorchView | None) -> Decision:
 
 def view_summary(view: TorchView | None, device: str | None) -> dict[str, Any]:
     """`ran_on` for a run that was never launched: what the suite saw, and that nothing ran."""
-    return {"device": None, "planned_device": device, "backend": None, "gpu_count": view.gpus if view else 0,
-            "gpus": [], "arch": [], "hip": view.hip if view else None, "cuda": view.cuda if view else None,
-            "nccl": None, "ran": False}
+    return {
+        "device": None,
+        "planned_device": device,
+        "backend": None,
+        "gpu_count": view.gpus if view else 0,
+        "gpus": [],
+        "arch": [],
+        "hip": view.hip if view else None,
+        "cuda": view.cuda if view else None,
+        "nccl": None,
+        "ran": False,
+    }
 
 
 def passed_env() -> dict[str, str]:
@@ -153,12 +183,23 @@ def passed_env() -> dict[str, str]:
 
 def ran_on(device: str, backend: str | None) -> dict[str, Any]:
     """What a rank actually used (train.py, rank 0, after the process group is up)."""
-    found: dict[str, Any] = {"device": device, "backend": backend, "gpu_count": 0, "gpus": [], "arch": [],
-                             "hip": None, "cuda": None, "nccl": None, "ran": True,
-                             "visible_devices": {k: os.environ[k] for k in
-                                                 ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                                                  "ROCR_VISIBLE_DEVICES") if k in os.environ},
-                             "passed_env": passed_env()}
+    found: dict[str, Any] = {
+        "device": device,
+        "backend": backend,
+        "gpu_count": 0,
+        "gpus": [],
+        "arch": [],
+        "hip": None,
+        "cuda": None,
+        "nccl": None,
+        "ran": True,
+        "visible_devices": {
+            k: os.environ[k]
+            for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+            if k in os.environ
+        },
+        "passed_env": passed_env(),
+    }
     try:
         import torch
     except ImportError:

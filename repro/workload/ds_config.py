@@ -101,11 +101,13 @@ def _check_batch(config: dict[str, Any], world_size: int, problems: list[str]) -
             if train % (micro * world_size):
                 problems.append(
                     f"train_batch_size {train} is not a multiple of train_micro_batch_size_per_gpu "
-                    f"{micro} x {world_size} ranks: no gradient_accumulation_steps can produce it")
+                    f"{micro} x {world_size} ranks: no gradient_accumulation_steps can produce it"
+                )
         elif train != micro * accum * world_size:
             problems.append(
                 f"train_batch_size {train} != train_micro_batch_size_per_gpu {micro} x "
-                f"gradient_accumulation_steps {accum} x {world_size} ranks")
+                f"gradient_accumulation_steps {accum} x {world_size} ranks"
+            )
 
 
 def _set(section: dict[str, Any], key: str, value: Any, label: str, notes: list[str]) -> None:
@@ -116,9 +118,12 @@ def _set(section: dict[str, Any], key: str, value: Any, label: str, notes: list[
     section[key] = value
 
 
-def build_config(shape: ScenarioShape, dtype: str | None = None,
-                 user_config: dict[str, Any] | None = None,
-                 micro_batch: int = DEFAULT_MICRO_BATCH) -> BuiltConfig:
+def build_config(
+    shape: ScenarioShape,
+    dtype: str | None = None,
+    user_config: dict[str, Any] | None = None,
+    micro_batch: int = DEFAULT_MICRO_BATCH,
+) -> BuiltConfig:
     """The config for one run. `dtype` None keeps the user's precision (or fp32 by default)."""
     adaptations: list[str] = []
     problems: list[str] = []

@@ -26,7 +26,7 @@ from typing import Any, Callable
 # Statements after the docstring of TorchBackend.all_gather_coalesced (deepspeed/comm/torch.py).
 # The branches that do not touch the coalescing manager keep the release's text so the diff only
 # shows what changed.
-_ALL_GATHER_COALESCED = '''\
+_ALL_GATHER_COALESCED = """\
 assert len(output_tensors) == len(input_tensors), ""
 if hasattr(torch.distributed.distributed_c10d, '_all_gather_base_coalesced'):
     # customized PyTorch
@@ -61,11 +61,11 @@ elif has_coalescing_manager():
         # read outputs that are still being written.
         get_accelerator().synchronize()
     return cm
-'''
+"""
 
 # Statements after the docstring of MiCS_AllGatherCoalescedHandle.wait
 # (deepspeed/runtime/zero/mics.py).
-_MICS_HANDLE_WAIT = '''\
+_MICS_HANDLE_WAIT = """\
 # A failed wait means the gathered data may never arrive. Logging it and marking the params
 # AVAILABLE anyway lets compute read unfilled buffers, so the error goes to the caller.
 instrument_w_nvtx(self.allgather_handle.wait)()
@@ -77,7 +77,7 @@ for _, param in enumerate(self.params):
     param.ds_status = ZeroParamStatus.AVAILABLE
 
 self.complete = True
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -96,15 +96,23 @@ class Target:
 
 
 TARGETS: tuple[Target, ...] = (
-    Target("deepspeed.comm.torch", "TorchBackend", "all_gather_coalesced",
-           "deepspeed/comm/torch.py", _ALL_GATHER_COALESCED),
-    Target("deepspeed.runtime.zero.mics", "MiCS_AllGatherCoalescedHandle", "wait",
-           "deepspeed/runtime/zero/mics.py", _MICS_HANDLE_WAIT),
+    Target(
+        "deepspeed.comm.torch",
+        "TorchBackend",
+        "all_gather_coalesced",
+        "deepspeed/comm/torch.py",
+        _ALL_GATHER_COALESCED,
+    ),
+    Target(
+        "deepspeed.runtime.zero.mics",
+        "MiCS_AllGatherCoalescedHandle",
+        "wait",
+        "deepspeed/runtime/zero/mics.py",
+        _MICS_HANDLE_WAIT,
+    ),
 )
 
-FIX_ID = hashlib.sha256(
-    "\n".join(f"{t.qualname}\n{t.body}" for t in TARGETS).encode()
-).hexdigest()[:12]
+FIX_ID = hashlib.sha256("\n".join(f"{t.qualname}\n{t.body}" for t in TARGETS).encode()).hexdigest()[:12]
 
 
 class FixNotApplicableError(RuntimeError):
@@ -141,8 +149,11 @@ def _find_method(tree: ast.Module, target: Target) -> ast.FunctionDef:
 
 def _has_docstring(func: ast.FunctionDef) -> bool:
     first = func.body[0]
-    return (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-            and isinstance(first.value.value, str))
+    return (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    )
 
 
 def _statements_dump(func: ast.FunctionDef) -> list[str]:
@@ -166,28 +177,34 @@ def locate(source: str, target: Target) -> Splice:
     else:
         start, anchor = first.lineno, first
     end = int(func.end_lineno or func.lineno)
-    pad = lines[anchor.lineno - 1][:anchor.col_offset]
+    pad = lines[anchor.lineno - 1][: anchor.col_offset]
     if pad.strip():
         raise FixNotApplicableError(f"{target.qualname}: unexpected indentation")
     new_lines = tuple(pad + ln if ln.strip() else "\n" for ln in target.body.splitlines(keepends=True))
     decorator_lines = [d.lineno for d in func.decorator_list]
     header_start = min(decorator_lines + [func.lineno])
-    spliced = parse_function("".join(lines[header_start - 1:start - 1]) + "".join(new_lines))
-    return Splice(target, header_start, start, end, new_lines,
-                  unchanged=_statements_dump(func) == _statements_dump(spliced))
+    spliced = parse_function("".join(lines[header_start - 1 : start - 1]) + "".join(new_lines))
+    return Splice(
+        target,
+        header_start,
+        start,
+        end,
+        new_lines,
+        unchanged=_statements_dump(func) == _statements_dump(spliced),
+    )
 
 
 def function_text(source: str, splice: Splice) -> str:
     """The whole new method (release decorators + signature + docstring, our statements)."""
     lines = source.splitlines(keepends=True)
-    return "".join(lines[splice.header_start - 1:splice.start - 1]) + "".join(splice.new_lines)
+    return "".join(lines[splice.header_start - 1 : splice.start - 1]) + "".join(splice.new_lines)
 
 
 def patched_source(source: str, targets: tuple[Target, ...]) -> str:
     """The module source with every given target's statements replaced (for the patch files)."""
     lines = source.splitlines(keepends=True)
     for splice in sorted((locate(source, t) for t in targets), key=lambda s: s.start, reverse=True):
-        lines[splice.start - 1:splice.end] = list(splice.new_lines)
+        lines[splice.start - 1 : splice.end] = list(splice.new_lines)
     return "".join(lines)
 
 
@@ -307,7 +324,9 @@ def apply(importer: Callable[[str], Any] = importlib.import_module) -> dict[str,
         else:
             _INSTALLED.setdefault(step.target.qualname, (step.cls.__dict__[step.target.func], step.text))
     return {
-        "applied": True, "deepspeed": version, "fix_id": FIX_ID,
+        "applied": True,
+        "deepspeed": version,
+        "fix_id": FIX_ID,
         "patched": [step.target.qualname for step in plan],
         "source": "+".join(sorted({step.how for step in plan})),
     }

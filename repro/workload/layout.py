@@ -42,12 +42,12 @@ class LayoutError(ValueError):
 @dataclass(frozen=True)
 class Layout:
     scenario: str
-    world_size: int           # ranks torchrun starts (one per GPU on GPUs)
-    shard_size: int | None    # MiCS shard size; None for zero3 and for unsupported runs
+    world_size: int  # ranks torchrun starts (one per GPU on GPUs)
+    shard_size: int | None  # MiCS shard size; None for zero3 and for unsupported runs
     hierarchical: bool
-    devices_per_node: int     # what MiCS is told a node holds (NDEV_PER_NODE / LOCAL_SIZE)
-    real_nodes: int = 1       # machines the ranks really run on
-    needs: int = 0            # > 0: unsupported here; the GPUs this scenario needs
+    devices_per_node: int  # what MiCS is told a node holds (NDEV_PER_NODE / LOCAL_SIZE)
+    real_nodes: int = 1  # machines the ranks really run on
+    needs: int = 0  # > 0: unsupported here; the GPUs this scenario needs
 
     @property
     def supported(self) -> bool:
@@ -69,9 +69,11 @@ class Layout:
         if not self.emulated:
             return f"{self.nodes} nodes of {self.devices_per_node}"
         if device == "cpu":
-            return (f"{self.nodes} nodes emulated on one host: "
-                    f"NDEV_PER_NODE/LOCAL_SIZE={self.devices_per_node}"
-                    f" with world size {self.world_size}")
+            return (
+                f"{self.nodes} nodes emulated on one host: "
+                f"NDEV_PER_NODE/LOCAL_SIZE={self.devices_per_node}"
+                f" with world size {self.world_size}"
+            )
         return f"{self.nodes} nodes emulated on one host: NDEV_PER_NODE={self.devices_per_node}"
 
     def describe(self, device: str = "gpu") -> str:
@@ -95,8 +97,8 @@ class Layout:
 @dataclass(frozen=True)
 class LayoutPlan:
     device: str
-    available: int            # GPUs seen (all nodes), or the CPU ranks asked for
-    used: int                 # ranks the layouts use
+    available: int  # GPUs seen (all nodes), or the CPU ranks asked for
+    used: int  # ranks the layouts use
     layouts: tuple[Layout, ...]
     notes: tuple[str, ...] = ()
 
@@ -110,8 +112,10 @@ class LayoutPlan:
 def check_world_size(requested: int | None, gpus: int) -> str | None:
     """Why WORLD_SIZE cannot run on `gpus` GPUs (one rank per GPU), or None. For preflight too."""
     if requested is not None and requested > gpus:
-        return (f"WORLD_SIZE={requested} asks for more ranks than the {gpus} GPU(s) this env sees "
-                f"(one rank per GPU): set WORLD_SIZE<={gpus}, or leave it unset to use them all")
+        return (
+            f"WORLD_SIZE={requested} asks for more ranks than the {gpus} GPU(s) this env sees "
+            f"(one rank per GPU): set WORLD_SIZE<={gpus}, or leave it unset to use them all"
+        )
     return None
 
 
@@ -136,8 +140,9 @@ def gpu_layout(scenario: str, per_node: int, nodes: int) -> Layout:
     if scenario not in MIN_GPU_RANKS:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
     if world < MIN_GPU_RANKS[scenario]:
-        return Layout(scenario, world, None, scenario == "mics-hier", per_node, nodes,
-                      needs=MIN_GPU_RANKS[scenario])
+        return Layout(
+            scenario, world, None, scenario == "mics-hier", per_node, nodes, needs=MIN_GPU_RANKS[scenario]
+        )
     if scenario == "zero3":
         return Layout(scenario, world, None, False, per_node, nodes)
     if scenario == "mics":
@@ -148,8 +153,13 @@ def gpu_layout(scenario: str, per_node: int, nodes: int) -> Layout:
     return Layout(scenario, world, world // 2, False, per_node, nodes)
 
 
-def plan_layouts(device: str, world_size: int | None = None, gpus_per_node: int = 0, nodes: int = 1,
-                 scenarios: Sequence[str] = SCENARIOS) -> LayoutPlan:
+def plan_layouts(
+    device: str,
+    world_size: int | None = None,
+    gpus_per_node: int = 0,
+    nodes: int = 1,
+    scenarios: Sequence[str] = SCENARIOS,
+) -> LayoutPlan:
     """Every scenario's layout. CPU: `world_size` ranks (default 4). GPU: `gpus_per_node` GPUs on
     each of `nodes` nodes, or `world_size` of them. Raises LayoutError for what cannot run at all."""
     if device == "cpu":
@@ -169,27 +179,35 @@ def plan_layouts(device: str, world_size: int | None = None, gpus_per_node: int 
         per_node = world_size // nodes
     if per_node > 1 and per_node % 2:
         # The MiCS scenarios halve the ranks (shard groups, emulated nodes): an odd count cannot.
-        notes.append(f"{per_node} GPUs per node: using {per_node - 1}, the largest even subset "
-                     f"(the MiCS scenarios split the ranks in halves)")
+        notes.append(
+            f"{per_node} GPUs per node: using {per_node - 1}, the largest even subset "
+            f"(the MiCS scenarios split the ranks in halves)"
+        )
         per_node -= 1
     layouts = tuple(gpu_layout(s, per_node, nodes) for s in scenarios)
     for layout in layouts:
         if not layout.supported:
-            notes.append(f"{layout.scenario}: unsupported with {per_node * nodes} GPU(s), "
-                         f"needs {layout.needs}")
+            notes.append(
+                f"{layout.scenario}: unsupported with {per_node * nodes} GPU(s), needs {layout.needs}"
+            )
     return LayoutPlan("gpu", total, per_node * nodes, layouts, tuple(notes))
 
 
 # -- the README's table -------------------------------------------------------------------------
 # (label, GPUs per node, nodes): the cases the README shows.
-TABLE_CASES = ((("1 GPU", 1, 1), ("2 GPUs", 2, 1), ("4 GPUs", 4, 1), ("8 GPUs", 8, 1),
-                ("16 GPUs", 16, 1), ("2 nodes x 8 GPUs", 8, 2)))
+TABLE_CASES = (
+    ("1 GPU", 1, 1),
+    ("2 GPUs", 2, 1),
+    ("4 GPUs", 4, 1),
+    ("8 GPUs", 8, 1),
+    ("16 GPUs", 16, 1),
+    ("2 nodes x 8 GPUs", 8, 2),
+)
 
 
 def render_table(cases: Sequence[tuple[str, int, int]] = TABLE_CASES) -> str:
     """Markdown: one row per case, one column per scenario."""
-    lines = ["| GPUs | " + " | ".join(f"`{s}`" for s in SCENARIOS) + " |",
-             "|---|" + "---|" * len(SCENARIOS)]
+    lines = ["| GPUs | " + " | ".join(f"`{s}`" for s in SCENARIOS) + " |", "|---|" + "---|" * len(SCENARIOS)]
     for label, per_node, nodes in cases:
         plan = plan_layouts("gpu", gpus_per_node=per_node, nodes=nodes)
         lines.append(f"| {label} | " + " | ".join(plan.get(s).describe() for s in SCENARIOS) + " |")

@@ -49,8 +49,9 @@ class LayerNorm(nn.LayerNorm):
     """nn.LayerNorm that computes in the activations' dtype (see Linear)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype),
-                            self.eps)
+        return F.layer_norm(
+            x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps
+        )
 
 
 class CausalSelfAttention(nn.Module):
@@ -137,4 +138,4 @@ def rank_rows(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     if batch.shape[0] % world_size:
         raise ValueError(f"global batch of {batch.shape[0]} rows does not split over {world_size} ranks")
     per_rank = batch.shape[0] // world_size
-    return batch[rank * per_rank:(rank + 1) * per_rank]
+    return batch[rank * per_rank : (rank + 1) * per_rank]

@@ -34,18 +34,18 @@ class RunSpec:
     scenario: str
     patch: str
     dtype: str
-    transport: str          # async|sync|strict on CPU, "native" on GPU
+    transport: str  # async|sync|strict on CPU, "native" on GPU
     world_size: int
     shard_size: int | None
     hierarchical: bool
     devices_per_node: int
     steps: int
     seed: int
-    timeout_s: float        # whole-run limit
-    stall_s: float          # limit without a heartbeat from any rank (once one was seen)
-    device: str             # cpu|gpu
+    timeout_s: float  # whole-run limit
+    stall_s: float  # limit without a heartbeat from any rank (once one was seen)
+    device: str  # cpu|gpu
     run_dir: str
-    results_root: str       # logs are recorded relative to this folder
+    results_root: str  # logs are recorded relative to this folder
     ds_config_path: str
     model_args: tuple[str, ...] = ()
 
@@ -56,7 +56,7 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class LaunchResult:
-    status: str | None      # None (ran to the end) | "hung" | "interrupted"
+    status: str | None  # None (ran to the end) | "hung" | "interrupted"
     launcher_code: int | None
     wall_s: float
     stacks: dict[str, str]
@@ -88,15 +88,38 @@ def _launch_env(spec: RunSpec) -> dict[str, str]:
 
 
 def _command(spec: RunSpec, port: int) -> list[str]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
-           "--nproc_per_node", str(spec.world_size), "--master_addr", "127.0.0.1",
-           "--master_port", str(port),
-           # torchrun polls its workers every 5 s by default: up to 5 s idle after the ranks exit.
-           "--monitor-interval", str(MONITOR_INTERVAL_S),
-           "-m", "repro.workload.train",
-           "--run-dir", spec.run_dir, "--ds-config", spec.ds_config_path,
-           "--scenario", spec.scenario, "--patch", spec.patch, "--steps", str(spec.steps),
-           "--seed", str(spec.seed), "--device", spec.device]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc_per_node",
+        str(spec.world_size),
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        # torchrun polls its workers every 5 s by default: up to 5 s idle after the ranks exit.
+        "--monitor-interval",
+        str(MONITOR_INTERVAL_S),
+        "-m",
+        "repro.workload.train",
+        "--run-dir",
+        spec.run_dir,
+        "--ds-config",
+        spec.ds_config_path,
+        "--scenario",
+        spec.scenario,
+        "--patch",
+        spec.patch,
+        "--steps",
+        str(spec.steps),
+        "--seed",
+        str(spec.seed),
+        "--device",
+        spec.device,
+    ]
     if spec.device == "cpu":
         cmd += ["--transport", spec.transport]
     return cmd + list(spec.model_args)
@@ -146,6 +169,7 @@ def _dump_stacks(run_dir: str) -> dict[str, str]:
 
 def _stop_group(proc: subprocess.Popen[bytes], run_dir: str) -> None:
     """Interrupt, terminate, kill: each step given STOP_GRACE_S to work."""
+
     def targets() -> list[int]:
         return [p for p in _rank_pids(run_dir) if _alive(p)]
 
@@ -204,16 +228,25 @@ def launch(spec: RunSpec, progress: Any = None, stop: threading.Event | None = N
     wall_start = time.time()
     with open(log_path, "wb") as log:
         # A new session makes torchrun and its ranks one process group we can signal as a whole.
-        proc = subprocess.Popen(_command(spec, free_port()), cwd=REPO_ROOT, env=_launch_env(spec),
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            _command(spec, free_port()),
+            cwd=REPO_ROOT,
+            env=_launch_env(spec),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             while proc.poll() is None:
                 now = time.monotonic()
                 beat = _last_heartbeat(spec.run_dir, wall_start)
                 stalled = beat > wall_start and time.time() - beat > spec.stall_s
                 if now - start > spec.timeout_s or stalled:
-                    detail = (f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
-                              if stalled else f"exceeded the {spec.timeout_s:g} s time limit")
+                    detail = (
+                        f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
+                        if stalled
+                        else f"exceeded the {spec.timeout_s:g} s time limit"
+                    )
                     stacks = _dump_stacks(spec.run_dir)
                     _stop_group(proc, spec.run_dir)
                     return LaunchResult("hung", proc.returncode, time.monotonic() - start, stacks, detail)
@@ -258,14 +291,19 @@ def _pick_exception(ranks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
         return None
     illegal = [(r, e) for r, e in found if "IllegalWork" in f"{e.get('message')}{e.get('traceback')}"]
     rank, exc = (illegal or found)[0]
-    return {"type": exc.get("type"), "message": exc.get("message"), "rank": rank,
-            "traceback": exc.get("traceback")}
+    return {
+        "type": exc.get("type"),
+        "message": exc.get("message"),
+        "rank": rank,
+        "traceback": exc.get("traceback"),
+    }
 
 
 def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """Build the (unclassified) record and the runner status for `classify`."""
     ranks = _read_ranks(spec.run_dir)
     zero = ranks.get(0, {})
+
     def rel(path: str) -> str:
         return os.path.relpath(path, spec.results_root)
 
@@ -277,31 +315,40 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         exit_codes[str(r)] = 1 if d.get("exception") else 0
     record = rec.empty_record(**base)
     record.update(
-        run_name=spec.run_name, losses=zero.get("losses") or [], loss_scale=zero.get("loss_scale"),
+        run_name=spec.run_name,
+        losses=zero.get("losses") or [],
+        loss_scale=zero.get("loss_scale"),
         skipped_steps=int(zero.get("skipped_steps") or 0),
         illegal_work_messages=sum(int(d.get("illegal_work_messages") or 0) for d in ranks.values()),
-        exception=_pick_exception(ranks), exit_codes=exit_codes,
+        exception=_pick_exception(ranks),
+        exit_codes=exit_codes,
         durations={"total_s": round(result.wall_s, 2), "train_s": zero.get("train_s")},
         versions=zero.get("versions")
         or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
-        weights_checksum=zero.get("weights_checksum"), stacks=result.stacks, logs=logs,
-        backend=zero.get("backend"), fix=zero.get("fix"), transport_info=zero.get("transport_info") or {},
+        weights_checksum=zero.get("weights_checksum"),
+        stacks=result.stacks,
+        logs=logs,
+        backend=zero.get("backend"),
+        fix=zero.get("fix"),
+        transport_info=zero.get("transport_info") or {},
         # What rank 0 really ran on (plus the env's platform); the suite's view when it never said.
         ran_on=_ran_on(base.get("ran_on"), zero.get("ran_on")),
     )
     status = result.status
     if status == "hung":
         done = {r: d.get("steps_completed") for r, d in ranks.items()}
-        record["reason"] = (f"hung: {result.hang_detail}; stacks of {len(result.stacks)} ranks captured"
-                            + (f"; steps completed per rank {done}" if done else ""))
+        record["reason"] = f"hung: {result.hang_detail}; stacks of {len(result.stacks)} ranks captured" + (
+            f"; steps completed per rank {done}" if done else ""
+        )
     elif status is None and not ranks:
         # torchrun or the interpreter failed before any rank could report: the environment.
         status = "env-error"
         tail = _tail(os.path.join(spec.run_dir, "launcher.log"))
         last = tail.strip().splitlines()[-1] if tail.strip() else f"torchrun exited {result.launcher_code}"
         record["exception"] = {"type": "LaunchFailure", "message": last, "rank": None, "traceback": tail}
-        record["reason"] = (f"no rank reported (torchrun exit {result.launcher_code}): "
-                            "environment could not run")
+        record["reason"] = (
+            f"no rank reported (torchrun exit {result.launcher_code}): environment could not run"
+        )
     elif status is None and record["exception"] and record["exception"]["type"] in ENV_ERROR_TYPES:
         status = "env-error"
         record["reason"] = f"environment: {record['exception']['type']}: {record['exception']['message']}"

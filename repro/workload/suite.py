@@ -48,8 +48,9 @@ class PlannedRun:
 
 
 def shape_of(layout: lay.Layout) -> ds_config.ScenarioShape:
-    return ds_config.ScenarioShape(layout.scenario, layout.world_size, layout.shard_size, layout.hierarchical,
-                                   layout.devices_per_node)
+    return ds_config.ScenarioShape(
+        layout.scenario, layout.world_size, layout.shard_size, layout.hierarchical, layout.devices_per_node
+    )
 
 
 def scenario_shape(scenario: str, world_size: int, devices_per_node: int) -> ds_config.ScenarioShape:
@@ -63,14 +64,24 @@ def _skip(layout: lay.Layout, device: str, error: str | None) -> tuple[str, str]
         return ("env-error", error)
     if not layout.supported:
         unit = "GPUs (one rank per GPU)" if device == "gpu" else "ranks"
-        return ("unsupported", f"{layout.scenario} needs at least {layout.needs} {unit}; "
-                               f"this layout has {layout.world_size}")
+        return (
+            "unsupported",
+            f"{layout.scenario} needs at least {layout.needs} {unit}; this layout has {layout.world_size}",
+        )
     return None
 
 
-def plan(scenarios: list[str], patches: list[str], dtype: str, transports: list[str],
-         world_size: int, devices_per_node: int, sync_proof: bool,
-         layouts: lay.LayoutPlan | None = None, error: str | None = None) -> list[PlannedRun]:
+def plan(
+    scenarios: list[str],
+    patches: list[str],
+    dtype: str,
+    transports: list[str],
+    world_size: int,
+    devices_per_node: int,
+    sync_proof: bool,
+    layouts: lay.LayoutPlan | None = None,
+    error: str | None = None,
+) -> list[PlannedRun]:
     """Controls first (one zero3 stock run per transport), then each MiCS scenario x patch.
     `sync_proof` adds `mics` stock over the sync transport: IllegalWork messages yet a match
     with the control proves the missing wait, not the arithmetic, is the cause.
@@ -80,8 +91,9 @@ def plan(scenarios: list[str], patches: list[str], dtype: str, transports: list[
 
     def planned(scenario: str, patch: str, transport: str) -> PlannedRun:
         layout = chosen.get(scenario)
-        return PlannedRun(scenario, patch, dtype, transport, shape_of(layout),
-                          _skip(layout, chosen.device, error))
+        return PlannedRun(
+            scenario, patch, dtype, transport, shape_of(layout), _skip(layout, chosen.device, error)
+        )
 
     runs: list[PlannedRun] = []
     for transport in transports:
@@ -146,18 +158,30 @@ class ArtifactCapture:
         self.folder = os.path.join(out, "artifacts")
         self.out = out
         os.makedirs(self.folder, exist_ok=True)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (runner.REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(p for p in (runner.REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+        )
         if device == "cpu":
             env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
         # ds_report goes through our wrapper: on CPU, DeepSpeed < 0.14.1 needs the same placeholder
         # modules as the runs before it can even report.
-        commands = {"ds_report": [sys.executable, "-m", "repro.workload.ds_report", "--device", device],
-                    "collect_env": [sys.executable, "-m", "torch.utils.collect_env"]}
+        commands = {
+            "ds_report": [sys.executable, "-m", "repro.workload.ds_report", "--device", device],
+            "collect_env": [sys.executable, "-m", "torch.utils.collect_env"],
+        }
         self.started = time.monotonic()
-        self.procs = {name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                             env=env, stdin=subprocess.DEVNULL)
-                      for name, cmd in commands.items()}
+        self.procs = {
+            name: subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+            for name, cmd in commands.items()
+        }
 
     def finish(self) -> dict[str, str]:
         paths = {}
@@ -220,8 +244,15 @@ def planned_keys(argv: list[str]) -> list[tuple[str, str, str, str]]:
         raise ValueError("--device auto: the runs depend on the host's GPUs")
     device = "cpu" if args.device == "cpu" else "gpu"
     dtype = args.dtype or default_dtype(device, _user_config(args))
-    planned = plan(args.scenarios, args.patches, dtype, run_transports(device, args.transports),
-                   DEFAULT_WORLD_SIZE, DEFAULT_WORLD_SIZE, sync_proof=not args.no_sync_proof)
+    planned = plan(
+        args.scenarios,
+        args.patches,
+        dtype,
+        run_transports(device, args.transports),
+        DEFAULT_WORLD_SIZE,
+        DEFAULT_WORLD_SIZE,
+        sync_proof=not args.no_sync_proof,
+    )
     return [(run.scenario, run.patch, run.transport, run.dtype) for run in planned]
 
 
@@ -241,9 +272,16 @@ class RunOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
-        return cls(env=args.env, steps=args.steps, seed=args.seed, timeout_s=args.timeout,
-                   stall_s=args.stall_timeout, results_root=args.results_root,
-                   model_args=tuple(args.model_args or ()), jobs=args.jobs)
+        return cls(
+            env=args.env,
+            steps=args.steps,
+            seed=args.seed,
+            timeout_s=args.timeout,
+            stall_s=args.stall_timeout,
+            results_root=args.results_root,
+            model_args=tuple(args.model_args or ()),
+            jobs=args.jobs,
+        )
 
 
 def run_suite(args: argparse.Namespace) -> int:
@@ -255,11 +293,27 @@ def run_suite(args: argparse.Namespace) -> int:
     transports = run_transports(device, args.transports)
     user_config = _user_config(args)
     dtype = args.dtype or default_dtype(device, user_config)
-    planned = plan(args.scenarios, args.patches, dtype, transports, layouts.used, layouts.used,
-                   sync_proof=not args.no_sync_proof, layouts=layouts, error=error)
-    meta: dict[str, Any] = {"env": args.env, "device": device, "platform": decision.platform,
-                            "device_error": error, "layout_notes": list(layouts.notes),
-                            "started_at": _now(), "interrupted": False, "artifacts": {}}
+    planned = plan(
+        args.scenarios,
+        args.patches,
+        dtype,
+        transports,
+        layouts.used,
+        layouts.used,
+        sync_proof=not args.no_sync_proof,
+        layouts=layouts,
+        error=error,
+    )
+    meta: dict[str, Any] = {
+        "env": args.env,
+        "device": device,
+        "platform": decision.platform,
+        "device_error": error,
+        "layout_notes": list(layouts.notes),
+        "started_at": _now(),
+        "interrupted": False,
+        "artifacts": {},
+    }
     # Every record says what ran; a run never launched keeps what the suite saw (nothing ran).
     not_run = {**dev.view_summary(view, device), "env_platform": decision.platform}
     if error:
@@ -271,8 +325,9 @@ def run_suite(args: argparse.Namespace) -> int:
         print("capturing ds_report and collect_env in the background ...", flush=True)
         capture = ArtifactCapture(out, device)
     try:
-        return _run_planned(RunOptions.from_args(args), out, planned, meta, device, dtype, user_config,
-                            capture, not_run)
+        return _run_planned(
+            RunOptions.from_args(args), out, planned, meta, device, dtype, user_config, capture, not_run
+        )
     finally:
         if capture is not None:
             capture.abandon()
@@ -287,9 +342,17 @@ def default_jobs(device: str, world_size: int) -> int:
     return max(2, (os.cpu_count() or 2) // max(world_size, 1))
 
 
-def _run_planned(opts: RunOptions, out: str, planned: list[PlannedRun], meta: dict[str, Any],
-                 device: str, dtype: str, user_config: dict[str, Any] | None,
-                 capture: ArtifactCapture | None, not_run: dict[str, Any] | None = None) -> int:
+def _run_planned(
+    opts: RunOptions,
+    out: str,
+    planned: list[PlannedRun],
+    meta: dict[str, Any],
+    device: str,
+    dtype: str,
+    user_config: dict[str, Any] | None,
+    capture: ArtifactCapture | None,
+    not_run: dict[str, Any] | None = None,
+) -> int:
     """Launch up to `jobs` runs at once; classify and record them in plan order, so a run is
     always judged after its control (controls come first in the plan)."""
     has_mics = mics_available()
@@ -325,7 +388,7 @@ def _run_planned(opts: RunOptions, out: str, planned: list[PlannedRun], meta: di
         except KeyboardInterrupt:
             stop.set()
             # Runs already started stop their process groups and come back as interrupted.
-            for future, (item, spec, base) in list(zip(futures, prepared))[len(runs):]:
+            for future, (item, spec, base) in list(zip(futures, prepared))[len(runs) :]:
                 if not future.cancel() and (result := future.result()) is not NOT_STARTED:
                     _record_run(out, result, item, spec, base, controls, runs, meta)
             meta["interrupted"] = True
@@ -349,9 +412,16 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-def _record_run(out: str, result: runner.LaunchResult | None, item: PlannedRun, spec: runner.RunSpec,
-                base: dict[str, Any], controls: dict[tuple[str, str, int], dict[str, Any]],
-                runs: list[dict[str, Any]], meta: dict[str, Any]) -> str | None:
+def _record_run(
+    out: str,
+    result: runner.LaunchResult | None,
+    item: PlannedRun,
+    spec: runner.RunSpec,
+    base: dict[str, Any],
+    controls: dict[tuple[str, str, int], dict[str, Any]],
+    runs: list[dict[str, Any]],
+    meta: dict[str, Any],
+) -> str | None:
     """Classify one finished run against its control, write its record and the suite file."""
     if result is None and item.skip is not None:  # the env or the layout cannot run it: not launched
         record = rec.empty_record(**base, run_name=spec.run_name)
@@ -360,17 +430,23 @@ def _record_run(out: str, result: runner.LaunchResult | None, item: PlannedRun, 
     elif result is None:  # no MiCS in this DeepSpeed: nothing was launched
         record = rec.empty_record(**base, run_name=spec.run_name)
         verdict = cls.Classification(
-            "unsupported", "none",
-            "this DeepSpeed has no MiCS (deepspeed/runtime/zero/mics.py is absent)", None)
+            "unsupported",
+            "none",
+            "this DeepSpeed has no MiCS (deepspeed/runtime/zero/mics.py is absent)",
+            None,
+        )
         status = "unsupported"
     else:
         record, status = runner.assemble(spec, result, base)
-        control = None if item.scenario == "zero3" and item.patch == "stock" else _control_for(
-            controls, item)
+        control = None if item.scenario == "zero3" and item.patch == "stock" else _control_for(controls, item)
         record["control_run"] = control["run_name"] if control else None
         verdict = cls.classify(record, control, status)
-    record.update(outcome=verdict.outcome, signature=verdict.signature, reason=verdict.reason,
-                  first_divergent_step=verdict.first_divergent_step)
+    record.update(
+        outcome=verdict.outcome,
+        signature=verdict.signature,
+        reason=verdict.reason,
+        first_divergent_step=verdict.first_divergent_step,
+    )
     if item.scenario == "zero3" and item.patch == "stock":
         controls[(item.dtype, item.transport, item.shape.world_size)] = record
     rec.write_json_atomic(os.path.join(spec.run_dir, "record.json"), record)
@@ -379,8 +455,9 @@ def _record_run(out: str, result: runner.LaunchResult | None, item: PlannedRun, 
     return status
 
 
-def _control_for(controls: dict[tuple[str, str, int], dict[str, Any]],
-                 item: PlannedRun) -> dict[str, Any] | None:
+def _control_for(
+    controls: dict[tuple[str, str, int], dict[str, Any]], item: PlannedRun
+) -> dict[str, Any] | None:
     """The stock zero3 run this run is compared with (the one rule in workload/controls.py)."""
     want = ControlKey(item.dtype, item.transport, item.shape.world_size, item.patch)
     return choose_control(want, list(controls.values()), record_key)
@@ -389,31 +466,61 @@ def _control_for(controls: dict[tuple[str, str, int], dict[str, Any]],
 def _spec(opts: RunOptions, out: str, item: PlannedRun, device: str) -> runner.RunSpec:
     shape = item.shape
     spec = runner.RunSpec(
-        env=opts.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype, transport=item.transport,
-        world_size=shape.world_size, shard_size=shape.shard_size, hierarchical=shape.hierarchical,
-        devices_per_node=shape.devices_per_node, steps=opts.steps, seed=opts.seed, timeout_s=opts.timeout_s,
-        stall_s=opts.stall_s, device=device, run_dir="", results_root=opts.results_root or out,
-        ds_config_path="", model_args=opts.model_args)
+        env=opts.env,
+        scenario=item.scenario,
+        patch=item.patch,
+        dtype=item.dtype,
+        transport=item.transport,
+        world_size=shape.world_size,
+        shard_size=shape.shard_size,
+        hierarchical=shape.hierarchical,
+        devices_per_node=shape.devices_per_node,
+        steps=opts.steps,
+        seed=opts.seed,
+        timeout_s=opts.timeout_s,
+        stall_s=opts.stall_s,
+        device=device,
+        run_dir="",
+        results_root=opts.results_root or out,
+        ds_config_path="",
+        model_args=opts.model_args,
+    )
     run_dir = os.path.join(out, "runs", spec.run_name)
     if os.path.exists(run_dir):  # never overwrite an earlier run's evidence
         run_dir = f"{run_dir}-{dt.datetime.now(dt.timezone.utc).strftime('%H%M%S%f')}"
     return replace(spec, run_dir=run_dir, ds_config_path=os.path.join(run_dir, "ds_config.json"))
 
 
-def _base_record(opts: RunOptions, spec: runner.RunSpec, item: PlannedRun,
-                 built: ds_config.BuiltConfig) -> dict[str, Any]:
+def _base_record(
+    opts: RunOptions, spec: runner.RunSpec, item: PlannedRun, built: ds_config.BuiltConfig
+) -> dict[str, Any]:
     shape = item.shape
-    how = ("one node" if shape.nodes <= 1 else
-           f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE={shape.devices_per_node}"
-           f" with world size {shape.world_size}" if spec.device == "cpu" else
-           f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE={shape.devices_per_node}")
+    how = (
+        "one node"
+        if shape.nodes <= 1
+        else f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE={shape.devices_per_node}"
+        f" with world size {shape.world_size}"
+        if spec.device == "cpu"
+        else f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE={shape.devices_per_node}"
+    )
     return dict(
-        env=opts.env, scenario=item.scenario, patch=item.patch, dtype=item.dtype,
-        world_size=shape.world_size, shard_size=shape.shard_size, hierarchical=shape.hierarchical,
+        env=opts.env,
+        scenario=item.scenario,
+        patch=item.patch,
+        dtype=item.dtype,
+        world_size=shape.world_size,
+        shard_size=shape.shard_size,
+        hierarchical=shape.hierarchical,
         layout={"nodes": shape.nodes, "devices_per_node": shape.devices_per_node, "how": how},
-        backend="gloo" if spec.device == "cpu" else "nccl", transport=item.transport,
-        steps=opts.steps, seed=opts.seed, config=built.config, config_adaptations=built.adaptations,
-        config_problems=built.problems, timeout_s=opts.timeout_s, started_at=_now(),
+        backend="gloo" if spec.device == "cpu" else "nccl",
+        transport=item.transport,
+        steps=opts.steps,
+        seed=opts.seed,
+        config=built.config,
+        config_adaptations=built.adaptations,
+        config_problems=built.problems,
+        timeout_s=opts.timeout_s,
+        started_at=_now(),
     )
 
 
@@ -428,34 +535,58 @@ def _csv(choices: tuple[str, ...]) -> Any:
         if bad:
             raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(choices)}")
         return items
+
     return parse
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m repro.workload.suite", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m repro.workload.suite",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--env", required=True, help="env id recorded in every record")
     p.add_argument("--out", required=True, help="folder for suite.json, runs/ and artifacts/")
     p.add_argument("--results-root", help="folder that record log paths are relative to (default --out)")
     p.add_argument("--scenarios", type=_csv(rec.SCENARIOS), default=list(rec.SCENARIOS))
     p.add_argument("--patches", type=_csv(rec.PATCHES), default=list(rec.PATCHES))
     p.add_argument("--dtype", choices=rec.DTYPES, help="default: the config's precision, else fp32")
-    p.add_argument("--transports", type=_csv(rec.TRANSPORT_MODES), default=["async"],
-                   help="CPU adapter modes to run (GPU runs use the native backend)")
+    p.add_argument(
+        "--transports",
+        type=_csv(rec.TRANSPORT_MODES),
+        default=["async"],
+        help="CPU adapter modes to run (GPU runs use the native backend)",
+    )
     p.add_argument("--no-sync-proof", action="store_true", help="skip the extra mics/stock/sync run")
-    p.add_argument("--world-size", type=int, default=None,
-                   help=f"ranks (default: {DEFAULT_WORLD_SIZE} on CPU; every GPU, or the largest even number "
-                        "of them, on GPUs; above the GPU count every run ends env-error)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help=f"ranks (default: {DEFAULT_WORLD_SIZE} on CPU; every GPU, or the largest even number "
+        "of them, on GPUs; above the GPU count every run ends env-error)",
+    )
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
-    p.add_argument("--jobs", type=int, default=0,
-                   help="runs at once (default: 1 on GPUs; on CPU max(2, cores // world size))")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        help="runs at once (default: 1 on GPUs; on CPU max(2, cores // world size))",
+    )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-run limit, seconds")
-    p.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_S,
-                   help="a run with no step progress for this long is hung")
-    p.add_argument("--device", choices=dev.REQUESTS, default="auto",
-                   help="the env's platform decides: cpu (also on a GPU host), rocm or cuda (GPUs of that "
-                        "kind, else every run ends env-error), gpu (any GPU); auto: a GPU if torch sees one")
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=DEFAULT_STALL_S,
+        help="a run with no step progress for this long is hung",
+    )
+    p.add_argument(
+        "--device",
+        choices=dev.REQUESTS,
+        default="auto",
+        help="the env's platform decides: cpu (also on a GPU host), rocm or cuda (GPUs of that "
+        "kind, else every run ends env-error), gpu (any GPU); auto: a GPU if torch sees one",
+    )
     p.add_argument("--config", help="your DeepSpeed config JSON (ZeRO/MiCS/precision/comm settings kept)")
     p.add_argument("--config-json", help="the same, given inline (engines use it: no file to copy in)")
     p.add_argument("--no-artifacts", action="store_true", help="skip ds_report / collect_env")

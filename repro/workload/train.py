@@ -33,11 +33,25 @@ from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES, finite_or
 DEVICES = ("cpu", "gpu")
 
 RANK_KEYS = (
-    "rank", "world_size", "pid", "losses", "loss_scale", "skipped_steps", "illegal_work_messages",
-    "exception", "weights_checksum", "train_s", "backend", "transport", "versions", "fix",
-    "devices_per_node", "steps_completed",
+    "rank",
+    "world_size",
+    "pid",
+    "losses",
+    "loss_scale",
+    "skipped_steps",
+    "illegal_work_messages",
+    "exception",
+    "weights_checksum",
+    "train_s",
+    "backend",
+    "transport",
+    "versions",
+    "fix",
+    "devices_per_node",
+    "steps_completed",
     # extras: what the CPU scaffolding did ({"adapter": ..., "cpu_shims": ...}) and the model that ran
-    "transport_info", "model",
+    "transport_info",
+    "model",
     # what the run really used: device, backend, GPUs, arch, runtimes (repro/workload/device.py)
     "ran_on",
 )
@@ -124,8 +138,11 @@ def arm_termination(record_path: str, out: dict[str, Any]) -> None:
             snapshot = {k: list(v) if isinstance(v, list) else v for k, v in out.items()}
             if snapshot.get("exception") is None:
                 where = "".join(traceback.format_stack(frame)) if frame is not None else ""
-                snapshot["exception"] = {"type": "Terminated", "traceback": where,
-                                         "message": "SIGTERM received (traceback: where the main thread was)"}
+                snapshot["exception"] = {
+                    "type": "Terminated",
+                    "traceback": where,
+                    "message": "SIGTERM received (traceback: where the main thread was)",
+                }
             write_rank_record(record_path, snapshot)
         os._exit(128 + int(signal.SIGTERM))
 
@@ -154,13 +171,21 @@ def check_scenario(scenario: str, config: dict[str, Any], world_size: int) -> No
         "mics-replica": 0 < shard < world_size and not hierarchical,
     }[scenario]
     if not expected:
-        raise ValueError(f"scenario {scenario!r} does not match the config (mics_shard_size={shard}, "
-                         f"mics_hierarchical_params_gather={hierarchical}, world size {world_size})")
+        raise ValueError(
+            f"scenario {scenario!r} does not match the config (mics_shard_size={shard}, "
+            f"mics_hierarchical_params_gather={hierarchical}, world size {world_size})"
+        )
 
 
 def collect_versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": platform.python_version(), "torch": None, "deepspeed": None,
-                                       "hip": None, "cuda": None, "nccl": None}
+    found: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "torch": None,
+        "deepspeed": None,
+        "hip": None,
+        "cuda": None,
+        "nccl": None,
+    }
     try:
         import torch
     except ImportError:
@@ -214,8 +239,9 @@ def build_model(args: argparse.Namespace, config: dict[str, Any], upcast: bool =
 
     from repro.workload.model import ModelShape, TinyGPT
 
-    shape = ModelShape(vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                       seq_len=args.seq_len)
+    shape = ModelShape(
+        vocab=args.vocab, hidden=args.hidden, layers=args.layers, heads=args.heads, seq_len=args.seq_len
+    )
     if args.scenario == "zero3":
         context = deepspeed.zero.Init
     else:
@@ -253,8 +279,14 @@ def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any])
     rank, world = dist.get_rank(), dist.get_world_size()
     upcast = bool(((out.get("transport_info") or {}).get("cpu_shims") or {}).get("fp16_compute_upcast"))
     model = build_model(args, config, upcast)
-    out["model"] = {"vocab": args.vocab, "hidden": args.hidden, "layers": args.layers, "heads": args.heads,
-                    "seq_len": args.seq_len, "parameters": sum(int(p.ds_numel) for p in model.parameters())}
+    out["model"] = {
+        "vocab": args.vocab,
+        "hidden": args.hidden,
+        "layers": args.layers,
+        "heads": args.heads,
+        "seq_len": args.seq_len,
+        "parameters": sum(int(p.ds_numel) for p in model.parameters()),
+    }
     engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
     rows = engine.train_micro_batch_size_per_gpu() * world
     out["loss_scale"] = [] if dtype == "fp16" else None
@@ -309,8 +341,16 @@ def weights_checksum(module: Any) -> str:
     mine = []
     for name, param in module.named_parameters():
         index, parts = _partition_position(param)
-        mine.append((name, index, parts, int(param.ds_numel), tuple(param.ds_shape),
-                     param.ds_tensor.detach().float().cpu().clone()))
+        mine.append(
+            (
+                name,
+                index,
+                parts,
+                int(param.ds_numel),
+                tuple(param.ds_shape),
+                param.ds_tensor.detach().float().cpu().clone(),
+            )
+        )
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     pieces: dict[str, dict[int, Any]] = {}
@@ -335,9 +375,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out: dict[str, Any] = {key: None for key in RANK_KEYS}
-    out.update(rank=rank, world_size=int(os.environ.get("WORLD_SIZE", "1")), pid=os.getpid(), losses=[],
-               skipped_steps=0, illegal_work_messages=0, steps_completed=0,
-               versions={"python": platform.python_version()})
+    out.update(
+        rank=rank,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        pid=os.getpid(),
+        losses=[],
+        skipped_steps=0,
+        illegal_work_messages=0,
+        steps_completed=0,
+        versions={"python": platform.python_version()},
+    )
     setup_rank_files(args.run_dir, rank)
     record_path = os.path.join(args.run_dir, f"rank{rank}.json")
     arm_termination(record_path, out)
@@ -348,8 +395,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(args, config, out)
     except BaseException as exc:  # the record must exist whatever happened
         code = 1
-        out["exception"] = {"type": type(exc).__name__, "message": str(exc),
-                            "traceback": traceback.format_exc()}
+        out["exception"] = {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc(),
+        }
         traceback.print_exc()
         if out["versions"].get("torch") is None:
             out["versions"] = collect_versions()
@@ -364,8 +414,11 @@ def write_rank_record(path: str, out: dict[str, Any]) -> None:
         write_json_atomic(path, out)
     except (TypeError, ValueError) as exc:  # something unserialisable slipped in: keep the essentials
         slim = {key: out.get(key) for key in ("rank", "world_size", "pid", "losses", "steps_completed")}
-        slim["exception"] = out.get("exception") or {"type": type(exc).__name__, "message": str(exc),
-                                                     "traceback": ""}
+        slim["exception"] = out.get("exception") or {
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": "",
+        }
         write_json_atomic(path, {key: slim.get(key) for key in RANK_KEYS})
 
 

@@ -38,8 +38,14 @@ class BaseImageSpec:
         return cls(mirror=mirror) if mirror else cls()
 
     def debootstrap_argv(self, rootfs: Path) -> list[str]:
-        return ["debootstrap", f"--variant={self.variant}", f"--include={','.join(self.packages)}",
-                self.suite, str(rootfs), self.mirror]
+        return [
+            "debootstrap",
+            f"--variant={self.variant}",
+            f"--include={','.join(self.packages)}",
+            self.suite,
+            str(rootfs),
+            self.mirror,
+        ]
 
     def changes(self) -> list[str]:
         """Dockerfile instructions applied on import: a rootfs tarball carries no image config."""
@@ -93,14 +99,17 @@ def make_base_image(
     tmp = Path(tempfile.mkdtemp(prefix="mics-repro-base-", dir=workdir or "/var/tmp"))
     try:
         rootfs, tarball = tmp / "rootfs", tmp / "rootfs.tar"
-        console.step(f"base-image: debootstrap {spec.suite} ({spec.variant}) from {spec.mirror} "
-                     "(about a minute)")
+        console.step(
+            f"base-image: debootstrap {spec.suite} ({spec.variant}) from {spec.mirror} (about a minute)"
+        )
         result = cmd.run(spec.debootstrap_argv(rootfs))
         if not result.ok:
             log = rootfs / "debootstrap" / "debootstrap.log"
-            raise BuildError(f"debootstrap failed (exit {result.returncode})",
-                             why=f"see {log}" if log.exists() else "see the output above",
-                             fix="check access to the Debian mirror (MICS_REPRO_DEBIAN_MIRROR overrides it)")
+            raise BuildError(
+                f"debootstrap failed (exit {result.returncode})",
+                why=f"see {log}" if log.exists() else "see the output above",
+                fix="check access to the Debian mirror (MICS_REPRO_DEBIAN_MIRROR overrides it)",
+            )
         _trim(rootfs)
         result = cmd.run(["tar", "--numeric-owner", "-C", str(rootfs), "-cf", str(tarball), "."])
         if not result.ok:

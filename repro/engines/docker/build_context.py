@@ -41,8 +41,10 @@ def ca_bundle() -> Path | None:
             return None
         path = Path(value).expanduser()
         if not path.is_file():
-            raise BuildError(f"MICS_REPRO_CA_BUNDLE={value} is not a file",
-                             fix="point it at a PEM bundle, or set it to 'none'")
+            raise BuildError(
+                f"MICS_REPRO_CA_BUNDLE={value} is not a file",
+                fix="point it at a PEM bundle, or set it to 'none'",
+            )
         return path
     default = Path(DEFAULT_CA_BUNDLE)
     return default if default.is_file() else None
@@ -111,8 +113,10 @@ def dockerfile_text(env: Env, repo_root: Path) -> str:
         return str(dockerfiles.render(env))
     path = repo_root / env.dockerfile
     if not path.is_file():
-        raise BuildError(f"{env.dockerfile} (Dockerfile of env {env.id}) does not exist",
-                         fix="regenerate the Dockerfiles: python -m repro dockerfiles --write")
+        raise BuildError(
+            f"{env.dockerfile} (Dockerfile of env {env.id}) does not exist",
+            fix="regenerate the Dockerfiles: python -m repro dockerfiles --write",
+        )
     return path.read_text()
 
 

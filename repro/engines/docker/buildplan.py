@@ -24,8 +24,10 @@ def docker_run_flags(platform: str) -> list[str]:
 
 
 def dry_run_text(env: Env) -> str:
-    args = image_args(os.environ.get("MICS_REPRO_BASE_IMAGE") or None,
-                      parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", "")))
+    args = image_args(
+        os.environ.get("MICS_REPRO_BASE_IMAGE") or None,
+        parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", "")),
+    )
     build = ["docker", "build", "-f", env.dockerfile, "-t", env.image_tag()]
     for key, value in sorted(args.items()):
         build += ["--build-arg", f"{key}={value}"]
@@ -33,10 +35,14 @@ def dry_run_text(env: Env) -> str:
     derived = f" derived from {env.derived_from}" if env.derived_from else ""
     lines = [f"env {env.id} ({env.platform.value}){derived}", "pins:"]
     lines += [f"  {name} = {version}" for name, version in sorted(env.pins().items())]
-    lines += [f"base image: {env.base_image}", f"torch index: {env.torch_index or 'PyPI'}",
-              f"dockerfile: {env.dockerfile}", f"image tag: {env.image_tag()}",
-              "build: " + shlex.join(build),
-              "run flags: " + shlex.join(docker_run_flags(env.platform.value)),
-              "run: " + shlex.join(["docker", "run", "--rm", *docker_run_flags(env.platform.value),
-                                    env.image_tag()])]
+    lines += [
+        f"base image: {env.base_image}",
+        f"torch index: {env.torch_index or 'PyPI'}",
+        f"dockerfile: {env.dockerfile}",
+        f"image tag: {env.image_tag()}",
+        "build: " + shlex.join(build),
+        "run flags: " + shlex.join(docker_run_flags(env.platform.value)),
+        "run: "
+        + shlex.join(["docker", "run", "--rm", *docker_run_flags(env.platform.value), env.image_tag()]),
+    ]
     return "\n".join(lines)

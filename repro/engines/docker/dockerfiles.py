@@ -65,9 +65,21 @@ def suite_command(env: Env) -> list[str]:
     never falls back to CPU; no `--dtype`, so the suite picks the precision the make path gets
     (fp16, the reporter's, on GPUs; fp32 on CPU)."""
     return [
-        "python", "-m", "repro.workload.suite", "--env", env.id, "--out", RESULTS,
-        "--scenarios", SUITE_SCENARIOS, "--patches", SUITE_PATCHES, "--transports", "async",
-        "--device", env.platform.value,
+        "python",
+        "-m",
+        "repro.workload.suite",
+        "--env",
+        env.id,
+        "--out",
+        RESULTS,
+        "--scenarios",
+        SUITE_SCENARIOS,
+        "--patches",
+        SUITE_PATCHES,
+        "--transports",
+        "async",
+        "--device",
+        env.platform.value,
     ]
 
 
@@ -121,8 +133,7 @@ def _header(env: Env) -> list[str]:
             "never committed)."
         ]
     else:
-        origin = ["# by `python -m repro dockerfiles --write`: edit the matrix, "
-                  "not this file."]
+        origin = ["# by `python -m repro dockerfiles --write`: edit the matrix, not this file."]
     return [
         f"# Env {env.id}: generated from env_matrix/envs.toml",
         *origin,
@@ -167,22 +178,24 @@ def _base_and_os(env: Env) -> list[str]:
         f"COPY docker/certs/ {IMAGE_ROOT}/certs/",
         f'ARG OS_PACKAGES="{os_packages(env)}"',
         "ARG DEBIAN_FRONTEND=noninteractive",
-        *_run([
-            f"set -eu; bundle={IMAGE_ROOT}/ca-bundle.pem;",
-            f"for cert in {IMAGE_ROOT}/certs/*.crt {IMAGE_ROOT}/certs/*.pem; do",
-            '    [ -f "$cert" ] || continue;',
-            '    if [ ! -f "$bundle" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then',
-            '        cp /etc/ssl/certs/ca-certificates.crt "$bundle"; fi;',
-            '    cat "$cert" >> "$bundle";',
-            "done;",
-            'if [ -f "$bundle" ] && [ -d /etc/apt/apt.conf.d ]; then',
-            '    echo "Acquire::https::CAInfo \\"$bundle\\";" > /etc/apt/apt.conf.d/99mics-repro-ca; fi;',
-            *vendor_run,
-            'if [ -n "$OS_PACKAGES" ]; then',
-            "    apt-get update;",
-            "    apt-get install -y --no-install-recommends $OS_PACKAGES;",
-            "    rm -rf /var/lib/apt/lists/*; fi",
-        ]),
+        *_run(
+            [
+                f"set -eu; bundle={IMAGE_ROOT}/ca-bundle.pem;",
+                f"for cert in {IMAGE_ROOT}/certs/*.crt {IMAGE_ROOT}/certs/*.pem; do",
+                '    [ -f "$cert" ] || continue;',
+                '    if [ ! -f "$bundle" ] && [ -f /etc/ssl/certs/ca-certificates.crt ]; then',
+                '        cp /etc/ssl/certs/ca-certificates.crt "$bundle"; fi;',
+                '    cat "$cert" >> "$bundle";',
+                "done;",
+                'if [ -f "$bundle" ] && [ -d /etc/apt/apt.conf.d ]; then',
+                '    echo "Acquire::https::CAInfo \\"$bundle\\";" > /etc/apt/apt.conf.d/99mics-repro-ca; fi;',
+                *vendor_run,
+                'if [ -n "$OS_PACKAGES" ]; then',
+                "    apt-get update;",
+                "    apt-get install -y --no-install-recommends $OS_PACKAGES;",
+                "    rm -rf /var/lib/apt/lists/*; fi",
+            ]
+        ),
         "",
     ]
 
@@ -191,11 +204,13 @@ def _venv(env: Env) -> list[str]:
     return [
         "# A venv at a fixed path: nothing depends on the distro's pip or site-packages.",
         f"ARG PYTHON={python_command(env)}",
-        *_run([
-            f'set -eu; "$PYTHON" -m venv {VENV};',
-            f"if [ -f {IMAGE_ROOT}/ca-bundle.pem ]; then",
-            f"    printf '[global]\\ncert = {IMAGE_ROOT}/ca-bundle.pem\\n' > {VENV}/pip.conf; fi",
-        ]),
+        *_run(
+            [
+                f'set -eu; "$PYTHON" -m venv {VENV};',
+                f"if [ -f {IMAGE_ROOT}/ca-bundle.pem ]; then",
+                f"    printf '[global]\\ncert = {IMAGE_ROOT}/ca-bundle.pem\\n' > {VENV}/pip.conf; fi",
+            ]
+        ),
         f"ENV VIRTUAL_ENV={VENV} \\",
         f"    PATH={VENV}/bin:$PATH \\",
         "    PIP_DISABLE_PIP_VERSION_CHECK=1 \\",
@@ -207,13 +222,17 @@ def _venv(env: Env) -> list[str]:
 
 def _installs(env: Env) -> list[str]:
     steps = {step.name: step for step in env.install_steps()}
-    rocm = [
-        "# The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200",
-        "# (and MI300 on ROCm 6+), so a user config with such an op runs on all of them.",
-        f'ARG ROCM_ARCH="{rocm_arch(env)}"',
-        "ENV PYTORCH_ROCM_ARCH=${ROCM_ARCH}",
-        "",
-    ] if env.rocm else []
+    rocm = (
+        [
+            "# The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200",
+            "# (and MI300 on ROCm 6+), so a user config with such an op runs on all of them.",
+            f'ARG ROCM_ARCH="{rocm_arch(env)}"',
+            "ENV PYTORCH_ROCM_ARCH=${ROCM_ARCH}",
+            "",
+        ]
+        if env.rocm
+        else []
+    )
     index = [f"ARG TORCH_INDEX_URL={env.torch_index}"] if env.torch_index else []
     return [
         "# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;",
@@ -255,11 +274,15 @@ def _verify(env: Env) -> list[str]:
         "# matrix says. Stand-in builds on another base pass STRICT=0.",
         "ARG STRICT=1",
         f"COPY docker/verify_image.py {IMAGE_ROOT}/verify_image.py",
-        *_run([
-            *_wrapped_words(f'python {IMAGE_ROOT}/verify_image.py --strict "$STRICT" {stack}', pins, " &&"),
-            f"python -m pip freeze --all > {IMAGE_ROOT}/pip-freeze.txt &&",
-            f"mkdir -p {RESULTS}",
-        ]),
+        *_run(
+            [
+                *_wrapped_words(
+                    f'python {IMAGE_ROOT}/verify_image.py --strict "$STRICT" {stack}', pins, " &&"
+                ),
+                f"python -m pip freeze --all > {IMAGE_ROOT}/pip-freeze.txt &&",
+                f"mkdir -p {RESULTS}",
+            ]
+        ),
         "",
     ]
 
@@ -267,8 +290,9 @@ def _verify(env: Env) -> list[str]:
 def _workload_and_metadata(env: Env) -> list[str]:
     labels = {
         "org.opencontainers.image.title": f"mics-repro {env.id}",
-        "org.opencontainers.image.description":
-            f"DeepSpeed MiCS + torch _IllegalWork reproduction: torch {env.torch}, DeepSpeed {env.deepspeed}",
+        "org.opencontainers.image.description": (
+            f"DeepSpeed MiCS + torch _IllegalWork reproduction: torch {env.torch}, DeepSpeed {env.deepspeed}"
+        ),
         "org.opencontainers.image.version": f"{env.id}-{env.pins_key()}",
         "org.opencontainers.image.base.name": "${BASE_IMAGE}",
         **expected_labels(env),
@@ -290,8 +314,14 @@ def _workload_and_metadata(env: Env) -> list[str]:
 
 
 def render(env: Env) -> str:
-    parts = (_header(env) + _base_and_os(env) + _venv(env) + _installs(env) + _verify(env)
-             + _workload_and_metadata(env))
+    parts = (
+        _header(env)
+        + _base_and_os(env)
+        + _venv(env)
+        + _installs(env)
+        + _verify(env)
+        + _workload_and_metadata(env)
+    )
     return "\n".join(parts) + "\n"
 
 

@@ -91,8 +91,11 @@ class DockerEngine:
         self.wheelhouse = wheelhouse if wheelhouse is not None else Wheelhouse()
         self.log_dir = log_dir if log_dir is not None else cache_root() / "logs"
         self.base_override = base_image or os.environ.get("MICS_REPRO_BASE_IMAGE") or None
-        self.extra_args = dict(build_args) if build_args is not None else parse_build_args(
-            os.environ.get("MICS_REPRO_BUILD_ARGS", ""))
+        self.extra_args = (
+            dict(build_args)
+            if build_args is not None
+            else parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", ""))
+        )
 
     @classmethod
     def connect(cls, **kwargs: Any) -> DockerEngine:
@@ -136,38 +139,55 @@ class DockerEngine:
             console.info(f"docker: reusing image {tag} (Dockerfile and workload unchanged)")
             return Prepared(EngineKind.DOCKER, env.id, self.image_id(tag), tag, True, _details(env))
         if labels is not None:
-            console.info(f"docker: {tag} exists but its Dockerfile or workload changed; rebuilding "
-                         "(cached layers are reused)")
+            console.info(
+                f"docker: {tag} exists but its Dockerfile or workload changed; rebuilding "
+                "(cached layers are reused)"
+            )
         complete = self.wheelhouse.ensure(env)
         image_id = self.build(env, context, args, wheelhouse_only=complete)
         return Prepared(EngineKind.DOCKER, env.id, image_id, tag, False, _details(env))
 
-    def build(self, env: Env, context: BuildContext, args: Mapping[str, str], *,
-              wheelhouse_only: bool = False) -> str:
+    def build(
+        self, env: Env, context: BuildContext, args: Mapping[str, str], *, wheelhouse_only: bool = False
+    ) -> str:
         """Build `env`'s image; `wheelhouse_only` installs from the served wheelhouse alone."""
         tag = env.image_tag()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = _BuildLog(self.log_dir / f"build-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env.id)}.log",
-                        f"[build {env.id}] ")
+        log = _BuildLog(
+            self.log_dir / f"build-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env.id)}.log", f"[build {env.id}] "
+        )
         console.step(f"docker: building {tag} (log: {log.path})")
         started = time.monotonic()
         with self.wheelhouse.serve() as url, open(log.path, "w") as sink:
             no_index = wheelhouse_only or self.wheelhouse.offline
             all_args = {**source_args(url, no_index=no_index, environ=os.environ), **args}
             stream = self.client.api.build(
-                fileobj=io.BytesIO(context.data), custom_context=True, dockerfile=context.dockerfile,
-                tag=tag, buildargs=all_args, network_mode="host", rm=True, forcerm=True, pull=False,
-                decode=True, labels={LABEL_CONTEXT: context.digest, LABEL_PINS_KEY: env.pins_key()},
+                fileobj=io.BytesIO(context.data),
+                custom_context=True,
+                dockerfile=context.dockerfile,
+                tag=tag,
+                buildargs=all_args,
+                network_mode="host",
+                rm=True,
+                forcerm=True,
+                pull=False,
+                decode=True,
+                labels={LABEL_CONTEXT: context.digest, LABEL_PINS_KEY: env.pins_key()},
             )
             for chunk in stream:
                 _record_chunk(chunk, log, sink)
         if log.errors:
             hint = ""
             if any("pull access denied" in e or "no such host" in e or "not found" in e for e in log.errors):
-                hint = ("; if no registry is reachable, make a local base (`make base-image`) and set "
-                        "MICS_REPRO_BASE_IMAGE=mics-repro/base:bookworm (CPU envs)")
-            raise BuildError(f"building {tag} failed", why="\n".join(log.tail)[-3000:],
-                             fix=f"read the whole log in {log.path}{hint}")
+                hint = (
+                    "; if no registry is reachable, make a local base (`make base-image`) and set "
+                    "MICS_REPRO_BASE_IMAGE=mics-repro/base:bookworm (CPU envs)"
+                )
+            raise BuildError(
+                f"building {tag} failed",
+                why="\n".join(log.tail)[-3000:],
+                fix=f"read the whole log in {log.path}{hint}",
+            )
         image_id = self.image_id(tag)
         console.info(f"docker: built {tag} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
         return image_id
@@ -175,8 +195,9 @@ class DockerEngine:
     def import_rootfs(self, tar_path: Path, ref: str, changes: Sequence[str]) -> str:
         """`docker import` a root filesystem tarball (the locally made base image)."""
         repository, _, tag = ref.rpartition(":")
-        self.client.api.import_image_from_file(str(tar_path), repository=repository, tag=tag,
-                                               changes=list(changes))
+        self.client.api.import_image_from_file(
+            str(tar_path), repository=repository, tag=tag, changes=list(changes)
+        )
         return self.image_id(ref)
 
     # -- containers ----------------------------------------------------------------------------
@@ -184,24 +205,54 @@ class DockerEngine:
         self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
     ) -> SuiteRun:
         command = ["python", "-m", SUITE_MODULE, *args, "--out", RESULTS_DIR]
-        return self.run(prepared.handle, command, out_dir, timeout_s,
-                        platform=prepared.details.get("platform", "cpu"), name_hint=prepared.env_id,
-                        copy_out=RESULTS_DIR)
+        return self.run(
+            prepared.handle,
+            command,
+            out_dir,
+            timeout_s,
+            platform=prepared.details.get("platform", "cpu"),
+            name_hint=prepared.env_id,
+            copy_out=RESULTS_DIR,
+        )
 
-    def run_job(self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path,
-                timeout_s: float | None, *, network: bool = False) -> SuiteRun:
+    def run_job(
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        *,
+        network: bool = False,
+    ) -> SuiteRun:
         """A custom command (repro/run/job.py): the in-env runner in the env's image, WORKDIR
         mounted read-write at the same path (the job's files stay where the user has them), no
         network unless asked."""
         command = ["python", "-m", "repro.workload.job", *args, "--out", RESULTS_DIR]
-        return self.run(prepared.handle, command, out_dir, timeout_s,
-                        platform=prepared.details.get("platform", "cpu"), name_hint=f"{prepared.env_id}-job",
-                        copy_out=RESULTS_DIR, binds=(f"{workdir}:{workdir}:rw",), network=network)
+        return self.run(
+            prepared.handle,
+            command,
+            out_dir,
+            timeout_s,
+            platform=prepared.details.get("platform", "cpu"),
+            name_hint=f"{prepared.env_id}-job",
+            copy_out=RESULTS_DIR,
+            binds=(f"{workdir}:{workdir}:rw",),
+            network=network,
+        )
 
     def run(
-        self, image: str, command: Sequence[str], out_dir: Path, timeout_s: float | None, *,
-        platform: str = "cpu", name_hint: str = "run", copy_out: str | None = None,
-        binds: tuple[str, ...] = (), network: bool = False,
+        self,
+        image: str,
+        command: Sequence[str],
+        out_dir: Path,
+        timeout_s: float | None,
+        *,
+        platform: str = "cpu",
+        name_hint: str = "run",
+        copy_out: str | None = None,
+        binds: tuple[str, ...] = (),
+        network: bool = False,
     ) -> SuiteRun:
         out_dir.mkdir(parents=True, exist_ok=True)
         log_path = out_dir / "engine.log"
@@ -214,8 +265,9 @@ class DockerEngine:
         with ManagedContainer(self.client, image, list(command), name, options, environment) as box:
             try:
                 box.start()
-                logger = threading.Thread(target=box.follow_logs, args=(log_path, f"[{name_hint}] "),
-                                          daemon=True)
+                logger = threading.Thread(
+                    target=box.follow_logs, args=(log_path, f"[{name_hint}] "), daemon=True
+                )
                 logger.start()
                 exit_code, timed_out = box.wait(timeout_s)
                 logger.join(timeout=30)
@@ -304,7 +356,6 @@ class RunOptions:
             kwargs["device_requests"] = requests
         return kwargs
 
-
     def cli_pairs(self) -> list[tuple[str, str]]:
         """The same options as `docker run` (flag, value) pairs, for printed and scripted runs."""
         pairs = [("--device", d) for d in self.devices] + [("--group-add", g) for g in self.group_add]
@@ -318,6 +369,7 @@ class RunOptions:
         pairs += [("--device", d) for d in self.cdi_devices]
         pairs += [("-v", b) for b in self.binds]
         return pairs
+
 
 def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:
     """GIDs owning the ROCm device nodes (and the render nodes under /dev/dri), sorted, unique."""
@@ -341,8 +393,13 @@ def run_options(platform: str, rocm_gids: Sequence[int] = (), *, via_cdi: bool =
     if platform == "rocm":
         # Numeric GIDs work whatever /etc/group the image has; "video" is the documented fallback.
         groups = tuple(str(g) for g in rocm_gids) or ("video",)
-        return RunOptions(devices=ROCM_DEVICES, group_add=groups, ipc_mode="host",
-                          security_opt=("seccomp=unconfined",), cap_add=("SYS_PTRACE",))
+        return RunOptions(
+            devices=ROCM_DEVICES,
+            group_add=groups,
+            ipc_mode="host",
+            security_opt=("seccomp=unconfined",),
+            cap_add=("SYS_PTRACE",),
+        )
     if platform == "cuda":
         if via_cdi:
             return RunOptions(ipc_mode="host", cdi_devices=("nvidia.com/gpu=all",))
@@ -353,8 +410,15 @@ def run_options(platform: str, rocm_gids: Sequence[int] = (), *, via_cdi: bool =
 class ManagedContainer:
     """A created container that is always removed on leaving the block (unless KEEP_ENV is set)."""
 
-    def __init__(self, client: Any, image: str, command: list[str], name: str, options: RunOptions,
-                 environment: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        client: Any,
+        image: str,
+        command: list[str],
+        name: str,
+        options: RunOptions,
+        environment: Mapping[str, str] | None = None,
+    ) -> None:
         self.client, self.image, self.command, self.name = client, image, command, name
         self.options = options
         self.environment = dict(environment or {"PYTHONUNBUFFERED": "1"})
@@ -363,15 +427,23 @@ class ManagedContainer:
     def __enter__(self) -> ManagedContainer:
         # A failure inside create leaves nothing behind; anything after it is undone by __exit__.
         self.container = self.client.containers.create(
-            self.image, self.command, name=self.name, network_disabled=not self.options.network, init=True,
-            environment=self.environment, labels={"mics-repro": "1"}, **self.options.to_kwargs(),
+            self.image,
+            self.command,
+            name=self.name,
+            network_disabled=not self.options.network,
+            init=True,
+            environment=self.environment,
+            labels={"mics-repro": "1"},
+            **self.options.to_kwargs(),
         )
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if os.environ.get(KEEP_ENV, "") not in ("", "0"):
-            console.info(f"docker: keeping container {self.name} ({KEEP_ENV} is set); remove it with "
-                         f"`docker rm -f {self.name}`")
+            console.info(
+                f"docker: keeping container {self.name} ({KEEP_ENV} is set); remove it with "
+                f"`docker rm -f {self.name}`"
+            )
             return
         if exc_type is not None and self._running():
             try:
@@ -454,8 +526,10 @@ class ManagedContainer:
                     for line in lines:
                         console.info(prefix + line.decode(errors="replace"))
             except Exception as exc:  # the run goes on; only the live copy of its output stops
-                console.warn(f"warning: lost the log stream of {self.name} ({type(exc).__name__}: {exc}); "
-                             f"`docker logs` has the rest while the container exists")
+                console.warn(
+                    f"warning: lost the log stream of {self.name} ({type(exc).__name__}: {exc}); "
+                    f"`docker logs` has the rest while the container exists"
+                )
             if pending:
                 console.info(prefix + pending.decode(errors="replace"))
 

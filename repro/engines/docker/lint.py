@@ -91,17 +91,24 @@ class _Lint:
     def base_image(self) -> None:
         froms = [ins for ins in self.ins if ins.keyword == "FROM"]
         if len(froms) != 1:
-            self.add(froms[1].line if len(froms) > 1 else 1, Rule.BASE_IMAGE,
-                     f"expected one FROM, found {len(froms)}")
+            self.add(
+                froms[1].line if len(froms) > 1 else 1,
+                Rule.BASE_IMAGE,
+                f"expected one FROM, found {len(froms)}",
+            )
             return
         image = self.expand(froms[0].value.split()[0])
         if image != self.env.base_image:
-            self.add(froms[0].line, Rule.BASE_IMAGE,
-                     f"FROM resolves to '{image}', the env has '{self.env.base_image}'")
+            self.add(
+                froms[0].line,
+                Rule.BASE_IMAGE,
+                f"FROM resolves to '{image}', the env has '{self.env.base_image}'",
+            )
         for ins in self.ins:
             if ins.keyword == "FROM" or (ins.keyword == "ARG" and ins.value.startswith("BASE_IMAGE=")):
-                ref = self.expand(ins.value.split()[0].partition("=")[2] if ins.keyword == "ARG"
-                                  else ins.value.split()[0])
+                ref = self.expand(
+                    ins.value.split()[0].partition("=")[2] if ins.keyword == "ARG" else ins.value.split()[0]
+                )
                 name, _, tag = ref.rpartition(":")
                 if "@" not in ref and (not name or "/" in tag or tag in ("", "latest")):
                     self.add(ins.line, Rule.FLOATING_TAG, f"'{ref}' floats: pin a versioned tag")
@@ -118,8 +125,9 @@ class _Lint:
                     continue
                 name = match["name"].lower()
                 if name in seen and seen[name][0] != match["version"]:
-                    self.add(ins.line, Rule.PINS,
-                             f"{name} pinned twice: {seen[name][0]} and {match['version']}")
+                    self.add(
+                        ins.line, Rule.PINS, f"{name} pinned twice: {seen[name][0]} and {match['version']}"
+                    )
                 seen[name] = (match["version"], ins.line)
         want = self.env.package_pins()
         for name, version in sorted(want.items()):
@@ -133,8 +141,9 @@ class _Lint:
         if self.env.platform is Platform.ROCM:
             for ins, pip in self.pips:
                 for name in sorted(pip.names() & {"pynvml", "nvidia-ml-py"}):
-                    self.add(ins.line, Rule.ROCM_NVML,
-                             f"{name} on ROCm: DeepSpeed would probe an NVIDIA driver")
+                    self.add(
+                        ins.line, Rule.ROCM_NVML, f"{name} on ROCm: DeepSpeed would probe an NVIDIA driver"
+                    )
 
     def torch_index(self) -> None:
         found = self.install_of("torch")
@@ -154,12 +163,22 @@ class _Lint:
             return
         index = compat.index_for_url(platform, self.env.torch, url)
         if index is None:
-            self.add(ins.line, Rule.TORCH_INDEX, f"'{url}' is not a known {platform.label} index "
-                                                 f"for torch {self.env.torch}")
-        elif (not self.env.is_derived and have and index.platform_version
-              and not compat.same_minor(index.platform_version, have)):
-            self.add(ins.line, Rule.TORCH_INDEX, f"'{url}' is built for {platform.label} "
-                                                 f"{index.platform_version}, the image has {have}")
+            self.add(
+                ins.line,
+                Rule.TORCH_INDEX,
+                f"'{url}' is not a known {platform.label} index for torch {self.env.torch}",
+            )
+        elif (
+            not self.env.is_derived
+            and have
+            and index.platform_version
+            and not compat.same_minor(index.platform_version, have)
+        ):
+            self.add(
+                ins.line,
+                Rule.TORCH_INDEX,
+                f"'{url}' is built for {platform.label} {index.platform_version}, the image has {have}",
+            )
 
     def labels(self) -> None:
         labels: dict[str, str] = {}
@@ -167,8 +186,11 @@ class _Lint:
             if ins.keyword == "LABEL":
                 labels.update(key_values(ins.value))
         line = next((ins.line for ins in self.ins if ins.keyword == "LABEL"), 1)
-        required = {"org.opencontainers.image.title": None, "org.opencontainers.image.base.name": None,
-                    **expected_labels(self.env)}
+        required = {
+            "org.opencontainers.image.title": None,
+            "org.opencontainers.image.base.name": None,
+            **expected_labels(self.env),
+        }
         for key, value in required.items():
             if key not in labels:
                 self.add(line, Rule.LABELS, f"label {key} missing")
@@ -180,8 +202,10 @@ class _Lint:
         if found is None:
             return
         ins, pip = found
-        env_line = any(ins.keyword == "ENV" and key_values(ins.value).get("DS_BUILD_OPS") == "0"
-                       for ins in self.ins[: self.ins.index(found[0])])
+        env_line = any(
+            ins.keyword == "ENV" and key_values(ins.value).get("DS_BUILD_OPS") == "0"
+            for ins in self.ins[: self.ins.index(found[0])]
+        )
         if pip.environment.get("DS_BUILD_OPS") != "0" and not env_line:
             self.add(ins.line, Rule.DS_BUILD, "DeepSpeed must install with DS_BUILD_OPS=0 (ops JIT on use)")
         if not pip.has("--no-build-isolation"):
@@ -201,8 +225,11 @@ class _Lint:
             return
         if not lines["torch"] < lines["pydantic"] < lines["deepspeed"] < copy:
             got = f"{lines['torch']}, {lines['pydantic']}, {lines['deepspeed']}, {copy}"
-            self.add(copy, Rule.ORDER,
-                     f"expected torch -> DeepSpeed deps -> DeepSpeed -> workload COPY, got lines {got}")
+            self.add(
+                copy,
+                Rule.ORDER,
+                f"expected torch -> DeepSpeed deps -> DeepSpeed -> workload COPY, got lines {got}",
+            )
 
     def command(self) -> None:
         cmds = [ins for ins in self.ins if ins.keyword == "CMD"]
@@ -229,8 +256,14 @@ class _Lint:
         if self.env.platform is Platform.CPU:
             return
         script = Path(VENDOR_APT_SCRIPT).name
-        copied = next((ins.line for ins in self.ins if ins.keyword == "COPY"
-                       and VENDOR_APT_SCRIPT in shlex.split(ins.value)), None)
+        copied = next(
+            (
+                ins.line
+                for ins in self.ins
+                if ins.keyword == "COPY" and VENDOR_APT_SCRIPT in shlex.split(ins.value)
+            ),
+            None,
+        )
         parked_at: int | None = None
         for ins in self.ins:
             if ins.keyword != "RUN":
@@ -240,9 +273,12 @@ class _Lint:
             if parked_at is None and call >= 0 and (update < 0 or call < update):
                 parked_at = ins.line
             if update >= 0 and parked_at is None:
-                self.add(ins.line, Rule.VENDOR_APT,
-                         f"`apt-get update` runs before {script} parks the base's vendor apt sources "
-                         "(repo.radeon.com keys expire: the build would stop)")
+                self.add(
+                    ins.line,
+                    Rule.VENDOR_APT,
+                    f"`apt-get update` runs before {script} parks the base's vendor apt sources "
+                    "(repo.radeon.com keys expire: the build would stop)",
+                )
                 return
             # parked_at is set here: an update before the script returned above
             if update >= 0 and parked_at is not None and (copied is None or copied > parked_at):
@@ -275,8 +311,16 @@ def suite_rejects(args: list[str]) -> str | None:
 def lint_text(text: str, env: Env, path: str, root: Path | None = None) -> list[Finding]:
     """Findings of our rules for one Dockerfile that should build `env`."""
     lint = _Lint(path, env, parse(text))
-    for check in (lint.base_image, lint.pins, lint.torch_index, lint.labels, lint.deepspeed_build, lint.order,
-                  lint.command, lint.vendor_apt):
+    for check in (
+        lint.base_image,
+        lint.pins,
+        lint.torch_index,
+        lint.labels,
+        lint.deepspeed_build,
+        lint.order,
+        lint.command,
+        lint.vendor_apt,
+    ):
         check()
     if root is not None:
         lint.copies_exist(root)
@@ -304,8 +348,10 @@ def run_hadolint(paths: Sequence[Path], root: Path, mode: Hadolint) -> list[Find
         items = json.loads(done.stdout or "[]")
     except json.JSONDecodeError:
         return [Finding(str(paths[0]), 1, Rule.HADOLINT, f"hadolint failed: {done.stderr.strip()}")]
-    return [Finding(_relative(i["file"], root), int(i["line"]), Rule.HADOLINT, f"{i['code']} {i['message']}")
-            for i in items]
+    return [
+        Finding(_relative(i["file"], root), int(i["line"]), Rule.HADOLINT, f"{i['code']} {i['message']}")
+        for i in items
+    ]
 
 
 def _relative(path: str, root: Path) -> str:
@@ -322,8 +368,9 @@ def lint_matrix(matrix: Matrix, root: Path = REPO_ROOT, hadolint: Hadolint = Had
         env = matrix.get(env_id)
         path = root / env.dockerfile
         if not path.is_file():
-            findings.append(Finding(env.dockerfile, 1, Rule.MISSING,
-                                    "missing: run python -m repro dockerfiles --write"))
+            findings.append(
+                Finding(env.dockerfile, 1, Rule.MISSING, "missing: run python -m repro dockerfiles --write")
+            )
             continue
         present.append(path)
         findings += lint_text(path.read_text(), env, env.dockerfile, root)

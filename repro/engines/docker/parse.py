@@ -44,12 +44,37 @@ def parse(text: str) -> list[Instruction]:
 
 # pip options that take a value (the value is not a requirement).
 _PIP_VALUE_OPTIONS = {
-    "-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--target", "-t", "--prefix", "--root",
-    "--platform", "--python-version", "--implementation", "--abi", "--trusted-host", "--cert",
+    "-i",
+    "--index-url",
+    "--extra-index-url",
+    "-f",
+    "--find-links",
+    "--target",
+    "-t",
+    "--prefix",
+    "--root",
+    "--platform",
+    "--python-version",
+    "--implementation",
+    "--abi",
+    "--trusted-host",
+    "--cert",
     "--client-cert",
-    "--cache-dir", "--src", "--upgrade-strategy", "--progress-bar", "--log", "--proxy", "--retries",
-    "--timeout", "--exists-action", "--global-option", "--config-settings", "-C", "--report",
-    "--only-binary", "--no-binary",
+    "--cache-dir",
+    "--src",
+    "--upgrade-strategy",
+    "--progress-bar",
+    "--log",
+    "--proxy",
+    "--retries",
+    "--timeout",
+    "--exists-action",
+    "--global-option",
+    "--config-settings",
+    "-C",
+    "--report",
+    "--only-binary",
+    "--no-binary",
 }
 PIP_UNVERIFIABLE = {"-r", "--requirement", "-c", "--constraint", "-e", "--editable"}
 EXACT_PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][A-Za-z0-9.+!-]*)$")
@@ -106,7 +131,7 @@ def pip_installs(instruction: Instruction) -> list[PipInstall]:
             env[key] = value
         for i in range(1, len(words)):
             if words[i] == "install" and _PIP_EXE.search(words[i - 1]):
-                found.append(_pip_args(instruction.line, env, words[i + 1:]))
+                found.append(_pip_args(instruction.line, env, words[i + 1 :]))
                 break
     return found
 

@@ -207,8 +207,9 @@ class _PgState:
         with self.lock:
             if self._queue is None:
                 self._queue = queue.Queue()
-                threading.Thread(target=self._drain, args=(self._queue,), daemon=True,
-                                 name=f"gloo-adapter-{id(self.pg):x}").start()
+                threading.Thread(
+                    target=self._drain, args=(self._queue,), daemon=True, name=f"gloo-adapter-{id(self.pg):x}"
+                ).start()
         self._queue.put(item)
 
     def _drain(self, items: queue.Queue[_Pending]) -> None:
@@ -294,8 +295,9 @@ class _Transport:
             return st
 
     # -- issuing -------------------------------------------------------------------------------
-    def _launch(self, pg: Any, outputs: list[torch.Tensor], run: Callable[[], Any],
-                deliver: Callable[[], None]) -> _Pending:
+    def _launch(
+        self, pg: Any, outputs: list[torch.Tensor], run: Callable[[], Any], deliver: Callable[[], None]
+    ) -> _Pending:
         """Common path for every collective: poison, issue on gloo, attach delivery per mode."""
         st = self.state(pg)
         if self.mode is Mode.STRICT:
@@ -320,8 +322,9 @@ class _Transport:
         src = inp.detach().contiguous().clone()
         staged = torch.empty(output.shape, dtype=output.dtype)
         if staged.numel() != world * src.numel():
-            raise RuntimeError(f"all-gather output has {output.numel()} elements, expected "
-                               f"{world} x {src.numel()}")
+            raise RuntimeError(
+                f"all-gather output has {output.numel()} elements, expected {world} x {src.numel()}"
+            )
         src_bytes = src.reshape(-1).view(torch.uint8)
         out_bytes = staged.reshape(-1).view(torch.uint8)
 
@@ -345,8 +348,9 @@ class _Transport:
         work_dtype = torch.float32 if inp.dtype in _HALF_TYPES else inp.dtype
         src = inp.detach().reshape(-1).to(work_dtype, copy=True)
         if src.numel() != world * output.numel():
-            raise RuntimeError(f"reduce-scatter input has {inp.numel()} elements, expected "
-                               f"{world} x {output.numel()}")
+            raise RuntimeError(
+                f"reduce-scatter input has {inp.numel()} elements, expected {world} x {output.numel()}"
+            )
         native = self.caps.reduce_scatter_base
         staged = torch.empty(output.numel(), dtype=work_dtype) if native else src
 
@@ -530,7 +534,8 @@ def _make_end() -> Callable[..., Any]:
 
 def _needs_bytes(tensors: Any) -> bool:
     return isinstance(tensors, (list, tuple)) and any(
-        isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in tensors)
+        isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in tensors
+    )
 
 
 def _make_bf16_broadcast() -> Callable[..., Any]:
@@ -538,8 +543,12 @@ def _make_bf16_broadcast() -> Callable[..., Any]:
 
     def broadcast(self: Any, tensors: Any, *rest: Any) -> Any:
         opts = rest[0] if rest else None
-        if (_TRANSPORT is None or not _is_gloo(self) or not _needs_bytes(tensors)
-                or not isinstance(opts, dist.BroadcastOptions)):
+        if (
+            _TRANSPORT is None
+            or not _is_gloo(self)
+            or not _needs_bytes(tensors)
+            or not isinstance(opts, dist.BroadcastOptions)
+        ):
             return original(self, tensors, *rest)
         items = [_TRANSPORT.broadcast(self, tensors[opts.rootTensor], opts.rootRank)]
         return _TRANSPORT.as_work(self, items, list(tensors))
@@ -553,8 +562,12 @@ def _make_bf16_allreduce(name: str) -> Callable[..., Any]:
 
     def method(self: Any, tensors: Any, *rest: Any) -> Any:
         opts = rest[0] if rest else None
-        if (_TRANSPORT is None or not _is_gloo(self) or not _needs_bytes(tensors)
-                or not isinstance(opts, options)):
+        if (
+            _TRANSPORT is None
+            or not _is_gloo(self)
+            or not _needs_bytes(tensors)
+            or not isinstance(opts, options)
+        ):
             return original(self, tensors, *rest)
         items = [_TRANSPORT.allreduce(self, t, opts.reduceOp) for t in tensors]
         return _TRANSPORT.as_work(self, items, list(tensors))
@@ -567,8 +580,13 @@ def _make_bf16_allgather() -> Callable[..., Any]:
     original = _ORIGINALS["allgather"]
 
     def allgather(self: Any, output_lists: Any, inputs: Any, *rest: Any) -> Any:
-        if (_TRANSPORT is None or not _is_gloo(self) or not _needs_bytes(inputs)
-                or len(inputs) != 1 or len(output_lists) != 1):
+        if (
+            _TRANSPORT is None
+            or not _is_gloo(self)
+            or not _needs_bytes(inputs)
+            or len(inputs) != 1
+            or len(output_lists) != 1
+        ):
             return original(self, output_lists, inputs, *rest)
         items = [_TRANSPORT.gather_list(self, list(output_lists[0]), inputs[0])]
         return _TRANSPORT.as_work(self, items, list(output_lists[0]))
@@ -620,8 +638,9 @@ def install(mode: str) -> dict[str, Any]:
         pg_cls.allreduce = _make_bf16_allreduce("allreduce")
         pg_cls.allreduce_coalesced = _make_bf16_allreduce("allreduce_coalesced")
         pg_cls.allgather = _make_bf16_allgather()
-        patched.extend(f"{name} (bf16 only)" for name in ("broadcast", "allreduce", "allreduce_coalesced",
-                                                          "allgather"))
+        patched.extend(
+            f"{name} (bf16 only)" for name in ("broadcast", "allreduce", "allreduce_coalesced", "allgather")
+        )
     _TRANSPORT = _Transport(wanted, caps)
     _INSTALLED.update(
         mode=wanted.value,

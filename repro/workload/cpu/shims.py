@@ -62,8 +62,10 @@ class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def exec_module(self, module: types.ModuleType) -> None:
-        module.__doc__ = ("Empty placeholder created by repro.workload.cpu.shims so that DeepSpeed < 0.14.1 "
-                          "can load its CPU accelerator; it provides nothing.")
+        module.__doc__ = (
+            "Empty placeholder created by repro.workload.cpu.shims so that DeepSpeed < 0.14.1 "
+            "can load its CPU accelerator; it provides nothing."
+        )
         module.__dict__["__repro_placeholder__"] = True
 
 
