@@ -127,7 +127,7 @@ bundle:
 		$(call flag,GZIP_LEVEL,gzip-level) $(call flag,MATRIX,matrix)
 
 verify-bundle:
-	$(REPRO) verify-bundle $(call flag,BUNDLE,bundle) $(if $(call yes,$(ALLOW_PRIVILEGES)),--allow-gpu-privileges)
+	$(REPRO) verify-bundle $(call flag,BUNDLE,bundle) $(call flag,WORKDIR,workdir) $(if $(call yes,$(ALLOW_PRIVILEGES)),--allow-gpu-privileges)
 
 cluster:
 	$(REPRO) cluster --out "$(or $(OUT),cluster)" $(call flag,LAYOUT,layout) $(call flag,ENV,env)

@@ -128,6 +128,12 @@ def _verify_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="consent to a ROCm/CUDA bundle's device access and weaker isolation (make: ALLOW_PRIVILEGES=1)",
     )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="a custom command's working directory, when the bundle says it was too large to carry",
+    )
 
 
 @command(
@@ -151,6 +157,7 @@ def cmd_verify_bundle(args: argparse.Namespace) -> int:
         argv=list(args.argv),
         connect=connect,
         allow_privileges=args.allow_gpu_privileges,
+        workdir=args.workdir,
     )
     console.result(report(result))
     if args.remove_image and clients:

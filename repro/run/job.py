@@ -270,7 +270,8 @@ def execute_job(
             "engine": engine.kind.value,
             "pins": env.pins(),
             "derived_from": env.derived_from,
-            "image_id": None,
+            # `make bundle` packs the image a Docker run used (the venv engine has none).
+            "image_id": prepared.handle if engine.kind.value == "docker" else None,
             "venv": prepared.label,
             "artifacts": {},
             "suite_exit_code": None,
@@ -291,14 +292,14 @@ def execute_job(
             request.timeout_s + 120,
             network=request.network,
         )
-        raws.append(_read_raw(patch, out, invocation.folder, ran))
+        raws.append(read_raw(patch, out, invocation.folder, ran))
     records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s)
     invocation.add_runs(env.id, [dict(r) for r in records])  # type: ignore[misc]
     invocation.finish()
     return records
 
 
-def _read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
+def read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
     job_file = out / "job.json"
     if job_file.exists():
         job: dict[str, Any] = read_json(str(job_file))

@@ -8,6 +8,8 @@
                   report/           the verdict report of the env's runs
                   results/          the records and per-run logs they rest on
                   deepspeed-<v>.patch, cluster/ (Slurm + Apptainer, torchrun)
+                  workdir/          a custom command's working directory (`make run CMD=` runs), when
+                                    it fits (bundle_files.WORKDIR_MAX_BYTES); else a note says so
     bundles/<env>.tar               the folder as one archive
 
 Plan as data (`BundleRequest` -> `make_bundle`), Docker behind `repro.upstream.bundle_image`. Every text
@@ -39,20 +41,24 @@ from repro.core.results import load as load_results
 from repro.upstream import bundle_image, cluster, issue_comment, patchgen, source_refs
 from repro.upstream.bundle_files import (
     IMAGE_FILE,
+    WORKDIR_DIR,
     archive,
     artifact,
     copy_results,
     copy_scrubbed,
+    copy_workdir,
     scan,
     write_sums,
 )
 from repro.upstream.bundle_manifest import MANIFEST, Expected, Manifest, file_hashes
 from repro.upstream.scrub import Scrubber
-from repro.workload.record import PATCHES, SCENARIOS, RunRecord
+from repro.workload.record import CUSTOM_SCENARIO, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord
 
 REPO_ROOT = paths.REPO_ROOT
 CONTAINER_OUT = "/out"
 _SUITE_MODULE = "repro.workload.suite"
+_JOB_MODULE = "repro.workload.job"
+DEFAULT_STALL_S = 300.0  # the records do not keep STALL_TIMEOUT; the default of `make run`
 
 
 @dataclass(frozen=True)
@@ -175,6 +181,50 @@ def docker_run_command(platform: str, image_ref: str, suite_args: Sequence[str],
     return " ".join(quoted)
 
 
+def job_block(env_id: str, custom: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], Path]:
+    """The manifest's "job" entry (workdir still unset) and the host folder the command ran in."""
+    jobs = [r.get("job") or {} for r in custom]
+    commands = {str(j.get("command")) for j in jobs}
+    workdirs = {str(j.get("workdir")) for j in jobs}
+    if len(commands) != 1 or len(workdirs) != 1 or not next(iter(commands)).strip():
+        raise BundleError(
+            f"the custom runs of {env_id} are not the runs of one command in one folder",
+            why=f"commands: {len(commands)}, working directories: {len(workdirs)}",
+            fix="bundle a results folder of one `make run CMD=...` invocation",
+        )
+    if re.search(r"[\x00-\x1f\x7f]", next(iter(commands))):
+        raise BundleError(
+            f"the custom command of {env_id} spans lines or holds control characters",
+            why="a bundle's manifest takes a one-line command (it is checked as untrusted input)",
+            fix="put the steps in a script in the working directory and run that with CMD=",
+        )
+    loss = (jobs[0].get("patterns") or {}).get("loss") or {}
+    transport = str(custom[0].get("transport"))
+    block = {
+        "command": next(iter(commands)),
+        "workdir": None,
+        "patches": [p for p in PATCHES if any(r.get("patch") == p for r in custom)],
+        "transport": transport if transport in TRANSPORT_MODES else "async",  # GPU: "native", unused
+        "loss_regex": loss.get("regex") if loss.get("name") == "custom" else None,
+        "timeout_s": float(custom[0].get("timeout_s") or 1800.0),
+        "stall_s": DEFAULT_STALL_S,
+    }
+    return block, Path(next(iter(workdirs)))
+
+
+def docker_job_command(platform: str, image_ref: str, job: Mapping[str, Any], patch: str) -> str:
+    """One patch's run of the custom command, by hand: the bundle's workdir/ mounted at its own path."""
+    flags = ["--rm", "--network", "none", *cluster.docker_cli_flags(platform)]
+    here = '"$PWD/' + WORKDIR_DIR + '"'
+    argv = ["docker", "run", *flags, "-v", f'"$PWD/{WORKDIR_DIR}:$PWD/{WORKDIR_DIR}"']
+    argv += ["-v", f'"$PWD/out:{CONTAINER_OUT}"', image_ref, "python", "-m", _JOB_MODULE]
+    argv += ["--cmd", str(job["command"]), "--workdir", here, "--patch", patch]
+    argv += ["--device", "cpu" if platform == "cpu" else "gpu", "--transport", str(job["transport"])]
+    argv += ["--timeout", f"{job['timeout_s']:g}", "--stall-timeout", f"{job['stall_s']:g}"]
+    argv += ["--out", CONTAINER_OUT]
+    return " ".join(a if a.startswith('"$PWD') else shlex.quote(a) for a in argv)
+
+
 PLATFORM_NOTES = {
     "cpu": "Runs on any x86-64 machine with Docker; no GPU needed.",
     "rocm": "Needs an AMD GPU host with the ROCm kernel driver; the flags pass /dev/kfd and /dev/dri in.",
@@ -233,6 +283,9 @@ def make_bundle(
             fix="rerun with ENGINE=docker, or leave RESULTS unset",
         )
     refuse_other_platform(request.env_id, str(env.get("platform") or "") or None, records)
+    suite_records = [r for r in records if r.get("scenario") != CUSTOM_SCENARIO]
+    custom_records = [r for r in records if r.get("scenario") == CUSTOM_SCENARIO]
+    job, job_dir = job_block(request.env_id, custom_records) if custom_records else (None, None)
     pins = dict(env.get("pins") or {})
     version = str(pins.get("deepspeed") or records[0]["versions"]["deepspeed"])
     python = str(pins.get("python") or "3")
@@ -245,6 +298,7 @@ def make_bundle(
         {
             "<bundle>": out.resolve(),
             "<results>": Path(request.results).resolve(),
+            **({"<workdir>": job_dir} if job_dir is not None else {}),
             **{f"<path{i}>": p for i, p in enumerate(argv_paths, 1)},
         }
     )
@@ -260,6 +314,19 @@ def make_bundle(
     if name:
         (out / name).write_text(text)
 
+    job_notes: tuple[str, ...] = ()
+    if job is not None and job_dir is not None:
+        left_out = copy_workdir(job_dir, out / WORKDIR_DIR, scrubber)
+        if left_out is None:
+            job["workdir"] = WORKDIR_DIR
+        else:
+            say(f"bundle: {left_out}")
+            digest = str((custom_records[0].get("job") or {}).get("workdir_digest"))
+            job_notes = (
+                f"{left_out}; the maintainer must supply it: verify-bundle --workdir <folder> "
+                f"(the runs had workdir digest {digest})",
+            )
+
     image = _write_image(request, client, str(env["image_id"]), say)
     platform = str(env.get("platform") or "cpu")
     layout = replace(cluster.REPORTER if platform != "cpu" else cluster.CPU_TWIN, platform=platform)
@@ -269,9 +336,23 @@ def make_bundle(
     )
 
     # The env's platform decides the device in the bundle's run too: no silent CPU fallback.
-    suite_args = [*suite_args_from_records(request.env_id, records), "--device", platform]
-    run_command = docker_run_command(platform, image["ref"], suite_args)
+    suite_args = (
+        [*suite_args_from_records(request.env_id, suite_records), "--device", platform]
+        if suite_records
+        else []
+    )
+    job_commands = (
+        {f"run_job_{p}": docker_job_command(platform, image["ref"], job, p) for p in job["patches"]}
+        if job is not None
+        else {}
+    )
+    run_command = (
+        docker_run_command(platform, image["ref"], suite_args)
+        if suite_args
+        else next(iter(job_commands.values()))
+    )
     commands = {
+        **job_commands,
         "load": f"docker load -i {IMAGE_FILE}",
         "run": run_command,
         # Run from a mics-repro checkout; BUNDLE= takes this folder or its .tar archive.
@@ -340,7 +421,9 @@ def make_bundle(
         commands=commands,
         expected=expected,
         notes=(f"suite time limit {suite_timeout(records):.0f} s",)
-        + ((f"no patch: {note}",) if note else ()),
+        + ((f"no patch: {note}",) if note else ())
+        + job_notes,
+        job=job,
     )
     manifest = _seal(out, manifest, scrubber)
     say(f"bundle: wrote {out} ({len(manifest.files) + 1} files)")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,6 +57,47 @@ def copy_results(
             continue
         copy_scrubbed(path, dest / env_id / path.relative_to(source), scrubber)
     return skipped
+
+
+WORKDIR_DIR = "workdir"
+WORKDIR_MAX_BYTES = 50 << 20
+WORKDIR_MAX_FILES = 5000
+# The same folders the records' workdir digest leaves out (repro.run.job.workdir_digest).
+_WORKDIR_SKIP = frozenset({".git", "__pycache__", ".venv", "results", ".mypy_cache"})
+
+
+def workdir_files(src: Path) -> tuple[list[Path], str | None]:
+    """The plain files of a custom command's working directory, or why it cannot travel."""
+    if not src.is_dir():
+        return [], f"{WORKDIR_DIR} left out: the folder the command ran in is not on this host"
+    found: list[Path] = []
+    total = 0
+    for root, dirs, names in os.walk(src):  # never follows links: a link would pull in other files
+        dirs[:] = sorted(d for d in dirs if d not in _WORKDIR_SKIP)
+        for name in sorted(names):
+            path = Path(root) / name
+            if path.is_symlink() or not path.is_file():
+                continue
+            found.append(path)
+            total += path.stat().st_size
+            if total > WORKDIR_MAX_BYTES or len(found) > WORKDIR_MAX_FILES:
+                return [], (
+                    f"{WORKDIR_DIR} left out: the folder the command ran in holds more than "
+                    f"{WORKDIR_MAX_BYTES >> 20} MiB or {WORKDIR_MAX_FILES} files"
+                )
+    return found, None
+
+
+def copy_workdir(src: Path, dest: Path, scrubber: Scrubber) -> str | None:
+    """Scrubbed copies of the working directory's files under `dest`; None, or why it was left out
+    (then the maintainer must supply the folder: verify-bundle's --workdir)."""
+    files, why = workdir_files(src)
+    if why is not None:
+        return why
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in files:
+        copy_scrubbed(path, dest / path.relative_to(src), scrubber)
+    return None
 
 
 def artifact(folder: Path, env: Mapping[str, Any], name: str) -> str:

@@ -20,7 +20,15 @@ from typing import Any
 from repro.core.errors import BundleError
 from repro.matrix.compat import Platform
 from repro.matrix.schema import env_id_problem
-from repro.workload.record import DTYPES, OUTCOMES, PATCHES, SCENARIOS, SIGNATURES, TRANSPORT_MODES
+from repro.workload.record import (
+    CUSTOM_SCENARIO,
+    DTYPES,
+    OUTCOMES,
+    PATCHES,
+    SCENARIOS,
+    SIGNATURES,
+    TRANSPORT_MODES,
+)
 
 MANIFEST = "manifest.json"
 KIND = "mics-repro-bundle"
@@ -56,7 +64,8 @@ class Expected:
             str(rec["patch"]),
             str(rec["dtype"]),
             str(rec["transport"]),
-            int(rec["world_size"]),
+            # A custom command that never started a DeepSpeed engine has no world size on record.
+            int(rec["world_size"]) if rec.get("world_size") is not None else 1,
             str(rec["outcome"]),
             str(rec["signature"]),
         )
@@ -73,6 +82,8 @@ class Manifest:
     expected: tuple[Expected, ...]
     files: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    # A user's own command (scenario "custom" records): see JOB_FIELDS; None for suite-only bundles.
+    job: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         data = {"kind": KIND, "schema": SCHEMA, **asdict(self)}
@@ -117,6 +128,7 @@ class Manifest:
                 tuple(Expected(**e) for e in data["expected"]),
                 dict(data["files"]),
                 tuple(data.get("notes") or ()),
+                dict(data["job"]) if data.get("job") is not None else None,
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"{path} lacks a field ({exc})", fix="make the bundle again") from None
@@ -194,12 +206,60 @@ def _check_image(image: Any, files: Any, problems: list[str]) -> None:
         problems.append("image.bytes is not a size in bytes")
 
 
-def _check_expected(expected: Any, problems: list[str]) -> None:
+# The custom command's block: what `verify-bundle` hands the in-env job runner (repro.run.job).
+JOB_FIELDS = frozenset({"command", "workdir", "patches", "transport", "loss_regex", "timeout_s", "stall_s"})
+
+
+def _seconds(value: Any) -> bool:
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, (int, float))
+        and math.isfinite(value)
+        and 0 < value <= 7 * 86400
+    )
+
+
+def _check_job(job: Any, files: Any, problems: list[str]) -> None:
+    """The command is run by a shell in the container: one line, no control characters; the
+    working directory is a folder inside the bundle (or null: left out, the verifier supplies it)."""
+    if job is None:
+        return
+    if not isinstance(job, dict) or set(job) != JOB_FIELDS:
+        problems.append(f"job does not have exactly the fields {', '.join(sorted(JOB_FIELDS))}")
+        return
+    if _text(job["command"], "job.command", problems, MAX_TEXT) and not job["command"].strip():
+        problems.append("job.command is empty")
+    workdir = job["workdir"]
+    if workdir is not None:
+        if not (isinstance(workdir, str) and safe_relpath(workdir)) or workdir == MANIFEST:
+            problems.append("job.workdir is not a relative folder inside the bundle")
+        elif isinstance(files, dict) and any(str(rel) == workdir for rel in files):
+            problems.append("job.workdir names a file, not a folder")
+    patches = job["patches"]
+    if not (isinstance(patches, list) and patches and all(p in PATCHES for p in patches)):
+        problems.append(f"job.patches is not a non-empty list of {', '.join(PATCHES)}")
+    elif len(set(patches)) != len(patches):
+        problems.append("job.patches repeats a patch")
+    if job["transport"] not in TRANSPORT_MODES:
+        problems.append(f"job.transport is not one of {', '.join(TRANSPORT_MODES)}")
+    regex = job["loss_regex"]
+    if regex is not None and _text(regex, "job.loss_regex", problems):
+        try:
+            re.compile(regex)
+        except re.error:
+            problems.append("job.loss_regex is not a regular expression")
+    for key in ("timeout_s", "stall_s"):
+        if not _seconds(job[key]):
+            problems.append(f"job.{key} is not a positive number of seconds (at most a week)")
+
+
+def _check_expected(expected: Any, problems: list[str], custom: bool = False) -> None:
     if not isinstance(expected, list) or not expected:
         problems.append("expected is not a non-empty list of runs")
         return
     closed = {
-        "scenario": SCENARIOS,
+        # "custom" runs only come with the job block that says how to rerun them.
+        "scenario": (*SCENARIOS, CUSTOM_SCENARIO) if custom else SCENARIOS,
         "patch": PATCHES,
         "dtype": DTYPES,
         "outcome": OUTCOMES,
@@ -222,10 +282,12 @@ def _check_expected(expected: Any, problems: list[str]) -> None:
             problems.append(f"{where}.world_size is not a whole number of ranks")
 
 
-def _check_suite_args(args: Any, env_id: Any, problems: list[str]) -> None:
+def _check_suite_args(args: Any, env_id: Any, problems: list[str], custom: bool = False) -> None:
     if not isinstance(args, list) or not all(_text(a, "a suite argument", problems, MAX_TEXT) for a in args):
         problems.append("suite_args is not a list of single-line strings")
         return
+    if custom and not args:
+        return  # only the custom command's runs: no suite to run
     if any(a == "--out" or a.startswith("--out=") for a in args):
         problems.append("suite_args chooses the output folder (--out), which only the verifier decides")
     if "--env" not in args[:-1] or args[args.index("--env") + 1] != env_id:
@@ -250,13 +312,15 @@ def manifest_problems(data: Mapping[str, Any]) -> list[str]:
                 problems.append(f"files[{rel}] is not a sha256")
     _check_image(data.get("image"), files, problems)
     env_id = data["env"].get("id") if isinstance(data.get("env"), dict) else None
-    _check_suite_args(data.get("suite_args"), env_id, problems)
+    custom = data.get("job") is not None
+    _check_job(data.get("job"), files, problems)
+    _check_suite_args(data.get("suite_args"), env_id, problems, custom)
     commands = data.get("commands")
     if not isinstance(commands, dict) or not all(
         _text(v, f"commands.{str(k)[:20]}", problems, MAX_TEXT) for k, v in commands.items()
     ):
         problems.append("commands is not an object of single-line strings")
-    _check_expected(data.get("expected"), problems)
+    _check_expected(data.get("expected"), problems, custom)
     notes = data.get("notes") or []
     if not isinstance(notes, list) or not all(_text(n, "a note", problems) for n in notes):
         problems.append("notes is not a list of single-line strings")

@@ -8,12 +8,16 @@ consent and the host has the devices, say exactly what will run, then `docker lo
 (streamed through gzip), run the suite in it with networking off through the Docker engine, and
 compare each run's outcome and signature with the manifest. The verification run is an ordinary
 results folder (results/<stamp>-verify-<env>/, nothing written outside it), so `make report
-RESULTS=` works on it.
+RESULTS=` works on it. A bundle of `make run CMD=` runs carries the command and its working
+directory (workdir/): each patch of the command is rerun in the image like `make run ENGINE=docker`
+(a fresh copy of workdir/ mounted read-write at its own path, network off) and judged by
+repro.run.job; its records are compared like the suite's.
 """
 
 from __future__ import annotations
 
 import shlex
+import shutil
 import tarfile
 import tempfile
 import time
@@ -29,6 +33,7 @@ from repro.core.results import InvocationDir, invocation_meta, new_invocation_di
 from repro.engines.base import EngineKind, Prepared
 from repro.engines.gpu_host import GpuHost
 from repro.engines.preflight import DockerFacts, check_cuda, check_rocm
+from repro.run.job import JobRequest, build_records, job_args, read_raw, workdir_digest
 from repro.upstream import bundle_image, cluster
 from repro.upstream.bundle_manifest import (
     Expected,
@@ -155,11 +160,86 @@ def plan_lines(manifest: Manifest, results_root: Path) -> list[str]:
     env_id, platform = manifest.env["id"], str(manifest.env["platform"])
     flags = ["--network", "none", *cluster.docker_cli_flags(platform)]
     command = ["python", "-m", SUITE_MODULE, *manifest.suite_args, "--out", CONTAINER_RESULTS]
-    return [
-        f"verify: env {env_id} ({platform}), image {manifest.image['ref']} ({manifest.image['id']})",
-        f"verify: will run: docker run {shlex.join(flags)} <image> {shlex.join(command)}",
-        f"verify: results go to {results_root}/<stamp>-verify-{env_id}/ (nothing is written outside it)",
-    ]
+    lines = [f"verify: env {env_id} ({platform}), image {manifest.image['ref']} ({manifest.image['id']})"]
+    if manifest.suite_args:
+        lines.append(f"verify: will run: docker run {shlex.join(flags)} <image> {shlex.join(command)}")
+    if manifest.job is not None:
+        patches = ",".join(manifest.job["patches"])
+        lines.append(
+            f"verify: will run the bundle's own command ({patches}), its working directory mounted "
+            f"at the same path, network off: {manifest.job['command']}"
+        )
+    lines.append(
+        f"verify: results go to {results_root}/<stamp>-verify-{env_id}/ (nothing is written outside it)"
+    )
+    return lines
+
+
+def job_workdir(folder: Path, manifest: Manifest, supplied: Path | None, scratch: Path) -> Path | None:
+    """A fresh copy of the folder the custom command runs in (the job may write to it, and a bundle
+    folder is never changed): the bundle's workdir/, or the one the user supplied when it was left out."""
+    job = manifest.job
+    if job is None:
+        return None
+    if job["workdir"] is not None:
+        source = confined(folder, str(job["workdir"]))
+        if source is None or not source.is_dir():
+            raise BundleError(
+                f"the bundle's working directory {job['workdir']}/ is missing",
+                fix="copy the bundle again, or make a new one with `make bundle`",
+            )
+    elif supplied is not None and supplied.is_dir():
+        source = supplied
+    else:
+        raise BundleError(
+            "this bundle's custom command needs its working directory, which was too large to bundle",
+            why="; ".join(n for n in manifest.notes if "workdir" in n)
+            or "the manifest's job.workdir is null",
+            fix="pass WORKDIR= (make) or --workdir <folder> with the folder the command ran in",
+        )
+    target = scratch / "job-workdir"
+    shutil.copytree(source, target, symlinks=True)
+    return target.resolve()
+
+
+def run_job(
+    engine: Any,
+    prepared: Prepared,
+    job: Mapping[str, Any],
+    workdir: Path,
+    invocation: InvocationDir,
+    platform: str,
+    say: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Each patch of the custom command in the image, network off, judged as `make run` judges it."""
+    env_id = prepared.env_id
+    request = JobRequest(
+        env_id=env_id,
+        command=str(job["command"]),
+        patches=tuple(job["patches"]),
+        workdir=workdir,
+        transport=str(job["transport"]),
+        loss_regex=job["loss_regex"],
+        timeout_s=float(job["timeout_s"]),
+        stall_s=float(job["stall_s"]),
+        network=False,
+    )
+    device = "cpu" if platform == "cpu" else "gpu"
+    raws = []
+    for patch in request.patches:
+        out = invocation.env_dir(env_id) / f"custom-{patch}"
+        say(f"verify: {patch}: {request.command}")
+        ran = engine.run_job(
+            prepared,
+            job_args(request, patch, device),
+            out,
+            workdir,
+            request.timeout_s + 120,
+            network=False,
+        )
+        raws.append(read_raw(patch, out, invocation.folder, ran))
+    records = build_records(env_id, raws, request.loss_regex, workdir_digest(workdir), request.timeout_s)
+    return [dict(r) for r in records]
 
 
 def _suite_output(suite_file: Path, env_id: str) -> tuple[list[Any], dict[str, str]]:
@@ -191,9 +271,11 @@ def verify(
     connect: Callable[[], Any] | None = None,
     allow_privileges: bool = False,
     host: GpuHost | None = None,
+    workdir: Path | None = None,
 ) -> VerifyResult:
     """`client`: a docker-py client, or None with `connect` making one once the bundle has passed
-    every check that needs no Docker (so a missing or crafted bundle is named first)."""
+    every check that needs no Docker (so a missing or crafted bundle is named first). `workdir`:
+    the custom command's working directory when the bundle could not carry it."""
     with tempfile.TemporaryDirectory(prefix="mics-bundle-") as tmp:
         folder = open_bundle(bundle, Path(tmp))
         refuse_links(folder)
@@ -201,6 +283,7 @@ def verify(
         env_id, platform = str(manifest.env["id"]), str(manifest.env["platform"])
         say(f"verify: checking {len(manifest.files)} files of {folder.name} against manifest.json")
         check_files(folder, manifest)
+        job_dir = job_workdir(folder, manifest, workdir, Path(tmp))
         docker: list[Any] = [client] if client is not None else []
 
         def docker_client() -> Any:
@@ -242,10 +325,16 @@ def verify(
             {"platform": platform, "image_id": image_id},
         )
         say(f"verify: running the reproduction in {manifest.image['ref']} with networking off -> {out_root}")
-        suite = engine.run_suite(
-            prepared, list(manifest.suite_args), invocation.env_dir(env_id), suite_timeout(manifest)
-        )
-        runs, artifacts = _suite_output(invocation.env_dir(env_id) / "suite.json", env_id)
+        runs: list[Any] = []
+        artifacts: dict[str, str] = {}
+        suite = None
+        if manifest.suite_args:
+            suite = engine.run_suite(
+                prepared, list(manifest.suite_args), invocation.env_dir(env_id), suite_timeout(manifest)
+            )
+            runs, artifacts = _suite_output(invocation.env_dir(env_id) / "suite.json", env_id)
+        if manifest.job is not None and job_dir is not None:
+            runs += run_job(engine, prepared, manifest.job, job_dir, invocation, platform, say)
         invocation.add_env(
             env_id,
             {
@@ -255,8 +344,8 @@ def verify(
                 "pins": manifest.env.get("pins"),
                 "derived_from": manifest.env.get("derived_from"),
                 "artifacts": artifacts,
-                "suite_exit_code": suite.exit_code,
-                "suite_timed_out": suite.timed_out,
+                "suite_exit_code": suite.exit_code if suite else None,
+                "suite_timed_out": suite.timed_out if suite else False,
             },
         )
         invocation.add_runs(env_id, runs)
