@@ -92,6 +92,13 @@ def _pids(out: Path, pattern: str) -> list[int]:
     return [int(p.read_text()) for p in out.glob(pattern) if p.read_text().strip()]
 
 
+def _default_stop_signals() -> None:
+    """A test run under `nohup` (or a CI runner that ignores SIGHUP) passes the ignored disposition
+    on, and the handlers rightly keep a signal the parent ignored: start these from the default."""
+    for sig in signals.STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+
+
 @pytest.fixture
 def scripts(tmp_path: Path) -> dict[str, Path]:
     paths = {}
@@ -114,7 +121,12 @@ def test_signal_stops_every_level_keeps_records_and_leaves_no_process(
     )
     env = {**os.environ, "PYTHONPATH": str(runner.REPO_ROOT)}
     proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        argv,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=_default_stop_signals,
     )
     try:
         # Both runs (control and MiCS) started, each with both ranks up.
@@ -156,6 +168,7 @@ def test_host_grace_outlasts_the_suites_escalation() -> None:
 def test_host_handler_turns_the_first_signal_into_ctrl_c_and_ignores_the_next() -> None:
     saved = {sig: signal.getsignal(sig) for sig in signals.STOP_SIGNALS}
     try:
+        _default_stop_signals()  # from the default, as in a terminal (not as under nohup)
         signals.install_stop_handlers()
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGHUP)
