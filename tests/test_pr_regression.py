@@ -41,6 +41,16 @@ def test_parse_junit_reads_each_outcome() -> None:
     assert results["TestMiCSFlatAllGather::test_gather_waits_for_real_work"].outcome is Outcome.SKIPPED
 
 
+def test_parse_junit_reads_the_element_text_when_pytest_shortened_the_message() -> None:
+    # pytest >= 9.2 keeps only the first lines of a long failure in the `message` attribute.
+    xml = """<testsuites><testsuite><testcase classname="t.TestAllGatherCoalesced" name="x">
+<failure message="2 of 2 ranks failed:&#10;[+26 more lines; full report in element text]">2 of 2 ranks failed:
+--- rank 0 ---
+RuntimeError: Illegal to call wait on IllegalWork object</failure></testcase></testsuite></testsuites>"""
+    (result,) = pr.parse_junit(xml)
+    assert result.outcome is Outcome.FAILED and "IllegalWork" in result.message
+
+
 def test_discriminates_only_when_stock_fails_and_patched_passes() -> None:
     good = pr.discriminates(
         _run(Variant.STOCK, a=Outcome.FAILED, b=Outcome.FAILED),

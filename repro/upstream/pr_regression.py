@@ -88,10 +88,20 @@ def parse_junit(xml_text: str) -> tuple[CaseResult, ...]:
             (case.find("skipped"), Outcome.SKIPPED),
         ):
             if child is not None:
-                outcome, message = kind, (child.get("message") or "")[:2000]
+                outcome, message = kind, _failure_text(child)
                 break
         results.append(CaseResult(test_id, outcome, message))
     return tuple(results)
+
+
+def _failure_text(child: ET.Element) -> str:
+    """The failure's message: pytest >= 9.2 shortens the `message` attribute of a long failure
+    (ending it with "[+N more lines; full report in element text]"); the whole report is then the
+    element's text, which also names the exception of every rank."""
+    message = child.get("message") or ""
+    if message.endswith("full report in element text]") and child.text:
+        message = child.text
+    return message[:20000]
 
 
 def discriminates(stock: VariantRun, patched: VariantRun) -> list[str]:
