@@ -90,8 +90,6 @@ def tiny(
     (root / "repro" / "workload" / "suite.py").write_text(TINY_SUITE)
     wheels = tmp_path_factory.mktemp("wheels")
     (wheels / "tiny-1.0-py3-none-any.whl").write_bytes(b"")
-    saved_ca = os.environ.get("MICS_REPRO_CA_BUNDLE")
-    os.environ["MICS_REPRO_CA_BUNDLE"] = "none"  # nothing in this image talks TLS
     env = Env(
         id=f"dockertest-{uuid.uuid4().hex[:6]}",
         platform=Platform.CPU,
@@ -114,14 +112,22 @@ def tiny(
         log_dir=tmp_path_factory.mktemp("logs"),
         build_args={},
     )
+    # Nothing in this image talks TLS, so its build gets no CA bundle. Only for this build: the
+    # fixture lives for the whole module, and the stand-in build later in it needs the host's bundle
+    # to reach PyPI through an intercepting proxy (a module-long override broke it once its layers
+    # were no longer cached).
+    saved_ca = os.environ.get("MICS_REPRO_CA_BUNDLE")
+    os.environ["MICS_REPRO_CA_BUNDLE"] = "none"
     try:
         prepared = engine.prepare(env)
-        yield engine, env, prepared
     finally:
         if saved_ca is None:
             os.environ.pop("MICS_REPRO_CA_BUNDLE", None)
         else:
             os.environ["MICS_REPRO_CA_BUNDLE"] = saved_ca
+    try:
+        yield engine, env, prepared
+    finally:
         client.images.remove(env.image_tag(), force=True)
 
 
@@ -130,9 +136,12 @@ def _leftovers(client: Any, env: Env) -> list[str]:
     return [n for n in names if n.startswith(f"mics-repro-{env.id}-")]
 
 
-def test_build_reached_the_wheelhouse_and_is_reused(tiny: tuple[DockerEngine, Env, Prepared]) -> None:
+def test_build_reached_the_wheelhouse_and_is_reused(
+    tiny: tuple[DockerEngine, Env, Prepared], monkeypatch: pytest.MonkeyPatch
+) -> None:
     engine, env, prepared = tiny
     assert not prepared.reused and prepared.handle.startswith("sha256:")
+    monkeypatch.setenv("MICS_REPRO_CA_BUNDLE", "none")  # the same context as the fixture's build
     assert engine.prepare(env).reused
 
 
