@@ -101,7 +101,7 @@ def test_hang_is_a_result_with_stacks_and_no_survivors(
     pids = _pids(spec.run_dir)
     assert len(pids) == 2
     time.sleep(0.2)
-    assert not [p for p in pids if runner._alive(p)], "a rank outlived the run"
+    assert not [p for p in pids if runner.alive(p)], "a rank outlived the run"
     record, status = runner.assemble(spec, result, {"env": "t", "scenario": "mics-replica"})
     assert status == "hung" and record["stacks"] == result.stacks and "stacks of 2 ranks" in record["reason"]
 

@@ -22,7 +22,7 @@ from envpython import env_python
 
 from repro.workload.classify import first_divergent_step
 from repro.workload.record import RECORD_KEYS
-from repro.workload.runner import _alive, _rank_pids
+from repro.workload.runner import _rank_pids, alive
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
@@ -60,7 +60,7 @@ def run_repro(env_id: str, out: Path, *args: str) -> dict[str, Any]:
         if launcher_log:
             run_dir = (out / launcher_log).parent
             assert run_dir.is_dir(), run_dir
-            assert not [p for p in _rank_pids(str(run_dir)) if _alive(p)], record["run_name"]
+            assert not [p for p in _rank_pids(str(run_dir)) if alive(p)], record["run_name"]
     return results
 
 

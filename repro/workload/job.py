@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.record import TRANSPORT_MODES, write_json_atomic
-from repro.workload.runner import install_stop_handlers
+from repro.workload.runner import alive, install_stop_handlers
 
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,21 +79,6 @@ def _pids(job_dir: str) -> dict[int, str]:
         except (OSError, ValueError):
             continue
     return out
-
-
-def alive(pid: int) -> bool:
-    """Running, and not a zombie (a container without an init reaps nobody)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def dump_stacks(job_dir: str) -> dict[str, str]:

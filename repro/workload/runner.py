@@ -136,14 +136,19 @@ def _rank_pids(run_dir: str) -> list[int]:
     return pids
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Running, and not a zombie (a container without an init reaps nobody)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _dump_stacks(run_dir: str) -> dict[str, str]:
@@ -171,7 +176,7 @@ def _stop_group(proc: subprocess.Popen[bytes], run_dir: str) -> None:
     """Interrupt, terminate, kill: each step given STOP_GRACE_S to work."""
 
     def targets() -> list[int]:
-        return [p for p in _rank_pids(run_dir) if _alive(p)]
+        return [p for p in _rank_pids(run_dir) if alive(p)]
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         try:
@@ -259,7 +264,7 @@ def launch(spec: RunSpec, progress: Any = None, stop: threading.Event | None = N
             _stop_group(proc, spec.run_dir)
             return LaunchResult("interrupted", proc.returncode, time.monotonic() - start, {}, "")
         # Ranks that outlived torchrun (should not happen) must not outlive the run.
-        if any(_alive(p) for p in _rank_pids(spec.run_dir)):
+        if any(alive(p) for p in _rank_pids(spec.run_dir)):
             _stop_group(proc, spec.run_dir)
     return LaunchResult(None, proc.returncode, time.monotonic() - start, {}, "")
 
