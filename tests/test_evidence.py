@@ -8,19 +8,7 @@ from typing import Any
 import pytest
 
 from repro.core import evidence
-
-CPU_RAN = {"device": "cpu", "backend": "gloo", "hip": None, "cuda": "12.1", "ran": True}
-ROCM_RAN = {
-    "device": "gpu",
-    "backend": "nccl",
-    "hip": "5.6.31061",
-    "cuda": None,
-    "ran": True,
-    "gpus": ["AMD Instinct MI100"],
-    "arch": ["gfx908:sramecc+:xnack-"],
-    "gpu_count": 8,
-}
-CUDA_RAN = {"device": "gpu", "backend": "nccl", "hip": None, "cuda": "12.1", "ran": True}
+from tests.fixtures.ran_on import CPU_RAN, CUDA_RAN, ROCM_RAN
 
 
 def record(env: str, ran_on: dict[str, Any] | None, **fields: Any) -> dict[str, Any]:

@@ -8,18 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.verdict import check_fix, env_verdicts
-
-CPU_RAN = {"device": "cpu", "backend": "gloo", "hip": None, "cuda": "12.1", "ran": True}
-ROCM_RAN = {
-    "device": "gpu",
-    "backend": "nccl",
-    "hip": "5.6.31061",
-    "cuda": None,
-    "ran": True,
-    "gpus": ["AMD Instinct MI100"],
-    "arch": ["gfx908:sramecc+:xnack-"],
-    "gpu_count": 8,
-}
+from tests.fixtures.ran_on import CPU_RAN, ROCM_RAN
 
 
 def _suite_of(env: str, ran_on: dict[str, Any]) -> list[dict[str, Any]]:
