@@ -51,3 +51,10 @@ def test_placeholder_finder_comes_last_so_real_modules_win(clean_import_state: N
         assert type(sys.meta_path[-1]).__name__ == "_PlaceholderFinder"
     # an unrelated name is never answered by the placeholder finder
     assert importlib.util.find_spec("surely_not_a_module_xyz") is None
+
+
+def test_a_second_call_reports_the_same_placeholders(clean_import_state: None) -> None:
+    # A rank forked from the pre-imported launcher calls it again after the server did: its
+    # record must name the same placeholders as a torchrun rank's.
+    first = cpu_shims.install_placeholders("0.13.1")
+    assert cpu_shims.install_placeholders("0.13.1") == first

@@ -13,6 +13,7 @@ import pytest
 
 from repro.workload import device as dev
 from repro.workload import runner, suite
+from tests.fixtures.prefork import FakePreforkServer
 
 ROCM_NO_GPU = dev.TorchView(gpus=0, hip="5.6.31061-8c743ae5d", cuda=None)
 
@@ -62,7 +63,11 @@ class FakeLaunch:
         self.lock = threading.Lock()
 
     def __call__(
-        self, spec: runner.RunSpec, progress: Any = None, stop: threading.Event | None = None
+        self,
+        spec: runner.RunSpec,
+        progress: Any = None,
+        stop: threading.Event | None = None,
+        server: Any = None,
     ) -> runner.LaunchResult:
         with self.lock:
             self.specs.append(spec)
@@ -91,7 +96,9 @@ class FakeLaunch:
         return runner.LaunchResult(None, 0, 0.1, {}, "")
 
 
-def _refuse_launch(spec: runner.RunSpec, progress: Any = None, stop: Any = None) -> runner.LaunchResult:
+def _refuse_launch(
+    spec: runner.RunSpec, progress: Any = None, stop: Any = None, server: Any = None
+) -> runner.LaunchResult:
     raise AssertionError(f"nothing may be launched here, got {spec.run_name}")
 
 
@@ -110,6 +117,7 @@ def _suite(
     monkeypatch.setattr(suite.dev, "probe", probe)
     monkeypatch.setattr(suite.runner, "launch", launch)
     monkeypatch.setattr(suite, "mics_available", lambda: True)
+    monkeypatch.setattr(suite, "start_prefork", lambda out, spec: FakePreforkServer())
     out = tmp_path / "out"
     assert suite.main(["--out", str(out), "--no-artifacts", "--jobs", "1", *args]) == 0
     data: dict[str, Any] = json.loads((out / "suite.json").read_text())
@@ -155,7 +163,7 @@ def test_cpu_env_runs_on_cpu_on_a_gpu_host(tmp_path: Path, monkeypatch: pytest.M
     )
     assert {s.device for s in launched.specs} == {"cpu"} and data["device"] == "cpu"
     assert {r["dtype"] for r in data["runs"]} == {"fp32"}  # CPU keeps its default precision
-    env = runner._launch_env(launched.specs[0])
+    env = runner.launch_env(launched.specs[0])
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["HIP_VISIBLE_DEVICES"] == ""
     assert env["DS_ACCELERATOR"] == "cpu"
 
@@ -214,7 +222,7 @@ def test_eight_gpus_run_the_reporters_layouts(tmp_path: Path, monkeypatch: pytes
         "mics-replica": (8, 4, False, 8),
     }
     hier = [s for s in launched.specs if s.scenario == "mics-hier"]
-    assert {runner._launch_env(s)["NDEV_PER_NODE"] for s in hier} == {"4"}
+    assert {runner.launch_env(s)["NDEV_PER_NODE"] for s in hier} == {"4"}
 
 
 def test_world_size_above_the_gpus_is_an_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from repro.workload import runner, suite
+from tests.fixtures.prefork import FakePreforkServer
 
 LOSSES = [2.0, 1.9, 1.8]
 
@@ -30,14 +31,21 @@ class FakeTorchrun:
         self.started: list[str] = []
         self.interrupt_run = interrupt_run
         self.both_running = threading.Event()
+        self.servers: list[Any] = []
+        self.server: Any = None  # what the suite's start_prefork returned
 
     def __call__(
-        self, spec: runner.RunSpec, progress: Any = None, stop: threading.Event | None = None
+        self,
+        spec: runner.RunSpec,
+        progress: Any = None,
+        stop: threading.Event | None = None,
+        server: Any = None,
     ) -> runner.LaunchResult:
         with self.lock:
             self.running += 1
             self.most_at_once = max(self.most_at_once, self.running)
             self.started.append(spec.run_name)
+            self.servers.append(server)
             if self.running >= 2:
                 self.both_running.set()
         try:
@@ -67,8 +75,12 @@ class FakeTorchrun:
                 self.running -= 1
 
 
-def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeTorchrun, jobs: int) -> tuple[int, dict]:
+def _run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeTorchrun, jobs: int, *extra: str
+) -> tuple[int, dict]:
     monkeypatch.setattr(suite.runner, "launch", fake)
+    fake.server = FakePreforkServer()
+    monkeypatch.setattr(suite, "start_prefork", lambda out, spec: fake.server)
     monkeypatch.setattr(suite, "mics_available", lambda: True)
     out = tmp_path / "out"
     code = suite.main(
@@ -84,6 +96,7 @@ def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake: FakeTorchrun, jo
             str(jobs),
             "--world-size",
             "2",
+            *extra,
         ]
     )
     return code, json.loads((out / "suite.json").read_text())
@@ -111,6 +124,9 @@ def test_two_jobs_overlap_and_records_keep_plan_order(
         assert record["outcome"] == expected, record["reason"]
         assert os.path.exists(tmp_path / "out" / "runs" / record["run_name"] / "record.json")
     assert data["interrupted"] is False and data.get("finished_at")
+    # CPU runs go through the pre-imported launcher, which the suite closes at the end.
+    assert fake.servers == [fake.server] * 8 and fake.server.closed and not fake.server.abandoned
+    assert data["launcher"]["used"] == "prefork" and data["launcher"]["server"]["fake"] is True
 
 
 def test_one_job_never_overlaps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,6 +159,25 @@ def test_interruption_records_started_runs_and_launches_nothing_more(
     assert any(r["outcome"] == "interrupted" for r in data["runs"])
     for name in recorded:
         assert (tmp_path / "out" / "runs" / name / "record.json").exists()
+    # a run still waiting for the launcher's imports must not wait them out
+    assert fake.server.abandoned and fake.server.closed
+
+
+def test_launcher_torchrun_starts_no_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeTorchrun()
+    fake.both_running.set()
+    code, data = _run(tmp_path, monkeypatch, fake, 1, "--launcher", "torchrun")
+    assert code == 0 and fake.servers == [None] * 8
+    assert data["launcher"] == {"requested": "torchrun", "used": "torchrun", "note": ""}
+
+
+def test_choose_launcher() -> None:
+    assert suite.choose_launcher("cpu", "auto") == ("prefork", "")
+    assert suite.choose_launcher("cpu", "prefork") == ("prefork", "")
+    assert suite.choose_launcher("cpu", "torchrun") == ("torchrun", "")
+    assert suite.choose_launcher("gpu", "auto") == ("torchrun", "")
+    launcher, note = suite.choose_launcher("gpu", "prefork")
+    assert launcher == "torchrun" and "CPU only" in note
 
 
 def test_default_jobs() -> None:

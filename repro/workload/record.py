@@ -50,6 +50,10 @@ Record keys (`RECORD_KEYS`):
                        "planned_device" (never-launched runs only)}; null in older records.
                       A run whose ran_on does not match its env's platform is not evidence for that
                       env (repro/core/evidence.py).
+  launcher            how the ranks were started: {"kind": "prefork" (forked from the suite's
+                      pre-imported launcher, repro/workload/prefork_server.py; CPU) | "torchrun",
+                      "note": why torchrun ran a run meant for prefork, else ""}; null when
+                      nothing was launched and in older records. The evidence is the same either way.
   job                 custom runs (scenario "custom", `python -m repro run --cmd`) only, else null:
                       {"command", "workdir", "workdir_digest", "patterns" (what decided: loss regex,
                        IllegalWork and overflow patterns), "notes", "exit_code", "survivors",
@@ -181,6 +185,7 @@ RECORD_KEYS = (
     "transport_info",
     "ran_on",
     "job",
+    "launcher",
 )
 
 
@@ -227,6 +232,7 @@ class RunRecord(TypedDict, total=False):
     transport_info: dict[str, Any]
     ran_on: dict[str, Any] | None
     job: dict[str, Any] | None
+    launcher: dict[str, str] | None
 
 
 def finite_or_none(value: float | None) -> float | None:

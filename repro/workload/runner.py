@@ -1,4 +1,8 @@
-"""Launch one run under torchrun, bound it in time, and turn what the ranks wrote into a record.
+"""Launch one run, bound it in time, and turn what the ranks wrote into a record.
+
+A run starts either under torchrun or, on CPU, forked from the suite's pre-imported launcher
+(repro/workload/prefork.py): either way its ranks run repro.workload.train in a session of their
+own, which is what everything below relies on (signal the session, read the rank files).
 
 A hang is a result: when the run exceeds its time limit (or stops making progress), every rank's
 Python stack is dumped (the ranks register faulthandler on SIGUSR1), the whole process group is
@@ -17,10 +21,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from repro.workload import record as rec
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
+from repro.workload.prefork import PreforkServer, PreforkUnavailable
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOP_GRACE_S = RANK_STOP_GRACE_S
@@ -61,6 +66,20 @@ class LaunchResult:
     wall_s: float
     stacks: dict[str, str]
     hang_detail: str
+    # "torchrun" or "prefork" (the pre-imported launcher); why torchrun ran a run meant for prefork
+    launcher: str = "torchrun"
+    launcher_note: str = ""
+
+
+class Process(Protocol):
+    """What the runner needs of a run's launcher process: torchrun's Popen or a ForkedRun."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def free_port() -> int:
@@ -69,7 +88,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _launch_env(spec: RunSpec) -> dict[str, str]:
+def launch_env(spec: RunSpec) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
     # Per-node device count: how a multi-node layout is emulated on one host. MiCS reads
@@ -88,7 +107,7 @@ def _launch_env(spec: RunSpec) -> dict[str, str]:
 
 
 def _command(spec: RunSpec, port: int) -> list[str]:
-    cmd = [
+    return [
         sys.executable,
         "-m",
         "torch.distributed.run",
@@ -105,6 +124,13 @@ def _command(spec: RunSpec, port: int) -> list[str]:
         str(MONITOR_INTERVAL_S),
         "-m",
         "repro.workload.train",
+        *train_args(spec),
+    ]
+
+
+def train_args(spec: RunSpec) -> list[str]:
+    """The per-rank trainer's arguments: the same under torchrun and the pre-imported launcher."""
+    cmd = [
         "--run-dir",
         spec.run_dir,
         "--ds-config",
@@ -172,7 +198,7 @@ def _dump_stacks(run_dir: str) -> dict[str, str]:
     return stacks
 
 
-def _stop_group(proc: subprocess.Popen[bytes], run_dir: str) -> None:
+def _stop_group(proc: Process, run_dir: str) -> None:
     """Interrupt, terminate, kill: each step given STOP_GRACE_S to work."""
 
     def targets() -> list[int]:
@@ -224,23 +250,50 @@ def _last_heartbeat(run_dir: str, since: float) -> float:
     return max(beats, default=since)
 
 
-def launch(spec: RunSpec, progress: Any = None, stop: threading.Event | None = None) -> LaunchResult:
-    """Run torchrun for `spec`; never raises for a hang (status "hung"); Ctrl-C -> "interrupted".
-    `stop` is how a run in a worker thread (which never sees Ctrl-C itself) is told to stop."""
+def launch(
+    spec: RunSpec,
+    progress: Any = None,
+    stop: threading.Event | None = None,
+    server: PreforkServer | None = None,
+) -> LaunchResult:
+    """Run `spec` through the pre-imported launcher `server` (CPU), else torchrun; never raises
+    for a hang (status "hung"); Ctrl-C -> "interrupted". `stop` is how a run in a worker thread
+    (which never sees Ctrl-C itself) is told to stop. When `server` cannot start the run, torchrun
+    does and the result says why."""
     os.makedirs(spec.run_dir, exist_ok=True)
     log_path = os.path.join(spec.run_dir, "launcher.log")
     start = time.monotonic()
     wall_start = time.time()
+    launcher, note = "torchrun", ""
     with open(log_path, "wb") as log:
-        # A new session makes torchrun and its ranks one process group we can signal as a whole.
-        proc = subprocess.Popen(
-            _command(spec, free_port()),
-            cwd=REPO_ROOT,
-            env=_launch_env(spec),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc: Process | None = None
+        if server is not None:
+            port = free_port()
+            env = dict(launch_env(spec), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            try:
+                proc = server.start(train_args(spec), env, spec.world_size, log_path)
+                launcher = "prefork"
+            except PreforkUnavailable as exc:
+                note = f"ran under torchrun: {exc}"
+        if proc is None and stop is not None and stop.is_set():  # interrupted while prefork tried
+            return LaunchResult("interrupted", None, time.monotonic() - start, {}, "", launcher, note)
+        if proc is None:
+            # A new session makes torchrun and its ranks one process group we can signal as a whole.
+            proc = subprocess.Popen(
+                _command(spec, free_port()),
+                cwd=REPO_ROOT,
+                env=launch_env(spec),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+        def ended(status: str | None, stacks: dict[str, str] | None = None, detail: str = "") -> LaunchResult:
+            assert proc is not None
+            return LaunchResult(
+                status, proc.returncode, time.monotonic() - start, stacks or {}, detail, launcher, note
+            )
+
         try:
             while proc.poll() is None:
                 now = time.monotonic()
@@ -254,7 +307,7 @@ def launch(spec: RunSpec, progress: Any = None, stop: threading.Event | None = N
                     )
                     stacks = _dump_stacks(spec.run_dir)
                     _stop_group(proc, spec.run_dir)
-                    return LaunchResult("hung", proc.returncode, time.monotonic() - start, stacks, detail)
+                    return ended("hung", stacks, detail)
                 if stop is not None and stop.is_set():
                     raise KeyboardInterrupt
                 if progress is not None:
@@ -262,11 +315,11 @@ def launch(spec: RunSpec, progress: Any = None, stop: threading.Event | None = N
                 time.sleep(POLL_S)
         except KeyboardInterrupt:
             _stop_group(proc, spec.run_dir)
-            return LaunchResult("interrupted", proc.returncode, time.monotonic() - start, {}, "")
-        # Ranks that outlived torchrun (should not happen) must not outlive the run.
+            return ended("interrupted")
+        # Ranks that outlived their launcher (should not happen) must not outlive the run.
         if any(alive(p) for p in _rank_pids(spec.run_dir)):
             _stop_group(proc, spec.run_dir)
-    return LaunchResult(None, proc.returncode, time.monotonic() - start, {}, "")
+    return ended(None)
 
 
 def _read_ranks(run_dir: str) -> dict[int, dict[str, Any]]:
@@ -338,6 +391,7 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         transport_info=zero.get("transport_info") or {},
         # What rank 0 really ran on (plus the env's platform); the suite's view when it never said.
         ran_on=_ran_on(base.get("ran_on"), zero.get("ran_on")),
+        launcher={"kind": result.launcher, "note": result.launcher_note},
     )
     status = result.status
     if status == "hung":
@@ -349,10 +403,11 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
         # torchrun or the interpreter failed before any rank could report: the environment.
         status = "env-error"
         tail = _tail(os.path.join(spec.run_dir, "launcher.log"))
-        last = tail.strip().splitlines()[-1] if tail.strip() else f"torchrun exited {result.launcher_code}"
+        ended = f"{result.launcher} exited {result.launcher_code}"
+        last = tail.strip().splitlines()[-1] if tail.strip() else ended
         record["exception"] = {"type": "LaunchFailure", "message": last, "rank": None, "traceback": tail}
         record["reason"] = (
-            f"no rank reported (torchrun exit {result.launcher_code}): environment could not run"
+            f"no rank reported ({result.launcher} exit {result.launcher_code}): environment could not run"
         )
     elif status is None and record["exception"] and record["exception"]["type"] in ENV_ERROR_TYPES:
         status = "env-error"

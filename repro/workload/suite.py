@@ -29,6 +29,7 @@ from repro.workload import layout as lay
 from repro.workload import record as rec
 from repro.workload.controls import ControlKey, choose_control, record_key
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
+from repro.workload.prefork import PreforkServer
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_STALL_S = 60.0
@@ -269,6 +270,7 @@ class RunOptions:
     results_root: str | None
     model_args: tuple[str, ...]
     jobs: int | None
+    launcher: str = "auto"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
@@ -281,6 +283,7 @@ class RunOptions:
             results_root=args.results_root,
             model_args=tuple(args.model_args or ()),
             jobs=args.jobs,
+            launcher=args.launcher,
         )
 
 
@@ -333,6 +336,24 @@ def run_suite(args: argparse.Namespace) -> int:
             capture.abandon()
 
 
+LAUNCHERS = ("auto", "prefork", "torchrun")
+
+
+def choose_launcher(device: str, requested: str) -> tuple[str, str]:
+    """(launcher, note). CPU runs fork from the pre-imported launcher unless torchrun is asked
+    for; GPU runs always use torchrun (forking after the GPU runtime is loaded is undefined)."""
+    if device != "cpu":
+        cpu_only = "the pre-imported launcher is CPU only: GPU runs use torchrun"
+        return "torchrun", cpu_only if requested == "prefork" else ""
+    return ("torchrun", "") if requested == "torchrun" else ("prefork", "")
+
+
+def start_prefork(out: str, spec: runner.RunSpec) -> PreforkServer:
+    """The pre-imported launcher for this suite's CPU runs; its log is DIR/prefork.log."""
+    env = runner.launch_env(spec)
+    return PreforkServer(env, runner.REPO_ROOT, os.path.join(out, "prefork.log"), runner.alive)
+
+
 def default_jobs(device: str, world_size: int) -> int:
     """Runs at once. GPUs: one (each run owns every device). CPU: at least two, because a run
     leaves a core idle while torchrun starts, ranks rendezvous and gloo waits; two at once cut
@@ -369,13 +390,44 @@ def _run_planned(
     jobs = opts.jobs or default_jobs(device, prepared[0][1].world_size if prepared else 1)
     stop = threading.Event()
 
+    def launched(item: PlannedRun) -> bool:
+        return item.skip is None and (item.scenario == "zero3" or has_mics)
+
+    launcher, note = choose_launcher(device, opts.launcher)
+    meta["launcher"] = {"requested": opts.launcher, "used": launcher, "note": note}
+    if note:
+        _say(f"launcher: {note}")
+    first = next((spec for item, spec, _b in prepared if launched(item)), None)
+    server = start_prefork(out, first) if launcher == "prefork" and first is not None else None
+
     def execute(i: int, spec: runner.RunSpec, item: PlannedRun) -> runner.LaunchResult | None:
         if stop.is_set():
             return NOT_STARTED
         _say(f"[{i}/{total}] {spec.run_name} ...")
-        if item.skip is not None or (item.scenario != "zero3" and not has_mics):
+        if not launched(item):
             return None
-        return runner.launch(spec, stop=stop)
+        return runner.launch(spec, stop=stop, server=server)
+
+    try:
+        return _execute_all(out, prepared, execute, jobs, stop, controls, runs, meta, capture, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _execute_all(
+    out: str,
+    prepared: list[tuple[PlannedRun, runner.RunSpec, dict[str, Any]]],
+    execute: Any,
+    jobs: int,
+    stop: threading.Event,
+    controls: dict[tuple[str, str, int], dict[str, Any]],
+    runs: list[dict[str, Any]],
+    meta: dict[str, Any],
+    capture: ArtifactCapture | None,
+    server: PreforkServer | None,
+) -> int:
+    total = len(prepared)
 
     with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="run") as pool:
         futures = [pool.submit(execute, i, spec, item) for i, (item, spec, _b) in enumerate(prepared, 1)]
@@ -387,6 +439,8 @@ def _run_planned(
                     raise KeyboardInterrupt
         except KeyboardInterrupt:
             stop.set()
+            if server is not None:  # a run still waiting for it must not wait out its imports
+                server.abandon()
             # Runs already started stop their process groups and come back as interrupted.
             for future, (item, spec, base) in list(zip(futures, prepared))[len(runs) :]:
                 if not future.cancel() and (result := future.result()) is not NOT_STARTED:
@@ -397,6 +451,8 @@ def _run_planned(
             return 130
     if capture is not None:
         meta["artifacts"] = capture.finish()
+    if server is not None:
+        meta["launcher"]["server"] = server.ready_info()
     meta["finished_at"] = _now()
     _save(out, runs, meta)
     return 0
@@ -571,6 +627,13 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="runs at once (default: 1 on GPUs; on CPU max(2, cores // world size))",
+    )
+    p.add_argument(
+        "--launcher",
+        choices=LAUNCHERS,
+        default="auto",
+        help="how ranks start: prefork (forked from one process that imported torch and DeepSpeed "
+        "once; CPU only), torchrun (one torchrun per run); auto: prefork on CPU, torchrun on GPUs",
     )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="per-run limit, seconds")

@@ -84,8 +84,11 @@ def install_placeholders(ds_version: str | None) -> list[str]:
     """Make missing IPEX/oneCCL importable as empty modules when this DeepSpeed needs them."""
     if ds_version is None or _version_tuple(ds_version) >= _FIRST_DS_WITHOUT_PLACEHOLDERS:
         return []
+    installed = [f for f in sys.meta_path if isinstance(f, _PlaceholderFinder)]
+    if installed:  # already in place (a second call, or a rank forked after the first one)
+        return list(installed[0].names)
     missing = [name for name in PLACEHOLDER_MODULES if importlib.util.find_spec(name) is None]
-    if missing and not any(isinstance(f, _PlaceholderFinder) for f in sys.meta_path):
+    if missing:
         sys.meta_path.append(_PlaceholderFinder(missing))
     return missing
 
@@ -136,20 +139,35 @@ def _gloo_accelerator(claim_fp16: bool) -> Any:
     return GlooCpuAccelerator()
 
 
-def prepare_cpu(dtype: str) -> dict[str, Any]:
-    """Get DeepSpeed running on CPU/gloo. Must run before `import deepspeed`; imports it.
+# Set by `before_deepspeed_import` in this process: the pre-imported launcher
+# (repro/workload/prefork_server.py) runs it, imports DeepSpeed, then forks the ranks.
+_PREPARED_BEFORE_IMPORT = False
 
-    Returns what was done, for the run record.
-    """
-    if "deepspeed" in sys.modules:
-        raise RuntimeError("prepare_cpu() must run before deepspeed is imported")
+
+def before_deepspeed_import() -> dict[str, Any]:
+    """What must hold when DeepSpeed is imported on CPU: the accelerator forced to cpu and, for
+    DeepSpeed < 0.14.1, the placeholder modules. Idempotent; returns what was done."""
+    global _PREPARED_BEFORE_IMPORT
     done: dict[str, Any] = {}
     # forced, not defaulted: DeepSpeed < 0.14.1 would otherwise pick cuda on a CUDA build of torch
     done["DS_ACCELERATOR"] = os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     done["LOCAL_SIZE"] = os.environ["LOCAL_SIZE"]
-    ds_version = deepspeed_version()
-    done["placeholders"] = install_placeholders(ds_version)
+    done["placeholders"] = install_placeholders(deepspeed_version())
+    _PREPARED_BEFORE_IMPORT = True
+    return done
+
+
+def prepare_cpu(dtype: str) -> dict[str, Any]:
+    """Get DeepSpeed running on CPU/gloo. Must run before `import deepspeed` (imports it), unless
+    `before_deepspeed_import` ran in this process before DeepSpeed was imported (a forked rank
+    of the pre-imported launcher): the same steps in the same order, the import already done.
+
+    Returns what was done, for the run record.
+    """
+    if "deepspeed" in sys.modules and not _PREPARED_BEFORE_IMPORT:
+        raise RuntimeError("prepare_cpu() must run before deepspeed is imported")
+    done = before_deepspeed_import()
 
     claim_fp16 = False
     done["fp16_compute_upcast"] = False

@@ -1,0 +1,177 @@
+"""The suite's side of the pre-imported launcher (server: repro/workload/prefork_server.py).
+
+`PreforkServer` starts the server once per suite, in its own session, and starts runs through
+it; each run comes back as a `ForkedRun`, which the runner treats like torchrun's Popen: a pid
+that leads the run's session (signal it with os.killpg), `poll()`, `wait()`, `returncode`.
+When the server cannot start, is not ready (an import failed, a thread appeared) or dies,
+`start` raises `PreforkUnavailable` and the runner launches that run with torchrun instead,
+saying why in the record. Standard library only: the suite imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import IO, Any, Callable
+
+SERVER_MODULE = "repro.workload.prefork_server"
+READY_TIMEOUT_S = 300.0  # importing torch and DeepSpeed on a loaded 2-core host: seconds; a cold disk: more
+START_TIMEOUT_S = 60.0
+POLL_S = 0.05
+
+
+class PreforkUnavailable(RuntimeError):
+    """The pre-imported launcher cannot start this run; the caller uses torchrun."""
+
+
+class PreforkServer:
+    def __init__(
+        self,
+        env: dict[str, str],
+        cwd: str,
+        log_path: str,
+        alive: Callable[[int], bool],
+        server_args: Sequence[str] = (),
+    ) -> None:
+        """`alive(pid)`: the runner's zombie-aware liveness test (for a leader whose exit the
+        server could no longer report). `server_args`: for tests (a stand-in entry point)."""
+        self.log_path = log_path
+        self.alive = alive
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._replies: dict[str, dict[str, Any]] = {}
+        self._exits: dict[str, int] = {}
+        self._ready: dict[str, Any] | None = None
+        self._dead = False
+        self._count = 0
+        self._log: IO[bytes] = open(log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", SERVER_MODULE, *server_args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            # Not in the suite's process group: Ctrl-C reaches the suite, which stops every run
+            # and then the server, in that order.
+            start_new_session=True,
+        )
+        threading.Thread(target=self._read, name="prefork-replies", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            try:
+                message = json.loads(raw)
+            except ValueError:
+                continue
+            with self._changed:
+                if "ready" in message:
+                    self._ready = message
+                elif "exit" in message:
+                    self._exits[str(message["run"])] = int(message["exit"])
+                elif "run" in message:
+                    self._replies[str(message["run"])] = message
+                self._changed.notify_all()
+        with self._changed:
+            self._dead = True
+            self._changed.notify_all()
+
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> dict[str, Any]:
+        """The server's ready message; raises PreforkUnavailable when it is not ready."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._ready is not None or self._dead, timeout_s)
+            ready = self._ready
+        if ready is None:
+            raise PreforkUnavailable(
+                f"the pre-imported launcher did not start (see {os.path.basename(self.log_path)})"
+                if self._dead
+                else f"the pre-imported launcher was not ready after {timeout_s:g} s"
+            )
+        if not ready.get("ready"):
+            raise PreforkUnavailable(f"the pre-imported launcher is not usable: {ready.get('error')}")
+        return ready
+
+    @property
+    def dead(self) -> bool:
+        return self._dead
+
+    def exit_code(self, run: str) -> int | None:
+        with self._lock:
+            return self._exits.get(run)
+
+    def start(self, argv: list[str], env: dict[str, str], world_size: int, log: str) -> ForkedRun:
+        self.wait_ready()
+        with self._lock:
+            self._count += 1
+            run = str(self._count)
+        request = {"run": run, "argv": argv, "env": env, "world_size": world_size, "log": log}
+        try:
+            assert self.proc.stdin is not None
+            with self._lock:
+                self.proc.stdin.write((json.dumps(request) + "\n").encode())
+                self.proc.stdin.flush()
+        except (OSError, ValueError) as exc:
+            raise PreforkUnavailable(f"the pre-imported launcher is gone: {exc}") from None
+        with self._changed:
+            self._changed.wait_for(lambda: run in self._replies or self._dead, START_TIMEOUT_S)
+            reply = self._replies.get(run)
+        if reply is None or "pid" not in reply:
+            why = (reply or {}).get("error") or ("it exited" if self._dead else "no answer")
+            raise PreforkUnavailable(f"the pre-imported launcher could not start the run: {why}")
+        return ForkedRun(self, run, int(reply["pid"]))
+
+    def ready_info(self) -> dict[str, Any] | None:
+        """What the server said when it was ready (import seconds, modules), for suite.json."""
+        with self._lock:
+            return dict(self._ready) if self._ready else None
+
+    def abandon(self) -> None:
+        """Interrupted: kill the server now (it only imports and forks; runs it started are their
+        own sessions, which the runner stops); anyone waiting for it gives up."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+
+    def close(self) -> None:
+        """Stop the server (its stdin closing is its signal to leave); runs are the caller's."""
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+class ForkedRun:
+    """A run started by the server, seen like a Popen of torchrun: `pid` leads its session."""
+
+    def __init__(self, server: PreforkServer, run: str, pid: int) -> None:
+        self.server, self.run, self.pid = server, run, pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            code = self.server.exit_code(self.run)
+            if code is None and self.server.dead and not self.server.alive(self.pid):
+                code = -1  # the server died before it could report: the code is lost
+            self.returncode = code
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired("prefork run", timeout or 0)
+            time.sleep(POLL_S)
+        assert self.returncode is not None
+        return self.returncode

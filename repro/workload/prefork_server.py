@@ -1,0 +1,314 @@
+"""The pre-imported launcher's server: `python -m repro.workload.prefork_server` (CPU envs only).
+
+Why it exists: on CPU a run is ~4 s of training behind ~15 s of start-up, almost all of it
+interpreters importing torch and DeepSpeed (torchrun's own, then one per rank). This process
+imports them once per suite; every run is then forked from it:
+
+    server (imports torch, DeepSpeed, the rank code; serves requests; never runs a torch op)
+      `- leader of run A  (new session = the run's process group; waits for its ranks like torchrun)
+           |- rank 0 .. rank N-1   (each: repro.workload.train.main, exactly what torchrun runs)
+      `- leader of run B ...
+
+What keeps a run trustworthy is unchanged: fresh processes per run (forked, never reused), a fresh
+process group and gloo group per run, one record per run, and crash and hang isolation (a run
+is its own session, which the suite interrupts, terminates and kills as a whole, as it does a
+torchrun session). The ranks run the same code as under torchrun, from the CPU shims onward:
+only the imports happened earlier, in the server, after the same pre-import step (the CPU
+shims' placeholder modules) that the ranks would take. Nothing runs torch ops or starts a thread
+before a fork: the server checks it has one thread before each fork and refuses to serve
+otherwise (the suite then falls back to torchrun).
+
+Why not on GPUs: forking a process that has initialised CUDA/HIP is undefined, and DeepSpeed's
+GPU accelerators may touch the runtime when imported. GPU envs keep torchrun.
+
+Protocol, one JSON object per line. Suite -> server (stdin):
+    {"run": ID, "argv": [train args], "env": {...}, "world_size": N, "log": PATH}
+Server -> suite (stdout):
+    {"ready": true, "import_s": S, "modules": [...]}   once, or {"ready": false, "error": ...}
+    {"run": ID, "pid": LEADER_PID}                      the run's session exists
+    {"run": ID, "error": TEXT}                          it could not be started
+    {"run": ID, "exit": CODE}                           its leader ended (0: every rank exited 0)
+The server exits when its stdin closes; runs still going are the suite's to stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import random
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+# What the ranks import anyway, in the order they do; the server imports them once. A module a
+# release does not have (no MiCS in DeepSpeed >= 0.19.8) is skipped: the rank finds out itself.
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "deepspeed",
+    "deepspeed.comm",
+    "deepspeed.runtime.engine",
+    "deepspeed.runtime.zero.partition_parameters",
+    "deepspeed.runtime.zero.stage3",
+    "deepspeed.runtime.zero.mics",
+    "repro.workload.train",
+    "repro.workload.model",
+    "repro.workload.logcount",
+    "repro.workload.fix",
+    "repro.workload.device",
+    "repro.workload.cpu.gloo_transport",
+)
+# Without these the server is useless (the rank would import them again): not ready.
+REQUIRED = ("torch", "deepspeed", "repro.workload.train")
+# What each rank runs: what torchrun runs with `-m repro.workload.train`.
+ENTRY = "repro.workload.train:main"
+# torchrun gives a failed rank's peers this long after SIGTERM before SIGKILL.
+PEER_STOP_GRACE_S = 30.0
+
+
+def emit(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def threads() -> int:
+    """Threads of this process as the kernel sees them (C++ threads included)."""
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
+
+
+def preload(modules: Sequence[str] = PRELOAD, required: Sequence[str] = REQUIRED) -> dict[str, Any]:
+    """Import what every rank imports. The CPU shims' pre-import step comes first, as in a rank."""
+    started = time.perf_counter()
+    from repro.workload.cpu import shims
+
+    shims.before_deepspeed_import()
+    loaded, skipped = [], {}
+    for name in modules:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except Exception as exc:  # noqa: BLE001 - any import failure: the rank will meet it itself
+            if name in required:
+                return {"ready": False, "error": f"import {name}: {type(exc).__name__}: {exc}"}
+            skipped[name] = f"{type(exc).__name__}: {exc}"
+    count = threads()
+    if count != 1:
+        return {"ready": False, "error": f"the imports started {count - 1} thread(s): forking is unsafe"}
+    return {
+        "ready": True,
+        "import_s": round(time.perf_counter() - started, 2),
+        "modules": loaded,
+        "skipped": skipped,
+        "pid": os.getpid(),
+    }
+
+
+def _default_signals() -> None:
+    """A rank starts with the dispositions a fresh interpreter has."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # what Python sets at start-up
+
+
+def _rank(rank: int, world_size: int, argv: list[str], entry: str) -> NoReturn:
+    """One rank: torchrun's variables, then the same entry point torchrun runs."""
+    code = 1
+    try:
+        _default_signals()
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_WORLD_SIZE=str(world_size),
+            GROUP_RANK="0",
+            GROUP_WORLD_SIZE="1",
+            ROLE_RANK=str(rank),
+            ROLE_WORLD_SIZE=str(world_size),
+            ROLE_NAME="default",
+        )
+        # A fresh interpreter seeds Python's RNG from the OS; a forked one would share the server's.
+        random.seed()
+        module, function = entry.split(":")
+        sys.argv = [module, *argv]
+        code = getattr(importlib.import_module(module), function)(argv)
+    except SystemExit as exc:  # argparse
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - train.main records its own failures; this is the rest
+        traceback.print_exc()
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(f"[prefork leader {os.getpid()}] {line}\n")
+    sys.stderr.flush()
+
+
+def _lead(request: dict[str, Any], entry: str) -> NoReturn:
+    """The run's session leader: fork the ranks, wait for them, stop the peers of a failed rank
+    (torchrun's rule: SIGTERM, then SIGKILL after a grace period), exit with the first failure's
+    code (0 when every rank exited 0). It ignores SIGINT/SIGTERM/SIGHUP: the suite signals the
+    whole session, the ranks act on it, and the leader ends when they have."""
+    code = 70
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        sys.stdout.flush()
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        world = int(request["world_size"])
+        _say(f"forking {world} ranks from the pre-imported server (no torchrun; see prefork_server.py)")
+        ranks: dict[int, int] = {}
+        for rank in range(world):
+            pid = os.fork()
+            if pid == 0:
+                _rank(rank, world, list(request["argv"]), entry)
+            ranks[pid] = rank
+        code = _wait_ranks(ranks)
+    except BaseException:  # noqa: BLE001 - a leader never returns into the server's loop
+        traceback.print_exc()
+    finally:
+        os._exit(code)
+
+
+def _wait_ranks(ranks: dict[int, int]) -> int:
+    first_failure = 0
+    deadline: float | None = None
+    while ranks:
+        if deadline is None:
+            pid, status = os.waitpid(-1, 0)
+        else:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                if time.monotonic() > deadline:
+                    _say("peers still running after the grace period: SIGKILL")
+                    _signal_all(ranks, signal.SIGKILL)
+                    deadline = float("inf")
+                time.sleep(0.1)
+                continue
+        rank = ranks.pop(pid, None)
+        if rank is None:
+            continue
+        code = os.waitstatus_to_exitcode(status)
+        code = code if code >= 0 else 128 - code
+        if code and not first_failure:
+            first_failure = code
+            if ranks:
+                _say(f"rank {rank} (pid {pid}) exited {code}: stopping the other ranks (SIGTERM)")
+                _signal_all(ranks, signal.SIGTERM)
+                deadline = time.monotonic() + PEER_STOP_GRACE_S
+    return first_failure
+
+
+def _signal_all(ranks: dict[int, int], sig: int) -> None:
+    for pid in ranks:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _start(request: dict[str, Any], entry: str) -> int:
+    """Fork the run's leader; returns once its session exists (so the suite can signal it)."""
+    count = threads()
+    if count != 1:
+        raise RuntimeError(f"the server has {count} threads: forking is unsafe")
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        try:
+            os.setsid()
+            os.write(write_end, b"1")
+            os.close(write_end)
+        except BaseException:  # noqa: BLE001
+            os._exit(71)
+        _lead(request, entry)
+    os.close(write_end)
+    os.read(read_end, 1)
+    os.close(read_end)
+    return pid
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Defaults are what the suite uses; the options let tests serve a stand-in entry point
+    without torch (tests/test_prefork.py)."""
+    p = argparse.ArgumentParser(prog="python -m repro.workload.prefork_server")
+    p.add_argument("--preload", default=",".join(PRELOAD), help="modules to import once")
+    p.add_argument("--required", default=",".join(REQUIRED), help="of those, the ones it needs")
+    p.add_argument("--entry", default=ENTRY, help="module:function each rank runs with its argv")
+    return p.parse_args(argv)
+
+
+def serve(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [n for n in args.preload.split(",") if n]
+    ready = preload(names, [n for n in args.required.split(",") if n])
+    emit(ready)
+    if not ready["ready"]:
+        return 3
+    leaders: dict[int, str] = {}
+    pending = b""
+    while True:
+        readable, _, _ = select.select([0], [], [], 0.05)
+        if readable:
+            chunk = os.read(0, 1 << 16)
+            if not chunk:  # the suite has gone: runs still going are its to stop
+                return 0
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                if line.strip():
+                    _handle(json.loads(line), leaders, args.entry)
+        _reap(leaders)
+
+
+def _handle(request: dict[str, Any], leaders: dict[int, str], entry: str) -> None:
+    run = str(request.get("run"))
+    try:
+        pid = _start(request, entry)
+    except Exception as exc:  # noqa: BLE001 - reported; the suite falls back to torchrun
+        emit({"run": run, "error": f"{type(exc).__name__}: {exc}"})
+        return
+    leaders[pid] = run
+    emit({"run": run, "pid": pid})
+
+
+def _reap(leaders: dict[int, str]) -> None:
+    while leaders:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        run = leaders.pop(pid, None)
+        if run is not None:
+            emit({"run": run, "exit": os.waitstatus_to_exitcode(status)})
+
+
+if __name__ == "__main__":
+    sys.exit(serve())
