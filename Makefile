@@ -23,6 +23,7 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,CONFIG,config) \
 	$(call flag,STEPS,steps) $(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) \
 	$(call flag,STALL_TIMEOUT,stall-timeout) $(if $(NO_SYNC_PROOF),--no-sync-proof) $(call flag,JOBS,jobs) \
+	$(call flag,LAUNCHER,launcher) \
 	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(DRY_RUN),--dry-run)
 
 .PHONY: help list build repro check-fix matrix report base-image test test-unit lint bench clean venv

@@ -126,7 +126,7 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
 
 @command(
     "bench",
-    "time the warm full suite and env reuse of one env (appends to results/bench.jsonl)",
+    "time one env warm: the full suite under torchrun and prefork (ratio), a probe, env reuse",
     _bench_options,
 )
 def cmd_bench(args: argparse.Namespace) -> int:

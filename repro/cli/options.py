@@ -51,6 +51,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
         help="runs at once inside an env (default: 1 on GPUs, on CPU max(2, cores // ranks))",
     )
     p.add_argument(
+        "--launcher",
+        default=None,
+        help="how ranks start: prefork (CPU default: forked from one process that imported torch "
+        "and DeepSpeed once), torchrun (one torchrun per run; GPUs always), auto",
+    )
+    p.add_argument(
         "--no-sync-proof",
         action="store_true",
         help="skip the extra mics stock run over the sync transport (the cause control)",
@@ -93,6 +99,7 @@ def request_from_args(args: argparse.Namespace, default_env: str) -> Request:
             stall_s=args.stall_timeout,
             sync_proof=not args.no_sync_proof,
             jobs=args.jobs,
+            launcher=_given(args.launcher),
             **optional,
         )
     except TypeError as exc:  # pragma: no cover - programming error surfaced readably

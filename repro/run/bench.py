@@ -1,60 +1,105 @@
 """Benchmarks (speed, not correctness): `make bench [ENV=cpu] [ENGINE=venv]`.
 
-Times, for one env with its image/venv already built (warm):
-  suite   the full set (control + the three MiCS scenarios, stock and fixed, + the sync proof)
-          run by `python -m repro repro` end to end (`python -m repro bench` runs this);
-  prepare reusing the prepared image/venv (should be seconds).
-Figures are printed and appended to results/bench.jsonl with the host facts, so a change in
-speed can be traced. Cold figures (fresh machine) come from timing `.ci/run` itself.
+Times, for one env with its image/venv already built (warm), in one invocation:
+  prepare   reusing the prepared image/venv (should be seconds);
+  suite     the full set (control + the three MiCS scenarios, stock and fixed, + the sync proof)
+            run end to end by `python -m repro repro`, once per launcher on the same plan:
+            torchrun (one torchrun per run: every rank a new interpreter importing torch and
+            DeepSpeed) and prefork (ranks forked from one process that imported them once).
+            The ratio prefork/torchrun is the figure: absolute seconds depend on the host.
+  probe     one bisect/survey probe of the env (`python -m repro probe`: the control and MiCS
+            stock, as every bisection and survey step runs them), warm.
+Figures are printed as a table and appended to results/bench.jsonl with the host facts, so a
+change in speed can be traced. Cold figures (fresh machine) come from timing `.ci/run` itself.
+Outcomes are compared too, as a sanity line (the parity test, tests/test_launcher_parity.py,
+is what checks that the launchers agree).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
-from repro.core import console, paths
+from repro.core import cmd, console, paths
 from repro.core.results import host_info, utc_now
 
 REPO = paths.REPO_ROOT
+LAUNCHERS = ("torchrun", "prefork")
 
 
 def _timed(argv: list[str]) -> tuple[float, int]:
-    start = time.monotonic()
-    code = subprocess.run(argv, cwd=REPO).returncode
-    return time.monotonic() - start, code
+    done = cmd.run(argv, cwd=REPO)
+    return done.duration_s, done.returncode
+
+
+def _suite(base: list[str], env: str, engine: str, launcher: str, out: Path) -> dict[str, Any]:
+    seconds, code = _timed(
+        [*base, "repro", "--env", env, "--engine", engine, "--launcher", launcher, "--out", str(out)]
+    )
+    runs = json.loads((out / "results.json").read_text())["runs"] if code == 0 else []
+    return {
+        "seconds": round(seconds, 1),
+        "exit_code": code,
+        "runs": len(runs),
+        "per_run_s": {r["run_name"]: (r.get("durations") or {}).get("total_s") for r in runs},
+        "outcomes": {r["run_name"]: [r.get("outcome"), r.get("signature")] for r in runs},
+    }
 
 
 def bench(env: str = "cpu", engine: str = "venv") -> int:
-    """Time one env's warm build and full suite; returns the exit code of the failing step, or 0."""
+    """Time one env's warm build, its full suite under each launcher and a probe; returns the exit
+    code of the first failing step, or 0."""
     base = [sys.executable, "-m", "repro"]
     prepare_s, code = _timed([*base, "build", "--env", env, "--engine", engine])
     if code:
         console.error(f"bench: build failed (exit {code})")
         return code
     with tempfile.TemporaryDirectory(prefix="mics-bench-") as tmp:
-        suite_s, code = _timed(
-            [*base, "repro", "--env", env, "--engine", engine, "--out", str(Path(tmp) / "out")]
+        suites = {name: _suite(base, env, engine, name, Path(tmp) / name) for name in LAUNCHERS}
+        probe_s, probe_code = _timed(
+            [*base, "probe", "--env", env, "--engine", engine, "--out", str(Path(tmp) / "probe")]
         )
-        runs = json.loads((Path(tmp) / "out" / "results.json").read_text())["runs"] if code == 0 else []
+    slow, fast = suites["torchrun"], suites["prefork"]
+    ratio = round(fast["seconds"] / slow["seconds"], 2) if slow["seconds"] else None
     figure = {
         "at": utc_now(),
         "env": env,
         "engine": engine,
         "prepare_warm_s": round(prepare_s, 1),
-        "full_suite_s": round(suite_s, 1),
-        "runs": len(runs),
-        "per_run_s": {r["run_name"]: (r.get("durations") or {}).get("total_s") for r in runs},
+        "full_suite_s": {name: s["seconds"] for name, s in suites.items()},
+        "ratio_prefork_to_torchrun": ratio,
+        "same_outcomes": slow["outcomes"] == fast["outcomes"],
+        # exit 0 good, 1 bad, 125 unknown: all are answers; 128 and up: the probe failed
+        "probe_warm_s": round(probe_s, 1),
+        "probe_exit_code": probe_code,
+        "suites": suites,
         "host": host_info(),
-        "exit_code": code,
     }
     out = REPO / "results" / "bench.jsonl"
     out.parent.mkdir(exist_ok=True)
     with out.open("a") as fh:
         fh.write(json.dumps(figure) + "\n")
-    console.result(json.dumps(figure, indent=2))
-    return code
+    console.result(_table(figure))
+    failed = next((s["exit_code"] for s in suites.values() if s["exit_code"]), 0)
+    return failed or (probe_code if probe_code >= 128 else 0)
+
+
+def _table(figure: dict[str, Any]) -> str:
+    suites = figure["suites"]
+    lines = [
+        f"bench: env {figure['env']}, engine {figure['engine']}, {figure['host'].get('cpu_count')} CPUs",
+        f"  {'step':<44} {'seconds':>8}",
+        f"  {'prepare (warm reuse)':<44} {figure['prepare_warm_s']:>8}",
+    ]
+    for name, data in suites.items():
+        what = f"full set, {data['runs']} runs, launcher {name}"
+        lines.append(f"  {what:<44} {data['seconds']:>8}")
+    lines.append(f"  {'probe (control + mics stock), warm':<44} {figure['probe_warm_s']:>8}")
+    lines.append(f"  ratio prefork / torchrun: {figure['ratio_prefork_to_torchrun']}")
+    same = "same" if figure["same_outcomes"] else "DIFFERENT (see results/bench.jsonl)"
+    lines.append(f"  outcomes and signatures under both launchers: {same}")
+    lines.append("  appended to results/bench.jsonl")
+    return "\n".join(lines)

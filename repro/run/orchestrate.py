@@ -19,7 +19,7 @@ from repro.core.errors import ConfigError, Interrupted, UsageError
 from repro.core.results import InvocationDir
 from repro.engines.preflight import check_world_size
 from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord, read_json
-from repro.workload.suite import planned_keys
+from repro.workload.suite import LAUNCHERS, planned_keys
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -44,6 +44,8 @@ class Request:
     stall_s: float | None = None
     sync_proof: bool = True
     jobs: int | None = None
+    # how ranks start inside the env (repro/workload/suite.py): prefork (CPU default), torchrun
+    launcher: str | None = None
 
     def __post_init__(self) -> None:
         for name, values, allowed in (
@@ -57,6 +59,10 @@ class Request:
                     f"{name}={','.join(values)} is not valid",
                     fix=f"use a comma-separated subset of: {', '.join(allowed)}",
                 )
+        if self.launcher is not None and self.launcher not in LAUNCHERS:
+            raise UsageError(
+                f"LAUNCHER={self.launcher} is not valid", fix=f"use one of: {', '.join(LAUNCHERS)}"
+            )
         if self.dtype is not None and self.dtype not in DTYPES:
             raise UsageError(f"DTYPE={self.dtype} is not valid", fix=f"use one of: {', '.join(DTYPES)}")
         _check_numbers(self)
@@ -163,6 +169,7 @@ def suite_args(
         ("--timeout", request.timeout_s),
         ("--stall-timeout", request.stall_s),
         ("--jobs", request.jobs),
+        ("--launcher", request.launcher),
     ):
         if value is not None:
             args += [flag, str(value)]

@@ -1,0 +1,64 @@
+"""`make bench` with the commands faked: both launchers on the same plan, the ratio, the probe,
+the table and the jsonl line, and exit codes (speed itself is measured, never asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.core.cmd import CmdResult
+from repro.run import bench
+
+
+class FakeCommands:
+    def __init__(self, seconds: dict[str, float], codes: dict[str, int] | None = None) -> None:
+        self.seconds, self.codes, self.calls = seconds, codes or {}, []  # type: ignore[var-annotated]
+
+    def __call__(self, argv: list[str], **kw: Any) -> CmdResult:
+        self.calls.append(argv)
+        step = argv[3] if argv[3] != "repro" else argv[argv.index("--launcher") + 1]
+        code = self.codes.get(step, 0)
+        if argv[3] == "repro" and code == 0:
+            out = Path(argv[argv.index("--out") + 1])
+            out.mkdir(parents=True)
+            runs = [
+                {"run_name": "zero3", "outcome": "clean", "signature": "none", "durations": {"total_s": 1}}
+            ]
+            (out / "results.json").write_text(json.dumps({"runs": runs}))
+        return CmdResult(tuple(argv), code, "", "", False, self.seconds.get(step, 1.0))
+
+
+@pytest.fixture
+def in_tmp_repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(bench, "REPO", tmp_path)
+    return tmp_path
+
+
+def test_both_launchers_on_the_same_plan_then_a_probe(
+    in_tmp_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake = FakeCommands({"build": 2.0, "torchrun": 100.0, "prefork": 35.0, "probe": 12.0}, {"probe": 1})
+    monkeypatch.setattr(bench.cmd, "run", fake)
+    assert bench.bench("cpu", "venv") == 0  # a probe that says "bad" is an answer, not a failure
+    steps = [c[3] if c[3] != "repro" else c[c.index("--launcher") + 1] for c in fake.calls]
+    assert steps == ["build", "torchrun", "prefork", "probe"]
+    suite_args = [c[: c.index("--launcher")] for c in fake.calls[1:3]]
+    assert suite_args[0] == suite_args[1]  # the same plan
+    line = json.loads((in_tmp_repo / "results" / "bench.jsonl").read_text().splitlines()[-1])
+    assert line["full_suite_s"] == {"torchrun": 100.0, "prefork": 35.0}
+    assert line["ratio_prefork_to_torchrun"] == 0.35 and line["same_outcomes"] is True
+    assert line["probe_warm_s"] == 12.0 and line["probe_exit_code"] == 1
+    out = capsys.readouterr().out
+    assert "ratio prefork / torchrun: 0.35" in out and "launcher prefork" in out
+
+
+def test_a_failed_suite_is_the_exit_code(in_tmp_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bench.cmd, "run", FakeCommands({}, {"prefork": 3}))
+    assert bench.bench() == 3
+    monkeypatch.setattr(bench.cmd, "run", FakeCommands({}, {"build": 5}))
+    assert bench.bench() == 5
+    monkeypatch.setattr(bench.cmd, "run", FakeCommands({}, {"probe": 128}))
+    assert bench.bench() == 128
