@@ -117,7 +117,7 @@ def _suite(
     monkeypatch.setattr(suite.dev, "probe", probe)
     monkeypatch.setattr(suite.runner, "launch", launch)
     monkeypatch.setattr(suite, "mics_available", lambda: True)
-    monkeypatch.setattr(suite, "start_prefork", lambda out, spec: FakePreforkServer())
+    monkeypatch.setattr(suite, "start_prefork", lambda out, device: FakePreforkServer())
     out = tmp_path / "out"
     assert suite.main(["--out", str(out), "--no-artifacts", "--jobs", "1", *args]) == 0
     data: dict[str, Any] = json.loads((out / "suite.json").read_text())

@@ -80,7 +80,7 @@ def _run(
 ) -> tuple[int, dict]:
     monkeypatch.setattr(suite.runner, "launch", fake)
     fake.server = FakePreforkServer()
-    monkeypatch.setattr(suite, "start_prefork", lambda out, spec: fake.server)
+    monkeypatch.setattr(suite, "start_prefork", lambda out, device: fake.server)
     monkeypatch.setattr(suite, "mics_available", lambda: True)
     out = tmp_path / "out"
     code = suite.main(

@@ -106,11 +106,21 @@ class PreforkServer:
             return self._exits.get(run)
 
     def start(self, argv: list[str], env: dict[str, str], world_size: int, log: str) -> ForkedRun:
+        """A run: `world_size` ranks of the trainer with `argv`, logging to `log`."""
+        return self._request({"argv": argv, "env": env, "world_size": world_size, "log": log})
+
+    def start_task(
+        self, entry: str, argv: list[str] | None, env: dict[str, str], stdout: str, stderr: str
+    ) -> ForkedRun:
+        """One process running `module:function` (`argv` None: called without arguments)."""
+        return self._request({"task": entry, "argv": argv, "env": env, "stdout": stdout, "stderr": stderr})
+
+    def _request(self, fields: dict[str, Any]) -> ForkedRun:
         self.wait_ready()
         with self._lock:
             self._count += 1
             run = str(self._count)
-        request = {"run": run, "argv": argv, "env": env, "world_size": world_size, "log": log}
+        request = {"run": run, **fields}
         try:
             assert self.proc.stdin is not None
             with self._lock:

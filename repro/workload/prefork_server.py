@@ -23,6 +23,8 @@ GPU accelerators may touch the runtime when imported. GPU envs keep torchrun.
 
 Protocol, one JSON object per line. Suite -> server (stdin):
     {"run": ID, "argv": [train args], "env": {...}, "world_size": N, "log": PATH}
+    {"run": ID, "task": "module:function", "argv": [...] | null, "env": {...},
+     "stdout": PATH, "stderr": PATH}      one process, no ranks (ds_report, collect_env)
 Server -> suite (stdout):
     {"ready": true, "import_s": S, "modules": [...]}   once, or {"ready": false, "error": ...}
     {"run": ID, "pid": LEADER_PID}                      the run's session exists
@@ -34,6 +36,7 @@ The server exits when its stdin closes; runs still going are the suite's to stop
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -64,6 +67,8 @@ PRELOAD = (
     "repro.workload.fix",
     "repro.workload.device",
     "repro.workload.cpu.gloo_transport",
+    # imported lazily while DeepSpeed sets up its engine (torch >= 2.0): ~0.35 s per rank
+    "torch._dynamo",
 )
 # Without these the server is useless (the rank would import them again): not ready.
 REQUIRED = ("torch", "deepspeed", "repro.workload.train")
@@ -104,11 +109,19 @@ def preload(modules: Sequence[str] = PRELOAD, required: Sequence[str] = REQUIRED
     count = threads()
     if count != 1:
         return {"ready": False, "error": f"the imports started {count - 1} thread(s): forking is unsafe"}
+    # What the imports made lives as long as the process; frozen, the cyclic collector of every
+    # forked rank skips it. DeepSpeed collects garbage in each `see_memory_usage` (a dozen times
+    # per engine set-up): over torch's and DeepSpeed's module objects that costs ~0.1 s a call,
+    # over what the rank made itself next to nothing. No object changes: only what a collection
+    # scans (what Python's documentation advises before fork without exec).
+    gc.collect()
+    gc.freeze()
     return {
         "ready": True,
         "import_s": round(time.perf_counter() - started, 2),
         "modules": loaded,
         "skipped": skipped,
+        "gc_frozen": gc.get_freeze_count(),
         "pid": os.getpid(),
     }
 
@@ -123,27 +136,35 @@ def _default_signals() -> None:
 
 def _rank(rank: int, world_size: int, argv: list[str], entry: str) -> NoReturn:
     """One rank: torchrun's variables, then the same entry point torchrun runs."""
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        GROUP_RANK="0",
+        GROUP_WORLD_SIZE="1",
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(world_size),
+        ROLE_NAME="default",
+    )
+    _run_entry(entry, argv)
+
+
+def _run_entry(entry: str, argv: list[str] | None) -> NoReturn:
+    """Call `module:function` as a fresh interpreter would run it (`argv` None: no arguments),
+    then leave with its code, without interpreter teardown (as train.exit_now does)."""
     code = 1
     try:
         _default_signals()
-        os.environ.update(
-            RANK=str(rank),
-            LOCAL_RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_WORLD_SIZE=str(world_size),
-            GROUP_RANK="0",
-            GROUP_WORLD_SIZE="1",
-            ROLE_RANK=str(rank),
-            ROLE_WORLD_SIZE=str(world_size),
-            ROLE_NAME="default",
-        )
         # A fresh interpreter seeds Python's RNG from the OS; a forked one would share the server's.
         random.seed()
         module, function = entry.split(":")
-        sys.argv = [module, *argv]
-        code = getattr(importlib.import_module(module), function)(argv)
-    except SystemExit as exc:  # argparse
-        code = exc.code if isinstance(exc.code, int) else 1
+        sys.argv = [module, *(argv or [])]
+        target = getattr(importlib.import_module(module), function)
+        result = target() if argv is None else target(argv)
+        code = result if isinstance(result, int) else 0
+    except SystemExit as exc:  # argparse, sys.exit
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:  # noqa: BLE001 - train.main records its own failures; this is the rest
         traceback.print_exc()
     finally:
@@ -153,6 +174,24 @@ def _rank(rank: int, world_size: int, argv: list[str], entry: str) -> NoReturn:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def _task(request: dict[str, Any]) -> NoReturn:
+    """A one-process job in its own session (the suite's ds_report and collect_env): its stdout
+    and stderr go to the files the request names."""
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        sys.stdout.flush()
+        for fd, target in ((null, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        os.environ.clear()
+        os.environ.update(request["env"])
+    except BaseException:  # noqa: BLE001 - a task never returns into the server's loop
+        os._exit(72)
+    _run_entry(str(request["task"]), request.get("argv"))
 
 
 def _say(line: str) -> None:
@@ -232,10 +271,12 @@ def _signal_all(ranks: dict[int, int], sig: int) -> None:
 
 
 def _start(request: dict[str, Any], entry: str) -> int:
-    """Fork the run's leader; returns once its session exists (so the suite can signal it)."""
+    """Fork the run's leader (or a task); returns once its session exists (so the suite can
+    signal it)."""
     count = threads()
     if count != 1:
         raise RuntimeError(f"the server has {count} threads: forking is unsafe")
+    gc.freeze()  # the little the server made since (requests): not the ranks' to scan
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -246,6 +287,8 @@ def _start(request: dict[str, Any], entry: str) -> int:
             os.close(write_end)
         except BaseException:  # noqa: BLE001
             os._exit(71)
+        if "task" in request:
+            _task(request)
         _lead(request, entry)
     os.close(write_end)
     os.read(read_end, 1)

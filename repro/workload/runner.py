@@ -89,14 +89,21 @@ def free_port() -> int:
 
 
 def launch_env(spec: RunSpec) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    env = base_env(spec.device)
     # Per-node device count: how a multi-node layout is emulated on one host. MiCS reads
     # NDEV_PER_NODE first, then the accelerator's device count (LOCAL_SIZE on the CPU accelerator).
     env["NDEV_PER_NODE"] = str(spec.devices_per_node)
     if spec.device == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"
         env["LOCAL_SIZE"] = str(spec.devices_per_node)
+    return env
+
+
+def base_env(device: str) -> dict[str, str]:
+    """What every run's environment has, whatever its layout (also the pre-imported launcher's)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+    if device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")  # 2-4 ranks share few cores; oversubscription stalls gloo
         # A CPU run never touches a GPU, also on a GPU host (PyPI's torch is a CUDA build).
         env["CUDA_VISIBLE_DEVICES"] = ""

@@ -14,10 +14,8 @@ import datetime as dt
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -27,13 +25,13 @@ from repro.workload import device as dev
 from repro.workload import ds_config, runner
 from repro.workload import layout as lay
 from repro.workload import record as rec
+from repro.workload.artifacts import ArtifactCapture
 from repro.workload.controls import ControlKey, choose_control, record_key
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
 from repro.workload.prefork import PreforkServer
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_STALL_S = 60.0
-ARTIFACT_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True)
@@ -145,69 +143,6 @@ def default_dtype(device: str, user_config: dict[str, Any] | None) -> str:
     if user_config:
         return ds_config.config_dtype(user_config)
     return "fp16" if device == "gpu" else "fp32"
-
-
-class ArtifactCapture:
-    """ds_report and torch's collect_env, once per environment (what maintainers ask for).
-
-    Both start at once, in the background, while the first runs train: each spends seconds
-    importing torch, and on 2 cores running them one after the other before the runs cost about
-    15 s of a suite that should take under 3 minutes. `finish` waits for them and writes the files.
-    """
-
-    def __init__(self, out: str, device: str) -> None:
-        self.folder = os.path.join(out, "artifacts")
-        self.out = out
-        os.makedirs(self.folder, exist_ok=True)
-        env = dict(
-            os.environ,
-            PYTHONPATH=os.pathsep.join(p for p in (runner.REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p),
-        )
-        if device == "cpu":
-            env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
-        # ds_report goes through our wrapper: on CPU, DeepSpeed < 0.14.1 needs the same placeholder
-        # modules as the runs before it can even report.
-        commands = {
-            "ds_report": [sys.executable, "-m", "repro.workload.ds_report", "--device", device],
-            "collect_env": [sys.executable, "-m", "torch.utils.collect_env"],
-        }
-        self.started = time.monotonic()
-        self.procs = {
-            name: subprocess.Popen(
-                cmd,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-            for name, cmd in commands.items()
-        }
-
-    def finish(self) -> dict[str, str]:
-        paths = {}
-        for name, proc in self.procs.items():
-            left = max(ARTIFACT_TIMEOUT_S - (time.monotonic() - self.started), 1.0)
-            try:
-                stdout, stderr = proc.communicate(timeout=left)
-                text = stdout + (f"\n[stderr]\n{stderr}" if stderr.strip() else "")
-                text += f"\n[exit code {proc.returncode}]\n"
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                text = f"[timed out after {ARTIFACT_TIMEOUT_S} s]\n"
-            path = os.path.join(self.folder, f"{name}.txt")
-            with open(path, "w") as fh:
-                fh.write(text)
-            paths[name] = os.path.relpath(path, self.out)
-        return paths
-
-    def abandon(self) -> None:
-        """Interrupted: stop the helpers so nothing outlives the suite."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
 
 
 def _progress_line(i: int, n: int, name: str, record: dict[str, Any]) -> str:
@@ -323,17 +258,35 @@ def run_suite(args: argparse.Namespace) -> int:
         print(f"error: {error}", flush=True)
     for note in layouts.notes:
         print(f"layout: {note}", flush=True)
+    launcher, note = choose_launcher(device, args.launcher)
+    meta["launcher"] = {"requested": args.launcher, "used": launcher, "note": note}
+    if note:
+        print(f"launcher: {note}", flush=True)
+    # The server imports while the suite prepares; nothing to start when no run will launch.
+    wanted = launcher == "prefork" and any(item.skip is None for item in planned)
+    server = start_prefork(out, device) if wanted else None
     capture = None
     if not args.no_artifacts:
         print("capturing ds_report and collect_env in the background ...", flush=True)
-        capture = ArtifactCapture(out, device)
+        capture = ArtifactCapture(out, device, server)
     try:
         return _run_planned(
-            RunOptions.from_args(args), out, planned, meta, device, dtype, user_config, capture, not_run
+            RunOptions.from_args(args),
+            out,
+            planned,
+            meta,
+            device,
+            dtype,
+            user_config,
+            capture,
+            not_run,
+            server,
         )
     finally:
         if capture is not None:
             capture.abandon()
+        if server is not None:
+            server.close()
 
 
 LAUNCHERS = ("auto", "prefork", "torchrun")
@@ -348,9 +301,9 @@ def choose_launcher(device: str, requested: str) -> tuple[str, str]:
     return ("torchrun", "") if requested == "torchrun" else ("prefork", "")
 
 
-def start_prefork(out: str, spec: runner.RunSpec) -> PreforkServer:
+def start_prefork(out: str, device: str) -> PreforkServer:
     """The pre-imported launcher for this suite's CPU runs; its log is DIR/prefork.log."""
-    env = runner.launch_env(spec)
+    env = runner.base_env(device)
     return PreforkServer(env, runner.REPO_ROOT, os.path.join(out, "prefork.log"), runner.alive)
 
 
@@ -373,6 +326,7 @@ def _run_planned(
     user_config: dict[str, Any] | None,
     capture: ArtifactCapture | None,
     not_run: dict[str, Any] | None = None,
+    server: PreforkServer | None = None,
 ) -> int:
     """Launch up to `jobs` runs at once; classify and record them in plan order, so a run is
     always judged after its control (controls come first in the plan)."""
@@ -393,13 +347,6 @@ def _run_planned(
     def launched(item: PlannedRun) -> bool:
         return item.skip is None and (item.scenario == "zero3" or has_mics)
 
-    launcher, note = choose_launcher(device, opts.launcher)
-    meta["launcher"] = {"requested": opts.launcher, "used": launcher, "note": note}
-    if note:
-        _say(f"launcher: {note}")
-    first = next((spec for item, spec, _b in prepared if launched(item)), None)
-    server = start_prefork(out, first) if launcher == "prefork" and first is not None else None
-
     def execute(i: int, spec: runner.RunSpec, item: PlannedRun) -> runner.LaunchResult | None:
         if stop.is_set():
             return NOT_STARTED
@@ -408,11 +355,7 @@ def _run_planned(
             return None
         return runner.launch(spec, stop=stop, server=server)
 
-    try:
-        return _execute_all(out, prepared, execute, jobs, stop, controls, runs, meta, capture, server)
-    finally:
-        if server is not None:
-            server.close()
+    return _execute_all(out, prepared, execute, jobs, stop, controls, runs, meta, capture, server)
 
 
 def _execute_all(

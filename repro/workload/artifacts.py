@@ -1,0 +1,137 @@
+"""ds_report and torch's collect_env, once per environment (what maintainers ask for), written to
+DIR/artifacts/{ds_report,collect_env}.txt: stdout, then stderr after "[stderr]", then the exit code.
+
+Both run in the background while the first runs train. With the suite's pre-imported launcher
+(CPU) they are forked from it, so neither imports torch or DeepSpeed again: as two fresh
+interpreters they cost ~7 CPU-seconds, half a probe's budget on 2 cores. Without it (GPU envs,
+or a launcher that could not start) they are fresh interpreters, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from repro.workload import runner
+from repro.workload.prefork import PreforkServer, PreforkUnavailable
+
+TIMEOUT_S = 120.0
+
+# name -> (module:function, its arguments; None: called without any). ds_report goes through our
+# wrapper: on CPU, DeepSpeed < 0.14.1 needs the placeholder modules the runs use to even report.
+ENTRIES: dict[str, tuple[str, tuple[str, ...] | None]] = {
+    "ds_report": ("repro.workload.ds_report:main", ("--device", "{device}")),
+    "collect_env": ("torch.utils.collect_env:main", None),
+}
+
+
+def _env(device: str) -> dict[str, str]:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (runner.REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p),
+    )
+    if device == "cpu":
+        env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
+    return env
+
+
+class ArtifactCapture:
+    def __init__(self, out: str, device: str, server: PreforkServer | None = None) -> None:
+        self.folder = os.path.join(out, "artifacts")
+        self.out = out
+        os.makedirs(self.folder, exist_ok=True)
+        self.started = time.monotonic()
+        self.env = _env(device)
+        self.argv = {
+            name: None if args is None else [a.format(device=device) for a in args]
+            for name, (_entry, args) in ENTRIES.items()
+        }
+        self.handles: dict[str, Any] = {}
+        self.how = "fresh interpreters"
+        self._abandoned = threading.Event()
+        # Forking through the server waits for its imports: in a thread, so the suite goes on.
+        self._starter = threading.Thread(target=self._start, args=(server,), name="artifacts", daemon=True)
+        self._starter.start()
+
+    def _paths(self, name: str) -> tuple[str, str]:
+        return (os.path.join(self.folder, f".{name}.stdout"), os.path.join(self.folder, f".{name}.stderr"))
+
+    def _start(self, server: PreforkServer | None) -> None:
+        for name, (entry, _args) in ENTRIES.items():
+            if self._abandoned.is_set():
+                return
+            stdout, stderr = self._paths(name)
+            if server is not None:
+                try:
+                    self.handles[name] = server.start_task(entry, self.argv[name], self.env, stdout, stderr)
+                    self.how = "forked from the pre-imported launcher"
+                    continue
+                except PreforkUnavailable:
+                    server = None  # the rest as fresh interpreters
+            module = entry.split(":")[0]
+            with open(stdout, "wb") as out_fh, open(stderr, "wb") as err_fh:
+                self.handles[name] = subprocess.Popen(
+                    [sys.executable, "-m", module, *(self.argv[name] or [])],
+                    stdout=out_fh,
+                    stderr=err_fh,
+                    env=self.env,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
+
+    def finish(self) -> dict[str, str]:
+        """Wait for both (within TIMEOUT_S of the start) and write the artifact files."""
+        self._starter.join(max(TIMEOUT_S - (time.monotonic() - self.started), 1.0))
+        paths = {}
+        for name in ENTRIES:
+            handle = self.handles.get(name)
+            left = max(TIMEOUT_S - (time.monotonic() - self.started), 1.0)
+            text = f"[not started within {TIMEOUT_S:g} s]\n"
+            if handle is not None:
+                try:
+                    code = handle.wait(timeout=left)
+                    stdout, stderr = (_read(p) for p in self._paths(name))
+                    text = stdout + (f"\n[stderr]\n{stderr}" if stderr.strip() else "")
+                    text += f"\n[exit code {code}]\n"
+                except subprocess.TimeoutExpired:
+                    _kill(handle)
+                    text = f"[timed out after {TIMEOUT_S:g} s]\n"
+            for path in self._paths(name):
+                if os.path.exists(path):
+                    os.remove(path)
+            path = os.path.join(self.folder, f"{name}.txt")
+            with open(path, "w") as fh:
+                fh.write(text)
+            paths[name] = os.path.relpath(path, self.out)
+        return paths
+
+    def abandon(self) -> None:
+        """Interrupted (or finished): stop whatever still runs so nothing outlives the suite."""
+        self._abandoned.set()
+        for handle in list(self.handles.values()):
+            if handle.poll() is None:
+                _kill(handle)
+
+
+def _kill(handle: Any) -> None:
+    try:
+        os.killpg(handle.pid, signal.SIGKILL)  # its own session: whatever it started goes too
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        handle.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as fh:
+            return fh.read()
+    except OSError:
+        return ""
