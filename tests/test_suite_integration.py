@@ -1,4 +1,5 @@
-"""The reproduction with the real torch and DeepSpeed releases, under real torchrun.
+"""The reproduction with the real torch and DeepSpeed releases, as `make repro` runs it (CPU: ranks
+forked from the pre-imported launcher; tests/test_launcher_parity.py compares it with torchrun).
 
 Each env runs once per module through the front door (`python -m repro repro --engine venv`,
 which reuses the env's cached venv; tests/envpython.py says when one exists) and the tests check
