@@ -71,6 +71,8 @@ def test_each_run_is_fresh_processes_in_its_own_session(server: PreforkServer, t
         # a fresh interpreter's dispositions, not the leader's
         assert "default_int_handler" in seen["sigint"] and seen["sigterm_default"]
     assert "forking 2 ranks" in (tmp_path / "a" / "launcher.log").read_text()
+    # what an import printed went to the server's log, not into its replies
+    assert "printed on stdout by an import" in (tmp_path / "prefork.log").read_text()
 
 
 def test_a_failed_rank_stops_its_peers_and_sets_the_exit_code(server: PreforkServer, tmp_path: Path) -> None:

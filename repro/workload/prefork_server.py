@@ -78,9 +78,29 @@ ENTRY = "repro.workload.train:main"
 PEER_STOP_GRACE_S = 30.0
 
 
-def emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
+# The replies' channel: the stdout the suite gave us, moved off fd 1 by `take_protocol_channel`
+# so that whatever an import prints (DeepSpeed logs to stdout) lands in the log, not in a reply.
+_CHANNEL: list[int] = []
+
+
+def take_protocol_channel() -> None:
+    _CHANNEL.append(os.dup(1))
     sys.stdout.flush()
+    os.dup2(2, 1)
+
+
+def emit(message: dict[str, Any]) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    fd = _CHANNEL[0] if _CHANNEL else 1
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _forked() -> None:
+    """In a child of the server: the replies' channel is not the child's to write."""
+    for fd in _CHANNEL:
+        os.close(fd)
+    _CHANNEL.clear()
 
 
 def threads() -> int:
@@ -156,8 +176,11 @@ def _run_entry(entry: str, argv: list[str] | None) -> NoReturn:
     code = 1
     try:
         _default_signals()
-        # A fresh interpreter seeds Python's RNG from the OS; a forked one would share the server's.
+        # A fresh interpreter seeds Python's RNG (and NumPy's, on first use) from the OS; a forked
+        # one would share the server's state.
         random.seed()
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
         module, function = entry.split(":")
         sys.argv = [module, *(argv or [])]
         target = getattr(importlib.import_module(module), function)
@@ -282,6 +305,7 @@ def _start(request: dict[str, Any], entry: str) -> int:
     if pid == 0:
         os.close(read_end)
         try:
+            _forked()
             os.setsid()
             os.write(write_end, b"1")
             os.close(write_end)
@@ -308,6 +332,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def serve(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    take_protocol_channel()
     names = [n for n in args.preload.split(",") if n]
     ready = preload(names, [n for n in args.required.split(",") if n])
     emit(ready)
