@@ -44,7 +44,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 	@echo "== host-side Python ready: $(VENV)/bin/python"
 
 help:
-	@sed -n '1,/^PYTHON/p' Makefile | sed -n 's/^# \{0,1\}//p' | head -n -1
+	@sed -n '1,/^PYTHON/p' Makefile | sed -n 's/^# \{0,1\}//p' | sed '$$d'
 	@$(REPRO) --help
 
 list:
