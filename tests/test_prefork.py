@@ -155,3 +155,18 @@ def test_a_run_whose_server_died_still_ends(server: PreforkServer, tmp_path: Pat
     assert server.dead and run.poll() is None
     os.killpg(run.pid, 9)
     assert run.wait(timeout=60) == -1  # ended; its code could no longer be reported
+
+
+def test_a_server_never_ready_is_given_up_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None
+) -> None:
+    monkeypatch.setattr("repro.workload.prefork.READY_TIMEOUT_S", 1.0)
+    srv = _server(tmp_path, "--preload", "tests.fixtures.prefork_stuck", *ENTRY)
+    try:
+        with pytest.raises(PreforkUnavailable, match="not ready after 1 s"):
+            _start(srv, tmp_path / "x", "ok")
+        srv.proc.wait(timeout=60)  # killed, not left importing
+        with pytest.raises(PreforkUnavailable, match="not ready after 1 s"):  # no second wait
+            _start(srv, tmp_path / "y", "ok")
+    finally:
+        srv.close()
