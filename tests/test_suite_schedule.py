@@ -183,3 +183,21 @@ def test_choose_launcher() -> None:
 def test_default_jobs() -> None:
     assert suite.default_jobs("gpu", 8) == 1
     assert suite.default_jobs("cpu", 4) >= 2
+
+
+def test_a_launcher_that_cannot_start_means_torchrun(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeTorchrun()
+    fake.both_running.set()
+    monkeypatch.setattr(suite.runner, "launch", fake)
+    monkeypatch.setattr(suite, "mics_available", lambda: True)
+
+    def broken(*args: Any, **kw: Any) -> None:
+        raise OSError("no room for the log")
+
+    monkeypatch.setattr(suite, "PreforkServer", broken)
+    out = tmp_path / "out"
+    argv = ["--env", "fake", "--out", str(out), "--device", "cpu", "--no-artifacts", "--world-size", "2"]
+    assert suite.main([*argv, "--jobs", "1"]) == 0
+    data = json.loads((out / "suite.json").read_text())
+    assert fake.servers == [None] * 8 and len(data["runs"]) == 8
+    assert data["launcher"]["used"] == "torchrun" and "could not start" in data["launcher"]["note"]

@@ -205,7 +205,6 @@ class RunOptions:
     results_root: str | None
     model_args: tuple[str, ...]
     jobs: int | None
-    launcher: str = "auto"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RunOptions:
@@ -218,7 +217,6 @@ class RunOptions:
             results_root=args.results_root,
             model_args=tuple(args.model_args or ()),
             jobs=args.jobs,
-            launcher=args.launcher,
         )
 
 
@@ -265,6 +263,8 @@ def run_suite(args: argparse.Namespace) -> int:
     # The server imports while the suite prepares; nothing to start when no run will launch.
     wanted = launcher == "prefork" and any(item.skip is None for item in planned)
     server = start_prefork(out, device) if wanted else None
+    if wanted and server is None:
+        meta["launcher"].update(used="torchrun", note="the pre-imported launcher could not start")
     capture = None
     if not args.no_artifacts:
         print("capturing ds_report and collect_env in the background ...", flush=True)
@@ -301,10 +301,15 @@ def choose_launcher(device: str, requested: str) -> tuple[str, str]:
     return ("torchrun", "") if requested == "torchrun" else ("prefork", "")
 
 
-def start_prefork(out: str, device: str) -> PreforkServer:
-    """The pre-imported launcher for this suite's CPU runs; its log is DIR/prefork.log."""
+def start_prefork(out: str, device: str) -> PreforkServer | None:
+    """The pre-imported launcher for this suite's CPU runs (its log: DIR/prefork.log); None when
+    it cannot even be started, and every run goes through torchrun."""
     env = runner.base_env(device)
-    return PreforkServer(env, runner.REPO_ROOT, os.path.join(out, "prefork.log"), runner.alive)
+    try:
+        return PreforkServer(env, runner.REPO_ROOT, os.path.join(out, "prefork.log"), runner.alive)
+    except OSError as exc:
+        print(f"launcher: the pre-imported launcher could not start ({exc}): torchrun", flush=True)
+        return None
 
 
 def default_jobs(device: str, world_size: int) -> int:
