@@ -170,3 +170,16 @@ def test_a_server_never_ready_is_given_up_once(
             _start(srv, tmp_path / "y", "ok")
     finally:
         srv.close()
+
+
+def test_a_task_is_one_process_with_its_own_output_files(server: PreforkServer, tmp_path: Path) -> None:
+    # how ds_report and collect_env run (repro/workload/artifacts.py): one process, no ranks
+    out, err = tmp_path / "task.out", tmp_path / "task.err"
+    env = dict(os.environ, RANK="0", MARK="task-env")
+    task = server.start_task(
+        "tests.fixtures.prefork_entry:main", ["--run-dir", str(tmp_path / "t")], env, str(out), str(err)
+    )
+    assert task.wait() == 0
+    seen = json.loads((tmp_path / "t" / "rank0.json").read_text())
+    assert seen["sid"] == task.pid and seen["env"]["MARK"] == "task-env"
+    assert out.exists() and err.exists()
