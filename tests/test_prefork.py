@@ -17,6 +17,7 @@ import pytest
 
 from repro.workload import runner
 from repro.workload.prefork import PreforkServer, PreforkUnavailable
+from tests.fixtures.runspec import cpu_spec
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = ("--preload", "tests.fixtures.prefork_heavy", "--required", "tests.fixtures.prefork_heavy")
@@ -84,26 +85,7 @@ def test_a_failed_rank_stops_its_peers_and_sets_the_exit_code(server: PreforkSer
 
 
 def _spec(tmp_path: Path) -> runner.RunSpec:
-    return runner.RunSpec(
-        env="t",
-        scenario="mics-replica",
-        patch="stock",
-        dtype="fp32",
-        transport="async",
-        world_size=2,
-        shard_size=1,
-        hierarchical=False,
-        devices_per_node=2,
-        steps=1,
-        seed=1,
-        timeout_s=4.0,
-        stall_s=100.0,
-        device="cpu",
-        run_dir=str(tmp_path / "run"),
-        results_root=str(tmp_path),
-        ds_config_path=str(tmp_path / "c.json"),
-        model_args=("--mode", "hang"),
-    )
+    return cpu_spec(tmp_path, 4.0, 100.0, model_args=("--mode", "hang"))
 
 
 def test_a_hung_forked_run_is_stopped_as_a_whole(server: PreforkServer, tmp_path: Path) -> None:

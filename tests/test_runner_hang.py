@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from repro.workload import runner
+from tests.fixtures.runspec import cpu_spec
 
 FAKE_RANK = r"""
 import faulthandler, os, signal, sys, time
@@ -44,25 +45,7 @@ for p in procs:
 
 
 def _spec(tmp_path: Path, timeout: float, stall: float) -> runner.RunSpec:
-    return runner.RunSpec(
-        env="t",
-        scenario="mics-replica",
-        patch="stock",
-        dtype="fp32",
-        transport="async",
-        world_size=2,
-        shard_size=1,
-        hierarchical=False,
-        devices_per_node=2,
-        steps=1,
-        seed=1,
-        timeout_s=timeout,
-        stall_s=stall,
-        device="cpu",
-        run_dir=str(tmp_path / "run"),
-        results_root=str(tmp_path),
-        ds_config_path=str(tmp_path / "c.json"),
-    )
+    return cpu_spec(tmp_path, timeout, stall)
 
 
 @pytest.fixture

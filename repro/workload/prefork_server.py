@@ -50,6 +50,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from repro.workload.train import exit_now
+
 # What the ranks import anyway, in the order they do; the server imports them once. A module a
 # release does not have (no MiCS in DeepSpeed >= 0.19.8) is skipped: the rank finds out itself.
 PRELOAD = (
@@ -172,7 +174,7 @@ def _rank(rank: int, world_size: int, argv: list[str], entry: str) -> NoReturn:
 
 def _run_entry(entry: str, argv: list[str] | None) -> NoReturn:
     """Call `module:function` as a fresh interpreter would run it (`argv` None: no arguments),
-    then leave with its code, without interpreter teardown (as train.exit_now does)."""
+    then leave with its code, without interpreter teardown (train.exit_now)."""
     code = 1
     try:
         _default_signals()
@@ -191,12 +193,7 @@ def _run_entry(entry: str, argv: list[str] | None) -> NoReturn:
     except BaseException:  # noqa: BLE001 - train.main records its own failures; this is the rest
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(code)
+        exit_now(code)
 
 
 def _task(request: dict[str, Any]) -> NoReturn:
