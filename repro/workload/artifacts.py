@@ -30,29 +30,18 @@ ENTRIES: dict[str, tuple[str, tuple[str, ...] | None]] = {
 }
 
 
-def _env(device: str) -> dict[str, str]:
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in (runner.REPO_ROOT, os.environ.get("PYTHONPATH", "")) if p),
-    )
-    if device == "cpu":
-        env.update(DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="", HIP_VISIBLE_DEVICES="")
-    return env
-
-
 class ArtifactCapture:
     def __init__(self, out: str, device: str, server: PreforkServer | None = None) -> None:
         self.folder = os.path.join(out, "artifacts")
         self.out = out
         os.makedirs(self.folder, exist_ok=True)
         self.started = time.monotonic()
-        self.env = _env(device)
+        self.env = runner.base_env(device)
         self.argv = {
             name: None if args is None else [a.format(device=device) for a in args]
             for name, (_entry, args) in ENTRIES.items()
         }
         self.handles: dict[str, Any] = {}
-        self.how = "fresh interpreters"
         self._abandoned = threading.Event()
         # Forking through the server waits for its imports: in a thread, so the suite goes on.
         self._starter = threading.Thread(target=self._start, args=(server,), name="artifacts", daemon=True)
@@ -69,7 +58,6 @@ class ArtifactCapture:
             if server is not None:
                 try:
                     self.handles[name] = server.start_task(entry, self.argv[name], self.env, stdout, stderr)
-                    self.how = "forked from the pre-imported launcher"
                     continue
                 except PreforkUnavailable:
                     server = None  # the rest as fresh interpreters

@@ -196,19 +196,27 @@ def _run_entry(entry: str, argv: list[str] | None) -> NoReturn:
         exit_now(code)
 
 
+def _adopt(stdout: str, stderr: str, env: dict[str, str], append: bool) -> None:
+    """Become the request's process: stdin from /dev/null, stdout and stderr to its files (one
+    file for both when they are the same path), its environment instead of the server's."""
+    mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    out = os.open(stdout, mode, 0o644)
+    err = out if stderr == stdout else os.open(stderr, mode, 0o644)
+    null = os.open(os.devnull, os.O_RDONLY)
+    sys.stdout.flush()
+    for fd, target in ((null, 0), (out, 1), (err, 2)):
+        os.dup2(fd, target)
+    for fd in {null, out, err}:
+        os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+
+
 def _task(request: dict[str, Any]) -> NoReturn:
     """A one-process job in its own session (the suite's ds_report and collect_env): its stdout
     and stderr go to the files the request names."""
     try:
-        null = os.open(os.devnull, os.O_RDONLY)
-        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        sys.stdout.flush()
-        for fd, target in ((null, 0), (out, 1), (err, 2)):
-            os.dup2(fd, target)
-            os.close(fd)
-        os.environ.clear()
-        os.environ.update(request["env"])
+        _adopt(request["stdout"], request["stderr"], request["env"], append=False)
     except BaseException:  # noqa: BLE001 - a task never returns into the server's loop
         os._exit(72)
     _run_entry(str(request["task"]), request.get("argv"))
@@ -228,16 +236,7 @@ def _lead(request: dict[str, Any], entry: str) -> NoReturn:
     try:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        null = os.open(os.devnull, os.O_RDONLY)
-        sys.stdout.flush()
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
-        os.environ.clear()
-        os.environ.update(request["env"])
+        _adopt(request["log"], request["log"], request["env"], append=True)
         world = int(request["world_size"])
         _say(f"forking {world} ranks from the pre-imported server (no torchrun; see prefork_server.py)")
         ranks: dict[int, int] = {}
