@@ -156,3 +156,9 @@ shell:
 
 clean:
 	$(REPRO) clean
+
+# .ci/run as a new machine runs it: a fresh clone of HEAD, system PATH, HOME and an empty
+# MICS_REPRO_CACHE in a temp dir (CACHE=~/.cache/mics-repro: a used machine). Prints its time.
+.PHONY: ci-fresh
+ci-fresh:
+	bash .ci/fresh

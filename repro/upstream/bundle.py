@@ -237,7 +237,10 @@ def release_sources(version: str, client: Any, image_id: str, python: str) -> di
     """The two files of the release: from its sdist in the wheelhouse, else read out of the image."""
     try:
         return patchgen.read_members(
-            patchgen.sdist_path(version, patchgen.default_wheelhouse()), version, source_refs.PATHS
+            # offline: a bundle reads what is here; the image holds the same files
+            patchgen.sdist_path(version, patchgen.default_wheelhouse(), offline=True),
+            version,
+            source_refs.PATHS,
         )
     except (ReproError, KeyError, OSError):
         return bundle_image.read_files(
@@ -254,7 +257,7 @@ def patch_text(version: str) -> tuple[str, str, str]:
     if shipped.is_file():
         return shipped.name, shipped.read_text(), ""
     try:
-        text, _ = patchgen.generate(version, patchgen.default_wheelhouse())
+        text, _ = patchgen.generate(version, patchgen.default_wheelhouse(), offline=True)
         return shipped.name, text, ""
     except ReproError as exc:
         return "", "", exc.what

@@ -6,23 +6,24 @@
 
 Each patch is the pristine sdist file (read straight from deepspeed-<version>.tar.gz in the
 wheelhouse) against the same file after `repro.workload.fix.patched_source`, the splice the
-run-time fix also uses. Standard library only.
+run-time fix also uses. A sdist missing from the wheelhouse is fetched with `pip download` (pip
+checks it against the hash the index publishes); only an offline host (MICS_REPRO_OFFLINE=1)
+stops with exit 17.
 """
 
 from __future__ import annotations
 
 import difflib
-import os
+import sys
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.core import console, paths
+from repro.core import cmd, console, paths
 from repro.core.errors import ReproError
+from repro.engines.wheelhouse import offline_mode
 from repro.workload import fix
-
-# The releases we ship patches for: the reporter's (0.13.1) and the last one with MiCS (0.19.6).
 
 # The releases we ship patches for: the reporter's (0.13.1) and the last one with MiCS (0.19.6).
 SHIPPED = ("0.13.1", "0.19.6")
@@ -42,20 +43,40 @@ class PatchDriftError(ReproError):
 
 
 def default_wheelhouse() -> Path:
-    # Same place repro.engines.wheelhouse uses; duplicated so this tool needs nothing beyond the stdlib.
-    root = os.environ.get("MICS_REPRO_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "mics-repro"
-    return base / "wheelhouse"
+    return paths.cache_root() / "wheelhouse"
 
 
-def sdist_path(version: str, wheelhouse: Path) -> Path:
+def download_argv(version: str, wheelhouse: Path) -> list[str]:
+    """pip fetches the sdist from the configured index (PIP_INDEX_URL etc.) and verifies it against
+    the sha256 the index lists for it; a mismatch fails the download."""
+    return [
+        sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps",
+        "--no-binary", ":all:", "-d", str(wheelhouse), f"deepspeed=={version}",
+    ]  # fmt: skip
+
+
+def sdist_path(version: str, wheelhouse: Path, *, offline: bool | None = None) -> Path:
+    """The pristine sdist in the wheelhouse, downloaded there first when missing (not offline)."""
     path = wheelhouse / f"deepspeed-{version}.tar.gz"
-    if not path.is_file():
+    if path.is_file():
+        return path
+    argv = download_argv(version, wheelhouse)
+    if offline_mode() if offline is None else offline:
         raise SdistMissingError(
-            f"{path} not found",
+            f"{path} not found and MICS_REPRO_OFFLINE is set",
             why="patches are generated from the pristine DeepSpeed sdist",
-            fix=f"download it: pip download --no-deps --no-binary :all: deepspeed=={version} -d {wheelhouse} "
-            "(or fetch the .tar.gz from PyPI's simple index), or pass --wheelhouse",
+            fix=f"on a host with access to PyPI run: {' '.join(argv[2:])} "
+            "(or pass --wheelhouse with a folder that holds it)",
+        )
+    console.step(f"patches: {path.name} is not in the wheelhouse; fetching it")
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    done = cmd.run(argv)
+    if not done.ok or not path.is_file():
+        raise SdistMissingError(
+            f"could not download {path.name}",
+            why=f"`pip download` exited with {done.returncode} (output above)",
+            fix="check access to PyPI (behind a TLS-intercepting proxy set PIP_CERT), or pass "
+            "--wheelhouse with a folder that holds the sdist",
         )
     return path
 
@@ -99,9 +120,9 @@ def diff_file(path: str, before: str, after: str) -> FileDiff:
     return FileDiff(path, "".join(lines), added, removed)
 
 
-def file_diffs(version: str, wheelhouse: Path) -> list[FileDiff]:
+def file_diffs(version: str, wheelhouse: Path, *, offline: bool | None = None) -> list[FileDiff]:
     paths = sorted({t.path for t in fix.TARGETS})
-    pristine = read_members(sdist_path(version, wheelhouse), version, paths)
+    pristine = read_members(sdist_path(version, wheelhouse, offline=offline), version, paths)
     diffs = []
     for path in paths:
         targets = tuple(t for t in fix.TARGETS if t.path == path)
@@ -131,8 +152,8 @@ def patch_file(version: str, patch_dir: Path = PATCH_DIR) -> Path:
     return patch_dir / f"deepspeed-{version}.patch"
 
 
-def generate(version: str, wheelhouse: Path) -> tuple[str, list[FileDiff]]:
-    diffs = file_diffs(version, wheelhouse)
+def generate(version: str, wheelhouse: Path, *, offline: bool | None = None) -> tuple[str, list[FileDiff]]:
+    diffs = file_diffs(version, wheelhouse, offline=offline)
     return render(version, diffs), diffs
 
 

