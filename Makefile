@@ -7,6 +7,11 @@
 # .venv/ (made with BOOTSTRAP_PYTHON, default python3, and `pip install -e .[dev]`), reused while
 # pyproject.toml is unchanged. PYTHON=/path/to/python uses that interpreter as it is instead.
 #
+# Values from the command line and the environment are data, never make code: each is made a
+# simple variable holding its literal text (so `$(shell ...)` in a file name is not run when a
+# recipe references or exports it), and stays exported as before.
+$(foreach v,$(filter-out MAKEFLAGS MFLAGS SHELL,$(.VARIABLES)),$(if $(filter command line environment,\
+	$(origin $(v))),$(eval override $(v) := $$(value $(v)))$(eval export $(v))))
 PYTHON_GIVEN := $(PYTHON)
 BOOTSTRAP_PYTHON ?= python3
 VENV := .venv
@@ -14,17 +19,20 @@ ifeq ($(PYTHON_GIVEN),)
 PYTHON := $(VENV)/bin/python
 HOST_PYTHON_READY := $(VENV)/.mics-repro-installed
 endif
-REPRO = $(PYTHON) -m repro $(if $(QUIET),--quiet) $(if $(VERBOSE),--verbose)
+REPRO = $(PYTHON) -m repro $(if $(value QUIET),--quiet) $(if $(value VERBOSE),--verbose)
 
 # Make variables -> CLI flags (only those given on the command line or in the environment).
-flag = $(if $($(1)),--$(2) "$($(1))")
+# A value is data, never code: `sq` single-quotes it for /bin/sh, so backticks, $(...) and quotes reach the tool as one literal
+# argument (tests/test_makefile_injection.py runs every target with hostile values).
+sq = '$(subst ','\'',$(1))'
+flag = $(if $(value $(1)),--$(2) $(call sq,$(value $(1))))
 RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,torch) \
 	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIOS,scenarios) $(call flag,PATCH,patch) \
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,CONFIG,config) \
 	$(call flag,STEPS,steps) $(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) \
-	$(call flag,STALL_TIMEOUT,stall-timeout) $(if $(NO_SYNC_PROOF),--no-sync-proof) $(call flag,JOBS,jobs) \
+	$(call flag,STALL_TIMEOUT,stall-timeout) $(if $(value NO_SYNC_PROOF),--no-sync-proof) $(call flag,JOBS,jobs) \
 	$(call flag,LAUNCHER,launcher) \
-	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(DRY_RUN),--dry-run)
+	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(value DRY_RUN),--dry-run)
 
 .PHONY: help list build repro check-fix matrix report base-image test test-unit lint bench clean venv
 
@@ -66,7 +74,7 @@ report:
 	$(REPRO) report $(call flag,RESULTS,results) $(call flag,OUT,out)
 
 base-image:
-	$(REPRO) base-image $(if $(FORCE),--force)
+	$(REPRO) base-image $(if $(value FORCE),--force)
 
 # All tiers: unit (fakes), integration (real torch + DeepSpeed under torchrun, venv engine),
 # docker (real engine), browser (headless chromium), bootstrap (a fresh clone and a bare Python
@@ -98,23 +106,23 @@ bench:
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
 #   make survey AXIS=deepspeed FROM=0.12.6 TO=0.19.8 TORCH=2.1.0 [EVERY=1]
 #   make probe ENV=cpu TORCH=2.1.0 [DEEPSPEED_SRC=~/DeepSpeed]   exit 0 good / 1 bad / 125 unknown
-yes = $(filter 1 yes true,$(1))
+yes = $(filter 1 yes true,$(value $(1)))
 WALK_FLAGS = $(call flag,AXIS,axis) $(call flag,FROM,from) $(call flag,TO,to) $(call flag,VERSIONS,versions) \
-	$(if $(call yes,$(PRERELEASES)),--prereleases) $(if $(call yes,$(REFRESH_VERSIONS)),--refresh-versions) \
-	$(if $(DRY_RUN),--dry-run)
+	$(if $(call yes,PRERELEASES),--prereleases) $(if $(call yes,REFRESH_VERSIONS),--refresh-versions) \
+	$(if $(value DRY_RUN),--dry-run)
 PROBE_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,torch) \
 	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIO,scenario) $(call flag,PATCH,patch) \
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,STEPS,steps) \
 	$(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) $(call flag,OUT,out) \
-	$(call flag,MATRIX,matrix) $(if $(CMD),--cmd $(call sq,$(value CMD))) $(call flag,WORKDIR,workdir) \
-	$(if $(LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX)))
+	$(call flag,MATRIX,matrix) $(if $(value CMD),--cmd $(call sq,$(value CMD))) $(call flag,WORKDIR,workdir) \
+	$(if $(value LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX)))
 .PHONY: bisect survey probe
 bisect:
 	$(REPRO) bisect $(WALK_FLAGS) $(PROBE_FLAGS) $(call flag,GOOD,good) $(call flag,BAD,bad) \
 		$(call flag,BAD_IF,bad-if)
 
 survey:
-	$(REPRO) survey $(WALK_FLAGS) $(PROBE_FLAGS) $(if $(call yes,$(EVERY)),--every)
+	$(REPRO) survey $(WALK_FLAGS) $(PROBE_FLAGS) $(if $(call yes,EVERY),--every)
 
 probe:
 	$(REPRO) probe $(PROBE_FLAGS) $(call flag,BAD_IF,bad-if) $(call flag,DEEPSPEED_SRC,deepspeed-src) \
@@ -128,10 +136,10 @@ bundle:
 		$(call flag,GZIP_LEVEL,gzip-level) $(call flag,MATRIX,matrix)
 
 verify-bundle:
-	$(REPRO) verify-bundle $(call flag,BUNDLE,bundle) $(call flag,WORKDIR,workdir) $(if $(call yes,$(ALLOW_PRIVILEGES)),--allow-gpu-privileges)
+	$(REPRO) verify-bundle $(call flag,BUNDLE,bundle) $(call flag,WORKDIR,workdir) $(if $(call yes,ALLOW_PRIVILEGES),--allow-gpu-privileges)
 
 cluster:
-	$(REPRO) cluster --out "$(or $(OUT),cluster)" $(call flag,LAYOUT,layout) $(call flag,ENV,env)
+	$(REPRO) cluster --out $(call sq,$(or $(value OUT),cluster)) $(call flag,LAYOUT,layout) $(call flag,ENV,env)
 
 pr-regression:
 	$(REPRO) pr-regression $(call flag,PYTHON_VENV,python) $(call flag,TRANSPORT,transport)
@@ -141,14 +149,13 @@ pr-regression:
 # hold double quotes, and $VARS in it expand in the job's shell, not in make.
 #   make run ENV=cpu WORKDIR=~/proj CMD="torchrun --nproc_per_node 2 train.py" [PATCH=stock,fixed]
 #   make shell ENV=cpu [PATCH=fixed]      an interactive shell in the env with the hook active
-sq = '$(subst ','\'',$(1))'
 .PHONY: run shell
 run:
 	$(REPRO) run --cmd $(call sq,$(value CMD)) $(call flag,ENV,env) $(call flag,ENGINE,engine) \
 		$(call flag,PATCH,patch) $(call flag,WORKDIR,workdir) $(call flag,TRANSPORT,transport) \
-		$(if $(LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
+		$(if $(value LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
 		$(call flag,STALL_TIMEOUT,stall-timeout) $(call flag,OUT,out) $(call flag,MATRIX,matrix) \
-		$(if $(call yes,$(NETWORK)),--network)
+		$(if $(call yes,NETWORK),--network)
 
 shell:
 	$(REPRO) shell $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,PATCH,patch) \

@@ -8,6 +8,7 @@ a process (e.g. checking `repro.core.cmd` against `sh`) asks for the `real_subpr
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from typing import Any
@@ -21,8 +22,22 @@ class _RefusedCall(AssertionError):
     pass
 
 
+# Programs a library may probe for and do without: refused as if not installed, so the library's
+# own fallback runs (matplotlib's font manager runs `fc-list` on first use with no font cache).
+_ABSENT_PROGRAMS = ("fc-list",)
+
+
+def _program(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    argv = args[0] if args else kwargs.get("args", "")
+    first = argv if isinstance(argv, (str, bytes, os.PathLike)) else (list(argv) or [""])[0]
+    return os.path.basename(os.fsdecode(first))
+
+
 def _refuse(what: str) -> Any:
     def refuse(*args: Any, **kwargs: Any) -> Any:
+        if what == "subprocess.Popen" and _program(args, kwargs) in _ABSENT_PROGRAMS:
+            name = _program(args, kwargs)
+            raise FileNotFoundError(errno.ENOENT, f"No such file or directory: {name!r}", name)
         raise _RefusedCall(
             f"default-tier test tried to use the real {what} (args={args[:1]!r}); fake the seam "
             "(repro.core.cmd.run / a fake docker client), mark the test, or request `real_subprocess`"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -374,3 +375,12 @@ def test_python_m_repro_is_the_front_door(tmp_path: Path, real_subprocess: None)
     )
     assert proc.returncode == UsageError.exit_code, proc.stderr
     assert "WORLD_SIZE=3" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_guard_refuses_fc_list_as_a_missing_program() -> None:
+    # matplotlib's first use with an empty MPLCONFIGDIR runs `fc-list` and falls back when it is
+    # missing; the default tier's guard must look like that, not like a failed assertion.
+    with pytest.raises(FileNotFoundError):
+        subprocess.Popen(["fc-list", "--format=%{file}\\n"])
+    with pytest.raises(AssertionError):
+        subprocess.Popen(["ls"])
