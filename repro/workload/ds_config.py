@@ -1,6 +1,6 @@
 """Build the DeepSpeed config for a scenario, from our default or from a user's config.
 
-The default mirrors the reporter's config (../shared/reporter_ds_config.json, shipped as
+The default mirrors the config in the reporter's upstream bug report (shipped as
 repro/configs/reporter_ds_config.json): stage 3 with overlap_comm, reduce_scatter, contiguous
 gradients, the same fp16 dynamic loss-scaler settings and gradient clipping, with buckets scaled
 down to the small model and a persistence threshold of 0 so that every weight is sharded (and so
