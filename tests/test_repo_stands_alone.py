@@ -46,5 +46,9 @@ def test_shipped_files_cite_nothing_outside_the_repository() -> None:
 def test_the_background_document_is_there_and_cited() -> None:
     background = REPO / "docs" / "background.md"
     assert background.is_file()
-    cited = [p for p in shipped_files() if p != background and "docs/background.md" in p.read_text(errors="replace")]
+    cited = [
+        p
+        for p in shipped_files()
+        if p != background and "docs/background.md" in p.read_text(errors="replace")
+    ]
     assert cited, "nothing points readers at docs/background.md"

@@ -1,10 +1,10 @@
 """What is known about torch and DeepSpeed releases, as data: wheel indexes, Python support, deps.
 
 Sources (see docs/background.md and env_matrix/README.md): the torch -> ROCm index table is
-docs/background.md section 6; the torch -> Python table was read off PyPI's file listing of torch (linux x86_64
-wheels, every release 2.0 to 2.15); DeepSpeed's requirements were read from the release sdists named
-below. Entries marked `certain=False` are believed, not checked here: derived envs that use them
-say so in their notes.
+docs/background.md section 6; the torch -> Python table was read off PyPI's file listing of torch
+(linux x86_64 wheels, every release 2.0 to 2.15); DeepSpeed's requirements were read from the
+release sdists named below. Entries marked `certain=False` are believed, not checked here: derived
+envs that use them say so in their notes.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _indexes(*tags: str, certain: bool = True) -> tuple[WheelIndex, ...]:
     return tuple(WheelIndex(tag, certain) for tag in tags)
 
 
-# torch release range -> the indexes that carry its wheels (docs/background.md section 6; "likely" ones uncertain).
+# torch release range -> the indexes that carry its wheels (docs/background.md section 6; "likely"
+# ones uncertain).
 ROCM_INDEXES: tuple[tuple[str, tuple[WheelIndex, ...]], ...] = (
     (">=2.0,<2.1", _indexes("rocm5.4.2")),
     (">=2.1,<2.2", _indexes("rocm5.6")),
@@ -173,7 +174,8 @@ def deepspeed_packages(deepspeed: str, platform: Platform) -> tuple[str, ...]:
     """Names of DeepSpeed's runtime deps (numpy and torch excluded: the torch layer pins them)."""
     ds = Version(Version(deepspeed).public)
     names = list(DS_COMMON)
-    # ROCm builds must not get NVML: DeepSpeed would try to talk to an NVIDIA driver (docs/background.md section 6).
+    # ROCm builds must not get NVML: DeepSpeed would try to talk to an NVIDIA driver (docs/background.md
+    # section 6).
     if platform is not Platform.ROCM:
         if ds < Version("0.14.5"):
             names.append("pynvml")
