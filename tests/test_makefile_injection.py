@@ -44,7 +44,7 @@ def hostile(marker_dir: Path, name: str) -> str:
     m = marker_dir / name
     return (
         f"v`touch {m}.bq`$(touch {m}.dollar)$(shell touch {m}.make)\"'; touch {m}.semi #"
-        f"\"; touch {m}.dq; $HOME"
+        f'"; touch {m}.dq; $HOME'
     )
 
 
@@ -61,7 +61,9 @@ def test_the_makefile_reads_the_variables_we_expect() -> None:
     assert {"ENV", "OUT", "BUNDLE", "CMD", "WORKDIR", "CONFIG", "RESULTS", "PRERELEASES"} <= found
 
 
-def test_every_target_passes_hostile_values_as_literal_arguments(tmp_path: Path, real_subprocess: None) -> None:
+def test_every_target_passes_hostile_values_as_literal_arguments(
+    tmp_path: Path, real_subprocess: None
+) -> None:
     text = MAKEFILE.read_text()
     variables = sorted(user_variables(text) - {"PYTHON", "PYTEST_ARGS", "BOOTSTRAP_PYTHON"})
     markers = tmp_path / "markers"
