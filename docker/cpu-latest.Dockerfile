@@ -2,10 +2,9 @@
 # by `python -m repro dockerfiles --write`: edit the matrix, not this file.
 #
 # The newest stack that still has MiCS: DeepSpeed 0.19.6 with torch 2.13.0 (CPU build, about 1
-# GB). 2.13.0, not PyPI's newest 2.15.0: it is the release whose behaviour was checked for this
-# project and whose wheel this project's machines hold (their pip is capped at 2.14.1). Expected:
-# flat MiCS warns and gives NaN; hierarchical MiCS crashes with ValueError; replica groups (world
-# 4, shard 2) hang (a second DeepSpeed bug, see FACTS).
+# GB). 2.13.0, not PyPI's newest: it is the release whose behaviour was read and run for this lab.
+# Expected: flat MiCS warns and gives NaN; hierarchical MiCS crashes with ValueError; replica
+# groups (world 4, shard 2) hang (a second DeepSpeed bug, docs/background.md section 5).
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
 #   docker build -f docker/cpu-latest.Dockerfile -t mics-repro:cpu-latest-aef31d027a3d .
@@ -35,6 +34,13 @@ RUN set -eu; bundle=/opt/mics-repro/ca-bundle.pem; \
         rm -rf /var/lib/apt/lists/*; fi
 
 # A venv at a fixed path: nothing depends on the distro's pip or site-packages.
+# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;
+# PIP_NO_INDEX=1 installs from it alone; PIP_TRUSTED_HOST lets pip use a plain-http wheelhouse.
+# pip reads all of these from the environment.
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_FIND_LINKS=
+ARG PIP_NO_INDEX=0
+ARG PIP_TRUSTED_HOST=
 ARG PYTHON=python3
 RUN set -eu; "$PYTHON" -m venv /opt/venv; \
     if [ -f /opt/mics-repro/ca-bundle.pem ]; then \
@@ -45,13 +51,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1
 
-# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;
-# PIP_NO_INDEX=1 installs from it alone; PIP_TRUSTED_HOST lets pip use a plain-http wheelhouse.
-# pip reads all of these from the environment.
-ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG PIP_FIND_LINKS=
-ARG PIP_NO_INDEX=0
-ARG PIP_TRUSTED_HOST=
+# pip, setuptools, wheel: pinned.
 RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0.48.0
 
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
@@ -66,8 +66,10 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==
         typing-inspection==0.4.5 && \
     python -m pip check
 
-# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use.
-RUN DS_BUILD_OPS=0 python -m pip install --no-deps --no-build-isolation deepspeed==0.19.6
+# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
+# hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+        deepspeed==0.19.6
 
 # Fail the build unless every pin (and, with STRICT=1, the Python/ROCm/CUDA stack) is what the
 # matrix says. Stand-in builds on another base pass STRICT=0.

@@ -32,6 +32,13 @@ RUN set -eu; bundle=/opt/mics-repro/ca-bundle.pem; \
         rm -rf /var/lib/apt/lists/*; fi
 
 # A venv at a fixed path: nothing depends on the distro's pip or site-packages.
+# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;
+# PIP_NO_INDEX=1 installs from it alone; PIP_TRUSTED_HOST lets pip use a plain-http wheelhouse.
+# pip reads all of these from the environment.
+ARG PIP_INDEX_URL=https://pypi.org/simple
+ARG PIP_FIND_LINKS=
+ARG PIP_NO_INDEX=0
+ARG PIP_TRUSTED_HOST=
 ARG PYTHON=python3
 RUN set -eu; "$PYTHON" -m venv /opt/venv; \
     if [ -f /opt/mics-repro/ca-bundle.pem ]; then \
@@ -42,13 +49,7 @@ ENV VIRTUAL_ENV=/opt/venv \
     PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1
 
-# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;
-# PIP_NO_INDEX=1 installs from it alone; PIP_TRUSTED_HOST lets pip use a plain-http wheelhouse.
-# pip reads all of these from the environment.
-ARG PIP_INDEX_URL=https://pypi.org/simple
-ARG PIP_FIND_LINKS=
-ARG PIP_NO_INDEX=0
-ARG PIP_TRUSTED_HOST=
+# pip, setuptools, wheel: pinned.
 RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0.48.0
 
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
@@ -61,8 +62,10 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 ninja==1
         typing-inspection==0.4.5 && \
     python -m pip check
 
-# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use.
-RUN DS_BUILD_OPS=0 python -m pip install --no-deps --no-build-isolation deepspeed==0.13.1
+# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
+# hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+        deepspeed==0.13.1
 
 # Fail the build unless every pin (and, with STRICT=1, the Python/ROCm/CUDA stack) is what the
 # matrix says. Stand-in builds on another base pass STRICT=0.

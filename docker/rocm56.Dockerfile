@@ -24,7 +24,7 @@ COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh
 # Extra CA certificates for a TLS-intercepting proxy: any *.crt/*.pem in docker/certs/ are added
 # to a bundle that apt and pip then use. With none there, nothing changes.
 COPY docker/certs/ /opt/mics-repro/certs/
-ARG OS_PACKAGES="python3.9 python3.9-venv python3.9-dev g++"
+ARG OS_PACKAGES="python3.9 python3.9-venv python3.9-dev g++ ca-certificates"
 ARG DEBIAN_FRONTEND=noninteractive
 RUN set -eu; bundle=/opt/mics-repro/ca-bundle.pem; \
     for cert in /opt/mics-repro/certs/*.crt /opt/mics-repro/certs/*.pem; do \
@@ -41,17 +41,10 @@ RUN set -eu; bundle=/opt/mics-repro/ca-bundle.pem; \
         apt-get install -y --no-install-recommends $OS_PACKAGES; \
         rm -rf /var/lib/apt/lists/*; fi
 
-# A venv at a fixed path: nothing depends on the distro's pip or site-packages.
-ARG PYTHON=python3.9
-RUN set -eu; "$PYTHON" -m venv /opt/venv; \
-    if [ -f /opt/mics-repro/ca-bundle.pem ]; then \
-        printf '[global]\ncert = /opt/mics-repro/ca-bundle.pem\n' > /opt/venv/pip.conf; fi
-ENV VIRTUAL_ENV=/opt/venv \
-    PATH=/opt/venv/bin:$PATH \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PIP_NO_CACHE_DIR=1 \
-    PYTHONUNBUFFERED=1
-
+# A venv at a fixed path: nothing depends on the distro's pip or site-packages. Made without
+# pip: Ubuntu 20.04's bootstrap pip (20.0.2, built for Python 3.8) needs a distutils Python 3.9
+# lacks there; pip installs itself from its own wheel instead (docker/bootstrap_pip.py).
+COPY docker/bootstrap_pip.py /opt/mics-repro/bootstrap_pip.py
 # Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;
 # PIP_NO_INDEX=1 installs from it alone; PIP_TRUSTED_HOST lets pip use a plain-http wheelhouse.
 # pip reads all of these from the environment.
@@ -59,6 +52,18 @@ ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG PIP_FIND_LINKS=
 ARG PIP_NO_INDEX=0
 ARG PIP_TRUSTED_HOST=
+ARG PYTHON=python3.9
+RUN set -eu; "$PYTHON" -m venv --without-pip /opt/venv; \
+    if [ -f /opt/mics-repro/ca-bundle.pem ]; then \
+        printf '[global]\ncert = /opt/mics-repro/ca-bundle.pem\n' > /opt/venv/pip.conf; fi; \
+    /opt/venv/bin/python /opt/mics-repro/bootstrap_pip.py pip==26.0.1
+ENV VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:$PATH \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1
+
+# pip, setuptools, wheel: pinned.
 RUN python -m pip install packaging==26.3 pip==26.0.1 setuptools==80.10.2 wheel==0.48.0
 
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
@@ -72,8 +77,10 @@ RUN python -m pip install --no-deps annotated-types==0.7.0 hjson==3.1.0 ninja==1
         tqdm==4.70.1 typing-extensions==4.16.0 typing-inspection==0.4.2 && \
     python -m pip check
 
-# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use.
-RUN DS_BUILD_OPS=0 python -m pip install --no-deps --no-build-isolation deepspeed==0.13.1
+# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
+# hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+        deepspeed==0.13.1
 
 # The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200
 # (and MI300 on ROCm 6+), so a user config with such an op runs on all of them.

@@ -42,7 +42,9 @@ def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path
     assert "docker-archive://$scratch/image.tar" in sbatch and '"$RUNTIME" build "$SIF"' in sbatch
     launch = (out / "launch-node.sh").read_text()
     assert "--rdzv_backend c10d" in launch and '--rdzv_endpoint "$head_address:$PORT"' in launch
-    assert "flags+=(--rocm)" in launch and "--nv" not in launch
+    # the device nodes, not --rocm: that would put the host's ROCm libraries ahead of the image's
+    assert "flags+=(--bind /dev/kfd --bind /dev/dri)" in launch and "--nv" not in launch
+    assert "(--rocm)" not in launch and "MICS_REPRO_HOST_ROCM=" in launch
     assert os.access(out / "launch-node.sh", os.X_OK) and os.access(out / "mics-hier.sbatch", os.X_OK)
 
     hier = json.loads((out / "configs" / "mics-hier-stock.json").read_text())["zero_optimization"]
@@ -51,6 +53,13 @@ def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path
     assert flat["mics_shard_size"] == 16 and flat["mics_hierarchical_params_gather"] is False
     control = json.loads((out / "configs" / "zero3-stock.json").read_text())
     assert "mics_shard_size" not in control["zero_optimization"] and control["fp16"]["enabled"] is True
+    # the reporter's own config (README's 2 x 8 row): shard 8, two replica groups, stock and fixed
+    for patch in ("stock", "fixed"):
+        replica = json.loads((out / "configs" / f"mics-replica-{patch}.json").read_text())[
+            "zero_optimization"
+        ]
+        assert replica["mics_shard_size"] == 8 and replica["mics_hierarchical_params_gather"] is False
+        assert f'mics-replica-{patch}) echo "mics-replica {patch}" ;;' in sbatch
 
 
 @pytest.mark.parametrize("name", sorted(cluster.LAYOUTS))
@@ -314,7 +323,8 @@ def test_cleanenv_still_gets_the_allowlisted_gpu_variables(
     proc, _, seen = _gpu_run(tmp_path, runtime, f'env | grep "^{prefix}" | sort > "$CALLS.env"\n')
     assert proc.returncode == 0, proc.stderr
     (call,) = calls(tmp_path / "calls")
-    assert call[:3] == [runtime, "exec", "--cleanenv"] and "--rocm" in call
+    assert call[:3] == [runtime, "exec", "--cleanenv"] and "--rocm" not in call
+    assert "/dev/kfd" in call and "/dev/dri" in call
     passed = dict(line[len(prefix) :].split("=", 1) for line in seen.read_text().splitlines())
     described = json.loads(passed.pop("MICS_REPRO_PASSTHROUGH"))
     assert passed == GPU_HOST_ENV and described == GPU_HOST_ENV  # commas, quotes, backslashes intact
@@ -349,8 +359,9 @@ def test_a_run_without_heartbeats_is_stopped_as_hung(tmp_path: Path, real_subpro
 
 def test_job_time_limit_covers_every_run_at_its_limit(tmp_path: Path) -> None:
     assert cluster.job_time_limit(5, 600) == "1:10:00"
+    assert cluster.job_time_limit(7, 600) == "1:32:00" and len(cluster.RUNS) == 7
     sbatch = (written(tmp_path, cluster.REPORTER) / "mics-hier.sbatch").read_text()
-    assert "#SBATCH --time=1:10:00\n" in sbatch
+    assert "#SBATCH --time=1:32:00\n" in sbatch
     launch = (tmp_path / "bundle" / "cluster" / "launch-node.sh").read_text()
     assert "TIMEOUT=${TIMEOUT:-600}" in launch and "STALL_TIMEOUT=${STALL_TIMEOUT:-60}" in launch
 
@@ -452,9 +463,8 @@ def test_cpu_twin_runs_in_the_image_through_launch_node(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.optional  # CI has no Slurm daemons (they were set up by hand here); skips there
 def test_cpu_twin_through_a_real_sbatch(tmp_path: Path) -> None:
-    """Needs a Slurm controller and node on this host (see the cluster section of README)."""
+    """Needs a Slurm controller and node on this host: CI starts one (.ci/start-slurm.sh)."""
     python = _venv_python()
     if shutil.which("sbatch") is None or subprocess.run(["sinfo", "-h"], capture_output=True).returncode:
         pytest.skip("no Slurm cluster answers here (sbatch/sinfo)")

@@ -209,6 +209,9 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
     ("pynvml on rocm", "rocm56", replace_once("hjson==3.1.0", "hjson==3.1.0 pynvml==13.0.1"), Rule.ROCM_NVML),
     ("ops prebuilt", "cpu", replace_once("DS_BUILD_OPS=0 ", ""), Rule.DS_BUILD),
     ("build isolation", "cpu", replace_once(" --no-build-isolation", ""), Rule.DS_BUILD),
+    # DeepSpeed's setup.py runs nvcc / reads ROCM_HOME when torch sees a GPU (issue 21, item 2)
+    ("GPUs seen by setup.py (ROCm)", "rocm56", replace_once("HIP_VISIBLE_DEVICES='' ", ""), Rule.DS_BUILD),
+    ("GPUs seen by setup.py (CUDA)", "cuda", replace_once("CUDA_VISIBLE_DEVICES='' ", ""), Rule.DS_BUILD),
     ("workload first", "cpu", move_workload_copy_before_deepspeed, Rule.ORDER),
     ("wrong env in CMD", "cpu", replace_once('"--env", "cpu"', '"--env", "rocm56"'), Rule.CMD),
     ("misspelt suite flag", "cpu", replace_once('"--transports"', '"--transport"'), Rule.CMD),
@@ -235,6 +238,13 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
         Rule.VENDOR_APT,
     ),
     (
+        # issue 21, item 4: Ubuntu 20.04's bootstrap pip 20.0.2 needs distutils for Python 3.9
+        "venv with the distribution's pip on Ubuntu 20.04",
+        "rocm56",
+        replace_once("-m venv --without-pip /opt/venv", "-m venv /opt/venv"),
+        Rule.PIP_BOOTSTRAP,
+    ),
+    (
         "vendor apt script not copied",
         "cuda",
         replace_once("COPY docker/disable-vendor-apt.sh /opt/mics-repro/disable-vendor-apt.sh\n", ""),
@@ -257,7 +267,9 @@ def test_finding_points_at_the_line(matrix: Matrix) -> None:
     env = matrix.get("cpu")
     text = replace_once("DS_BUILD_OPS=0 ", "")((REPO_ROOT / env.dockerfile).read_text())
     [finding] = [f for f in lint_text(text, env, "x") if f.rule is Rule.DS_BUILD]
-    assert "deepspeed==" in text.splitlines()[finding.line - 1]
+    # the RUN that installs DeepSpeed (its spec is on the RUN line or the continuation after it)
+    assert text.splitlines()[finding.line - 1].startswith("RUN ")
+    assert "deepspeed==" in " ".join(text.splitlines()[finding.line - 1 : finding.line + 1])
 
 
 def test_lint_against_another_env_fails(matrix: Matrix) -> None:

@@ -162,8 +162,8 @@ class FakeTorch:
             self.made.append(work)
         if async_op:
             cm.append(work)
-        elif work is not None:
-            work.wait()
+        else:
+            work.wait()  # as torch's own manager: with a lost work this raises AttributeError
 
     def synchronize(self) -> None:
         """The accelerator's device-wide sync: everything in flight lands."""
@@ -309,6 +309,24 @@ def test_lost_work_is_guarded(impl: str) -> None:
     assert fake.log == []
     assert [o.value for o in outs] == [1.0, 2.0, 3.0], "nothing real to wait: the device sync landed it"
     assert fake.syncs == 1
+
+
+@pytest.mark.parametrize("impl", impls(STOCK_BUG))
+def test_lost_work_sync_is_guarded(impl: str) -> None:
+    # torch <= 2.3 with device= set (pytorch#122807): the hierarchical (synchronous) gather must
+    # neither crash with AttributeError in the manager's exit nor return before the data landed.
+    fake = FakeTorch("2.1", ValueError, lose_work=True)
+    result, outs = gather(impl, fake, async_op=False)
+    assert result is None and fake.log == []
+    assert [o.value for o in outs] == [1.0, 2.0, 3.0], "nothing real to wait: the device sync landed it"
+    assert fake.syncs == 1
+
+
+@pytest.mark.parametrize("impl", impls(STOCK_BUG))
+def test_sync_waits_the_real_work_once(impl: str) -> None:
+    fake = FakeTorch("2.1", ValueError)
+    gather(impl, fake, async_op=False)
+    assert [w.waits for w in fake.made] == [1] and fake.syncs == 0
 
 
 @pytest.mark.parametrize("impl", impls(None))

@@ -29,21 +29,57 @@ PASSTHROUGH_NAMES = (
 PASSTHROUGH_PREFIXES = ("NCCL_", "RCCL_", "HSA_", "MIOPEN_", "TORCH_NCCL_")
 # The suite reads this (JSON {name: value}) and records it; repro/workload names it literally.
 PASSTHROUGH_VAR = "MICS_REPRO_PASSTHROUGH"
+# What was held back from a networkless run (JSON {name: value}, set only when something was).
+DROPPED_VAR = "MICS_REPRO_PASSTHROUGH_DROPPED"
+# Settings that name the host's network: interfaces, InfiniBand/RoCE devices, socket and network
+# plugins. A suite container runs with networking off (only `lo`), so a cluster's usual
+# NCCL_SOCKET_IFNAME=ib0 would leave NCCL no interface and crash every run; without them NCCL uses
+# loopback for its bootstrap and shared memory / P2P between the GPUs of the one host. Debug and
+# tuning settings (NCCL_DEBUG, NCCL_ALGO, RCCL_MSCCL_ENABLE...) still pass.
+NETWORK_PREFIXES = (
+    "NCCL_SOCKET_",
+    "NCCL_IB",
+    "NCCL_NET",
+    "NCCL_UCX_",
+    "NCCL_COLLNET",
+    "NCCL_CROSS_NIC",
+    "NCCL_NSOCKS_PERTHREAD",
+)
 
 
 def allowed(name: str) -> bool:
     return name in PASSTHROUGH_NAMES or name.startswith(PASSTHROUGH_PREFIXES)
 
 
-def passthrough(environ: Mapping[str, str], platform: str) -> dict[str, str]:
+def names_network(name: str) -> bool:
+    return name.startswith(NETWORK_PREFIXES)
+
+
+def split(
+    environ: Mapping[str, str], platform: str, *, networkless: bool = False
+) -> tuple[dict[str, str], dict[str, str]]:
+    """(passed, dropped): the allowlisted host variables a run on `platform` gets, sorted by name,
+    and those held back because they name the host's network while the run has none."""
+    if platform == "cpu":
+        return {}, {}
+    allowlisted = {name: environ[name] for name in sorted(environ) if allowed(name)}
+    dropped = {k: v for k, v in allowlisted.items() if networkless and names_network(k)}
+    return {k: v for k, v in allowlisted.items() if k not in dropped}, dropped
+
+
+def passthrough(environ: Mapping[str, str], platform: str, *, networkless: bool = False) -> dict[str, str]:
     """The host variables a run on `platform` gets, sorted by name. CPU runs get none: they never
     touch a GPU, and the suite hides GPUs from them itself."""
-    if platform == "cpu":
-        return {}
-    return {name: environ[name] for name in sorted(environ) if allowed(name)}
+    return split(environ, platform, networkless=networkless)[0]
 
 
-def run_environment(environ: Mapping[str, str], platform: str) -> dict[str, str]:
-    """The variables plus PASSTHROUGH_VAR describing them (always set, `{}` when nothing passed)."""
-    passed = passthrough(environ, platform)
-    return {**passed, PASSTHROUGH_VAR: json.dumps(passed, sort_keys=True)}
+def run_environment(
+    environ: Mapping[str, str], platform: str, *, networkless: bool = False
+) -> dict[str, str]:
+    """The variables plus PASSTHROUGH_VAR describing them (always set, `{}` when nothing passed),
+    and DROPPED_VAR naming what a networkless run did not get (only when something was dropped)."""
+    passed, dropped = split(environ, platform, networkless=networkless)
+    out = {**passed, PASSTHROUGH_VAR: json.dumps(passed, sort_keys=True)}
+    if dropped:
+        out[DROPPED_VAR] = json.dumps(dropped, sort_keys=True)
+    return out

@@ -17,7 +17,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,12 +70,13 @@ class DownloadPlan:
     python: str
 
     @classmethod
-    def for_env(cls, env: Env) -> DownloadPlan:
+    def for_env(cls, env: Env, python: str | None = None) -> DownloadPlan:
+        """`python`: the major.minor the wheels are for (the venv's interpreter); default the env's."""
         # Everything the env's install steps take, DeepSpeed aside: it ships only an sdist, and is
         # fetched without its (already listed) dependencies.
         specs = [spec for step in env.install_steps() for spec in step.specs]
         reqs = tuple(r for r in specs if canonicalize_name(_name(r)) != "deepspeed")
-        return cls(reqs, (f"deepspeed=={env.deepspeed}",), env.torch_index, env.python)
+        return cls(reqs, (f"deepspeed=={env.deepspeed}",), env.torch_index, python or env.python)
 
     def key(self) -> str:
         blob = json.dumps(asdict(self), sort_keys=True).encode()
@@ -180,15 +181,16 @@ class Wheelhouse:
     def is_complete(self, plan: DownloadPlan) -> bool:
         return self._stamp(plan).is_file() and not self.missing(plan)
 
-    def ensure(self, env: Env) -> bool:
+    def ensure(self, env: Env, python: str | None = None) -> bool:
         """Fill the wheelhouse for `env`; True when it then holds everything the env installs.
 
         A complete wheelhouse is what installs should use alone (`--no-index`): given both, pip
         takes an index's copy of a wheel over the identical local one, so torch would be fetched
         again. Complete means a stamp from a full `pip download` of the env (or, offline, every
-        pinned file present).
+        pinned file present). `python`: the CPython major.minor to fetch wheels for, the venv's
+        interpreter (default: the env's, which its image uses).
         """
-        plan = DownloadPlan.for_env(env)
+        plan = DownloadPlan.for_env(env, python)
         if self.is_complete(plan):
             console.info(f"wheelhouse: {env.id} already complete ({self.path})")
             return True
@@ -245,6 +247,29 @@ class Wheelhouse:
                     fix="check network access to PyPI (and the torch index); behind a TLS-"
                     "intercepting proxy set PIP_CERT or MICS_REPRO_CA_BUNDLE",
                 )
+
+    def add(self, specs: Sequence[str], python: str) -> bool:
+        """Download these exact `name==version` packages, without their dependencies, for Python
+        `python` (a job's packages, repro/engines/jobdeps.py): a bundle then carries them and an
+        offline host installs them again. False when pip could not (the run goes on)."""
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--disable-pip-version-check",
+            "--no-deps",
+            "-d",
+            str(self.path),
+            "--find-links",
+            str(self.path),
+        ]
+        if python != f"{sys.version_info.major}.{sys.version_info.minor}":
+            argv += ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+            for platform in TARGET_PLATFORMS:
+                argv += ["--platform", platform]
+        self.path.mkdir(parents=True, exist_ok=True)
+        return cmd.run([*argv, *specs], capture=True).ok
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[str]:

@@ -23,6 +23,7 @@ from repro.matrix.compat import Platform
 
 __all__ = [
     "DEFAULT_MATRIX",
+    "HIDE_GPUS",
     "PYPI_INDEX",
     "RECIPE",
     "Env",
@@ -40,6 +41,11 @@ RECIPE = "1"
 DERIVED_DOCKERFILE_DIR = "build/docker"
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 TOOLING = ("pip", "setuptools", "wheel")  # installed first, into the fresh venv
+# DeepSpeed's setup.py (0.13.x) runs `nvcc` whenever torch sees a CUDA GPU and builds a path from
+# ROCM_HOME (None without /opt/rocm: TypeError) on a ROCm torch that sees one; DS_BUILD_OPS=0 does not
+# skip either. A host with only a driver must therefore hide its GPUs from the install step
+# (venv engine, Dockerfiles, source overlays alike); `docker build` sees none anyway.
+HIDE_GPUS = (("CUDA_VISIBLE_DEVICES", ""), ("HIP_VISIBLE_DEVICES", ""))
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,7 @@ class Env:
                 (f"deepspeed=={self.deepspeed}",),
                 no_deps=True,
                 no_build_isolation=True,
-                environment=(("DS_BUILD_OPS", "0"),),
+                environment=(("DS_BUILD_OPS", "0"), *HIDE_GPUS),
             ),
         )
 

@@ -6,7 +6,8 @@
 Writes DIR/<job>.sbatch, DIR/launch-node.sh (what every node runs: torchrun with c10d rendezvous,
 inside the image), DIR/configs/<run>.json (each run's DeepSpeed config, built by the same code as
 the suite's), DIR/summarize.py and DIR/README.md. Bundles carry them in cluster/. The runs are
-the control (plain ZeRO-3), hierarchical MiCS and flat MiCS, stock and with the fix.
+the control (plain ZeRO-3), hierarchical MiCS, flat MiCS and MiCS with replica groups (the
+reporter's config: shard 8 on 2 x 8 GPUs), stock and with the fix.
 """
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ class Layout:
         planned = self.plan().get(scenario)
         shard = planned.shard_size
         ndev = planned.devices_per_node
-        if shard is not None:
+        # mics-replica keeps the planner's shard (half the world): the overrides would merge its
+        # replica groups into one.
+        if shard is not None and scenario != "mics-replica":
             shard = self.shard_size or shard
             ndev = self.ndev_per_node or ndev
         return ds_config.ScenarioShape(scenario, planned.world_size, shard, planned.hierarchical, ndev)
@@ -143,6 +146,9 @@ RUNS = (
     ClusterRun("mics-hier-fixed", "mics-hier", "fixed"),
     ClusterRun("mics-stock", "mics", "stock"),
     ClusterRun("mics-fixed", "mics", "fixed"),
+    # The reporter's own config on 2 x 8 GPUs (shard 8, two replica groups; README's layout table).
+    ClusterRun("mics-replica-stock", "mics-replica", "stock"),
+    ClusterRun("mics-replica-fixed", "mics-replica", "fixed"),
 )
 
 

@@ -181,6 +181,31 @@ def passed_env() -> dict[str, str]:
     return {str(k): str(v) for k, v in passed.items()} if isinstance(passed, dict) else {}
 
 
+def rocm_runtime(root: str = "/") -> dict[str, str | None]:
+    """The ROCm this process sees (/opt/rocm/.info/version: the image's, or the host's in a venv)
+    and the host's as the cluster scripts pass it (MICS_REPRO_HOST_ROCM; absent elsewhere)."""
+    container = None
+    for name in ("version", "version-dev"):
+        try:
+            with open(os.path.join(root, "opt/rocm/.info", name)) as fh:
+                container = fh.readline().strip() or None
+        except OSError:
+            continue
+        if container:
+            break
+    return {"container": container, "host": os.environ.get("MICS_REPRO_HOST_ROCM") or None}
+
+
+def dropped_env() -> dict[str, str]:
+    """Host NCCL settings the engine held back because they name a network this run does not have
+    (MICS_REPRO_PASSTHROUGH_DROPPED, repro/engines/passthrough.py); {} when none were."""
+    try:
+        dropped = json.loads(os.environ.get("MICS_REPRO_PASSTHROUGH_DROPPED") or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in dropped.items()} if isinstance(dropped, dict) else {}
+
+
 def ran_on(device: str, backend: str | None) -> dict[str, Any]:
     """What a rank actually used (train.py, rank 0, after the process group is up)."""
     found: dict[str, Any] = {
@@ -199,6 +224,7 @@ def ran_on(device: str, backend: str | None) -> dict[str, Any]:
             if k in os.environ
         },
         "passed_env": passed_env(),
+        "dropped_env": dropped_env(),
     }
     try:
         import torch
@@ -206,6 +232,8 @@ def ran_on(device: str, backend: str | None) -> dict[str, Any]:
         return found
     found["hip"] = getattr(torch.version, "hip", None)
     found["cuda"] = getattr(torch.version, "cuda", None)
+    if found["hip"]:
+        found["rocm_runtime"] = rocm_runtime()
     if device != "gpu":
         return found
     count = torch.cuda.device_count()

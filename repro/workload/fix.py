@@ -36,7 +36,10 @@ if hasattr(torch.distributed.distributed_c10d, '_all_gather_base_coalesced'):
                                                                          async_op=async_op)
 elif has_coalescing_manager():
     reqs = []
-    with get_coalescing_manager(group, input_tensors[0].device, reqs, async_op) as cm:
+    # async_ops=True even for a synchronous call: the manager then keeps the real work rather
+    # than waiting it on exit, where torch <= 2.3 with device= set may hold None instead
+    # (pytorch#122807) and would raise AttributeError. The synchronous case waits below.
+    with get_coalescing_manager(group, input_tensors[0].device, reqs, True) as cm:
         for output, input in zip(output_tensors, input_tensors):
             handle = torch.distributed.distributed_c10d.all_gather_into_tensor(output,
                                                                                input,
@@ -51,15 +54,15 @@ elif has_coalescing_manager():
         reqs[-1].wait()
         return None
     # torch >= 2.1: reqs holds only _IllegalWork placeholders, whose wait() raises. The real
-    # work belongs to the manager: kept in cm.works with async_ops=True, already waited on exit
-    # otherwise.
-    if not async_op:
-        return None
+    # work belongs to the manager (cm.works).
     if not cm.works:
-        # pytorch#122807: with device= set, some builds lose the work in _end_coalescing and
-        # leave nothing to wait on; block until the device is idle rather than let the caller
-        # read outputs that are still being written.
+        # pytorch#122807: with device= set, torch <= 2.3 can lose the work in _end_coalescing
+        # and leave nothing to wait on; block until the device is idle rather than let the
+        # caller read outputs that are still being written.
         get_accelerator().synchronize()
+    if not async_op:
+        cm.wait()
+        return None
     return cm
 """
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from repro.engines.docker.build_context import image_args, parse_build_args
 from repro.engines.docker.engine import device_gids, run_options
+from repro.engines.passthrough import split
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
@@ -21,6 +22,15 @@ def docker_run_flags(platform: str) -> list[str]:
     """The `docker run` flags equivalent to what the engine passes to docker-py."""
     opts = run_options(platform, device_gids() if platform == "rocm" else ())
     return ["--network", "none", "--init", *(f"{flag}={value}" for flag, value in opts.cli_pairs())]
+
+
+def _host_variables(platform: str) -> list[str]:
+    """Which of this host's GPU/NCCL variables a run would get, and which a networkless one drops."""
+    passed, dropped = split(os.environ, platform, networkless=True)
+    lines = ["run env: " + (" ".join(f"{k}={shlex.quote(v)}" for k, v in passed.items()) or "(none)")]
+    if dropped:
+        lines.append("held back (the container has no network): " + " ".join(dropped))
+    return lines
 
 
 def dry_run_text(env: Env) -> str:
@@ -42,6 +52,7 @@ def dry_run_text(env: Env) -> str:
         f"image tag: {env.image_tag()}",
         "build: " + shlex.join(build),
         "run flags: " + shlex.join(docker_run_flags(env.platform.value)),
+        *_host_variables(env.platform.value),
         "run: "
         + shlex.join(["docker", "run", "--rm", *docker_run_flags(env.platform.value), env.image_tag()]),
     ]

@@ -13,6 +13,7 @@ vary (base image, wheel sources, CA certificates, strictness of the stack check)
 from __future__ import annotations
 
 import enum
+import shlex
 import textwrap
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ SUITE_PATCHES = ",".join(PATCHES)
 LABEL_PREFIX = "mics-repro."
 # The base image's vendor apt sources are parked by this script before `apt-get update` (GPU images).
 VENDOR_APT_SCRIPT = "docker/disable-vendor-apt.sh"
+# Installs pip from its wheel into a venv made --without-pip (Ubuntu 20.04 bases, see needs_pip_bootstrap).
+PIP_BOOTSTRAP_SCRIPT = "docker/bootstrap_pip.py"
 WIDTH = 100
 
 
@@ -41,7 +44,17 @@ def os_packages(env: Env) -> str:
         return ""
     py = f"python{env.python}"
     # g++ and the headers: DeepSpeed JIT-compiles its ops (FusedAdam...) on first use.
-    return f"{py} {py}-venv {py}-dev g++"
+    packages = f"{py} {py}-venv {py}-dev g++"
+    # bootstrap_pip.py fetches pip's wheel with Python's own TLS, which trusts the system store.
+    return f"{packages} ca-certificates" if needs_pip_bootstrap(env) else packages
+
+
+def needs_pip_bootstrap(env: Env) -> bool:
+    """Ubuntu 20.04 bases (rocm56): `python3.9 -m venv` there bootstraps the distribution's pip
+    20.0.2, built for Python 3.8, which needs a distutils Python 3.9 does not have there. Their
+    venv is made --without-pip and pip installed from its own wheel (docker/bootstrap_pip.py)."""
+    focal = "ubuntu-20.04" in env.base_image or "ubuntu:20.04" in env.base_image
+    return env.platform is not Platform.CPU and focal
 
 
 def python_command(env: Env) -> str:
@@ -116,7 +129,7 @@ def _pip(step: InstallStep) -> list[str]:
         head += " --no-deps"
     if step.no_build_isolation:
         head += " --no-build-isolation"
-    env_prefix = " ".join(f"{k}={v}" for k, v in step.environment)
+    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in step.environment)  # '' for hidden GPUs
     if env_prefix:
         head = f"{env_prefix} {head}"
     lines = _wrapped_words(head, step.specs)
@@ -200,17 +213,49 @@ def _base_and_os(env: Env) -> list[str]:
     ]
 
 
-def _venv(env: Env) -> list[str]:
+def _wheel_sources() -> list[str]:
     return [
-        "# A venv at a fixed path: nothing depends on the distro's pip or site-packages.",
-        f"ARG PYTHON={python_command(env)}",
-        *_run(
-            [
-                f'set -eu; "$PYTHON" -m venv {VENV};',
-                f"if [ -f {IMAGE_ROOT}/ca-bundle.pem ]; then",
-                f"    printf '[global]\\ncert = {IMAGE_ROOT}/ca-bundle.pem\\n' > {VENV}/pip.conf; fi",
-            ]
-        ),
+        "# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;",
+        "# PIP_NO_INDEX=1 installs from it alone; PIP_TRUSTED_HOST lets pip use a plain-http wheelhouse.",
+        "# pip reads all of these from the environment.",
+        f"ARG PIP_INDEX_URL={PYPI_INDEX}",
+        "ARG PIP_FIND_LINKS=",
+        "ARG PIP_NO_INDEX=0",
+        "ARG PIP_TRUSTED_HOST=",
+    ]
+
+
+def _venv(env: Env) -> list[str]:
+    pip_conf = [
+        f"if [ -f {IMAGE_ROOT}/ca-bundle.pem ]; then",
+        f"    printf '[global]\\ncert = {IMAGE_ROOT}/ca-bundle.pem\\n' > {VENV}/pip.conf; fi",
+    ]
+    if needs_pip_bootstrap(env):
+        script = f"{IMAGE_ROOT}/{Path(PIP_BOOTSTRAP_SCRIPT).name}"
+        intro = [
+            "# A venv at a fixed path: nothing depends on the distro's pip or site-packages. Made without",
+            "# pip: Ubuntu 20.04's bootstrap pip (20.0.2, built for Python 3.8) needs a distutils Python 3.9",
+            "# lacks there; pip installs itself from its own wheel instead (docker/bootstrap_pip.py).",
+            f"COPY {PIP_BOOTSTRAP_SCRIPT} {script}",
+            *_wheel_sources(),
+            f"ARG PYTHON={python_command(env)}",
+        ]
+        pip_conf[-1] += ";"
+        commands = [
+            f'set -eu; "$PYTHON" -m venv --without-pip {VENV};',
+            *pip_conf,
+            f"{VENV}/bin/python {script} pip=={env.package_pins()['pip']}",
+        ]
+    else:
+        intro = [
+            "# A venv at a fixed path: nothing depends on the distro's pip or site-packages.",
+            *_wheel_sources(),
+            f"ARG PYTHON={python_command(env)}",
+        ]
+        commands = [f'set -eu; "$PYTHON" -m venv {VENV};', *pip_conf]
+    return [
+        *intro,
+        *_run(commands),
         f"ENV VIRTUAL_ENV={VENV} \\",
         f"    PATH={VENV}/bin:$PATH \\",
         "    PIP_DISABLE_PIP_VERSION_CHECK=1 \\",
@@ -235,13 +280,7 @@ def _installs(env: Env) -> list[str]:
     )
     index = [f"ARG TORCH_INDEX_URL={env.torch_index}"] if env.torch_index else []
     return [
-        "# Wheel sources. PIP_FIND_LINKS: a local wheelhouse (URL or path) tried besides the indexes;",
-        "# PIP_NO_INDEX=1 installs from it alone; PIP_TRUSTED_HOST lets pip use a plain-http wheelhouse.",
-        "# pip reads all of these from the environment.",
-        f"ARG PIP_INDEX_URL={PYPI_INDEX}",
-        "ARG PIP_FIND_LINKS=",
-        "ARG PIP_NO_INDEX=0",
-        "ARG PIP_TRUSTED_HOST=",
+        "# pip, setuptools, wheel: pinned.",
         *_run(_pip(steps["tooling"])),
         "",
         "# torch: the heaviest layer; it is reused as long as torch and numpy stay the same.",
@@ -251,7 +290,8 @@ def _installs(env: Env) -> list[str]:
         "# DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.",
         *_run(_pip(steps["deepspeed-deps"])),
         "",
-        "# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use.",
+        "# DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs",
+        "# hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).",
         *_run(_pip(steps["deepspeed"])),
         "",
         *rocm,

@@ -22,7 +22,14 @@ from pathlib import Path
 
 from repro.core import cmd, console
 from repro.core.errors import MissingToolError
-from repro.engines.docker.dockerfiles import REPO_ROOT, RESULTS, VENDOR_APT_SCRIPT, expected_labels
+from repro.engines.docker.dockerfiles import (
+    PIP_BOOTSTRAP_SCRIPT,
+    REPO_ROOT,
+    RESULTS,
+    VENDOR_APT_SCRIPT,
+    expected_labels,
+    needs_pip_bootstrap,
+)
 from repro.engines.docker.parse import (
     EXACT_PIN,
     PIP_UNVERIFIABLE,
@@ -33,7 +40,7 @@ from repro.engines.docker.parse import (
     pip_installs,
 )
 from repro.matrix import compat
-from repro.matrix.model import PYPI_INDEX, Env, Matrix, Platform
+from repro.matrix.model import HIDE_GPUS, PYPI_INDEX, Env, Matrix, Platform
 
 
 class Rule(enum.Enum):
@@ -41,14 +48,15 @@ class Rule(enum.Enum):
     FLOATING_TAG = "MR002"  # no image without a tag or with `latest`
     UNPINNED = "MR003"  # every pip install names exact `name==version` specs only
     PINS = "MR004"  # the pinned set equals the env's pins
-    TORCH_INDEX = "MR005"  # torch comes from the index the FACTS table gives for the platform
+    TORCH_INDEX = "MR005"  # torch comes from the index docs/background.md's table gives for the platform
     LABELS = "MR006"  # OCI labels and one mics-repro.* label per pin, with the pinned values
     ROCM_NVML = "MR007"  # ROCm images carry no pynvml / nvidia-ml-py
-    DS_BUILD = "MR008"  # DeepSpeed installs with DS_BUILD_OPS=0 and --no-build-isolation
+    DS_BUILD = "MR008"  # DeepSpeed installs with DS_BUILD_OPS=0, --no-build-isolation, GPUs hidden
     ORDER = "MR009"  # torch -> DeepSpeed deps -> DeepSpeed -> workload COPY
     CMD = "MR010"  # the default command runs the suite for this env into /results
     MISSING = "MR011"  # the Dockerfile or a COPY source does not exist
     VENDOR_APT = "MR012"  # GPU images park the base's vendor apt sources before `apt-get update`
+    PIP_BOOTSTRAP = "MR013"  # Ubuntu 20.04 bases: venv --without-pip, pip from its wheel
     HADOLINT = "HL"  # a hadolint finding (its own code is in the message)
 
 
@@ -209,6 +217,14 @@ class _Lint:
             self.add(ins.line, Rule.DS_BUILD, "DeepSpeed must install with DS_BUILD_OPS=0 (ops JIT on use)")
         if not pip.has("--no-build-isolation"):
             self.add(ins.line, Rule.DS_BUILD, "DeepSpeed's setup.py imports torch: use --no-build-isolation")
+        for name, value in HIDE_GPUS:
+            if pip.environment.get(name) != value:
+                self.add(
+                    ins.line,
+                    Rule.DS_BUILD,
+                    f"DeepSpeed must install with {name}={value} (its setup.py runs nvcc / reads "
+                    "ROCM_HOME when torch sees a GPU)",
+                )
 
     def order(self) -> None:
         lines = {}
@@ -284,6 +300,25 @@ class _Lint:
                 self.add(ins.line, Rule.VENDOR_APT, f"{VENDOR_APT_SCRIPT} is not copied in before it runs")
                 return
 
+    def pip_bootstrap(self) -> None:
+        """Ubuntu 20.04 bases: `python3.9 -m venv` with its bootstrap pip fails there (no distutils
+        for 3.9), so the venv must be made --without-pip and pip installed by bootstrap_pip.py."""
+        if not needs_pip_bootstrap(self.env):
+            return
+        script = Path(PIP_BOOTSTRAP_SCRIPT).name
+        for ins in self.ins:
+            if ins.keyword == "RUN" and " -m venv " in ins.value:
+                if "--without-pip" not in ins.value or script not in ins.value:
+                    self.add(
+                        ins.line,
+                        Rule.PIP_BOOTSTRAP,
+                        f"on {self.env.base_image} make the venv --without-pip and run {script} "
+                        "(the distribution's bootstrap pip needs a distutils Python "
+                        f"{self.env.python} lacks there)",
+                    )
+                return
+        self.add(1, Rule.PIP_BOOTSTRAP, "no RUN makes the venv")
+
     def copies_exist(self, root: Path) -> None:
         for ins in self.ins:
             if ins.keyword == "COPY":
@@ -319,6 +354,7 @@ def lint_text(text: str, env: Env, path: str, root: Path | None = None) -> list[
         lint.order,
         lint.command,
         lint.vendor_apt,
+        lint.pip_bootstrap,
     ):
         check()
     if root is not None:

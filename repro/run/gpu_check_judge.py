@@ -1,0 +1,201 @@
+"""gpu-check verdicts: pure functions of what each step found (probe JSON, run records, exit codes).
+
+proven: the step showed what it is there to show on this host; not provable: this host or this
+torch cannot show it (torch 2.0 has no placeholder; one GPU cannot run a MiCS gather); failed:
+it should have, and did not (the fix did not gather, zero3 did not run clean on the GPU...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from repro.run.gpu_check_plan import HIDDEN_EXPECTED_EXIT, StepKind, StepResult, Verdict
+
+
+def _err(outcome: Any) -> str:
+    return str(outcome.get("error")) if isinstance(outcome, Mapping) else "no answer"
+
+
+def _ok(outcome: Any) -> bool:
+    return isinstance(outcome, Mapping) and bool(outcome.get("ok"))
+
+
+def host(facts: Mapping[str, Any]) -> StepResult:
+    gpus = list(facts.get("gpus") or [])
+    if not gpus:
+        return StepResult(StepKind.HOST, Verdict.FAILED, "no GPU found on this host", dict(facts))
+    names = ", ".join(sorted({str(g.get("name") or g.get("arch") or "?") for g in gpus}))
+    return StepResult(StepKind.HOST, Verdict.PROVEN, f"{len(gpus)} GPU(s): {names}", dict(facts))
+
+
+def raw_torch(facts: Mapping[str, Any]) -> StepResult:
+    kind = StepKind.RAW_TORCH
+    if facts.get("manager") != "async_ops":
+        return StepResult(
+            kind, Verdict.NOT_PROVABLE, f"torch {facts.get('torch')}: {facts.get('manager')}", dict(facts)
+        )
+    ran_on = facts.get("ran_on") or {}
+    nccl = f" (NCCL/RCCL {ran_on.get('nccl')})" if ran_on.get("nccl") else ""
+    backend = f"{ran_on.get('backend')}{nccl}"
+    lost = facts.get("cm_works") == 0
+    note = "; cm.works is empty: this build loses the real work (pytorch#122807)" if lost else ""
+    if facts.get("placeholder_type") == "_IllegalWork" and not _ok(facts.get("placeholder_wait")):
+        landed = facts.get("async_landed")
+        summary = (
+            f"torch {facts.get('torch')} on {backend}: the manager hands out _IllegalWork "
+            f"({_err(facts.get('placeholder_wait'))}); the gather {'landed' if landed else 'did NOT land'} "
+            f"after cm.wait(){note}"
+        )
+        return StepResult(kind, Verdict.PROVEN if landed or lost else Verdict.FAILED, summary, dict(facts))
+    return StepResult(
+        kind,
+        Verdict.FAILED,
+        f"expected an _IllegalWork placeholder, got {facts.get('placeholder_type')}",
+        dict(facts),
+    )
+
+
+def _gathers(probe: Any) -> bool:
+    return (
+        isinstance(probe, Mapping)
+        and bool(probe.get("async_landed_after_wait"))
+        and bool(probe.get("sync_landed"))
+    )
+
+
+def ds_gather(facts: Mapping[str, Any]) -> StepResult:
+    kind = StepKind.DS_GATHER
+    stock, fixed = facts.get("stock") or {}, facts.get("fixed")
+    fix = facts.get("fix") or {}
+    if not fix.get("applied"):
+        return StepResult(
+            kind,
+            Verdict.NOT_PROVABLE,
+            f"DeepSpeed {facts.get('deepspeed')}: the fix does not apply ({fix.get('reason')})",
+            dict(facts),
+        )
+    if not _gathers(fixed):
+        return StepResult(
+            kind,
+            Verdict.FAILED,
+            "with the fix all_gather_coalesced did not gather on the device",
+            dict(facts),
+        )
+    if _gathers(stock):
+        return StepResult(
+            kind,
+            Verdict.NOT_PROVABLE,
+            f"stock DeepSpeed {facts.get('deepspeed')} gathers correctly with torch "
+            f"{facts.get('torch')}: no bug to show here",
+            dict(facts),
+        )
+    failures = [
+        f"{how}: {_err(stock.get(key))}"
+        for how, key in (("async wait", "async_wait"), ("sync", "sync_call"))
+        if not _ok(stock.get(key))
+    ]
+    return StepResult(
+        kind,
+        Verdict.PROVEN,
+        f"stock fails ({'; '.join(failures) or 'data did not land'}); fixed gathers async and sync",
+        dict(facts),
+    )
+
+
+def _on_gpu(run: Mapping[str, Any]) -> bool:
+    ran = run.get("ran_on") or {}
+    return ran.get("device") == "gpu" and bool(ran.get("gpus"))
+
+
+def _find(runs: Sequence[Mapping[str, Any]], scenario: str, patch: str) -> Mapping[str, Any] | None:
+    return next(
+        (
+            r
+            for r in runs
+            if r.get("scenario") == scenario
+            and r.get("patch") == patch
+            and r.get("transport") in (None, "native")
+        ),
+        None,
+    )
+
+
+def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepResult:
+    kind = StepKind.REPRO
+    facts: dict[str, object] = {
+        "exit_code": exit_code,
+        "runs": [{k: r.get(k) for k in ("scenario", "patch", "outcome", "reason")} for r in runs],
+    }
+    control = _find(runs, "zero3", "stock")
+    if control is None or control.get("outcome") != "clean" or not _on_gpu(control):
+        what = (
+            "missing"
+            if control is None
+            else f"{control.get('outcome')}, ran_on {(control.get('ran_on') or {}).get('device')}"
+        )
+        return StepResult(kind, Verdict.FAILED, f"zero3 did not run clean on the GPU ({what})", facts)
+    names = ", ".join(sorted(set((control.get("ran_on") or {}).get("gpus") or [])))
+    if gpus < 2:
+        return StepResult(
+            kind, Verdict.PROVEN, f"zero3 clean on {names}; MiCS needs 2 GPUs (smoke run below)", facts
+        )
+    verdicts: list[str] = []
+    failed = unproven = False
+    for scenario in ("mics", "mics-hier"):
+        stock, fixed = _find(runs, scenario, "stock"), _find(runs, scenario, "fixed")
+        if fixed is None or fixed.get("outcome") != "clean" or not _on_gpu(fixed):
+            failed = True
+            verdicts.append(f"{scenario} fixed {fixed.get('outcome') if fixed else 'missing'}")
+            continue
+        shown = stock is not None and stock.get("outcome") == "reproduced"
+        unproven |= not shown
+        verdicts.append(f"{scenario} stock {stock.get('outcome') if stock else 'missing'}, fixed clean")
+    verdict = Verdict.FAILED if failed else Verdict.NOT_PROVABLE if unproven else Verdict.PROVEN
+    return StepResult(kind, verdict, f"zero3 clean on {names}; " + "; ".join(verdicts), facts)
+
+
+def mics_smoke(records: Mapping[str, Mapping[str, Any] | None], exit_codes: Mapping[str, int]) -> StepResult:
+    kind = StepKind.MICS_SMOKE
+    fixed = records.get("fixed") or {}
+    facts: dict[str, object] = {
+        "exit_codes": dict(exit_codes),
+        "records": {
+            p: {k: (r or {}).get(k) for k in ("losses", "illegal_work_messages", "exception")}
+            for p, r in records.items()
+        },
+    }
+    losses = list(fixed.get("losses") or [])
+    if exit_codes.get("fixed") != 0 or not losses or any(v is None for v in losses) or not _on_gpu(fixed):
+        return StepResult(
+            kind,
+            Verdict.FAILED,
+            f"MiCS shard 1 with the fix did not train on the GPU (exit {exit_codes.get('fixed')})",
+            facts,
+        )
+    stock = records.get("stock") or {}
+    messages = stock.get("illegal_work_messages") or 0
+    said = f"stock exit {exit_codes.get('stock')}, {messages} IllegalWork messages"
+    return StepResult(
+        kind,
+        Verdict.PROVEN,
+        f"MiCS shard 1 trains on the GPU with the fix ({len(losses)} finite losses); {said}",
+        facts,
+    )
+
+
+def hidden(exit_code: int) -> StepResult:
+    facts: dict[str, object] = {"exit_code": exit_code, "expected": HIDDEN_EXPECTED_EXIT}
+    if exit_code == HIDDEN_EXPECTED_EXIT:
+        return StepResult(
+            StepKind.HIDDEN,
+            Verdict.PROVEN,
+            f"with the GPUs hidden check-fix verified nothing and exited {exit_code}",
+            facts,
+        )
+    return StepResult(
+        StepKind.HIDDEN,
+        Verdict.FAILED,
+        f"with the GPUs hidden check-fix exited {exit_code}, not {HIDDEN_EXPECTED_EXIT}",
+        facts,
+    )
