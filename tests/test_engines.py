@@ -41,6 +41,7 @@ from repro.engines.venv import engine as engine_venv
 from repro.engines.venv.engine import MARKER, VenvEngine, VenvMarker
 from repro.engines.wheelhouse import DownloadPlan, Wheelhouse
 from repro.matrix.model import Env, Platform
+from tests.fixtures.fake_dist import install_pins
 
 
 # -- envs ------------------------------------------------------------------------------------------
@@ -312,10 +313,12 @@ class FakeWheelhouse(Wheelhouse):
     def __init__(self, path: Path, complete: bool = True) -> None:
         super().__init__(path, offline=False)
         self.ensured: list[str] = []
+        self.ensured_for: list[str | None] = []  # the Python each ensure() fetched wheels for
         self.complete = complete
 
-    def ensure(self, env: Any) -> bool:
+    def ensure(self, env: Any, python: str | None = None) -> bool:
         self.ensured.append(env.id)
+        self.ensured_for.append(python)
         return self.complete
 
 
@@ -592,6 +595,8 @@ def _venv_handler(
             return CmdResult(argv, 0, stdout=python_version + "\n")
         if argv[1] == "-c" and "importlib.metadata" in argv[2]:
             return CmdResult(argv, 0, stdout=versions + "\n")
+        if argv[1:4] == ("-m", "pip", "install"):
+            install_pins(Path(argv[0]).parent.parent / "lib" / "python3.11" / "site-packages", list(argv))
         return CmdResult(argv, 0)
 
     return handle
@@ -616,7 +621,12 @@ def test_venv_is_built_atomically_with_a_marker_and_relocated(
     assert [p.name for p in final.parent.iterdir() if p.name.startswith(".") and p.is_dir()] == []
     ds_call = next(c for c in fake_cmd.calls if any(a.startswith("deepspeed==") for a in c))
     assert "--no-build-isolation" in ds_call and "--no-deps" in ds_call
-    assert fake_cmd.kwargs[fake_cmd.calls.index(ds_call)]["extra_env"] == {"DS_BUILD_OPS": "0"}
+    # GPUs hidden from DeepSpeed's setup.py (nvcc / ROCM_HOME on a host with only a driver)
+    assert fake_cmd.kwargs[fake_cmd.calls.index(ds_call)]["extra_env"] == {
+        "DS_BUILD_OPS": "0",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HIP_VISIBLE_DEVICES": "",
+    }
     torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
     assert torch_call.index("torch==2.1.0") > torch_call.index("--find-links")
     assert "--no-index" in torch_call  # the wheelhouse was completed first
@@ -644,6 +654,107 @@ def test_venv_with_other_pins_is_rebuilt(venv_engine: VenvEngine, fake_cmd: Fake
     assert not venv_engine.prepare(env).reused
     marker = VenvMarker.read(final)
     assert marker is not None and marker.matches(VenvMarker(env.id, env.pins(), "3.11"))
+
+
+def test_a_damaged_venv_is_rebuilt_saying_why(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22, item 14: a file pip installed is gone (torch/__init__.py): rebuilt, not reused."""
+    fake_cmd.handler = _venv_handler()
+    env = StubEnv()
+    final = Path(venv_engine.prepare(env).handle)
+    init = final / "lib" / "python3.11" / "site-packages" / "torch" / "__init__.py"
+    assert init.is_file()
+    init.unlink()
+    capsys.readouterr()
+    fake_cmd.calls.clear()
+    again = venv_engine.prepare(env)
+    assert not again.reused
+    assert any("torch==2.1.0" in c for c in fake_cmd.calls)  # reinstalled
+    assert "damaged: torch/__init__.py of torch is missing" in capsys.readouterr().out
+    assert init.is_file()
+
+
+def _noisy_pip(fail: str | None = None) -> Any:
+    """A pip that prints hundreds of lines (into the tee, as the real one does through cmd.run)."""
+    base = _venv_handler()
+
+    def handle(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
+        if argv[1:4] == ("-m", "pip", "install"):
+            with open(kw["tee"], "a") as log:
+                log.writelines(f"Collecting thing-{n}\n" for n in range(300))
+                if fail and any(fail in a for a in argv):
+                    log.write("ERROR: No matching distribution found for torch==2.1.0\n")
+                    return CmdResult(argv, 1)
+        return base(argv, kw)  # type: ignore[no-any-return]
+
+    return handle
+
+
+def test_pip_output_goes_to_a_log_and_the_terminal_gets_one_line_per_step(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 22, item 18: the first `make repro` no longer floods the terminal with pip."""
+    fake_cmd.handler = _noisy_pip()
+    venv_engine.prepare(StubEnv())
+    pip_kwargs = [kw for c, kw in zip(fake_cmd.calls, fake_cmd.kwargs) if c[1:4] == ("-m", "pip", "install")]
+    assert pip_kwargs and all(kw.get("show") is False for kw in pip_kwargs)
+    log = Path(pip_kwargs[0]["tee"])
+    assert log.read_text().count("Collecting thing-") == 300 * len(pip_kwargs)
+    out = capsys.readouterr().out
+    assert "Collecting" not in out and len(out.splitlines()) < 30
+
+
+def test_pip_output_is_shown_with_verbose(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
+    from repro.core import console
+
+    fake_cmd.handler = _noisy_pip()
+    level = console.get_level()
+    console.set_level(console.Level.VERBOSE)
+    try:
+        venv_engine.prepare(StubEnv())
+    finally:
+        console.set_level(level)
+    pip_kwargs = [kw for c, kw in zip(fake_cmd.calls, fake_cmd.kwargs) if c[1:4] == ("-m", "pip", "install")]
+    assert pip_kwargs and all(kw.get("show") is True for kw in pip_kwargs)
+
+
+def test_a_failed_pip_step_shows_its_whole_output(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake_cmd.handler = _noisy_pip(fail="torch==")
+    with pytest.raises(BuildError) as err:
+        venv_engine.prepare(StubEnv())
+    shown = capsys.readouterr().err
+    assert shown.count("Collecting thing-") >= 300 and "No matching distribution" in shown
+    assert "No matching distribution" in err.value.why
+
+
+def test_docker_build_output_is_a_detail(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from repro.core import console
+    from repro.engines.docker.engine import _BuildLog, _record_chunk
+
+    log = _BuildLog(tmp_path / "b.log", "[build cpu] ")
+    with open(log.path, "w") as sink:
+        _record_chunk({"stream": "Step 1/9 : FROM python\n"}, log, sink)
+        assert "Step 1/9" not in capsys.readouterr().out
+        level = console.get_level()
+        console.set_level(console.Level.VERBOSE)
+        try:
+            _record_chunk({"stream": "Step 2/9 : RUN pip\n"}, log, sink)
+        finally:
+            console.set_level(level)
+    assert "Step 2/9" in capsys.readouterr().out
+    assert "Step 1/9" in log.path.read_text()
+
+
+def test_a_quiet_tee_writes_only_the_log(tmp_path: Path, real_subprocess: None, capfd: Any) -> None:
+    log = tmp_path / "out.log"
+    result = cmd.run(
+        [sys.executable, "-c", "print('\\n'.join(f'line {n}' for n in range(50)))"], tee=log, show=False
+    )
+    assert result.ok and log.read_text().count("line ") == 50
+    assert "line 7" not in capfd.readouterr().out
 
 
 def test_venv_without_marker_is_never_reused(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
@@ -696,6 +807,27 @@ def test_a_supported_pythonXY_on_path_is_used_when_this_python_is_too_new(
     )
     chosen = venv_engine.interpreter(StubEnv())
     assert (chosen.path, chosen.minor) == ("/opt/py311/bin/python3.11", "3.11")
+
+
+def test_wheelhouse_is_filled_for_the_python_the_venv_is_made_from(
+    venv_engine: VenvEngine, fake_cmd: FakeCmd, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    # rocm56 on an Ubuntu 22.04 host: the env's image Python is 3.9, this Python is 3.10, and torch
+    # 2.1.0 has cp310 wheels: the venv is made with 3.10, so the wheelhouse must hold cp310 wheels.
+    fake_cmd.handler = _venv_handler(python_version="3.10.12")
+    monkeypatch.setattr(engine_venv.shutil, "which", lambda name: name if name == sys.executable else None)
+    env = StubEnv(python="3.9")
+    venv_engine.prepare(env)
+    assert venv_engine.wheelhouse.ensured_for == ["3.10"]  # type: ignore[attr-defined]
+    marker = VenvMarker.read(venv_engine.venv_dir(env))
+    assert marker is not None and marker.python == "3.10"
+    said = capsys.readouterr()
+    assert "Python 3.10.12" in said.out + said.err  # the preamble names the Python it chose
+
+
+def test_download_plan_targets_the_given_python() -> None:
+    assert DownloadPlan.for_env(StubEnv(python="3.9")).python == "3.9"
+    assert DownloadPlan.for_env(StubEnv(python="3.9"), "3.10").python == "3.10"
 
 
 def test_offline_installs_use_no_index(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
@@ -955,10 +1087,86 @@ def test_docker_run_passes_only_allowlisted_host_variables(
     docker_engine.run_suite(_prepared(platform=platform), [], tmp_path / "out", timeout_s=None)
     (box,) = docker_engine.client.created
     environment = dict(box.kwargs["environment"])
+    assert environment.pop("MICS_REPRO_OWNER_LOCK") == "/run/mics-repro-owner/owner.lock"  # issue 22
     described = json.loads(environment.pop("MICS_REPRO_PASSTHROUGH"))
-    expected = HOST_GPU_ENV if platform != "cpu" else {}
+    dropped = json.loads(environment.pop("MICS_REPRO_PASSTHROUGH_DROPPED", "{}"))
+    # The suite's container has no network: the host's interface choice (ib0) is held back and said so.
+    network = {"NCCL_SOCKET_IFNAME": "ib0"} if platform != "cpu" else {}
+    expected = {k: v for k, v in HOST_GPU_ENV.items() if k not in network} if platform != "cpu" else {}
     assert environment == {"PYTHONUNBUFFERED": "1", **expected}
-    assert described == expected
+    assert described == expected and dropped == network
+
+
+def test_a_container_runs_while_the_tool_holds_its_owner_lock(
+    docker_engine: DockerEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 22, item 6: the suite in the container follows a lock the tool holds (read-only bind)."""
+    import fcntl
+
+    held: list[bool] = []
+    real_wait = ManagedContainer.wait
+
+    def wait(box: ManagedContainer, timeout_s: float | None) -> tuple[int | None, bool]:
+        (bind,) = [b for b in box.options.binds if b.endswith(":/run/mics-repro-owner:ro")]
+        with open(Path(bind.split(":")[0]) / "owner.lock") as other:
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held.append(False)
+            except BlockingIOError:
+                held.append(True)
+        return real_wait(box, timeout_s)
+
+    monkeypatch.setattr(ManagedContainer, "wait", wait)
+    docker_engine.run_suite(_prepared(), [], tmp_path / "out", timeout_s=None)
+    (box,) = docker_engine.client.created
+    assert held == [True]
+    assert box.kwargs["environment"]["MICS_REPRO_OWNER_LOCK"] == "/run/mics-repro-owner/owner.lock"
+
+
+NETWORK_SETTINGS = {
+    "NCCL_SOCKET_IFNAME": "ib0",
+    "NCCL_SOCKET_FAMILY": "AF_INET",
+    "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+    "NCCL_IB_GID_INDEX": "3",
+    "NCCL_NET": "IB",
+    "NCCL_NET_GDR_LEVEL": "PHB",
+    "NCCL_CROSS_NIC": "1",
+}
+TUNING = {"NCCL_DEBUG": "INFO", "NCCL_ALGO": "Ring", "RCCL_MSCCL_ENABLE": "0", "HIP_VISIBLE_DEVICES": "0,1"}
+
+
+def test_networkless_runs_get_no_host_network_settings() -> None:
+    from repro.engines.passthrough import DROPPED_VAR, PASSTHROUGH_VAR, run_environment, split
+
+    environ = {**NETWORK_SETTINGS, **TUNING}
+    passed, dropped = split(environ, "rocm", networkless=True)
+    assert passed == TUNING and dropped == NETWORK_SETTINGS
+    assert split(environ, "rocm") == (dict(sorted(environ.items())), {})  # host networking: all pass
+    described = run_environment(environ, "cuda", networkless=True)
+    assert json.loads(described[DROPPED_VAR]) == NETWORK_SETTINGS
+    assert json.loads(described[PASSTHROUGH_VAR]) == TUNING
+    assert DROPPED_VAR not in run_environment(environ, "cuda")
+
+
+def test_docker_job_with_network_keeps_the_host_network_settings(
+    docker_engine: DockerEngine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in NETWORK_SETTINGS.items():
+        monkeypatch.setenv(name, value)
+    docker_engine.run("sha256:" + "a" * 64, ["true"], tmp_path / "out", None, platform="rocm", network=True)
+    (box,) = docker_engine.client.created
+    environment = dict(box.kwargs["environment"])
+    assert all(environment[k] == v for k, v in NETWORK_SETTINGS.items())
+    assert "MICS_REPRO_PASSTHROUGH_DROPPED" not in environment
+
+
+def test_records_name_the_dropped_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from repro.engines.passthrough import run_environment
+    from repro.workload import device
+
+    for name, value in run_environment(NETWORK_SETTINGS, "rocm", networkless=True).items():
+        monkeypatch.setenv(name, value)
+    assert device.ran_on("cpu", "gloo")["dropped_env"] == NETWORK_SETTINGS
 
 
 def test_venv_run_names_the_passed_variables(
@@ -1017,3 +1225,16 @@ def test_cdi_run_options_print_as_docker_run_flags() -> None:
         ("--device", "nvidia.com/gpu=all"),
     ]
     assert ("--gpus", "all") in run_options("cuda").cli_pairs()
+
+
+def test_rocm_runtime_names_the_image_and_the_host_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from repro.workload import device
+
+    (tmp_path / "opt" / "rocm" / ".info").mkdir(parents=True)
+    (tmp_path / "opt" / "rocm" / ".info" / "version").write_text("5.6.0-67\n")
+    monkeypatch.setenv("MICS_REPRO_HOST_ROCM", "6.2.1-112")
+    assert device.rocm_runtime(str(tmp_path)) == {"container": "5.6.0-67", "host": "6.2.1-112"}
+    monkeypatch.delenv("MICS_REPRO_HOST_ROCM")
+    assert device.rocm_runtime(str(tmp_path / "none")) == {"container": None, "host": None}

@@ -20,6 +20,7 @@ from repro.engines.venv.engine import MARKER, VenvEngine, VenvMarker, pip_error,
 from repro.engines.venv.layer import BASE_PTH, Candidate, layer_base, link_base
 from repro.engines.wheelhouse import Wheelhouse
 from repro.matrix.schema import load_matrix
+from tests.fixtures.fake_dist import install_fake, install_pins
 
 BASE = {
     "recipe": "1",
@@ -108,6 +109,8 @@ class FakeRun:
             out = str(Path(argv[0]).parent.parent / "lib" / "site-packages") + "\n"
         elif "importlib.metadata" in argv[-1]:
             out = "2.1.0 0.14.0\n"
+        elif argv[2:4] == ["pip", "install"]:
+            install_pins(Path(argv[0]).parent.parent / "lib" / "site-packages", argv)
         return CmdResult(tuple(argv), 0, out, "")
 
 
@@ -116,6 +119,8 @@ def _base_venv(root: Path, env: Any) -> Path:
     (base / "bin").mkdir(parents=True)
     (base / "bin" / "python").touch()
     (base / MARKER).write_text(VenvMarker(env.id, env.pins(), "3.11").to_json())
+    install_fake(base / "lib" / "site-packages", "torch", "2.1.0")
+    install_fake(base / "lib" / "site-packages", "deepspeed", "0.13.1")
     return base
 
 
@@ -128,7 +133,7 @@ def test_engine_layers_a_deepspeed_probe_on_the_cached_base_and_reuses_it(
     base = _base_venv(engine.root, root_env)
     fake = FakeRun()
     monkeypatch.setattr(cmd, "run", fake)
-    interp = type("I", (), {"path": "py3", "minor": "3.11", "version": "3.11.7"})()
+    interp = type("I", (), {"path": "py3", "minor": "3.11", "version": "3.11.7", "why": "stub"})()
     monkeypatch.setattr(engine, "interpreter", lambda env: interp)
     monkeypatch.setattr("repro.engines.preflight.check_python", lambda *a, **k: None)
 
@@ -238,7 +243,7 @@ def test_a_deepspeed_that_does_not_build_on_the_base_is_a_build_error_with_its_c
         return fake(argv, **kw)
 
     monkeypatch.setattr(cmd, "run", failing)
-    interp = type("I", (), {"path": "py3", "minor": "3.11", "version": "3.11.7"})()
+    interp = type("I", (), {"path": "py3", "minor": "3.11", "version": "3.11.7", "why": "stub"})()
     monkeypatch.setattr(engine, "interpreter", lambda env: interp)
     monkeypatch.setattr("repro.engines.preflight.check_python", lambda *a, **k: None)
     with pytest.raises(BuildError) as info:

@@ -91,12 +91,15 @@ def run(
     timeout_s: float | None = None,
     tee: Path | None = None,
     echo: bool = True,
+    show: bool = True,
 ) -> CmdResult:
     """Run a command to completion and return what happened; never raises for a non-zero exit.
 
     `capture` keeps stdout/stderr as text; otherwise they go to the terminal, and with `tee` also
-    (both streams, in order) to that file. On timeout or Ctrl-C the whole process group is stopped in three
-    steps (interrupt, terminate, kill) so that no rank of a torchrun job outlives the tool.
+    (both streams, in order) to that file; with `tee` and `show=False`, only to that file (pip's
+    hundreds of lines: the caller shows the file when the command fails). On timeout or Ctrl-C
+    the whole process group is stopped in three steps (interrupt, terminate, kill) so that no
+    rank of a torchrun job outlives the tool.
     """
     args = [os.fspath(a) for a in argv]
     full_env = dict(os.environ if env is None else env)
@@ -114,7 +117,7 @@ def run(
     proc = subprocess.Popen(
         [exe, *args[1:]], env=full_env, cwd=cwd, stdout=out, stderr=err, start_new_session=True
     )
-    copier = _start_tee(proc, tee) if (tee and not capture) else None
+    copier = _start_tee(proc, tee, show) if (tee and not capture) else None
     timed_out = False
     stdout_b = stderr_b = b""
     try:
@@ -145,7 +148,7 @@ def run(
     )
 
 
-def _start_tee(proc: subprocess.Popen[bytes], path: Path) -> threading.Thread:
+def _start_tee(proc: subprocess.Popen[bytes], path: Path, show: bool = True) -> threading.Thread:
     assert proc.stdout is not None
     stream = proc.stdout
 
@@ -154,7 +157,8 @@ def _start_tee(proc: subprocess.Popen[bytes], path: Path) -> threading.Thread:
             for line in iter(stream.readline, b""):
                 sink.write(line)
                 sink.flush()
-                console.stream(line)
+                if show:
+                    console.stream(line)
         stream.close()
 
     thread = threading.Thread(target=copy, name="cmd-tee", daemon=True)

@@ -6,6 +6,8 @@ message that says what went wrong, why, and what to do next.
 
 from __future__ import annotations
 
+from repro.core.printable import printable
+
 
 class ReproError(Exception):
     """Base class. `exit_code` is what `python -m repro` exits with."""
@@ -17,11 +19,13 @@ class ReproError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        parts = [f"error: {self.what}"]
+        # Messages quote input from others (a bundle's member names, a config's keys): a terminal
+        # escape or bidi override in them is shown escaped, never acted on.
+        parts = [f"error: {printable(self.what, keep_newlines=True)}"]
         if self.why:
-            parts.append(f"  why: {self.why}")
+            parts.append(f"  why: {printable(self.why, keep_newlines=True)}")
         if self.fix:
-            parts.append(f"  what to do: {self.fix}")
+            parts.append(f"  what to do: {printable(self.fix, keep_newlines=True)}")
         return "\n".join(parts)
 
 

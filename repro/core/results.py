@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, TypedDict
@@ -88,6 +89,15 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
                 raise UsageError(
                     f"OUT={out} already holds results",
                     why="results are never overwritten",
+                    fix="choose a new OUT= folder (or leave OUT unset for a timestamped one); to finish "
+                    "an interrupted run there, run the same command with RESUME=1 (--resume)",
+                )
+            if out.is_dir() and any(out.iterdir()):
+                # `--out /` or `--out ~`: the run would scatter results.json and env folders among
+                # files it does not own, and a failed run could not tell its own files apart.
+                raise UsageError(
+                    f"OUT={out} is a folder that already holds other files",
+                    why="a results folder is new or empty, so everything in it belongs to one run",
                     fix="choose a new OUT= folder (or leave OUT unset for a timestamped one)",
                 )
             out.mkdir(parents=True, exist_ok=True)
@@ -169,6 +179,27 @@ class InvocationDir:
             "envs": {},
             "runs": [],
         }
+
+    @classmethod
+    def reopen(cls, folder: Path) -> InvocationDir:
+        """An earlier invocation's folder, to finish what it did not (RESUME=1): its records are
+        kept, it is marked running again (`finished_at` null until it ends)."""
+        data = load(folder)
+        invocation = cls(folder, dict(data["invocation"]))
+        invocation.data = data
+        meta = invocation.data["invocation"]
+        meta.setdefault("resumed_at", []).append(utc_now())
+        meta["finished_at"], meta["interrupted"] = None, False
+        return invocation
+
+    def forget_env(self, env_id: str) -> None:
+        """Drop an env's records and files before it is run again (RESUME=1 redoes a whole env)."""
+        self.data["envs"].pop(env_id, None)
+        self.data["runs"] = [r for r in self.data["runs"] if r.get("env") != env_id]
+        folder = self.folder / env_id
+        if folder.is_dir() and not folder.is_symlink():
+            shutil.rmtree(folder)
+        self.save()
 
     def env_dir(self, env_id: str) -> Path:
         path = self.folder / env_id

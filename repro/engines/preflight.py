@@ -8,6 +8,7 @@ tree. Exit codes: 11 no GPU at all, 41 devices not openable, 42 GPU arch not in 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -263,6 +264,20 @@ def gpu_count(env: Env, host: GpuHost | None = None) -> int | None:
     return None
 
 
+RANK_MEMORY = 512 << 20  # a CPU twin rank: torch + DeepSpeed imported, the model and its shards
+RANKS_PER_CORE = 8
+
+
+def cpu_rank_limit() -> int:
+    """The most ranks of a CPU run this host can hold: by cores and by memory, at least 2."""
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        memory = 0
+    by_memory = memory // RANK_MEMORY if memory > 0 else 1 << 20
+    return max(2, min((os.cpu_count() or 1) * RANKS_PER_CORE, by_memory) // 2 * 2)
+
+
 def check_world_size(env: Env, world_size: int | None, host: GpuHost | None = None) -> None:
     """WORLD_SIZE= asks for one rank per GPU: more ranks than GPUs is refused before any build."""
     if world_size is None:
@@ -276,6 +291,17 @@ def check_world_size(env: Env, world_size: int | None, host: GpuHost | None = No
             "crashes, so nothing could be compared",
             fix="use an even WORLD_SIZE >= 2 on CPU (the default is 4); WORLD_SIZE=1 is for a 1-GPU host",
         )
+    if env.platform is compat.Platform.CPU:
+        limit = cpu_rank_limit()
+        if world_size > limit:
+            raise UsageError(
+                f"WORLD_SIZE={world_size} is more ranks than this host can run on CPU (at most {limit})",
+                why=f"each CPU rank is a process holding torch and DeepSpeed (about "
+                f"{RANK_MEMORY >> 20} MiB) and its own threads: at most {RANKS_PER_CORE} per core "
+                f"({os.cpu_count() or 1} cores) and one per {RANK_MEMORY >> 20} MiB of memory",
+                fix=f"use an even WORLD_SIZE from 2 to {limit} (the default is 4)",
+            )
+        return
     count = gpu_count(env, host)
     if count is None or world_size <= count:
         return

@@ -17,6 +17,7 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from repro.core.errors import MatrixError
+from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 from repro.matrix import compat
 from repro.matrix.compat import Platform
 from repro.matrix.model import (
@@ -37,6 +38,7 @@ else:  # pragma: no cover - exercised on 3.9/3.10 only
 
 TOP_KEYS = ("schema", "default", "pins", "pins_for_python", "pin_requires", "numpy", "env")
 SCHEMA = 1
+MAX_MATRIX_BYTES = 1 << 20
 ENV_KEYS = (
     "platform",
     "base_image",
@@ -358,13 +360,20 @@ def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
 
 def parse_matrix(path: Path) -> Matrix:
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(read_regular(path, MAX_MATRIX_BYTES).decode("utf-8"))
     except FileNotFoundError:
         raise MatrixError(
             f"env matrix {path} not found", fix="run from the repository or pass the path"
         ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise MatrixError(f"{path} is not valid TOML", why=str(exc)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise MatrixError(f"{path} is not valid TOML", why=why) from None
+    except OSError as exc:  # a folder, a file this user may not read
+        raise MatrixError(
+            f"env matrix {path} cannot be read",
+            why=str(exc) if isinstance(exc, (NotRegularFile, FileTooLarge)) else exc.strerror or str(exc),
+            fix="pass MATRIX=<the matrix TOML file> (default env_matrix/envs.toml)",
+        ) from None
     checker = _Checker(path)
     checker.unknown_keys(None, data, TOP_KEYS)
     if data.get("schema") != SCHEMA:

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from repro.core.errors import ConfigError, Interrupted, UsageError
 from repro.core.results import InvocationDir
+from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 from repro.engines.preflight import check_world_size
+from repro.workload.ds_config import type_problems
 from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord, read_json
 from repro.workload.suite import LAUNCHERS, planned_keys
 
@@ -59,6 +61,13 @@ class Request:
                     f"{name}={','.join(values)} is not valid",
                     fix=f"use a comma-separated subset of: {', '.join(allowed)}",
                 )
+        repeated = sorted({e for e in self.env_ids if self.env_ids.count(e) > 1})
+        if repeated:
+            raise UsageError(
+                f"ENV={','.join(self.env_ids)} names {', '.join(repeated)} more than once",
+                why="each env runs once per invocation, into its own folder",
+                fix="name each env once",
+            )
         if self.launcher is not None and self.launcher not in LAUNCHERS:
             raise UsageError(
                 f"LAUNCHER={self.launcher} is not valid", fix=f"use one of: {', '.join(LAUNCHERS)}"
@@ -118,11 +127,22 @@ def planned_runs(request: Request) -> int:
     return runs
 
 
+# A DeepSpeed config is a few KB; it travels to the suite as one command-line argument, which
+# Linux caps at 128 KiB (MAX_ARG_STRLEN).
+MAX_CONFIG_BYTES = 64 << 10
+
+
 def load_user_config(path: str | None) -> dict[str, Any] | None:
     if path is None:
         return None
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
+    except (NotRegularFile, FileTooLarge) as exc:
+        raise ConfigError(
+            f"CONFIG={path} is not a DeepSpeed config file",
+            why=f"{exc}; a config is a regular JSON file of at most {MAX_CONFIG_BYTES >> 10} KiB",
+            fix="pass the path of a DeepSpeed config JSON",
+        ) from None
     except OSError as exc:
         raise ConfigError(
             f"cannot read CONFIG={path}", why=str(exc), fix="pass the path of a DeepSpeed config JSON"
@@ -133,10 +153,22 @@ def load_user_config(path: str | None) -> dict[str, Any] | None:
             why=f"line {exc.lineno} column {exc.colno}: {exc.msg}",
             fix="fix the JSON (DeepSpeed configs are plain JSON, no comments)",
         ) from None
+    except (UnicodeDecodeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else f"not UTF-8 text ({exc.reason})"
+        raise ConfigError(
+            f"CONFIG={path} is not valid JSON", why=why, fix="pass the path of a DeepSpeed config JSON"
+        ) from None
     if not isinstance(data, dict) or not isinstance(data.get("zero_optimization", {}), dict):
         raise ConfigError(
             f"CONFIG={path} is not a DeepSpeed config object",
             fix="pass a JSON object like repro/configs/reporter_ds_config.json",
+        )
+    problems = type_problems(data)
+    if problems:
+        raise ConfigError(
+            f"CONFIG={path} has values of the wrong type",
+            why="; ".join(problems),
+            fix="compare with repro/configs/reporter_ds_config.json (DeepSpeed's config reference)",
         )
     return data
 
@@ -241,7 +273,8 @@ def execute(
             raise Interrupted(
                 "interrupted",
                 why=str(stop) or "Ctrl-C",
-                fix=f"what finished is in {invocation.folder}; run the same command again to redo the rest",
+                fix=f"what finished is in {invocation.folder}; run the same command again with RESUME=1 "
+                "(--resume) to redo the rest into the same folder",
             ) from None
         _collect(invocation, env, prepared, out, engine.kind.value, suite.exit_code, suite.timed_out)
     invocation.finish()
@@ -303,6 +336,18 @@ def suite_failures(invocation: InvocationDir, steps: Sequence[Step] = ()) -> lis
                 + ", ".join("/".join(key) for key in missing)
             )
     return problems
+
+
+def unfinished_envs(invocation: InvocationDir, steps: Sequence[Step]) -> list[str]:
+    """The envs of `steps` that an earlier (interrupted or killed) invocation did not finish: no
+    entry, interrupted, or a suite that did not run its whole plan. RESUME=1 reruns these."""
+    done = {line.split(":", 1)[0] for line in suite_failures(invocation, steps)}
+    envs = invocation.data["envs"]
+    return [
+        s.env.id
+        for s in steps
+        if s.env.id not in envs or envs[s.env.id].get("interrupted") or s.env.id in done
+    ]
 
 
 def _missing_runs(

@@ -11,7 +11,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
+import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
@@ -43,6 +45,8 @@ _PIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # no newlines or terminal escapes in anything we print
 _TIME_LIMIT = re.compile(r"^suite time limit (\S+) s$")
 MAX_TEXT = 20_000
+MAX_MANIFEST_BYTES = 4 << 20
+MAX_FILE_BYTES = 512 << 20  # any file of a bundle but its image
 
 
 @dataclass(frozen=True)
@@ -96,21 +100,44 @@ class Manifest:
     def read(cls, folder: Path) -> Manifest:
         path = folder / MANIFEST
         try:
-            data = json.loads(path.read_text())
+            # Only a regular file, and only so much of it: a FIFO or /dev/zero named manifest.json
+            # must not block or fill the memory.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise BundleError(f"{path} is not a regular file", fix="copy the bundle again")
+                raw = fh.read(MAX_MANIFEST_BYTES + 1)
         except FileNotFoundError:
             raise BundleError(
                 f"{folder} has no {MANIFEST}",
                 why="it is not a bundle made by `make bundle`",
                 fix="pass BUNDLE=<the bundle folder or its .tar archive>",
             ) from None
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise BundleError(f"{path} cannot be read", why=str(exc), fix="copy the bundle again") from None
+        return cls.parse(raw, path)
+
+    @classmethod
+    def parse(cls, raw: bytes, path: Path) -> Manifest:
+        """A manifest from its bytes (`path` only names it in messages); every field checked."""
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise BundleError(
+                f"{path} is larger than {MAX_MANIFEST_BYTES} bytes", fix="copy the bundle again"
+            )
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested past the parser
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise BundleError(f"{path} cannot be read", why=why, fix="copy the bundle again") from None
         if not isinstance(data, dict) or data.get("kind") != KIND or data.get("schema") != SCHEMA:
             raise BundleError(
                 f"{path} is not a schema-{SCHEMA} bundle manifest",
                 fix="make the bundle again with this version of the tool",
             )
-        problems = manifest_problems(data)
+        try:
+            problems = manifest_problems(data)
+        except RecursionError:
+            problems = ["a field is nested too deeply"]
         if problems:
             raise BundleError(
                 f"{path} is not a manifest this tool writes; nothing of it was used",
@@ -356,7 +383,8 @@ def file_hashes(
 
 
 def refuse_links(folder: Path) -> None:
-    """A bundle holds plain files: a link would make us read (hash, load) a file outside it."""
+    """A bundle holds plain files: a link would make us read (hash, load) a file outside it, and a
+    FIFO or device would block (or never end) the read of whoever copies it (its workdir/)."""
     links = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_symlink()]
     if links:
         raise BundleError(
@@ -364,21 +392,54 @@ def refuse_links(folder: Path) -> None:
             why="; ".join(links[:12]),
             fix="only verify bundles made by `make bundle` (copy the folder without links)",
         )
+    special = [
+        p.relative_to(folder).as_posix()
+        for p in sorted(folder.rglob("*"))
+        if not (stat.S_ISREG(p.lstat().st_mode) or stat.S_ISDIR(p.lstat().st_mode))
+    ]
+    if special:
+        raise BundleError(
+            f"the bundle in {folder} holds special files (FIFOs, devices or sockets)",
+            why="; ".join(special[:12]),
+            fix="only verify bundles made by `make bundle`",
+        )
 
 
-def check_files(folder: Path, manifest: Manifest) -> None:
-    """Every listed file is present with its hash, and nothing unlisted was added; no links."""
+def _listed(folder: Path, skip: Sequence[str] = (MANIFEST,)) -> list[str]:
+    """The regular files under `folder`, by relative path, without reading them."""
+    return [
+        rel
+        for rel in (p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file())
+        if rel not in skip
+    ]
+
+
+def check_files(folder: Path, manifest: Manifest, hashes: Mapping[str, str] | None = None) -> None:
+    """Every listed file is present with its hash, and nothing unlisted was added; no links.
+
+    `hashes`: the sha256 of files already computed while they were extracted (each file is read
+    once). Sizes are checked before anything is hashed: the image exactly as the manifest states,
+    every other file at most MAX_FILE_BYTES, so a huge (or sparse) file costs no hashing time."""
     refuse_links(folder)
     problems = []
+    declared = manifest.image.get("bytes")
     for rel, want in sorted(manifest.files.items()):
         path = folder / rel
         if not path.is_file():
             problems.append(f"{rel} is missing")
-        elif sha256_file(path) != want:
-            size = manifest.image.get("bytes") if rel == manifest.image.get("file") else None
-            hint = f" ({path.stat().st_size} bytes, manifest says {size})" if size else ""
-            problems.append(f"{rel} differs from the manifest{hint}")
-    extra = sorted(set(file_hashes(folder)) - set(manifest.files))
+            continue
+        size = path.stat().st_size
+        if rel == manifest.image.get("file"):
+            if isinstance(declared, int) and size != declared:
+                problems.append(f"{rel} differs from the manifest ({size} bytes, manifest says {declared})")
+                continue
+        elif size > MAX_FILE_BYTES:
+            problems.append(f"{rel} is {size} bytes (at most {MAX_FILE_BYTES})")
+            continue
+        got = (hashes or {}).get(rel) or sha256_file(path)
+        if got != want:
+            problems.append(f"{rel} differs from the manifest")
+    extra = sorted(set(_listed(folder)) - set(manifest.files))
     problems += [f"{rel} is not in the manifest" for rel in extra]
     if problems:
         raise BundleError(

@@ -38,6 +38,10 @@ SECRET_NAME = re.compile(
 # Matched against whole `_`-separated parts of the name: short words that are secret as a part
 # (DB_PASS, MY_PW, SSH_KEY) but not inside another word (PATH, KEYBOARD, COMPASS, BYPASS_CACHE).
 SECRET_NAME_PARTS = frozenset({"PASS", "PWD", "PW", "KEY", "KEYS", "CREDS", "CRED"})
+# A part that ends in one of these is a secret's name too (SSHPASS, DBPWD, SSHKEY, APIKEY), unless
+# it is an ordinary word that happens to end so.
+SECRET_NAME_ENDINGS = ("PASS", "PWD", "KEY")
+ORDINARY_WORDS = frozenset({"BYPASS", "COMPASS", "SURPASS", "OVERPASS", "MONKEY", "HOCKEY", "TURNKEY"})
 # Variables that hold the current or previous working directory: a path, scrubbed as one.
 CWD_NAMES = frozenset({"PWD", "OLDPWD"})
 TOKEN_LIKE = re.compile(r"^(?=[^/\s]*\d)(?=[^/\s]*[A-Za-z])[A-Za-z0-9_\-+=.~:]{16,}$")
@@ -67,11 +71,16 @@ MIN_WORD = 3
 
 @dataclass(frozen=True)
 class ValuePattern:
-    """A secret recognised by its shape; `group` is the part replaced (0: the whole match)."""
+    """A secret recognised by its shape; `group` is the part replaced (0: the whole match);
+    `accept`, when given, decides for each match (a name that says secret)."""
 
     name: str
     regex: re.Pattern[str]
     group: int = 0
+    accept: Callable[[re.Match[str]], bool] | None = None
+
+    def matches(self, text: str) -> bool:
+        return any(self.accept is None or self.accept(m) for m in self.regex.finditer(text))
 
     @property
     def placeholder(self) -> str:
@@ -95,17 +104,37 @@ VALUE_PATTERNS = (
     ),
     ValuePattern("slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}")),
     ValuePattern("credentials", re.compile(r"://([^/\s:@<>]+:[^/\s@<>]+)@"), group=1),
+    # SSHPASS=..., Password=... in a connection string, "DB_TOKEN": "..." in a dump; the value
+    # never starts with "<" (a placeholder already put there) and ends at a separator.
+    ValuePattern(
+        "secret",
+        re.compile(
+            r"(?<![A-Za-z0-9_$])[\"']?([A-Za-z_][A-Za-z0-9_]{1,63})[\"']?\s*[=:]\s*[\"']?(?![<\s])([^\s'\";&,]+)"
+        ),
+        group=2,
+        accept=lambda m: _secret_assignment(m),
+    ),
 )
 
 
 def secret_name(name: str) -> bool:
     """Whether an environment variable's name says its value is a secret."""
     parts = {p for p in re.split(r"[_\W]+", name.upper()) if p}
-    return bool(SECRET_NAME.search(name)) or bool(parts & SECRET_NAME_PARTS)
+    ends = any(p.endswith(SECRET_NAME_ENDINGS) and p not in ORDINARY_WORDS for p in parts)
+    return bool(SECRET_NAME.search(name)) or bool(parts & SECRET_NAME_PARTS) or ends
+
+
+def _secret_assignment(match: re.Match[str]) -> bool:
+    """`NAME=value` in a text (an env dump, a command line, a connection string's `Password=`)
+    whose name says secret; `PWD=/path` is the working directory, scrubbed as a path."""
+    name, value = match.group(1), match.group(2)
+    return secret_name(name) and not (name.upper() in CWD_NAMES and value.startswith("/"))
 
 
 def _replace_group(pattern: ValuePattern) -> Callable[[re.Match[str]], str]:
     def sub(match: re.Match[str]) -> str:
+        if pattern.accept is not None and not pattern.accept(match):
+            return match.group(0)
         if pattern.group == 0:
             return pattern.placeholder
         start, end = match.span(pattern.group)
@@ -216,7 +245,7 @@ class Scrubber:
     def leaks(self, text: str) -> list[str]:
         """Placeholders of the values and shapes still present in `text` (never the values themselves)."""
         found = {r.placeholder for r in self.rules if r.secret in text and r.pattern().search(text)}
-        found |= {p.placeholder for p in VALUE_PATTERNS if p.regex.search(text)}
+        found |= {p.placeholder for p in VALUE_PATTERNS if p.matches(text)}
         return sorted(found)
 
 

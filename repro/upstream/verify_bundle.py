@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import tarfile
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -29,12 +28,14 @@ from typing import Any
 from repro.core.errors import BundleError, UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import confined
+from repro.core.printable import printable
 from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir
 from repro.engines.base import EngineKind, Prepared
 from repro.engines.gpu_host import GpuHost
 from repro.engines.preflight import DockerFacts, check_cuda, check_rocm
 from repro.run.job import JobRequest, build_records, job_args, read_raw, workdir_digest
 from repro.upstream import bundle_image, cluster
+from repro.upstream.bundle_archive import Loaded, load_archive
 from repro.upstream.bundle_manifest import (
     Expected,
     Manifest,
@@ -68,7 +69,8 @@ class Comparison:
     def line(self) -> str:
         want = f"{self.expected.outcome}/{self.expected.signature}" if self.expected else "(not expected)"
         got = f"{self.outcome}/{self.signature}" if self.outcome else "(no record)"
-        return f"{'ok  ' if self.ok else 'DIFF'} {self.run_name:<34} expected {want:<36} got {got}"
+        # outcome/signature come from records written inside the bundle's image: shown escaped.
+        return printable(f"{'ok  ' if self.ok else 'DIFF'} {self.run_name:<34} expected {want:<36} got {got}")
 
 
 @dataclass(frozen=True)
@@ -82,39 +84,20 @@ class VerifyResult:
         return bool(self.comparisons) and all(c.ok for c in self.comparisons)
 
 
-def _safe_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
-    members = []
-    for member in tar.getmembers():
-        parts = Path(member.name).parts
-        if Path(member.name).is_absolute() or ".." in parts or not (member.isfile() or member.isdir()):
-            raise BundleError(
-                f"the archive holds an unsafe entry: {member.name}",
-                fix="only extract bundles made by `make bundle`",
-            )
-        members.append(member)
-    return members
+def load_bundle(path: Path, workdir: Path) -> Loaded:
+    """The bundle folder with its checked manifest: `path` itself, or the single folder inside a
+    .tar archive (manifest read and checked before anything is extracted, see bundle_archive)."""
+    if path.is_dir():
+        refuse_links(path)
+        return Loaded(path, Manifest.read(path), {})
+    if not path.is_file():
+        raise BundleError(f"{path} does not exist", fix="pass BUNDLE=<bundle folder or .tar archive>")
+    return load_archive(path, workdir)
 
 
 def open_bundle(path: Path, workdir: Path) -> Path:
     """The bundle folder: `path` itself, or the single folder inside a .tar archive."""
-    if path.is_dir():
-        return path
-    if not path.is_file():
-        raise BundleError(f"{path} does not exist", fix="pass BUNDLE=<bundle folder or .tar archive>")
-    try:
-        with tarfile.open(path, "r:*") as tar:
-            members = _safe_members(tar)
-            tar.extractall(workdir, members=members)  # noqa: S202 - members checked above
-    except (tarfile.TarError, EOFError, OSError) as exc:
-        raise BundleError(
-            f"{path.name} is not a readable bundle archive",
-            why=f"{type(exc).__name__}: {exc}",
-            fix="copy it again (the archive is truncated or corrupt) or use the bundle folder",
-        ) from None
-    tops = sorted({Path(m.name).parts[0] for m in members if Path(m.name).parts})
-    if len(tops) != 1:
-        raise BundleError(f"{path.name} should hold one bundle folder, found {tops or 'nothing'}")
-    return workdir / tops[0]
+    return load_bundle(path, workdir).folder
 
 
 def compare(expected: Sequence[Expected], records: Sequence[Mapping[str, Any]]) -> tuple[Comparison, ...]:
@@ -247,7 +230,7 @@ def _suite_output(suite_file: Path, env_id: str) -> tuple[list[Any], dict[str, s
     so only well-formed records and artifact paths inside the env's folder are taken."""
     try:
         data = read_json(str(suite_file)) if suite_file.is_file() else {}
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser
         data = {}
     data = data if isinstance(data, dict) else {}
     runs = [r for r in data.get("runs") or [] if isinstance(r, dict)]
@@ -276,13 +259,14 @@ def verify(
     """`client`: a docker-py client, or None with `connect` making one once the bundle has passed
     every check that needs no Docker (so a missing or crafted bundle is named first). `workdir`:
     the custom command's working directory when the bundle could not carry it."""
+    shown = say
+    say = lambda line: shown(printable(line))  # noqa: E731 - the manifest's text is someone else's
     with tempfile.TemporaryDirectory(prefix="mics-bundle-") as tmp:
-        folder = open_bundle(bundle, Path(tmp))
-        refuse_links(folder)
-        manifest = Manifest.read(folder)
+        opened = load_bundle(bundle, Path(tmp))
+        folder, manifest = opened.folder, opened.manifest
         env_id, platform = str(manifest.env["id"]), str(manifest.env["platform"])
         say(f"verify: checking {len(manifest.files)} files of {folder.name} against manifest.json")
-        check_files(folder, manifest)
+        check_files(folder, manifest, opened.hashes)
         job_dir = job_workdir(folder, manifest, workdir, Path(tmp))
         docker: list[Any] = [client] if client is not None else []
 

@@ -55,22 +55,31 @@ class ArtifactCapture:
             if self._abandoned.is_set():
                 return
             stdout, stderr = self._paths(name)
+            handle: Any = None
             if server is not None:
                 try:
-                    self.handles[name] = server.start_task(entry, self.argv[name], self.env, stdout, stderr)
-                    continue
+                    handle = server.start_task(entry, self.argv[name], self.env, stdout, stderr)
                 except PreforkUnavailable:
                     server = None  # the rest as fresh interpreters
-            module = entry.split(":")[0]
-            with open(stdout, "wb") as out_fh, open(stderr, "wb") as err_fh:
-                self.handles[name] = subprocess.Popen(
-                    [sys.executable, "-m", module, *(self.argv[name] or [])],
-                    stdout=out_fh,
-                    stderr=err_fh,
-                    env=self.env,
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
+            if handle is None:
+                if self._abandoned.is_set():  # the server was closed by an interruption, not broken
+                    return
+                module = entry.split(":")[0]
+                with open(stdout, "wb") as out_fh, open(stderr, "wb") as err_fh:
+                    handle = subprocess.Popen(
+                        [sys.executable, "-m", module, *(self.argv[name] or [])],
+                        stdout=out_fh,
+                        stderr=err_fh,
+                        env=self.env,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
+                    )
+            self.handles[name] = handle
+            # abandon() sets the flag, then kills what is registered: a start that raced with it
+            # is either in its list or sees the flag here, so it never outlives the suite.
+            if self._abandoned.is_set():
+                _kill(handle)
+                return
 
     def finish(self) -> dict[str, str]:
         """Wait for both (within TIMEOUT_S of the start) and write the artifact files."""

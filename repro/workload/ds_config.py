@@ -83,6 +83,42 @@ def default_config() -> dict[str, Any]:
     }
 
 
+_OBJECT_KEYS = ("fp16", "bf16", "zero_optimization", "optimizer", "scheduler")
+_COUNT_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def type_problems(config: dict[str, Any]) -> list[str]:
+    """The keys this workload reads whose values have the wrong JSON type (`"fp16": true`,
+    `"reduce_bucket_size": "big"`): checked on the host, before any build, instead of a crash in
+    every run inside the env."""
+    problems = [
+        f"{key} is {type(config[key]).__name__}, not an object"
+        for key in _OBJECT_KEYS
+        if key in config and not isinstance(config[key], dict)
+    ]
+    for key in _COUNT_KEYS:
+        value = config.get(key)
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            problems.append(f"{key} is {value!r}, not a whole number >= 1")
+    for section in ("fp16", "bf16"):
+        enabled = config.get(section, {}).get("enabled") if isinstance(config.get(section), dict) else None
+        if enabled is not None and not isinstance(enabled, bool):
+            problems.append(f"{section}.enabled is {enabled!r}, not true or false")
+    zero = config.get("zero_optimization")
+    if isinstance(zero, dict):
+        stage = zero.get("stage")
+        if stage is not None and stage not in (0, 1, 2, 3):
+            problems.append(f"zero_optimization.stage is {stage!r}, not 0, 1, 2 or 3")
+        for key in (*_BUCKET_KEYS, *_LIVE_KEYS, "stage3_param_persistence_threshold"):
+            if key in zero and not (_number(zero[key]) and zero[key] >= 0):
+                problems.append(f"zero_optimization.{key} is {zero[key]!r}, not a number >= 0")
+    return problems
+
+
 def config_dtype(config: dict[str, Any]) -> str:
     if config.get("fp16", {}).get("enabled"):
         return "fp16"

@@ -340,7 +340,8 @@ def serve(argv: Sequence[str] | None = None) -> int:
         readable, _, _ = select.select([0], [], [], 0.05)
         if readable:
             chunk = os.read(0, 1 << 16)
-            if not chunk:  # the suite has gone: runs still going are its to stop
+            if not chunk:  # the suite has gone: a run still going has nobody else to stop it
+                _stop_leaders(leaders)
                 return 0
             pending += chunk
             while b"\n" in pending:
@@ -359,6 +360,24 @@ def _handle(request: dict[str, Any], leaders: dict[int, str], entry: str) -> Non
         return
     leaders[pid] = run
     emit({"run": run, "pid": pid})
+
+
+def _stop_leaders(leaders: dict[int, str], grace_s: float = PEER_STOP_GRACE_S) -> None:
+    """The suite closed our pipe while runs (or artifact tasks) still go: it was killed, or it
+    stopped them already. Each leader's session (its ranks) gets SIGTERM, then SIGKILL."""
+    _reap(leaders)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in list(leaders):
+            try:
+                os.killpg(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        deadline = time.monotonic() + grace_s
+        while leaders and time.monotonic() < deadline:
+            _reap(leaders)
+            time.sleep(0.05)
+        if not leaders:
+            return
 
 
 def _reap(leaders: dict[int, str]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from repro.workload import classify as cls
 from repro.workload import device as dev
-from repro.workload import ds_config, runner
+from repro.workload import ds_config, parentwatch, runner
 from repro.workload import layout as lay
 from repro.workload import record as rec
 from repro.workload.artifacts import ArtifactCapture
@@ -608,6 +608,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a real command line (tests pass argv): SIGTERM/SIGHUP act like Ctrl-C
         runner.install_stop_handlers()
+        # ... and the tool's death (even SIGKILL) is a SIGTERM here: nothing outlives the tool.
+        parentwatch.follow_tool()
     args = parser().parse_args(argv)
     if args.world_size is not None and (args.world_size < 1 or (args.world_size > 1 and args.world_size % 2)):
         # 1 is a layout too (one GPU: the control only; a bundle of such runs asks for it).
