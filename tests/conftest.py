@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-_EXEMPT_MARKERS = ("integration", "docker", "browser", "bootstrap")
+_EXEMPT_MARKERS = ("integration", "docker", "browser", "bootstrap", "slurm")
 
 
 class _RefusedCall(AssertionError):

@@ -62,3 +62,27 @@ def test_a_failed_suite_is_the_exit_code(in_tmp_repo: Path, monkeypatch: pytest.
     assert bench.bench() == 5
     monkeypatch.setattr(bench.cmd, "run", FakeCommands({}, {"probe": 128}))
     assert bench.bench() == 128
+
+
+def test_a_warm_commit_probe_is_the_median_of_three_after_a_warm_up(
+    in_tmp_repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    times = iter([40.0, 14.0, 11.0, 19.0])  # the first makes the layer: left out
+
+    class Commits(FakeCommands):
+        def __call__(self, argv: list[str], **kw: Any) -> CmdResult:
+            done = super().__call__(argv, **kw)
+            if "--deepspeed-commit" in argv:
+                return CmdResult(done.argv, 0, "", "", False, next(times))
+            return done
+
+    fake = Commits({})
+    monkeypatch.setattr(bench.cmd, "run", fake)
+    assert bench.bench("cpu-latest", "venv", "/src/DeepSpeed", "v0.19.3") == 0
+    commit_calls = [c for c in fake.calls if "--deepspeed-commit" in c]
+    assert len(commit_calls) == 4 and all(
+        c[c.index("--ds-repo") + 1] == "/src/DeepSpeed" for c in commit_calls
+    )
+    line = json.loads((in_tmp_repo / "results" / "bench.jsonl").read_text().splitlines()[-1])
+    assert line["commit_probe_warm_s"] == [14.0, 11.0, 19.0] and line["commit_probe_median_s"] == 14.0
+    assert "probe of commit v0.19.3, warm (median of 3)" in capsys.readouterr().out

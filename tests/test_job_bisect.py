@@ -95,3 +95,56 @@ def test_bisect_over_deepspeed_with_a_custom_command(tmp_path: Path) -> None:
     runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
     assert runs and {r["scenario"] for r in runs} == {"custom"}
     assert all(p["record"] and p["record"].endswith("/job.json") for p in data["probes"])
+
+
+def test_bisect_of_a_command_with_its_own_packages(tmp_path: Path, monkeypatch: Any) -> None:
+    """PACKAGES= reaches every candidate: each probe layers the command's packages over its env,
+    and the first bad one's reproduce line repeats them."""
+    import pytest
+
+    monkeypatch.setattr(FakeEnv, "package_pins", FakeEnv.pins, raising=False)
+    work = tmp_path / "proj"
+    work.mkdir()
+
+    class WithDeps(FakeJobEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layered: list[tuple[str, tuple[str, ...]]] = []
+
+        def prepare_job(self, env: Any, prepared: Prepared, deps: Any) -> tuple[Prepared, dict[str, Any]]:
+            self.layered.append((env.deepspeed, deps.lines))
+            return prepared, {"lines": list(deps.lines), "added": {"their-pkg": "0.3"}}
+
+    argv = [
+        "--axis",
+        "deepspeed",
+        "--versions",
+        "0.12.6,0.13.0,0.13.1",
+        "--from",
+        "0.12.6",
+        "--to",
+        "0.13.1",
+        "--cmd",
+        "torchrun train.py",
+        "--workdir",
+        str(work),
+        "--packages",
+        "their-pkg==0.3",
+        "--out",
+        str(tmp_path / "out"),
+        "--results-root",
+        str(tmp_path / "results"),
+    ]
+    engine = WithDeps()
+    services = bisect_cli.Services(matrix=FakeMatrix(), engine=engine, say=lambda _: None)
+    assert bisect_cli.run_bisect(parse("bisect", argv), services) == 0
+    data = json.loads((tmp_path / "out" / "bisect.json").read_text())
+    assert data["first_bad"] == "0.13.0" and "PACKAGES=their-pkg==0.3" in data["repro_command"]
+    assert engine.layered and all(lines == ("their-pkg==0.3",) for _, lines in engine.layered)
+    runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
+    assert all(r["job"]["requirements"]["added"] == {"their-pkg": "0.3"} for r in runs)
+    # Packages without a command of one's own: refused at the front door.
+    with pytest.raises(bisect_cli.UsageError):
+        bisect_cli.probe_options(
+            parse("bisect", [a for a in argv if a not in ("--cmd", "torchrun train.py")])
+        )

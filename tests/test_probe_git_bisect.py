@@ -243,7 +243,13 @@ def test_overlay_layers_the_checkout_over_the_cached_venv(tmp_path: Path, checko
     pip = next((argv, env) for argv, env in runner.calls if argv[1:4] == ["-m", "pip", "install"])
     assert pip[0][0] == str(overlay / "bin" / "python")
     assert {"--no-build-isolation", "--no-deps"} <= set(pip[0])
-    assert pip[1] == {"DS_BUILD_OPS": "0", "DS_BUILD_STRING": "+abc1234"}
+    # GPUs hidden from DeepSpeed's setup.py (it runs nvcc / reads ROCM_HOME when torch sees one)
+    assert pip[1] == {
+        "DS_BUILD_OPS": "0",
+        "DS_BUILD_STRING": "+abc1234",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HIP_VISIBLE_DEVICES": "",
+    }
     assert runner.staged == ["deepspeed", "setup.py"]  # no .git, no stale build/
     pth = overlay / "site" / "_mics_repro_base.pth"
     assert pth.read_text() == base_pth_line(str(tmp_path / "venvs" / "cpu-abc" / "site"))

@@ -12,27 +12,41 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from packaging.version import InvalidVersion, Version
 
-from repro.bisect.output import ProbeLog, bisect_data, bisect_summary, survey_data, survey_summary
-from repro.bisect.probe import BadIf, Judge, Observation, OrchestratedProbe, ProbeSpec
-from repro.bisect.search import Bisection, Survey
+from repro.bisect import rounds
+from repro.bisect.commits import UPSTREAM_URL, CommitInfo, DsRepo, tag_for
+from repro.bisect.output import (
+    ProbeLog,
+    bisect_data,
+    bisect_summary,
+    commit_fields,
+    commit_summary,
+    survey_data,
+    survey_summary,
+)
+from repro.bisect.probe import BadIf, Judge, Observation, ProbeSpec
+from repro.bisect.search import Bisection, Survey, round_bound
 from repro.bisect.source_overlay import SourceOverlay
+from repro.bisect.worktree_layer import WorktreeLayer
 from repro.core.errors import Interrupted, UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
+from repro.run.orchestrate import Request
 from repro.workload.record import write_json_atomic
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
     from repro.matrix.model import Matrix
 
-AXES = ("torch", "deepspeed")
+COMMIT_AXIS = "deepspeed-commit"
+AXES = ("torch", "deepspeed", COMMIT_AXIS)
 
 
 @dataclass(frozen=True)
@@ -51,6 +65,23 @@ class ProbeOptions:
     command: str | None = None  # CMD=: probe the user's command instead of the suite's scenario
     workdir: str | None = None
     loss_regex: str | None = None
+    requirements: str | None = None  # REQUIREMENTS=/PACKAGES=: the command's own packages (run/job.py)
+    packages: str | None = None
+
+    def __post_init__(self) -> None:
+        """Bad options (WORLD_SIZE=3, STEPS=0, TIMEOUT=nan) are refused here, at the front door,
+        by `make repro`'s own checks (repro/run/orchestrate.py Request): else every candidate's
+        probe would fail the same way and look like an unknown candidate (exit 125, skipped)."""
+        Request(
+            env_ids=(self.env or "probe",),
+            scenarios=(self.scenario,),
+            patches=(self.patch,),
+            dtype=self.dtype,
+            transports=(self.transport,),
+            steps=self.steps,
+            world_size=self.world_size,
+            timeout_s=self.timeout_s,
+        )
 
     def spec_fields(self) -> dict[str, Any]:
         return dict(
@@ -64,6 +95,8 @@ class ProbeOptions:
             command=self.command,
             workdir=self.workdir,
             loss_regex=self.loss_regex,
+            requirements=self.requirements,
+            packages=self.packages,
         )
 
     def make_pairs(self, env_id: str) -> list[tuple[str, object]]:
@@ -80,6 +113,8 @@ class ProbeOptions:
             ("CMD", self.command),
             ("WORKDIR", self.workdir),
             ("LOSS_REGEX", self.loss_regex),
+            ("REQUIREMENTS", self.requirements),
+            ("PACKAGES", self.packages),
         ]
 
 
@@ -131,6 +166,12 @@ class WalkRequest:
     refresh_versions: bool = False
     dry_run: bool = False
     matrix: str | None = None
+    ds_repo: str | None = None  # AXIS=deepspeed-commit / COMMITS=1: a DeepSpeed checkout or git URL
+    commits: bool = False  # COMMITS=1: go on from the releases into the commits between them
+    parallel: int = 1  # PARALLEL=k: candidates probed side by side per round (0: auto, auto_parallel)
+    runner: str = "local"  # local | slurm
+    devices: tuple[str, ...] = ()  # DEVICES=0,1,2,3: split between the PARALLEL probes
+    slurm: rounds.SlurmOptions = rounds.SlurmOptions()
 
 
 @dataclass(frozen=True)
@@ -141,6 +182,9 @@ class Services:
     engine: Any = None
     index: VersionIndex | None = None
     say: Callable[[str], None] = print
+    repo: Callable[[str], DsRepo] = DsRepo  # the cached clone of DS_REPO
+    overlay: rounds.Overlay | None = None  # how a commit is layered over the env (SourceOverlay)
+    runner: Callable[..., rounds.RoundRunner] | None = None  # tests: replaces the round runner
 
 
 def load_matrix(path: str | None, services: Services) -> Matrix:
@@ -176,20 +220,34 @@ class Walk:
     candidates: tuple[str, ...]
     fixed: dict[str, str | None]  # the other axis's pin (None: the env's own)
     base: ProbeSpec
+    commits: dict[str, CommitInfo] = field(default_factory=dict)  # AXIS=deepspeed-commit: label -> commit
+    repo: DsRepo | None = None
 
     def spec(self, version: str) -> ProbeSpec:
+        if self.axis == COMMIT_AXIS:
+            return replace(
+                self.base,
+                torch=self.fixed.get("torch"),
+                deepspeed_commit=self.commits[version].sha,
+                label=version,
+            )
         pins = dict(self.fixed, **{self.axis: version})
         return replace(self.base, torch=pins.get("torch"), deepspeed=pins.get("deepspeed"), label=version)
 
     def make_pairs(self, req: WalkRequest, start: str, end: str) -> list[tuple[str, object]]:
-        return [("AXIS", self.axis), ("FROM", start), ("TO", end)]
+        if self.axis == COMMIT_AXIS:
+            return [("AXIS", self.axis), ("FROM", start), ("TO", end), ("DS_REPO", req.ds_repo)]
+        return [("AXIS", self.axis), ("FROM", start), ("TO", end), ("COMMITS", 1 if req.commits else None)]
 
     def tail_pairs(self, req: WalkRequest) -> list[tuple[str, object]]:
         return [
             ("TORCH", self.fixed.get("torch")),
             ("DEEPSPEED", self.fixed.get("deepspeed")),
             ("VERSIONS", req.versions),
+            ("DS_REPO", req.ds_repo if req.commits else None),
             *req.probe.make_pairs(self.env_id),
+            ("PARALLEL", req.parallel if req.parallel > 1 else None),
+            ("RUNNER", req.runner if req.runner != "local" else None),
         ]
 
 
@@ -200,7 +258,7 @@ def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
         raise UsageError(f"AXIS={req.axis} is not valid", fix=f"use one of: {', '.join(AXES)}")
     other = "deepspeed" if req.axis == "torch" else "torch"
     pins = {"torch": req.torch, "deepspeed": req.deepspeed}
-    if pins[req.axis]:
+    if pins.get(req.axis):
         raise UsageError(
             f"--{req.axis} pins the axis being walked",
             fix=f"drop it, or pin the other package with --{other}",
@@ -210,6 +268,10 @@ def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
     start, end = req.good or req.start, req.bad or req.end
     if not start:
         raise UsageError("the range has no start", fix="give GOOD= (bisect) or FROM= (both commands)")
+    if req.commits and req.axis != "deepspeed":
+        raise UsageError("COMMITS=1 goes on from DeepSpeed releases", fix="use it with AXIS=deepspeed")
+    if req.axis == COMMIT_AXIS:
+        return resolve_commits(req, services, env_id, start, end)
     if req.versions:
         listed = explicit_versions(req.versions)
     else:
@@ -227,6 +289,25 @@ def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
         end = listed[-1]
     base = ProbeSpec(env_id=env_id, **req.probe.spec_fields())
     return Walk(req.axis, env_id, select_range(listed, start, end), {other: pins[other]}, base)
+
+
+def resolve_commits(req: WalkRequest, services: Services, env_id: str, start: str, end: str | None) -> Walk:
+    """AXIS=deepspeed-commit: the first-parent commits from GOOD/FROM to BAD/TO (default the mirror's
+    HEAD) of DS_REPO's cached clone, labelled by short SHA."""
+    if not req.ds_repo:
+        raise UsageError(
+            f"AXIS={COMMIT_AXIS} needs DS_REPO=",
+            fix="give a DeepSpeed checkout (DS_REPO=~/DeepSpeed) or its git URL",
+        )
+    if req.deepspeed:
+        raise UsageError("--deepspeed pins the axis being walked", fix="drop it; --torch may stay")
+    repo = services.repo(req.ds_repo)
+    repo.sync()
+    shas = repo.first_parent_range(start, end or "HEAD")
+    infos = repo.describe(shas)
+    commits = {infos[sha].short: infos[sha] for sha in shas}
+    base = ProbeSpec(env_id=env_id, deepspeed_repo=req.ds_repo, **req.probe.spec_fields())
+    return Walk(COMMIT_AXIS, env_id, tuple(commits), {"torch": req.torch}, base, commits, repo)
 
 
 def explicit_versions(text: str) -> tuple[str, ...]:
@@ -257,7 +338,7 @@ class Mode(Protocol):
 
     def headline(self, walk: Walk) -> str: ...
     def make_command(self, start: str, end: str) -> str: ...
-    def next_probe(self) -> int | None: ...
+    def next_round(self, k: int) -> list[int]: ...
     def record(self, index: int, obs: Observation, log: ProbeLog) -> None: ...
     def data(self, log: ProbeLog, done: bool, interrupted: bool) -> dict[str, Any]: ...
     def summary(self, data: dict[str, Any]) -> list[str]: ...
@@ -286,12 +367,14 @@ class BisectMode:
         self.resume: str | None = None
 
     def headline(self, walk: Walk) -> str:
-        names, n = walk.candidates, len(walk.candidates)
+        names, n, k = walk.candidates, len(walk.candidates), self.req.parallel
         bound = 2 + math.ceil(math.log2(n - 1)) if n > 1 else n
+        cost = f"at most {bound} probes without unknowns"
+        if k > 1 and n > 2:
+            cost = f"{k} probes a round, at most {round_bound(n, k)} rounds without unknowns"
         return (
-            f"bisect: {walk.axis} {names[0]} .. {names[-1]} ({n} candidates, at most {bound} probes without "
-            f"unknowns) on {walk.env_id}, {self.req.probe.scenario}/{self.req.probe.patch}, "
-            f"BAD_IF={self.req.bad_if}"
+            f"bisect: {walk.axis} {names[0]} .. {names[-1]} ({n} candidates, {cost}) on {walk.env_id}, "
+            f"{self.req.probe.scenario}/{self.req.probe.patch}, BAD_IF={self.req.bad_if}"
         )
 
     def make_command(self, start: str, end: str) -> str:
@@ -301,8 +384,8 @@ class BisectMode:
             [*walk.make_pairs(self.req, start, end), ("BAD_IF", self.req.bad_if), *walk.tail_pairs(self.req)],
         )
 
-    def next_probe(self) -> int | None:
-        return self.state.next_probe()
+    def next_round(self, k: int) -> list[int]:
+        return self.state.next_round(k)
 
     def record(self, index: int, obs: Observation, log: ProbeLog) -> None:
         verdict = self.judge(obs)
@@ -318,7 +401,7 @@ class BisectMode:
             "bad_if": self.req.bad_if,
             "reference": list(self.judge.reference) if self.judge.reference else None,
         }
-        return bisect_data(
+        data = bisect_data(
             header,
             self.walk.candidates,
             self.state.result(),
@@ -327,9 +410,12 @@ class BisectMode:
             resume=self.resume,
             repro_for=lambda v: self.walk.spec(v).repro_command(),
         )
+        if self.walk.repo is not None:
+            data.update(commit_fields(data, self.walk.commits, self.walk.repo, self.walk.spec, done=done))
+        return data
 
     def summary(self, data: dict[str, Any]) -> list[str]:
-        return bisect_summary(data)
+        return bisect_summary(data) + commit_summary(data)
 
     def interrupted(self, folder: Path, probes: int) -> Interrupted:
         return Interrupted(
@@ -374,8 +460,8 @@ class SurveyMode:
             ],
         )
 
-    def next_probe(self) -> int | None:
-        return self.state.next_probe()
+    def next_round(self, k: int) -> list[int]:
+        return self.state.next_round(k)
 
     def record(self, index: int, obs: Observation, log: ProbeLog) -> None:
         self.state.record(index, _survey_key(obs))
@@ -399,9 +485,81 @@ class SurveyMode:
 
 
 # -- the driver ----------------------------------------------------------------------------------
+def make_runner(
+    req: WalkRequest, services: Services, matrix: Matrix, engine: Engine, inv: InvocationDir, walk: Walk
+) -> rounds.RoundRunner:
+    """Where each round's probes run: in this process (PARALLEL=1), side by side on this host, or
+    as a Slurm array job."""
+    if services.runner is not None:
+        return services.runner(req=req, matrix=matrix, engine=engine, invocation=inv, walk=walk)
+    if req.runner not in rounds.RUNNERS:
+        raise UsageError(f"RUNNER={req.runner} is not valid", fix=f"use one of: {', '.join(rounds.RUNNERS)}")
+    command = rounds.ProbeCommand(engine=req.probe.engine, matrix=req.matrix, bad_if=req.bad_if)
+    if walk.repo is not None and (req.parallel > 1 or req.runner == "slurm"):
+        # Each child probe checks out into its own slot; adding the work trees here, one after
+        # another, keeps k children from racing on the clone's worktree list.
+        for slot in range(max(req.parallel, 1)):
+            walk.repo.checkout(walk.commits[walk.candidates[0]].sha, slot)
+    if req.runner == "slurm":
+        return rounds.Slurm(inv.folder, command, req.parallel, req.slurm, say=services.say)
+    if req.parallel > 1:
+        rocm = (
+            getattr(getattr(matrix.get(walk.env_id.split("+")[0]), "platform", None), "value", "") == "rocm"
+        )
+        var = "HIP_VISIBLE_DEVICES" if rocm else "CUDA_VISIBLE_DEVICES"
+        return rounds.Processes(inv.folder, command, req.parallel, req.devices, device_var=var)
+    overlay = services.overlay or WorktreeLayer
+    return rounds.InProcess(matrix, engine, inv, services.say, overlay, walk.repo)
+
+
+def auto_parallel(
+    req: WalkRequest, matrix: Matrix, gpus: int | None = None, cores: int | None = None
+) -> WalkRequest:
+    """PARALLEL=auto: on a GPU host with G GPUs (after *_VISIBLE_DEVICES) and probes of g ranks
+    (WORLD_SIZE=, else all of them), k = G / g, each probe on its own g of DEVICES (default 0..G-1);
+    on CPU, k = cores / ranks (WORLD_SIZE=, else the suite's 4), at least 1. On Slurm the nodes
+    are the scheduler's: auto means 2."""
+    if req.runner == "slurm":
+        return replace(req, parallel=2)
+    if gpus is None:
+        from repro.engines.preflight import gpu_count
+
+        gpus = gpu_count(matrix.get(req.probe.env or matrix.default_id))
+    if gpus:
+        per = req.probe.world_size or gpus
+        devices = req.devices or tuple(str(i) for i in range(gpus))
+        return replace(req, parallel=max(1, len(devices) // per), devices=devices)
+    per_cpu = req.probe.world_size or 4
+    return replace(req, parallel=max(1, (cores or os.cpu_count() or 1) // per_cpu))
+
+
+def walk_rounds(
+    mode: Mode, walk: Walk, runner: rounds.RoundRunner, log: ProbeLog, save: Callable[..., Any], k: int
+) -> int:
+    """Probe what the search asks for, a round at a time, saving after every round; the round count."""
+    count = 0
+    while batch := mode.next_round(k):
+        count += 1
+        observations = runner([walk.spec(walk.candidates[i]) for i in batch])
+        for i, obs in zip(batch, observations, strict=True):
+            mode.record(i, obs, log)
+        save(done=False)
+    return count
+
+
 def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkRequest, Walk], Mode]) -> int:
     say = services.say
+    if req.parallel < 0:
+        raise UsageError(
+            f"PARALLEL={req.parallel} is not valid", fix="give a number of probes per round, or auto"
+        )
     matrix = load_matrix(req.matrix, services)
+    if req.parallel == 0:
+        req = auto_parallel(req, matrix)
+        say(
+            f"PARALLEL=auto: {req.parallel} probes a round"
+            + (f" on devices {req.devices}" if req.devices else "")
+        )
     walk = resolve_walk(req, services, matrix)
     mode = mode_of(req, walk)
     say(mode.headline(walk))
@@ -413,25 +571,119 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
     inv = req.folder.invocation(folder, mode.make_command(walk.candidates[0], walk.candidates[-1]))
     if fresh:
         point_latest(req.folder.results_root, folder)
-    evaluate = OrchestratedProbe(matrix, engine, inv, say=say)
+    runner = make_runner(req, services, matrix, engine, inv, walk)
     log = ProbeLog(walk.axis, say)
     say(f"results: {folder}")
+    chained: dict[str, Any] = {}
+    where = rounds.data_of(runner)
+    counted = {"rounds": 0}
 
     def save(done: bool, interrupted: bool = False) -> dict[str, Any]:
-        data = mode.data(log, done, interrupted)
+        data = {**mode.data(log, done, interrupted), **where, **counted, **chained}
         write_json_atomic(str(folder / mode.marker), data)
         return data
 
     try:
-        while (i := mode.next_probe()) is not None:
-            mode.record(i, evaluate(walk.spec(walk.candidates[i])), log)
-            save(done=False)
+        counted["rounds"] = walk_rounds(mode, walk, runner, log, save, req.parallel)
+        data = save(done=True)
+        if req.commits:
+            chain_all(req, services, matrix, engine, inv, data, chained, save)
     except (KeyboardInterrupt, Interrupted):
         save(done=False, interrupted=True)
         raise mode.interrupted(folder, len(log.rows)) from None
-    for line in mode.summary(save(done=True)):
+    data = save(done=True)
+    for line in mode.summary(data):
         say(line)
+    stages = chained.get("commits") or []
+    for commits in stages if isinstance(stages, list) else [stages]:
+        if commits.get("kind") == "bisect":
+            names = commits["candidates"]
+            say("")
+            say(f"commits {names[0]} .. {names[-1]} between the two releases:")
+            for line in bisect_summary(commits) + commit_summary(commits):
+                say(line)
     return 0
+
+
+def chain_all(
+    req: WalkRequest,
+    services: Services,
+    matrix: Matrix,
+    engine: Engine,
+    inv: InvocationDir,
+    data: dict[str, Any],
+    chained: dict[str, Any],
+    save: Callable[..., Any],
+) -> None:
+    """COMMITS=1: a bisect goes on between its boundary releases (`commits`: one commit bisect); a
+    survey between the releases of each change point (`commits`: a list in change-point order),
+    where `bad` means behaving differently from the older release (BAD_IF=differs)."""
+    if data["kind"] == "survey":
+        stages: list[dict[str, Any]] = []
+        chained["commits"] = stages
+        for point in data["change_points"]:
+            stages.append({})
+            index = len(stages) - 1
+            sub = replace(req, bad_if=BadIf.DIFFERS.value)
+            chain_commits(sub, services, matrix, engine, inv, point, partial(stages.__setitem__, index), save)
+        return
+    if data["status"] != "found":
+        chained["commits"] = {"kind": "skipped", "why": "the releases showed no good/bad boundary"}
+        return
+    chain_commits(
+        req,
+        services,
+        matrix,
+        engine,
+        inv,
+        data["change_points"][0],
+        partial(chained.__setitem__, "commits"),
+        save,
+    )
+
+
+def chain_commits(
+    req: WalkRequest,
+    services: Services,
+    matrix: Matrix,
+    engine: Engine,
+    inv: InvocationDir,
+    point: dict[str, Any],
+    publish: Callable[[dict[str, Any]], None],
+    save: Callable[..., Any],
+) -> None:
+    """Bisect the first-parent commits between the two releases of `point` (their v<version> tags),
+    in the same folder and with the same runner settings; `publish` puts the data where the
+    releases' JSON holds it, saved after every round like the releases."""
+    sub = replace(
+        req,
+        axis=COMMIT_AXIS,
+        good=tag_for(point["before"]),
+        bad=tag_for(point["after"]),
+        start=None,
+        end=None,
+        versions=None,
+        deepspeed=None,
+        commits=False,
+        ds_repo=req.ds_repo or UPSTREAM_URL,
+    )
+    walk = resolve_walk(sub, services, matrix)
+    mode = BisectMode(sub, walk)
+    services.say(mode.headline(walk))
+    runner = make_runner(sub, services, matrix, engine, inv, walk)
+    log = ProbeLog(walk.axis, services.say)
+    counted = {"rounds": 0}
+
+    def save_commits(done: bool, interrupted: bool = False) -> None:
+        publish({**mode.data(log, done, interrupted), **rounds.data_of(runner), **counted})
+        save(done=True, interrupted=interrupted)
+
+    try:
+        counted["rounds"] = walk_rounds(mode, walk, runner, log, save_commits, sub.parallel)
+    except (KeyboardInterrupt, Interrupted):
+        save_commits(done=False, interrupted=True)
+        raise
+    save_commits(done=True)
 
 
 def run_bisect(req: WalkRequest, services: Services) -> int:

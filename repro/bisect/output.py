@@ -7,7 +7,11 @@ bisect.json: kind, axis, env, fixed, scenario, patch, bad_if, reference, candida
   first_bad: probe}, unknown_between, change_points (the boundary, in the survey's shape), probes
   [{version, outcome, signature, verdict, reason, seconds, env, reused_env, record, versions,
   layered_on (the cached venv a DeepSpeed-only probe venv was layered on, or null)}],
-  probe_count, envs_built, envs_reused, repro_command, interrupted, resume_command.
+  probe_count, envs_built, envs_reused, repro_command, interrupted, resume_command, runner
+  (in-process | local | slurm), parallel, rounds. AXIS=deepspeed-commit adds ds_repo, repo_url,
+  candidate_commits {short: commit}, and when found first_bad_commit {sha, short, subject, date,
+  pr, pr_url, files (git show --stat)}, last_good_commit, reproduce {make, pip, command}; a
+  release bisect with COMMITS=1 holds that commit bisect as `commits`.
 survey.json: kind, axis, env, fixed, scenario, patch, every, candidates, status, interrupted,
   change_points [{before, after, outcome_before, outcome_after, signature_before, signature_after,
   unknown_between}], segments [{from, to, outcome, signature}], unknown, probes, probe_count,
@@ -19,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from repro.bisect.probe import Observation
+from repro.bisect.commits import CommitInfo, DsRepo
+from repro.bisect.probe import Observation, ProbeSpec
 from repro.bisect.search import BisectResult, BisectStatus, ProbeVerdict, SurveyResult
 
 Key = tuple[str, str]
@@ -199,4 +204,61 @@ def survey_summary(data: Mapping[str, Any]) -> list[str]:
             "  between two probes with the same result every release is assumed the same; "
             "EVERY=1 checks them all"
         )
+    return lines
+
+
+def commit_fields(
+    data: Mapping[str, Any],
+    commits: Mapping[str, CommitInfo],
+    repo: DsRepo,
+    spec_of: Callable[[str], ProbeSpec],
+    *,
+    done: bool,
+) -> dict[str, Any]:
+    """AXIS=deepspeed-commit: what the commits are, and for the first bad one what it changed and
+    how to reproduce it with and without this tool."""
+    url = repo.url()
+    fields: dict[str, Any] = {
+        "ds_repo": repo.source,
+        "repo_url": url,
+        "candidate_commits": {label: info.as_dict(url) for label, info in commits.items()},
+        "first_bad_commit": None,
+        "last_good_commit": None,
+        "reproduce": None,
+    }
+    if not (done and data.get("status") == BisectStatus.FOUND.value):
+        return fields
+    bad, good = commits[data["first_bad"]], commits[data["last_good"]]
+    spec = spec_of(data["first_bad"])
+    fields.update(
+        first_bad_commit={**bad.as_dict(url), "files": repo.files_changed(bad.sha)},
+        last_good_commit=good.as_dict(url),
+        reproduce={
+            "make": spec.repro_command()
+            + (f" BAD_IF={data['bad_if']}" if data.get("bad_if", "reproduced") != "reproduced" else ""),
+            "pip": f"DS_BUILD_OPS=0 pip install --no-deps --no-build-isolation 'git+{url}@{bad.sha}'",
+            "command": spec.command,
+        },
+    )
+    return fields
+
+
+def commit_summary(data: Mapping[str, Any]) -> list[str]:
+    """The closing lines of a commit bisection (nothing for a release bisection)."""
+    bad = data.get("first_bad_commit")
+    if not bad:
+        return []
+    good = data["last_good_commit"]
+    pr = f"  PR #{bad['pr']}" + (f" {bad['pr_url']}" if bad["pr_url"] else "") if bad["pr"] else ""
+    lines = [
+        f"  first bad commit: {bad['short']} {bad['subject']} ({bad['date']}){pr}",
+        *("    " + line for line in bad["files"].splitlines()),
+        f"  last good commit: {good['short']} {good['subject']} ({good['date']})",
+        f"  probes: {data['probe_count']} in {data.get('rounds', data['probe_count'])} rounds "
+        f"({data.get('parallel', 1)} a round, {data.get('runner', 'in-process')})",
+        f"  reproduce with this tool: {data['reproduce']['make']}",
+        f"  reproduce without it: {data['reproduce']['pip']}",
+    ]
+    if data["reproduce"]["command"]:
+        lines.append(f"    then: {data['reproduce']['command']}")
     return lines

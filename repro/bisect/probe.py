@@ -6,7 +6,9 @@ Outcome -> verdict, the one place this mapping is defined (BAD_IF / --bad-if pic
   outcome       reproduced (default)  failed    differs (from the reference: GOOD's observation)
   reproduced    bad                   bad       bad if outcome or signature differ, else good
   clean         good                  good      same rule
-  crashed       unknown               bad       same rule
+  crashed       unknown (bad when it  bad       same rule
+                died of an IllegalWork:
+                the env verdict's bug)
   hung          unknown               bad       same rule
   unsupported   unknown               unknown   same rule ("MiCS removed" is a real answer there)
   env-error     unknown               unknown   unknown
@@ -30,10 +32,13 @@ from typing import TYPE_CHECKING, Any
 
 from repro.bisect.search import ProbeVerdict
 from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
+from repro.core.evidence import as_evidence
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
+from repro.core.runs import RunFinding, run_finding
 from repro.run.orchestrate import Request, execute, plan
-from repro.workload.record import CUSTOM_SCENARIO, RunRecord
+from repro.workload.closed import assert_never
+from repro.workload.record import CUSTOM_SCENARIO, Outcome, RunRecord, Signature
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -61,27 +66,32 @@ class BadIf(enum.Enum):
 
 
 _ALWAYS_UNKNOWN = ("env-error", "interrupted")
-_BY_RULE: dict[BadIf, dict[str, ProbeVerdict]] = {
-    BadIf.REPRODUCED: {"reproduced": ProbeVerdict.BAD, "clean": ProbeVerdict.GOOD},
-    BadIf.FAILED: {
-        "reproduced": ProbeVerdict.BAD,
-        "crashed": ProbeVerdict.BAD,
-        "hung": ProbeVerdict.BAD,
-        "clean": ProbeVerdict.GOOD,
-    },
-}
+
+
+def _by_rule(finding: RunFinding, bad_if: BadIf) -> ProbeVerdict:
+    """The table above, from the env verdict's reading of the run (repro.core.runs.run_finding)."""
+    if finding is RunFinding.BUG:
+        return ProbeVerdict.BAD
+    if finding is RunFinding.CLEAN:
+        return ProbeVerdict.GOOD
+    if finding is RunFinding.OTHER_FAILURE:
+        return ProbeVerdict.BAD if bad_if is BadIf.FAILED else ProbeVerdict.UNKNOWN
+    if finding is RunFinding.UNSUPPORTED or finding is RunFinding.NO_OUTCOME:
+        return ProbeVerdict.UNKNOWN
+    assert_never(finding)
 
 
 def verdict_for(
     outcome: str, signature: str, bad_if: BadIf, reference: tuple[str, str] | None = None
 ) -> ProbeVerdict:
-    if outcome in _ALWAYS_UNKNOWN:
+    finding = run_finding(Outcome(outcome), Signature(signature))
+    if finding is RunFinding.NO_OUTCOME:
         return ProbeVerdict.UNKNOWN
     if bad_if is BadIf.DIFFERS:
         if reference is None:
             raise ValueError("BAD_IF=differs needs the reference observation")
         return ProbeVerdict.GOOD if (outcome, signature) == tuple(reference) else ProbeVerdict.BAD
-    return _BY_RULE[bad_if].get(outcome, ProbeVerdict.UNKNOWN)
+    return _by_rule(finding, bad_if)
 
 
 @dataclass(frozen=True)
@@ -145,6 +155,9 @@ class ProbeSpec:
     torch: str | None = None
     deepspeed: str | None = None
     deepspeed_src: str | None = None
+    # AXIS=deepspeed-commit: the commit (full SHA) of DS_REPO built over the env's venv.
+    deepspeed_commit: str | None = None
+    deepspeed_repo: str | None = None
     dtype: str | None = None
     transport: str = "async"
     timeout_s: float | None = None
@@ -155,6 +168,8 @@ class ProbeSpec:
     command: str | None = None
     workdir: str | None = None
     loss_regex: str | None = None
+    requirements: str | None = None  # the command's own packages, a layer over each candidate env
+    packages: str | None = None
 
     def request(self) -> Request:
         return Request(
@@ -173,19 +188,29 @@ class ProbeSpec:
 
     def repro_command(self) -> str:
         """The `make repro` line that runs exactly this probe's env, scenario and patch (for a
-        custom command, the `make probe` line: `make run` takes no release pins)."""
-        if self.command:
+        custom command or a DeepSpeed commit, the `make probe` line: `make run` takes no release
+        pins and builds no commits)."""
+        if self.command or self.deepspeed_commit:
             return make_line(
                 "probe",
                 [
                     ("ENV", self.env_id),
                     ("TORCH", self.torch),
                     ("DEEPSPEED", self.deepspeed),
+                    ("DS_REPO", self.deepspeed_repo if self.deepspeed_commit else None),
+                    ("DEEPSPEED_COMMIT", self.deepspeed_commit),
+                    ("ENGINE", "venv" if self.deepspeed_commit else None),
+                    ("SCENARIO", None if self.command else self.scenario),
                     ("PATCH", self.patch),
+                    ("DTYPE", self.dtype),
                     ("TRANSPORT", None if self.transport == "async" else self.transport),
+                    ("STEPS", self.steps),
+                    ("WORLD_SIZE", self.world_size),
                     ("CMD", self.command),
                     ("WORKDIR", self.workdir),
                     ("LOSS_REGEX", self.loss_regex),
+                    ("REQUIREMENTS", self.requirements),
+                    ("PACKAGES", self.packages),
                 ],
             )
         return make_line(
@@ -230,6 +255,9 @@ class _Watch:
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
         return self.inner.run_suite(prepared, args, out_dir, timeout_s)
+
+    def prepare_job(self, env: Any, prepared: Any, deps: Any) -> Any:
+        return self.inner.prepare_job(env, prepared, deps)  # type: ignore[attr-defined]
 
     def run_job(self, prepared: Any, args: Any, out_dir: Any, workdir: Any, timeout_s: Any, **kw: Any) -> Any:
         return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, **kw)  # type: ignore[attr-defined]
@@ -284,7 +312,10 @@ class OrchestratedProbe:
                 env_id,
                 watch.reused,
             )
-        record = mine[-1]
+        # The run as evidence (repro/core/evidence.py, the one platform check the env verdict
+        # uses too): a run of a rocm env that ran on CPU, or a custom job that never joined a
+        # process group on a GPU, is env-error here, so no BAD_IF rule can count it.
+        record = as_evidence([mine[-1]], {env_id: steps[0].env.platform.value})[0]
         log = record.get("logs") or {}
         return Observation(
             label,
@@ -302,6 +333,7 @@ class OrchestratedProbe:
     def _custom(self, spec: ProbeSpec, env: Any, watch: _Watch) -> list[RunRecord]:
         """One patch of the user's command in this candidate's env (its records land in the
         shared results folder like the suite's)."""
+        from repro.engines import jobdeps
         from repro.run.job import JobRequest, execute_job
 
         request = JobRequest(
@@ -312,6 +344,7 @@ class OrchestratedProbe:
             transport=spec.transport,
             loss_regex=spec.loss_regex,
             timeout_s=spec.timeout_s or JobRequest.timeout_s,
+            deps=jobdeps.parse(spec.requirements, spec.packages),
         )
         return execute_job(request, env, watch, self.invocation, say=self.say)
 

@@ -65,14 +65,33 @@ class BisectResult:
         return len(self.probes)
 
 
-def _nearest_untried(lo: int, hi: int, tried: Callable[[int], bool]) -> int | None:
-    """The untried index strictly inside (lo, hi) closest to the midpoint (lower one on ties)."""
-    mid = (lo + hi) // 2
-    for dist in range(hi - lo):
+def _nearest_untried(lo: int, hi: int, tried: Callable[[int], bool], target: int | None = None) -> int | None:
+    """The untried index strictly inside (lo, hi) closest to `target` (default the midpoint;
+    the lower one on ties)."""
+    mid = (lo + hi) // 2 if target is None else target
+    for dist in range(hi - lo + abs(mid - lo) + 1):
         for cand in (mid - dist, mid + dist):
             if lo < cand < hi and not tried(cand):
                 return cand
     return None
+
+
+def _spread(lo: int, hi: int, k: int, tried: Callable[[int], bool]) -> list[int]:
+    """Up to k untried indices strictly inside (lo, hi) that split it into k + 1 near-equal parts
+    (target j is lo + floor(j * (hi - lo) / (k + 1)), so no part is wider than
+    ceil((hi - lo) / (k + 1))); a target already tried (an unknown) is replaced by the nearest
+    untried index. k = 1 is the binary search's midpoint."""
+    picked: list[int] = []
+
+    def taken(i: int) -> bool:
+        return tried(i) or i in picked
+
+    for j in range(1, k + 1):
+        cand = _nearest_untried(lo, hi, taken, lo + (j * (hi - lo)) // (k + 1))
+        if cand is None:
+            break
+        picked.append(cand)
+    return sorted(picked)
 
 
 class Bisection:
@@ -143,6 +162,35 @@ class Bisection:
         gap = self._gap_to_split(known)
         return None if gap is None else (gap[0] + gap[1]) // 2
 
+    def next_round(self, k: int) -> list[int]:
+        """Up to k candidates to probe at the same time (PARALLEL=k), in index order; [] when done.
+
+        The same decisions as `next_probe`, with the range split in k + 1 parts instead of two:
+        the first round probes both ends (and, for k > 2, k - 2 points between them), then the
+        boundary, or the gap `next_probe` would halve, is split by k points. Without unknowns a
+        transition among N candidates takes at most 1 + ceil(log_(k+1)(N - 1)) rounds for k >= 2
+        (2 + ceil(log2(N - 1)) for k = 1: one probe per round, as `next_probe`). Unknowns are
+        stepped around as there; the answer is `result()`'s, so for a single transition it is the
+        binary search's. k = 1 asks exactly what `next_probe` asks.
+        """
+        if k < 1:
+            raise ValueError("a round probes at least one candidate")
+        if self.count < 2:
+            return []
+        ends = [end for end in (0, self.count - 1) if end not in self.verdicts]
+        if ends:
+            picks = ends[:k]
+            if k > 2 and len(ends) == 2:
+                picks += _spread(0, self.count - 1, k - 2, self._tried)
+            return sorted(picks)
+        known = self._known()
+        pair = self._boundary(known)
+        if pair is None:
+            pair = self._gap_to_split(known)
+            if pair is None:
+                return []
+        return _spread(pair[0], pair[1], k, self._tried)
+
     def record(self, index: int, verdict: ProbeVerdict) -> None:
         if index in self.verdicts:
             raise ValueError(f"candidate {index} was already probed")
@@ -201,6 +249,30 @@ def bisect(items: Sequence[T], judge: Callable[[T], ProbeVerdict]) -> BisectResu
     return state.result()
 
 
+def round_bound(n: int, k: int) -> int:
+    """Rounds of `next_round(k)` for one transition among n candidates without unknowns."""
+    if n < 2:
+        return n
+    rounds, reach = (2 if k == 1 else 1), 1
+    while reach < n - 1:  # ceil(log_(k+1)(n - 1)) in integers
+        rounds, reach = rounds + 1, reach * (k + 1)
+    return rounds
+
+
+def bisect_rounds(
+    items: Sequence[T], judge_round: Callable[[list[T]], list[ProbeVerdict]], k: int
+) -> tuple[BisectResult, int]:
+    """A whole k-ary bisection: `judge_round` gets up to k items at once (run side by side) and
+    answers their verdicts in the same order. Returns the result and the number of rounds."""
+    state = Bisection(len(items))
+    rounds = 0
+    while batch := state.next_round(k):
+        rounds += 1
+        for i, verdict in zip(batch, judge_round([items[i] for i in batch]), strict=True):
+            state.record(i, verdict)
+    return state.result(), rounds
+
+
 # -- survey ------------------------------------------------------------------------------------
 K = TypeVar("K", bound=Hashable)
 
@@ -255,6 +327,34 @@ class Survey(Generic[K]):
                 if cand is not None:
                     return cand
         return None
+
+    def next_round(self, k: int) -> list[int]:
+        """Up to k candidates to probe side by side, in index order; [] when done. The same
+        decisions as `next_probe` (k = 1 asks exactly that): the walk-in from both ends first, then
+        each segment whose ends differ split by the slots left, leftmost first."""
+        if k < 1:
+            raise ValueError("a round probes at least one candidate")
+        untried = [i for i in range(self.count) if i not in self.keys]
+        if not untried or self.every:
+            return untried[:k]
+        known = self._known()
+        picks: list[int] = []
+        if not known:
+            picks.append(untried[0])
+        if untried[-1] > (known[-1] if known else untried[0]) and len(picks) < k:
+            picks.append(untried[-1])
+        if not known:
+            return sorted(picks)
+
+        def tried(i: int) -> bool:
+            return i in self.keys or i in picks
+
+        for a, b in zip(known, known[1:]):
+            if len(picks) >= k:
+                break
+            if self.keys[a] != self.keys[b]:
+                picks += _spread(a, b, k - len(picks), tried)
+        return sorted(picks)
 
     def record(self, index: int, key: K | None) -> None:
         if index in self.keys:

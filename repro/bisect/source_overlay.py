@@ -15,12 +15,14 @@ from repro.core import cmd
 from repro.core.errors import BuildError, UsageError
 from repro.engines.base import EngineKind, Prepared
 from repro.engines.venv.layer import PURELIB, link_base
+from repro.matrix.model import HIDE_GPUS
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
 
 _STAGE_IGNORE = (".git", "build", "dist", "*.egg-info", "__pycache__")
-_DS_VERSION = "import importlib.metadata as m; print(m.version('deepspeed'))"
+# Imports DeepSpeed too: a commit that installs but does not import is unknown, not a crash.
+_DS_VERSION = "import importlib.metadata as m, deepspeed; print(m.version('deepspeed'))"
 
 
 class SourceOverlay:
@@ -96,7 +98,12 @@ class SourceOverlay:
         )
         link_base(Path(purelib), base_lib)
         commit = self.commit()
-        build = {"DS_BUILD_OPS": "0", **({"DS_BUILD_STRING": f"+{commit}"} if commit else {})}
+        # GPUs hidden as in every DeepSpeed install (repro.matrix.model.HIDE_GPUS says why).
+        build = {
+            "DS_BUILD_OPS": "0",
+            **dict(HIDE_GPUS),
+            **({"DS_BUILD_STRING": f"+{commit}"} if commit else {}),
+        }
         with tempfile.TemporaryDirectory(prefix="mics-repro-dssrc-") as tmp:
             staged = Path(tmp) / "src"
             shutil.copytree(self.src, staged, ignore=shutil.ignore_patterns(*_STAGE_IGNORE), symlinks=True)
@@ -116,7 +123,7 @@ class SourceOverlay:
                 env.id,
                 build,
             )
-        version = self._out([str(py), "-c", _DS_VERSION], "reading the installed DeepSpeed version", env.id)
+        version = self._out([str(py), "-c", _DS_VERSION], "importing the installed DeepSpeed", env.id)
         label = f"{overlay} (DeepSpeed {version} from {self.src}{'@' + commit if commit else ''})"
         return Prepared(
             EngineKind.VENV,

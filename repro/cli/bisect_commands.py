@@ -31,7 +31,9 @@ from repro.bisect.driver import (
     run_survey,
 )
 from repro.bisect.probe import BadIf, Evaluate, Judge, OrchestratedProbe, ProbeSpec
+from repro.bisect.rounds import RUNNERS, SlurmOptions
 from repro.bisect.search import ProbeVerdict
+from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
 from repro.cli.options import DEFAULT_RESULTS_ROOT
 from repro.cli.registry import command
 from repro.core.errors import UsageError
@@ -63,6 +65,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cmd", default=None, help="probe YOUR command (README 'Your own job'), not --scenario")
     p.add_argument("--workdir", default=None, help="folder --cmd runs in (default .)")
     p.add_argument("--loss-regex", default=None, help="loss pattern of --cmd's output (group `loss`)")
+    p.add_argument("--requirements", default=None, help="--cmd's own packages (a requirements file)")
+    p.add_argument("--packages", default=None, help='--cmd\'s own packages as a list, e.g. "a==1 b"')
 
 
 def _range_options(p: argparse.ArgumentParser, *, bisecting: bool) -> None:
@@ -87,6 +91,24 @@ def _range_options(p: argparse.ArgumentParser, *, bisecting: bool) -> None:
     p.add_argument("--prereleases", action="store_true", help="include pre-releases from the index")
     p.add_argument("--refresh-versions", action="store_true", help="ignore the cached release list")
     p.add_argument("--dry-run", action="store_true", help="print the candidates and exit")
+    p.add_argument(
+        "--ds-repo", default=None, help="DeepSpeed checkout or git URL (AXIS=deepspeed-commit, COMMITS)"
+    )
+    p.add_argument(
+        "--commits", action="store_true", help="go on into the commits between the boundary releases"
+    )
+    p.add_argument(
+        "--parallel",
+        type=_parallel,
+        default=1,
+        help="candidates probed side by side per round, or auto (GPUs / ranks; cores / ranks on CPU)",
+    )
+    p.add_argument("--runner", default="local", choices=RUNNERS, help="where parallel probes run")
+    p.add_argument("--devices", default=None, help="GPU ids split between the parallel probes (0,1,2,3)")
+    p.add_argument("--slurm-partition", default=None)
+    p.add_argument("--slurm-time", default="1:00:00", help="time limit of each array task")
+    p.add_argument("--slurm-gpus-per-task", type=int, default=None)
+    p.add_argument("--image", default=None, help="Apptainer image each Slurm probe runs in")
 
 
 def _probe_options(p: argparse.ArgumentParser) -> None:
@@ -102,10 +124,31 @@ def _probe_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reference", default=None, help="OUTCOME/SIGNATURE of the good state, needed by --bad-if differs"
     )
+    p.add_argument(
+        "--deepspeed-commit", default=None, help="a commit (ref) of --ds-repo to build into the env"
+    )
+    p.add_argument("--ds-repo", default=None, help="DeepSpeed checkout or git URL for --deepspeed-commit")
+    p.add_argument("--slot", type=int, default=0, help="work tree of the cached clone (parallel probes)")
+    p.add_argument("--label", default=None, help="name of the probe in its record (parallel bisects)")
+
+
+def _parallel(text: str) -> int:
+    """PARALLEL=k, or `auto` (0): the driver works out how many probes fit on this host."""
+    if text.strip().lower() == "auto":
+        return 0
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number nor auto") from None
 
 
 # -- typed requests ------------------------------------------------------------------------------
 def probe_options(args: argparse.Namespace) -> ProbeOptions:
+    if (args.requirements or args.packages) and not args.cmd:
+        raise UsageError(
+            "REQUIREMENTS=/PACKAGES= are the packages of your own command",
+            fix='give CMD="..." too, or drop them (our scenarios need nothing beyond the env)',
+        )
     return ProbeOptions(
         env=args.env,
         scenario=args.scenario,
@@ -119,6 +162,8 @@ def probe_options(args: argparse.Namespace) -> ProbeOptions:
         command=args.cmd,
         workdir=str(Path(args.workdir).resolve()) if args.workdir else None,
         loss_regex=args.loss_regex,
+        requirements=str(Path(args.requirements).resolve()) if args.requirements else None,
+        packages=args.packages,
     )
 
 
@@ -145,6 +190,17 @@ def walk_request(args: argparse.Namespace) -> WalkRequest:
         refresh_versions=args.refresh_versions,
         dry_run=args.dry_run,
         matrix=args.matrix,
+        ds_repo=args.ds_repo,
+        commits=bool(getattr(args, "commits", False)),
+        parallel=args.parallel,
+        runner=args.runner,
+        devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip()),
+        slurm=SlurmOptions(
+            partition=args.slurm_partition,
+            time_limit=args.slurm_time,
+            gpus_per_task=args.slurm_gpus_per_task,
+            image=args.image,
+        ),
     )
 
 
@@ -217,17 +273,30 @@ def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate |
     """One probe. Errors are not caught here: the front door turns them into EXIT_ABORT (the
     command is registered with error_exit) and Ctrl-C into 130, both of which stop git."""
     say = services.say
-    if args.deepspeed_src and args.deepspeed:
-        raise UsageError("--deepspeed and --deepspeed-src both choose DeepSpeed", fix="give one of them")
+    if sum(1 for given in (args.deepspeed_src, args.deepspeed, args.deepspeed_commit) if given) > 1:
+        raise UsageError(
+            "--deepspeed, --deepspeed-src and --deepspeed-commit each choose DeepSpeed",
+            fix="give one of them",
+        )
     judge = Judge(BadIf(args.bad_if), _reference(args))
     src = str(Path(args.deepspeed_src).resolve()) if args.deepspeed_src else None
+    commit: str | None = None
+    if args.deepspeed_commit:
+        if not args.ds_repo:
+            raise UsageError("--deepspeed-commit needs --ds-repo", fix="give a DeepSpeed checkout or git URL")
+        repo = services.repo(args.ds_repo)
+        repo.sync(fetch=False)  # parallel probes share the clone the bisect already fetched
+        commit = repo.resolve(args.deepspeed_commit)
+        src = str(repo.checkout(commit, args.slot))
     options = probe_options(args)
     spec = ProbeSpec(
         env_id=args.env or "",
         torch=args.torch,
         deepspeed=args.deepspeed,
         deepspeed_src=src,
-        label=_probe_label(args.torch, args.deepspeed, src),
+        deepspeed_commit=commit,
+        deepspeed_repo=args.ds_repo,
+        label=args.label or (commit[:12] if commit else _probe_label(args.torch, args.deepspeed, src)),
         **options.spec_fields(),
     )
     folder: Path | None = None
@@ -238,15 +307,24 @@ def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate |
             env_id=spec.env_id or matrix.default_id,
             label=spec.label or spec.env_id or matrix.default_id,
         )
-        engine = engine_for(args.engine, services, src)
+        if commit:  # a commit of the cached clone: layered from its work tree, no wheel built
+            engine = (services.overlay or WorktreeLayer)(engine_for(args.engine, services), Path(src or "."))
+        else:
+            engine = engine_for(args.engine, services, src)
         where = _folder(args)
         folder, fresh = where.open(f"probe-{spec.env_id}", "probe.json")
         # `make repro` cannot build a checkout: a source probe is reproduced by its own command.
-        again = spec.repro_command() if not src else shlex.join(["python", "-m", "repro", *args.argv])
+        again = (
+            spec.repro_command() if not src or commit else shlex.join(["python", "-m", "repro", *args.argv])
+        )
         inv = where.invocation(folder, again)
         if fresh:
             point_latest(Path(args.results_root), folder)
         evaluate = OrchestratedProbe(matrix, engine, inv, say=say)
+        if isinstance(engine, WorktreeLayer):  # a crash of a commit that does not import: unknown
+            evaluate = ImportChecked(evaluate, engine)
+    elif args.out:  # a stand-in evaluation (tests) still leaves the probe.json a parallel bisect reads
+        folder, _ = _folder(args).open(f"probe-{spec.env_id}", "probe.json")
     obs = evaluate(spec)
     verdict = judge(obs)
     say(

@@ -122,6 +122,8 @@ def cmd_patches(args: argparse.Namespace) -> int:
 def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default="cpu")
     p.add_argument("--engine", default="venv")
+    p.add_argument("--ds-repo", default=None, help="with --deepspeed-commit: also time a warm commit probe")
+    p.add_argument("--deepspeed-commit", default=None, help="the commit (ref) of --ds-repo to probe")
 
 
 @command(
@@ -132,4 +134,4 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from repro.run.bench import bench
 
-    return bench(args.env, args.engine)
+    return bench(args.env, args.engine, args.ds_repo, args.deepspeed_commit)

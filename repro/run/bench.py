@@ -9,6 +9,8 @@ Times, for one env with its image/venv already built (warm), in one invocation:
             The ratio prefork/torchrun is the figure: absolute seconds depend on the host.
   probe     one bisect/survey probe of the env (`python -m repro probe`: the control and MiCS
             stock, as every bisection and survey step runs them), warm.
+  commit    with DS_REPO= and DEEPSPEED_COMMIT=: the same probe of a DeepSpeed commit layered from
+            its work tree (AXIS=deepspeed-commit), three times after one warm-up; the median.
 Figures are printed as a table and appended to results/bench.jsonl with the host facts, so a
 change in speed can be traced. Cold figures (fresh machine) come from timing `.ci/run` itself.
 Outcomes are compared too, as a sanity line (the parity test, tests/test_launcher_parity.py,
@@ -18,6 +20,7 @@ is what checks that the launchers agree).
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -49,7 +52,9 @@ def _suite(base: list[str], env: str, engine: str, launcher: str, out: Path) -> 
     }
 
 
-def bench(env: str = "cpu", engine: str = "venv") -> int:
+def bench(
+    env: str = "cpu", engine: str = "venv", ds_repo: str | None = None, commit: str | None = None
+) -> int:
     """Time one env's warm build, its full suite under each launcher and a probe; returns the exit
     code of the first failing step, or 0."""
     base = [sys.executable, "-m", "repro"]
@@ -62,6 +67,27 @@ def bench(env: str = "cpu", engine: str = "venv") -> int:
         probe_s, probe_code = _timed(
             [*base, "probe", "--env", env, "--engine", engine, "--out", str(Path(tmp) / "probe")]
         )
+        commit_runs: list[tuple[float, int]] = []
+        if ds_repo and commit:
+            source = ["--deepspeed-commit", commit, "--ds-repo", ds_repo]
+            # The first run may make the layer (a venv) and the work tree: not a warm figure.
+            for i in range(4):
+                commit_runs.append(
+                    _timed(
+                        [
+                            *base,
+                            "probe",
+                            "--env",
+                            env,
+                            "--engine",
+                            "venv",
+                            *source,
+                            "--out",
+                            f"{tmp}/commit{i}",
+                        ]
+                    )
+                )
+        commit_runs = commit_runs[1:]
     slow, fast = suites["torchrun"], suites["prefork"]
     ratio = round(fast["seconds"] / slow["seconds"], 2) if slow["seconds"] else None
     figure = {
@@ -75,6 +101,11 @@ def bench(env: str = "cpu", engine: str = "venv") -> int:
         # exit 0 good, 1 bad, 125 unknown: all are answers; 128 and up: the probe failed
         "probe_warm_s": round(probe_s, 1),
         "probe_exit_code": probe_code,
+        "commit": commit,
+        "commit_probe_warm_s": [round(s, 1) for s, _ in commit_runs],
+        "commit_probe_median_s": round(statistics.median(s for s, _ in commit_runs), 1)
+        if commit_runs
+        else None,
         "suites": suites,
         "host": host_info(),
     }
@@ -84,6 +115,7 @@ def bench(env: str = "cpu", engine: str = "venv") -> int:
         fh.write(json.dumps(figure) + "\n")
     console.result(_table(figure))
     failed = next((s["exit_code"] for s in suites.values() if s["exit_code"]), 0)
+    failed = failed or next((code for _, code in commit_runs if code >= 128), 0)
     return failed or (probe_code if probe_code >= 128 else 0)
 
 
@@ -98,6 +130,9 @@ def _table(figure: dict[str, Any]) -> str:
         what = f"full set, {data['runs']} runs, launcher {name}"
         lines.append(f"  {what:<44} {data['seconds']:>8}")
     lines.append(f"  {'probe (control + mics stock), warm':<44} {figure['probe_warm_s']:>8}")
+    if figure["commit_probe_median_s"] is not None:
+        what = f"probe of commit {figure['commit']}, warm (median of 3)"
+        lines.append(f"  {what:<44} {figure['commit_probe_median_s']:>8}")
     lines.append(f"  ratio prefork / torchrun: {figure['ratio_prefork_to_torchrun']}")
     same = "same" if figure["same_outcomes"] else "DIFFERENT (see results/bench.jsonl)"
     lines.append(f"  outcomes and signatures under both launchers: {same}")

@@ -1,0 +1,173 @@
+"""DeepSpeed's git history as bisect candidates (AXIS=deepspeed-commit): one cached mirror of
+DS_REPO (a local checkout or a git URL), the first-parent commits between two refs, what each
+commit is (subject, date, PR), and a work tree per probe slot checked out at the commit to probe.
+
+The mirror lives under the cache (`git clone --mirror` once, `git fetch` on later use), so the
+user's checkout is never touched (no worktrees added to it, nothing checked out in it) and its
+branches and tags resolve as they do there. Work trees are per slot (PARALLEL=k probes use k of
+them), reused across commits: `checkout --force` + `clean -ffdx` leaves exactly the commit's
+tracked files, so a file deleted in a later commit does not survive into the next probe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from repro.core import cmd
+from repro.core.errors import UsageError
+from repro.core.paths import cache_root
+
+UPSTREAM_URL = "https://github.com/deepspeedai/DeepSpeed"
+# "Fix the replica groups (#8060)" (squash merges) or "Merge pull request #8060 from ..."
+_PR = re.compile(r"\(#(\d+)\)\s*$|^Merge pull request #(\d+)\b")
+_SEP = "\x1f"
+# Folders a DeepSpeed build reads (deepspeed/ links into accelerator/, op_builder/ and csrc/).
+SPARSE = ("deepspeed", "accelerator", "op_builder", "csrc", "requirements")
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    sha: str
+    short: str
+    subject: str
+    date: str  # committer date, ISO 8601
+    pr: int | None
+
+    def pr_url(self, repo_url: str) -> str | None:
+        if self.pr is None or "github.com" not in repo_url:
+            return None
+        return f"{repo_url.removesuffix('.git').rstrip('/')}/pull/{self.pr}"
+
+    def as_dict(self, repo_url: str) -> dict[str, Any]:
+        return {**asdict(self), "pr_url": self.pr_url(repo_url)}
+
+
+def pr_number(subject: str) -> int | None:
+    match = _PR.search(subject)
+    return int(match.group(1) or match.group(2)) if match else None
+
+
+def is_url(spec: str) -> bool:
+    return "://" in spec or spec.startswith("git@")
+
+
+class DsRepo:
+    """The cached mirror of one DS_REPO and its probe work trees."""
+
+    def __init__(self, source: str, root: Path | None = None, runner: Callable[..., cmd.CmdResult] = cmd.run):
+        self.source = source if is_url(source) else str(Path(source).expanduser().resolve())
+        digest = hashlib.sha256(self.source.encode()).hexdigest()[:10]
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.source.rstrip("/").rsplit("/", 1)[-1])[:40]
+        base = (root or cache_root()) / "git"
+        self.mirror = base / f"{name}-{digest}.git"
+        self.trees = base / f"{name}-{digest}.trees"
+        self.runner = runner
+        self._url: str | None = None
+
+    # -- git --------------------------------------------------------------------------------------
+    def _git(self, *args: str, what: str, cwd: Path | None = None) -> str:
+        where = ["-C", str(cwd)] if cwd else ["--git-dir", str(self.mirror)]
+        result = self.runner(["git", *where, *args], capture=True, echo=False)
+        if not result.ok:
+            raise UsageError(
+                f"DS_REPO={self.source}: {what} failed (git exit {result.returncode})",
+                why=result.tail(5) or "git printed nothing",
+                fix="check DS_REPO= (a DeepSpeed checkout or git URL) and the refs given",
+            )
+        return str(result.stdout)
+
+    def sync(self, fetch: bool = True) -> None:
+        """Clone the mirror once; later uses fetch what changed (a local checkout is cheap)."""
+        if not is_url(self.source) and not (Path(self.source) / ".git").exists():
+            if not (Path(self.source) / "HEAD").is_file():  # neither a checkout nor a bare repository
+                raise UsageError(
+                    f"DS_REPO={self.source} is not a git repository",
+                    fix="pass a DeepSpeed git checkout, or a URL such as " + UPSTREAM_URL,
+                )
+        if not (self.mirror / "HEAD").is_file():
+            self.mirror.parent.mkdir(parents=True, exist_ok=True)
+            result = self.runner(["git", "clone", "--mirror", "--quiet", self.source, str(self.mirror)])
+            if not result.ok:
+                raise UsageError(
+                    f"DS_REPO={self.source} cannot be cloned (git exit {result.returncode})",
+                    why="the repository is not reachable from this machine (no network, or a wrong URL)",
+                    fix="clone DeepSpeed somewhere this machine can read and pass that folder as DS_REPO=",
+                )
+        elif fetch:
+            self._git("fetch", "--prune", "--quiet", "origin", what="fetching new commits")
+
+    def resolve(self, ref: str) -> str:
+        return self._git(
+            "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", what=f"resolving {ref}"
+        ).strip()
+
+    def first_parent_range(self, good: str, bad: str) -> list[str]:
+        """`good`, then every first-parent commit after it up to `bad` (oldest first)."""
+        lo, hi = self.resolve(good), self.resolve(bad)
+        listed = self._git("rev-list", "--first-parent", "--reverse", f"{lo}..{hi}", what="listing commits")
+        return [lo, *listed.split()]
+
+    def describe(self, shas: list[str]) -> dict[str, CommitInfo]:
+        if not shas:
+            return {}
+        fmt = _SEP.join(("%H", "%h", "%s", "%cI"))
+        text = self._git("show", "--no-patch", f"--format={fmt}", *shas, what="reading commit subjects")
+        infos = {}
+        for line in text.splitlines():
+            parts = line.split(_SEP)
+            if len(parts) == 4:
+                sha, short, subject, date = parts
+                infos[sha] = CommitInfo(sha, short, subject, date, pr_number(subject))
+        return infos
+
+    def files_changed(self, sha: str) -> str:
+        return self._git("show", "--stat", "--format=", sha, what="listing the files changed").rstrip()
+
+    def url(self) -> str:
+        """Where a maintainer gets the commit: the URL given, or the local checkout's origin."""
+        if is_url(self.source):
+            return self.source
+        if self._url is not None:
+            return self._url
+        result = self.runner(
+            ["git", "-C", self.source, "config", "--get", "remote.origin.url"], capture=True, echo=False
+        )
+        found = str(result.stdout).strip() if result.ok else ""
+        self._url = found if is_url(found) else UPSTREAM_URL
+        return self._url
+
+    # -- work trees -------------------------------------------------------------------------------
+    def checkout(self, sha: str, slot: int = 0) -> Path:
+        """Work tree `slot` at `sha`, with nothing else in it (no build leftovers, no deleted files)."""
+        tree = self.trees / f"slot-{slot}"
+        if not (tree / ".git").exists():
+            self._git("worktree", "prune", what="pruning stale work trees")
+            tree.parent.mkdir(parents=True, exist_ok=True)
+            self._git(
+                "worktree",
+                "add",
+                "--force",
+                "--no-checkout",
+                "--detach",
+                str(tree),
+                sha,
+                what="adding a work tree",
+            )
+            # Only what a DeepSpeed wheel is built from (and the top-level files): a tenth of the
+            # files to write per commit, and no docs/blog media (mirrors may even lack those blobs).
+            self._git("sparse-checkout", "set", "--cone", *SPARSE, what="limiting the work tree", cwd=tree)
+        self._git(
+            "checkout", "--force", "--detach", "--quiet", sha, what=f"checking out {sha[:12]}", cwd=tree
+        )
+        self._git("clean", "-ffdxq", what="cleaning the work tree", cwd=tree)
+        return tree
+
+
+def tag_for(version: str) -> str:
+    """DeepSpeed tags its releases v<version>."""
+    return version if version.startswith("v") else f"v{version}"

@@ -1,0 +1,166 @@
+"""ISSUE.md for the upstream tracker from a bisect or survey folder (`make issue RESULTS=...`).
+
+Read from the folder's bisect.json (a release bisect, a commit bisect, or a release bisect with
+its `commits`) or survey.json, and from the first bad probe's record (its stacks when it hung).
+Everything written passes through the bundle's scrubbing (repro.upstream.scrub): no host paths,
+user names, host names or secrets reach the text; the folder's own path is written <results>.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from repro.core import templating
+from repro.core.errors import UsageError
+from repro.core.makeline import make_line
+from repro.core.paths import confined
+from repro.upstream.scrub import Scrubber
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
+
+
+@dataclass(frozen=True)
+class StackGroup:
+    """Ranks whose hang stacks end in the same frame: the ones that wait and the ones that went on."""
+
+    ranks: tuple[str, ...]
+    where: str  # the innermost frame line
+    stack: str  # one rank's whole stack (the first of the group)
+
+
+def main_stack(text: str) -> str:
+    """The stack of the thread that was running (faulthandler's "Current thread" block, most
+    recent call first); the whole text when there is no such block (another dump format)."""
+    blocks = re.split(r"\n\s*\n", text.strip())
+    current = [b for b in blocks if b.lstrip().startswith("Current thread")]
+    return current[0].strip() if current else text.strip()
+
+
+def stack_groups(stacks: Mapping[str, str]) -> list[StackGroup]:
+    """Ranks grouped by the innermost DeepSpeed frame of their running thread, so the ranks that
+    wait in one collective and those that went on to another are told apart."""
+    groups: dict[str, list[str]] = {}
+    for rank in sorted(stacks, key=lambda r: (len(r), r)):
+        lines = [line.strip() for line in main_stack(stacks[rank]).splitlines() if line.strip()]
+        frames = [line for line in lines if line.startswith("File ")]
+        if "most recent call first" not in (lines[0] if lines else ""):
+            frames.reverse()  # a Python traceback: the innermost frame comes last
+        # Where DeepSpeed was when the rank stopped (the frames below it are torch's and the
+        # transport's waits, the same for every rank); else the innermost frame.
+        ours = [f for f in frames if "/deepspeed/" in f]
+        where = (ours or frames or lines[-1:] or ["(empty)"])[0]
+        where = re.sub(r'File "[^"]*/(deepspeed/[^"]*)"', r'File "\1"', where)  # the package's own path
+        groups.setdefault(where, []).append(rank)
+    return [StackGroup(tuple(r), where, main_stack(stacks[r[0]])) for where, r in groups.items()]
+
+
+def _load(folder: Path) -> tuple[str, dict[str, Any]]:
+    for kind in ("bisect", "survey"):
+        path = folder / f"{kind}.json"
+        if path.is_file():
+            return kind, json.loads(path.read_text())
+    raise UsageError(
+        f"{folder} holds neither bisect.json nor survey.json",
+        fix="pass RESULTS= of a `make bisect` or `make survey` folder",
+    )
+
+
+def _record(folder: Path, probe: Mapping[str, Any] | None) -> dict[str, Any]:
+    rel = (probe or {}).get("record")
+    path = confined(folder, rel) if rel else None
+    if path is None or not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _probe_rows(probes: Sequence[Mapping[str, Any]], axis: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "axis": axis,
+            "version": p.get("version"),
+            "outcome": p.get("outcome"),
+            "signature": p.get("signature"),
+            "verdict": p.get("verdict", ""),
+            "seconds": p.get("seconds"),
+        }
+        for p in probes
+    ]
+
+
+def context(folder: Path) -> dict[str, Any]:
+    """What ISSUE.md says, before scrubbing."""
+    kind, data = _load(folder)
+    commits = data.get("commits")
+    if isinstance(commits, list):  # a survey's: one commit bisect per change point, the first found
+        commits = next((c for c in commits if c.get("status") == "found"), None)
+    commits = commits if isinstance(commits, dict) else None
+    commit_data = commits if commits and commits.get("kind") == "bisect" else None
+    if data.get("axis") == "deepspeed-commit":
+        commit_data = data
+    rows = _probe_rows(data.get("probes", []), data.get("axis", ""))
+    if commit_data is not None and commit_data is not data:
+        rows += _probe_rows(commit_data.get("probes", []), commit_data.get("axis", ""))
+    found = commit_data if commit_data and commit_data.get("status") == "found" else data
+    evidence = found.get("evidence") or {}
+    bad, good = evidence.get("first_bad"), evidence.get("last_good")
+    changes = data.get("change_points", [])
+    if kind == "survey" and changes:
+        by_version = {p["version"]: p for p in data.get("probes", [])}
+        good, bad = by_version.get(changes[0]["before"]), by_version.get(changes[0]["after"])
+    record = _record(folder, bad)
+    versions = {k: v for k, v in ((bad or {}).get("versions") or {}).items() if k in VERSION_KEYS and v}
+    first_commit = (commit_data or {}).get("first_bad_commit")
+    scenario, patch = data.get("scenario"), data.get("patch")
+    if first_commit:
+        title = (
+            f"MiCS ({scenario}, {patch}): {bad['outcome'] if bad else 'bad'} since "
+            f'{first_commit["short"]} "{first_commit["subject"]}"'
+        )
+    elif bad:
+        title = f"MiCS ({scenario}, {patch}): {bad['outcome']} with DeepSpeed/torch {bad['version']}"
+    else:
+        title = f"MiCS ({scenario}, {patch}): no boundary found"
+    return {
+        "kind": kind,
+        "title": title,
+        "data": data,
+        "commit": commit_data,
+        "first_commit": first_commit,
+        "bad": bad,
+        "good": good,
+        "record": record,
+        "versions": versions,
+        "stacks": stack_groups(record.get("stacks") or {}) if bad and bad.get("outcome") == "hung" else [],
+        "changes": changes,
+        "rows": rows,
+        "bundle": make_line(
+            "bundle", [("ENV", (bad or {}).get("env") or data.get("env")), ("RESULTS", "<results>")]
+        ),
+    }
+
+
+def render(folder: Path, scrubber: Scrubber) -> str:
+    env = templating.environment(TEMPLATES)
+    ctx = context(folder)
+    text = env.get_template("ISSUE.md.j2").render(**ctx)
+    paths: dict[str, str | Path] = {"<results>": folder.resolve()}
+    repo = (ctx["commit"] or {}).get("ds_repo")
+    if repo and repo.startswith("/"):  # a local checkout: where it is says nothing to maintainers
+        paths["<DS_REPO>"] = repo
+    return scrubber.with_paths(paths).text(text)
+
+
+def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:
+    target = out or folder / "ISSUE.md"
+    target.write_text(render(folder, scrubber))
+    return target
