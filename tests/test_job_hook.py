@@ -165,3 +165,94 @@ def test_python_the_hook_cannot_reach_gets_py_spy_or_is_named(
         assert len(spied) == 1 and spied[0] not in hooked and f"pid {spied[0]}" in stacks[spied[0]]
     else:
         assert not spied and "the hook did not reach" in str(result["hang_detail"])
+
+
+# What DeepSpeed prints when it is imported, so the log shows DeepSpeed at work.
+FAKE_DS_INIT = (
+    "print('[INFO] [real_accelerator.py:161:get_accelerator] Setting ds_accelerator to cuda', flush=True)\n"
+    "__version__ = '0.0.fake'\n"
+)
+
+
+@pytest.mark.parametrize("pth", [True, False])
+def test_a_job_that_replaces_pythonpath_is_still_hooked(
+    tmp_path: Path, real_subprocess: None, pth: bool
+) -> None:
+    """`CMD="env PYTHONPATH=deps python ..."` drops the hook's folder from PYTHONPATH; the .pth the
+    runner writes into the env's site-packages still hooks the process. Without it the fixed run
+    is env-error (the fix was never applied), not a verdict on the fix."""
+    venv = tmp_path / "envvenv"  # stands in for the env's venv: the runner writes into its site-packages
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    deps = tmp_path / "deps" / "deepspeed"
+    deps.mkdir(parents=True)
+    (deps / "__init__.py").write_text(FAKE_DS_INIT)
+    out = tmp_path / "out"
+    command = f"env PYTHONPATH={tmp_path / 'deps'} python -c 'import deepspeed, sys; print(sys.executable)'"
+    argv = [
+        str(venv / "bin" / "python"),
+        "-m",
+        "repro.workload.job",
+        "--cmd",
+        command,
+        "--workdir",
+        str(tmp_path),
+        "--out",
+        str(out),
+        "--patch",
+        "fixed",
+        "--device",
+        "gpu",
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MICS_REPRO_", "PYTHON"))}
+    env["PYTHONPATH"] = str(Path(job.REPO_ROOT))  # the runner's own import of repro, as the engines do
+    if pth:
+        env["MICS_REPRO_HOOK_PTH"] = "1"  # as the engines ask for it
+    subprocess.run(argv, env=env, check=True, cwd=tmp_path)
+    result = json.loads((out / job.JOB_JSON).read_text())
+    text = (out / job.JOB_LOG).read_text()
+    assert result["exit_code"] == 0 and str(venv / "bin" / "python") in text
+    [record] = build_records("cpu", [RawRun("fixed", result, text, None)], None, "sha256:x", 600.0)
+    if pth:
+        [report] = result["hook_reports"]
+        assert report["deepspeed"] == "0.0.fake" and report["patch"] == "fixed"
+        assert "fix" in report or "fix_error" in report  # the fix was attempted in that process
+        assert record["outcome"] == "unsupported"  # the fake has nothing to patch: said so
+        assert result["hook_pth"].startswith(str(venv)) and Path(result["hook_pth"]).is_file()
+    else:
+        assert result["hook_reports"] == [] and result["hook_pth"] is None
+        assert (record["outcome"], record["signature"]) == ("env-error", "none")
+        assert "the fix could not be applied: no hooked process imported DeepSpeed" in record["reason"]
+
+
+PORTS = (
+    "import json, os; print(json.dumps({k: os.environ.get(k) for k in ('MASTER_PORT', 'PET_MASTER_PORT')}))"
+)
+
+
+def test_each_run_gets_a_free_rendezvous_port_unless_the_command_sets_one(
+    tmp_path: Path, real_subprocess: None
+) -> None:
+    import socket
+
+    holder = socket.socket()
+    try:  # another torchrun on this host: 29500 is taken (if something else already holds it, fine)
+        holder.bind(("127.0.0.1", 29500))
+        holder.listen()
+    except OSError:
+        pass
+    try:
+        result = _run_job(tmp_path, f'{sys.executable} -c "{PORTS}"')
+        seen = json.loads((tmp_path / "out" / job.JOB_LOG).read_text().strip().splitlines()[-1])
+        port = result["rendezvous"]
+        assert isinstance(port, dict) and port["set_by"] == "repro"
+        assert seen == {"MASTER_PORT": str(port["port"]), "PET_MASTER_PORT": str(port["port"])}
+        assert port["port"] != 29500
+        # The command names its own port: it keeps it, and nothing is added.
+        own = tmp_path / "own"
+        own.mkdir()
+        result = _run_job(own, f'MASTER_PORT=29511 {sys.executable} -c "{PORTS}"')
+        seen = json.loads((own / "out" / job.JOB_LOG).read_text().strip().splitlines()[-1])
+        assert result["rendezvous"] == {"port": None, "set_by": "job"}
+        assert seen == {"MASTER_PORT": "29511", "PET_MASTER_PORT": None}
+    finally:
+        holder.close()

@@ -183,3 +183,88 @@ def test_loss_regex_override_and_hidden_messages_from_the_hook() -> None:
     assert judge.patterns_used(parsed, r"it=(?P<step>\d+) my_loss=(?P<loss>\S+)")["loss"]["name"] == "custom"
     judge.with_hook(parsed, [{"illegal_work_failures": 4}, {"illegal_work_failures": 0}])
     assert parsed.illegal_work_messages == 4
+
+
+PORT_TAKEN = """\
+[W socket.cpp:436] [c10d] The server socket has failed to bind to [::]:29500 (errno: 98 - Address already in \
+use).
+[E socket.cpp:472] [c10d] The server socket has failed to listen on any local network address.
+Traceback (most recent call last):
+  File "/venv/bin/torchrun", line 8, in <module>
+RuntimeError: The server socket has failed to listen on any local network address. The server socket has \
+failed to bind to [::]:29500 (errno: 98 - Address already in use).
+"""
+
+NCCL_ON_CPU = """\
+[2024-01-05 10:00:00,000] [INFO] [real_accelerator.py:161:get_accelerator] Setting ds_accelerator to cuda
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/deepspeed/comm/torch.py", line 112, in init_process_group
+RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!
+"""
+
+
+def _one(log: str, *, patch: str, exit_code: int, used: bool, device: str = "gpu") -> judge.Judgement:
+    return judge.judge(
+        judge.parse(log), patch=patch, exit_code=exit_code, status=None, used_deepspeed=used, device=device
+    )
+
+
+def test_a_taken_rendezvous_port_is_an_env_error_not_a_crash() -> None:
+    for patch in ("stock", "fixed"):
+        got = _one(PORT_TAKEN, patch=patch, exit_code=1, used=True)
+        assert (got.outcome, got.signature) == ("env-error", "none")
+        assert "rendezvous port is in use" in got.reason and "29500" in got.reason
+
+
+def test_no_hooked_deepspeed_import_is_an_env_error_where_the_hook_was_needed() -> None:
+    # The fixed run never got the fix: whatever it did says nothing about the fix.
+    got = _one(NCCL_ON_CPU, patch="fixed", exit_code=1, used=False)
+    assert got.outcome == "env-error" and judge.NO_HOOKED_DEEPSPEED in got.reason
+    assert got.reason.startswith("the fix could not be applied")
+    got = _one(NCCL_ON_CPU.splitlines()[0] + "\n", patch="fixed", exit_code=0, used=False)
+    assert got.outcome == "env-error"  # ran DeepSpeed to the end unhooked: still not the fix's run
+    # A CPU stock run that used DeepSpeed unhooked never had the CPU shims.
+    got = _one(NCCL_ON_CPU, patch="stock", exit_code=1, used=False, device="cpu")
+    assert got.outcome == "env-error" and got.reason.startswith("the CPU shims could not be installed")
+    # Where the hook was not needed, or reached DeepSpeed, the usual verdicts stand.
+    assert _one(NCCL_ON_CPU, patch="stock", exit_code=1, used=False, device="gpu").outcome == "crashed"
+    assert _one(NCCL_ON_CPU, patch="fixed", exit_code=1, used=True).outcome == "crashed"
+    plain = _one("hello\n", patch="fixed", exit_code=0, used=False)
+    assert plain.outcome == "clean" and "never imported DeepSpeed" in plain.reason
+
+
+def _hf(losses: list[float]) -> str:
+    return "".join(
+        f"{{'loss': {v}, 'learning_rate': 5e-05, 'epoch': {i / 10}}}\n" for i, v in enumerate(losses)
+    )
+
+
+def test_the_reason_says_where_evidence_came_from_when_the_log_hides_it() -> None:
+    """HF Trainer: DeepSpeed's logger at WARNING (no IllegalWork line in the log; the hook counted
+    them) and a NaN loss logged as 0.0 (logging_nan_inf_filter)."""
+    from repro.run.job import RawRun, build_records
+
+    def raw(patch: str, losses: list[float], counted: int) -> RawRun:
+        report = {"deepspeed": "0.13.1", "illegal_work_failures": counted, "engine": {"dtype": "bf16"}}
+        job = {"exit_code": 0, "status": None, "hook_reports": [report], "device": "cpu"}
+        return RawRun(patch, job, _hf(losses), None)
+
+    stock, fixed = build_records(
+        "cpu",
+        [raw("stock", [2.45, 0.0, 0.0, 0.0], 366), raw("fixed", [2.45, 2.1, 1.9, 1.7], 0)],
+        None,
+        "x",
+        60.0,
+    )
+    assert (stock["outcome"], stock["illegal_work_messages"]) == ("reproduced", 366)
+    assert "IllegalWork messages counted by the hook: 366 (the job's log shows 0;" in stock["reason"]
+    assert "NaN losses logged as 0.0 from step 1" in stock["reason"]
+    assert stock["job"] is not None and fixed["job"] is not None
+    assert (stock["job"]["illegal_work_by_hook"], stock["job"]["illegal_work_in_log"]) == (366, 0)
+    assert stock["job"]["nan_logged_as_zero_from"] == 1 and fixed["job"]["nan_logged_as_zero_from"] is None
+    assert "counted by the hook" not in fixed["reason"] and "0.0" not in fixed["reason"]
+    # A log that shows its messages and real zero losses in both runs: nothing to explain.
+    assert judge.nan_logged_as_zero([1.0, 0.0], [1.0, 0.0], None) is None
+    assert judge.nan_logged_as_zero([1.0, 0.0, 0.5], [1.0, 0.9, 0.8], 1) is None  # not 0.0 to the end
+    # The first parted step may still be a number (a halved loss), the zeros follow: from there.
+    assert judge.nan_logged_as_zero([2.77, 0.0, 0.0], [5.55, 5.54, 5.57], 0) == 1

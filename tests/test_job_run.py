@@ -13,6 +13,7 @@ import pytest
 
 from repro.core.errors import UsageError
 from repro.core.results import InvocationDir, invocation_meta
+from repro.core.verdict import FixVerdict, PairStatus, Reproduces, Subject, env_verdicts
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.matrix.schema import load_matrix
 from repro.run.job import JobRequest, custom_lines, execute_job, job_args, workdir_digest
@@ -99,7 +100,14 @@ def test_each_patch_runs_once_and_both_records_land_in_results(tmp_path: Path) -
         assert record["job"]["workdir_digest"] == workdir_digest(work)
         assert record["job"]["patterns"]["loss"]["name"] == "generic"
         assert record["logs"]["job"] == f"cpu/custom-{record['patch']}/job.log"
-    assert custom_lines(records)[-1] == "=> stock shows the bug and the fix makes this command clean"
+    # The conclusion under the summary is the env verdict's pair of this job (defect 1 of issue 19).
+    [verdict] = env_verdicts(records)
+    assert (verdict.reproduces, verdict.fixed, verdict.subject) == (
+        Reproduces.YES,
+        FixVerdict.YES,
+        Subject.OWN_JOB,
+    )
+    assert custom_lines(records)[-1].startswith(f"=> {PairStatus.RESOLVED.value}:")
 
 
 def test_digest_changes_with_content(tmp_path: Path) -> None:
@@ -123,7 +131,9 @@ def test_request_checks(tmp_path: Path) -> None:
     assert args[args.index("--workdir") + 1] == str(tmp_path.resolve())
 
 
-def test_shell_execs_an_interactive_shell_with_the_hook_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shell_execs_an_interactive_shell_with_the_hook_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from repro.cli import job_commands
     from repro.cli.main import main
 
@@ -139,9 +149,12 @@ def test_shell_execs_an_interactive_shell_with_the_hook_on(monkeypatch: pytest.M
     monkeypatch.setattr(job_commands, "_engine", lambda choice, shell=False: Engine())
     monkeypatch.setattr(job_commands.os, "execvpe", fake_exec)
     monkeypatch.setenv("SHELL", "/bin/bash")
+    monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path))
     assert main(["shell", "--env", "cpu", "--patch", "fixed"]) == 0
     env = seen["env"]
-    assert seen["argv"] == ["/bin/bash", "-i"]
+    assert (
+        seen["argv"][0] == "/bin/bash" and seen["argv"][-1] == "-i"
+    )  # with our rc file (tests/test_shell_rc.py)
     assert env["PATH"].split(":")[0] == "/venvs/cpu/bin"
     assert (env["MICS_REPRO_HOOK"], env["MICS_REPRO_PATCH"], env["MICS_REPRO_DEVICE"]) == (
         "1",

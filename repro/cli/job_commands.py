@@ -6,12 +6,15 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option, csv
 from repro.cli.registry import command
 from repro.core.errors import UsageError
-from repro.core.makeline import make_line
 from repro.workload.record import PATCHES, TRANSPORT_MODES
+
+if TYPE_CHECKING:
+    from repro.run.job import JobRequest
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -40,8 +43,18 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         help="no output and no DeepSpeed step for this long: hung (seconds)",
     )
     p.add_argument("--network", action="store_true", help="Docker engine: give the container a network")
+    _deps_options(p)
     p.add_argument("--out", default=None, help="results folder (default results/<timestamp>-<env>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
+
+
+def _deps_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--requirements",
+        default=None,
+        help="the job's own packages (a requirements file), installed as a layer over the env",
+    )
+    p.add_argument("--packages", default=None, help='the job\'s own packages as a list, e.g. "a==1 b"')
 
 
 def _env(args: argparse.Namespace):  # type: ignore[no-untyped-def]
@@ -66,15 +79,13 @@ def _engine(choice: str | None, *, shell: bool = False):  # type: ignore[no-unty
     return choose_engine(choice or None)
 
 
-@command("run", "run YOUR command in an env, stock and fixed, judged from its own output", _run_options)
-def cmd_run(args: argparse.Namespace) -> int:
-    from repro.core.results import InvocationDir, invocation_meta, open_invocation_dir, point_latest
-    from repro.run.job import JobRequest, custom_lines, describe, execute_job
-    from repro.run.summary import render
+def job_request(args: argparse.Namespace, env_id: str, platform: str, environ: dict[str, str]) -> JobRequest:
+    """`run`'s options and the user's environment as a JobRequest (its reproduce line says them back)."""
+    from repro.engines import jobdeps
+    from repro.run.job import JobRequest, inherited_environment
 
-    env = _env(args)
-    request = JobRequest(
-        env_id=env.id,
+    return JobRequest(
+        env_id=env_id,
         command=args.cmd,
         patches=csv(args.patch) or (),
         workdir=Path(args.workdir),
@@ -83,39 +94,58 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         stall_s=args.stall_timeout,
         network=args.network,
+        deps=jobdeps.parse(args.requirements, args.packages),
+        engine=args.engine or environ.get("ENGINE") or None,
+        inherited=inherited_environment(environ, platform),
     )
+
+
+@command("run", "run YOUR command in an env, stock and fixed, judged from its own output", _run_options)
+def cmd_run(args: argparse.Namespace) -> int:
+    from repro.core.results import (
+        InvocationDir,
+        discard_unused,
+        invocation_meta,
+        latest_target,
+        open_invocation_dir,
+        point_latest,
+    )
+    from repro.run.job import custom_lines, describe, execute_job, reproduce_line
+    from repro.run.summary import render
+
+    env = _env(args)
+    request = job_request(args, env.id, env.platform.value, dict(os.environ))
     engine = _engine(args.engine)
     root = Path(args.results_root)
     out = Path(args.out) if args.out else None
-    folder, _made = open_invocation_dir(root, out, [env.id])
-    line = make_line(
-        "run",
-        [
-            ("ENV", args.env),
-            ("CMD", args.cmd),
-            ("PATCH", args.patch),
-            ("WORKDIR", args.workdir),
-            ("TRANSPORT", args.transport),
-            ("LOSS_REGEX", args.loss_regex),
-        ],
-    )
+    folder, made = open_invocation_dir(root, out, [env.id])
+    line = reproduce_line(request)
     invocation = InvocationDir(folder, invocation_meta(list(args.argv), line))
     invocation.save()
+    previous_latest = latest_target(root)
     if out is None:
         point_latest(root, folder)
     print(describe(request, engine.describe()))
     print(f"results: {folder}")
-    runs = execute_job(request, env, engine, invocation)
+    try:
+        runs = execute_job(request, env, engine, invocation)
+    except BaseException:
+        # Nothing ran (the env could not be prepared): no results folder, latest stays where it was.
+        if not invocation.data["envs"] and discard_unused(folder, made, root, previous_latest):
+            print(f"nothing was recorded; removed {folder}")
+        raise
     print()
     print(render(runs, str(folder)))
     print("\ncustom command:")
-    print("\n".join(f"  {line}" for line in custom_lines(runs)))
+    print("\n".join(f"  {text}" for text in custom_lines(runs)))
+    print(f"\nreproduce: {line}")
     return 0
 
 
 def _shell_options(p: argparse.ArgumentParser) -> None:
     _common(p)
     p.add_argument("--patch", default="stock", choices=PATCHES, help="stock or fixed (default stock)")
+    _deps_options(p)
 
 
 @command(
@@ -124,13 +154,22 @@ def _shell_options(p: argparse.ArgumentParser) -> None:
     _shell_options,
 )
 def cmd_shell(args: argparse.Namespace) -> int:
+    from repro.core.paths import cache_root
+    from repro.engines import jobdeps
+    from repro.run.shellrc import launch
     from repro.workload.job import hook_environment
 
     env = _env(args)
+    deps = jobdeps.parse(args.requirements, args.packages)
+    if deps is not None:
+        jobdeps.check_pins(deps, env.package_pins(), env_id=env.id)
     engine = _engine(args.engine, shell=True)
     engine.preflight(env)
     prepared = engine.prepare(env)
+    if deps is not None:
+        prepared, _layer = engine.prepare_job(env, prepared, deps)
     bin_dir = str(Path(prepared.handle) / "bin")
+    _install_hook_pth(bin_dir)
     base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     base["PATH"] = os.pathsep.join((bin_dir, base.get("PATH", "")))
     base["VIRTUAL_ENV"] = prepared.handle
@@ -142,14 +181,39 @@ def cmd_shell(args: argparse.Namespace) -> int:
         job_dir=None,
         user_pythonpath=os.environ.get("PYTHONPATH"),
     )
-    # hook_environment put this (host) interpreter's folder first; the env's venv must win.
+    # hook_environment put this (host) interpreter's folder first; the env's venv must win, also
+    # over what the user's rc files put first (conda/pyenv init): our rc file runs after theirs.
     shell_env["PATH"] = os.pathsep.join((bin_dir, shell_env["PATH"]))
-    shell_env["PS1"] = f"({env.id} {args.patch}) \\w$ "
+    prompt = f"({env.id} {args.patch}) "
+    shell_env["PS1"] = prompt + "\\w$ "
+    started = launch(
+        os.environ.get("SHELL"),
+        bin_dir,
+        prepared.handle,
+        prompt,
+        cache_root() / "shell" / f"{Path(prepared.handle).name}-{args.patch}",  # rewritten each time
+        dict(os.environ),
+    )
+    shell_env.update(started.env)
+    if started.note:
+        print(started.note)
     print(
         f"{env.id} ({prepared.label}), patch {args.patch}: the hook is active in every python; exit to leave"
     )
     # exec, not the subprocess door: an interactive shell needs this terminal's session and job
     # control, which cmd.run's new session (for stopping process groups) would take away.
-    shell = os.environ.get("SHELL") or "/bin/bash"
-    os.execvpe(shell, [shell, "-i"], shell_env)
+    os.execvpe(started.argv[0], started.argv, shell_env)
     return 0  # not reached
+
+
+def _install_hook_pth(bin_dir: str) -> None:
+    """The hook's .pth in the env's site-packages (repro/workload/hookpth.py): a python started in
+    the shell with its own PYTHONPATH is hooked too."""
+    from repro.core import cmd
+    from repro.engines.base import REPO_ROOT
+
+    python = Path(bin_dir) / "python"
+    if python.exists():
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["PYTHONPATH"] = str(REPO_ROOT)
+        cmd.run([str(python), "-m", "repro.workload.hookpth"], env=env, capture=True, echo=False)

@@ -10,18 +10,33 @@ OUT/results.json, so the summary and `make report` show them like the suite's.
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
 import shlex
+import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.core.errors import UsageError
+from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
+from repro.core.smallfile import read_regular
+from repro.core.verdict import env_verdicts
+from repro.engines import jobdeps
 from repro.engines.base import Prepared, SuiteRun
+from repro.engines.passthrough import passthrough
 from repro.workload import judge
-from repro.workload.record import CUSTOM_SCENARIO, PATCHES, RunRecord, empty_record, read_json
+from repro.workload.record import (
+    CUSTOM_SCENARIO,
+    PATCHES,
+    RunRecord,
+    custom_job_id,
+    empty_record,
+)
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
@@ -29,6 +44,7 @@ if TYPE_CHECKING:
 JOB_MODULE = "repro.workload.job"
 DIGEST_MAX_FILES = 20000
 DIGEST_MAX_BYTES = 1 << 20  # files above this are digested by size only
+DIGEST_MAX_S = 120.0  # the walk runs after the job, on a folder the job could fill
 
 
 class JobEngine(Protocol):
@@ -57,6 +73,11 @@ class JobRequest:
     timeout_s: float = 1800.0
     stall_s: float = 300.0
     network: bool = False  # Docker engine: the container gets a network only when asked (NETWORK=1)
+    deps: jobdeps.JobDeps | None = None  # REQUIREMENTS=/PACKAGES=: a layer over the env
+    engine: str | None = None  # ENGINE= as given (the reproduce line repeats it)
+    # The user's environment the job inherits and a reproduce line must repeat (PYTHONPATH, the
+    # GPU selection and NCCL settings an engine passes through): name -> value.
+    inherited: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -64,6 +85,14 @@ class JobRequest:
         bad = [p for p in self.patches if p not in PATCHES]
         if bad or not self.patches:
             raise UsageError(f"unknown patch {', '.join(bad) or '(none)'}", fix=f"use {','.join(PATCHES)}")
+        for name, seconds in (("TIMEOUT", self.timeout_s), ("STALL_TIMEOUT", self.stall_s)):
+            # as `repro` checks them (repro.run.orchestrate): nan would mean no limit at all
+            if not (math.isfinite(seconds) and seconds > 0):
+                raise UsageError(
+                    f"{name}={seconds} is not valid",
+                    why="a time limit must be a finite number",
+                    fix=f"use a number of seconds > 0 and finite for {name} (e.g. 1800)",
+                )
         if not self.workdir.is_dir():
             raise UsageError(
                 f"WORKDIR={self.workdir} is not a folder", fix="give the folder the command runs in"
@@ -100,11 +129,16 @@ def job_args(request: JobRequest, patch: str, device: str) -> list[str]:
     ]
 
 
-def workdir_digest(folder: Path) -> str:
+def workdir_digest(folder: Path, max_s: float = DIGEST_MAX_S) -> str:
     """sha256 over the folder's file names, sizes and (below 1 MiB) contents: says whether two
-    records ran the same code. Version-control and cache folders are left out."""
+    records ran the same code. Version-control and cache folders are left out.
+
+    The folder was writable by the job (in verify-bundle: by someone else's container), so only
+    regular files are read (a FIFO would block the read forever, a device never end) and the walk
+    has a time limit; a digest cut short says so."""
     h = hashlib.sha256()
     count = 0
+    deadline = time.monotonic() + max_s
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(
             d for d in dirs if d not in (".git", "__pycache__", ".venv", "results", ".mypy_cache")
@@ -112,19 +146,34 @@ def workdir_digest(folder: Path) -> str:
         for name in sorted(files):
             path = Path(root) / name
             try:
-                size = path.stat().st_size
+                info = path.lstat()
             except OSError:
                 continue
+            if not stat.S_ISREG(info.st_mode):
+                continue  # links, FIFOs, sockets, devices: named by nothing a run needs
+            size = info.st_size
             h.update(f"{path.relative_to(folder)}\0{size}\0".encode())
             if size <= DIGEST_MAX_BYTES:
-                try:
-                    h.update(hashlib.sha256(path.read_bytes()).digest())
-                except OSError:
-                    pass
+                h.update(_regular_file_digest(path))
             count += 1
             if count >= DIGEST_MAX_FILES:
                 return "sha256:" + h.hexdigest() + f" (first {DIGEST_MAX_FILES} files)"
+            if time.monotonic() > deadline:
+                return "sha256:" + h.hexdigest() + f" (first {count} files: time limit of {max_s:g} s)"
     return "sha256:" + h.hexdigest()
+
+
+def _regular_file_digest(path: Path) -> bytes:
+    """sha256 of a file checked to be regular once opened (non-blocking, links not followed: it
+    may have been swapped for a FIFO since the walk saw it); empty when it is not."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            return b""
+        return hashlib.sha256(fh.read(DIGEST_MAX_BYTES + 1)).digest()
 
 
 @dataclass(frozen=True)
@@ -138,7 +187,12 @@ class RawRun:
 
 
 def build_records(
-    env_id: str, raws: Sequence[RawRun], loss_regex: str | None, digest: str, timeout_s: float | None
+    env_id: str,
+    raws: Sequence[RawRun],
+    loss_regex: str | None,
+    digest: str,
+    timeout_s: float | None,
+    platform: str | None = None,
 ) -> list[RunRecord]:
     """Judge every patch's run against the other's and make the records (pure)."""
     parsed = {
@@ -160,10 +214,42 @@ def build_records(
         if stock is not None and fixed is not None
         else None
     )
-    return [
-        _record(env_id, raw, parsed[raw.patch], verdicts[raw.patch], loss_regex, digest, timeout_s, parting)
+    records = [
+        _record(
+            env_id,
+            raw,
+            parsed[raw.patch],
+            verdicts[raw.patch],
+            loss_regex,
+            digest,
+            timeout_s,
+            parting,
+            platform,
+        )
         for raw in raws
     ]
+    zero_from = judge.nan_logged_as_zero(stock.losses, fixed.losses, parting) if stock and fixed else None
+    for raw, record in zip(raws, records):
+        _say_where_evidence_came_from(record, parsed[raw.patch], zero_from if raw.patch == "stock" else None)
+    return records
+
+
+def _say_where_evidence_came_from(record: RunRecord, parsed: judge.Parsed, zero_from: int | None) -> None:
+    """A job's own log may hide the evidence: the reason (summary, report) says where it came from."""
+    extra = [judge.hidden_illegal_work(parsed)]
+    if zero_from is not None:
+        extra.append(
+            f"NaN losses logged as 0.0 from step {zero_from}: the fixed run's losses there are finite "
+            "(its framework logs a non-finite loss as 0.0, e.g. HF Trainer's logging_nan_inf_filter)"
+        )
+    extra = [e for e in extra if e]
+    if extra:
+        record["reason"] = "; ".join([str(record.get("reason") or ""), *extra])
+    job = record.get("job")
+    if job is not None:
+        job["illegal_work_in_log"] = parsed.illegal_work_in_log
+        job["illegal_work_by_hook"] = parsed.illegal_work_by_hook
+        job["nan_logged_as_zero_from"] = zero_from
 
 
 def _judge_one(
@@ -180,6 +266,7 @@ def _judge_one(
         fix_error=fix_error,
         other=other,
         other_clean=other_clean,
+        device=str(raw.job.get("device") or "gpu"),
     )
 
 
@@ -192,6 +279,7 @@ def _record(
     digest: str,
     timeout_s: float | None,
     parting: int | None,
+    platform: str | None = None,
 ) -> RunRecord:
     job = raw.job
     reports = job.get("hook_reports") or []
@@ -234,10 +322,12 @@ def _record(
         timeout_s=timeout_s,
         fix=first.get("fix") if raw.patch == "fixed" else None,
         transport_info=first.get("transport_info") or {},
+        ran_on=job_ran_on(reports, platform),
         job={
             "command": job.get("command"),
             "workdir": job.get("workdir"),
             "workdir_digest": digest,
+            "job_id": custom_job_id(str(job.get("command") or ""), str(job.get("workdir") or "")),
             "patterns": judge.patterns_used(parsed, loss_regex),
             "notes": notes,
             "exit_code": job.get("exit_code"),
@@ -245,10 +335,33 @@ def _record(
             "processes": job.get("processes") or {},
             "loss_steps": parsed.loss_steps,
             "deepspeed_imported": bool(reports),
+            "rendezvous": job.get("rendezvous"),  # the port the run got (job.py `rendezvous`)
+            "hook_pth": job.get("hook_pth"),
             "first_parting_step": parting,
         },
     )
     return record  # type: ignore[return-value]
+
+
+def job_ran_on(reports: Sequence[dict[str, Any]], platform: str | None) -> dict[str, Any]:
+    """The record's `ran_on` (repro/workload/device.py) of a custom run: what the hook saw in the
+    processes that joined a process group (rank 0's view, the devices of all of them). A job none of
+    whose processes joined one says so (device null, `joined_group` false): the evidence check
+    (repro/core/evidence.py) never counts it for a GPU env."""
+    seen = [r["ran_on"] for r in reports if isinstance(r.get("ran_on"), dict)]
+    if not seen:
+        return {"device": None, "backend": None, "ran": True, "joined_group": False, "env_platform": platform}
+    first = next((x for x in seen if x.get("rank") == 0), seen[0])
+    devices = sorted({str(x.get("device")) for x in seen})
+    return {
+        **first,
+        # One process on CPU makes the job no GPU evidence: rank 0's view alone could hide it.
+        "device": devices[0] if len(devices) == 1 else "cpu",
+        "devices": devices,
+        "processes": len(seen),
+        "joined_group": True,
+        "env_platform": platform,
+    }
 
 
 def execute_job(
@@ -257,8 +370,18 @@ def execute_job(
     """Prepare the env once, run the command per patch, record every run."""
     if not hasattr(engine, "run_job"):
         raise UsageError(f"the {engine.kind.value} engine cannot run custom commands", fix="use ENGINE=venv")
+    if request.deps is not None:  # refused at the front door, before anything is built
+        jobdeps.check_pins(request.deps, env.package_pins(), env_id=env.id)
+        if not hasattr(engine, "prepare_job"):
+            raise UsageError(
+                f"the {engine.kind.value} engine cannot add a job's packages",
+                fix="use ENGINE=venv or ENGINE=docker",
+            )
     engine.preflight(env)
     prepared = engine.prepare(env)
+    layer: dict[str, Any] | None = None
+    if request.deps is not None:
+        prepared, layer = engine.prepare_job(env, prepared, request.deps)
     say(f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label}")
     device = "cpu" if env.platform.value == "cpu" else "gpu"
     env_dir = invocation.env_dir(env.id)
@@ -278,6 +401,7 @@ def execute_job(
             "suite_timed_out": False,
             "interrupted": False,
             "custom_command": request.command,
+            "job_layer": layer,  # the job's packages (REQUIREMENTS=/PACKAGES=): lines, layer, added
         },
     )
     digest = workdir_digest(request.workdir.resolve())
@@ -293,22 +417,79 @@ def execute_job(
             network=request.network,
         )
         raws.append(read_raw(patch, out, invocation.folder, ran))
-    records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s)
+    records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s, env.platform.value)
+    for record in records:
+        if record.get("job") is not None:
+            record["job"]["requirements"] = layer  # type: ignore[index]
     invocation.add_runs(env.id, [dict(r) for r in records])  # type: ignore[misc]
     invocation.finish()
     return records
 
 
+MAX_JOB_JSON_BYTES = 64 << 20
+MAX_LOG_BYTES = 256 << 20  # what the judge reads of a job's log; the file itself is kept whole
+
+
+def _log_text(log: Path) -> str:
+    try:
+        with os.fdopen(os.open(log, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                return ""
+            data = fh.read(MAX_LOG_BYTES)
+    except OSError:
+        return ""
+    return data.decode(errors="replace")
+
+
 def read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
     job_file = out / "job.json"
+    job: dict[str, Any] = {"status": "hung" if ran.timed_out else None, "exit_code": ran.exit_code}
+    job["hook_reports"] = []
     if job_file.exists():
-        job: dict[str, Any] = read_json(str(job_file))
-    else:  # the runner itself died (or the engine could not start it): a crash with its exit code
-        job = {"status": "hung" if ran.timed_out else None, "exit_code": ran.exit_code, "hook_reports": []}
+        # Written inside the env (in verify-bundle: by someone else's image): bounded, and one that
+        # cannot be read is what a runner that died leaves, a crash with its exit code.
+        try:
+            found = json.loads(read_regular(job_file, MAX_JOB_JSON_BYTES).decode("utf-8"))
+            job = found if isinstance(found, dict) else job
+        except (OSError, ValueError, RecursionError):
+            pass
     log = out / "job.log"
-    text = log.read_text(errors="replace") if log.exists() else ""
+    text = _log_text(log) if log.exists() else ""
     rel = str(log.relative_to(folder)) if log.exists() else None
     return RawRun(patch, job, text, rel)
+
+
+def reproduce_line(request: JobRequest) -> str:
+    """The line that runs this job again as it ran: `VAR=... make run ENV=... ENGINE=... WORKDIR=...
+    REQUIREMENTS=... PACKAGES=... PATCH=... CMD=...`, with the user's environment the job inherited
+    before `make` (PYTHONPATH, GPU selection, NCCL settings) and every option that differs from
+    its default. Printed by `run`, saved as the invocation's command (summary, report, bundle)."""
+    defaults = JobRequest.__dataclass_fields__
+    pairs: list[tuple[str, object]] = [
+        ("ENV", request.env_id),
+        ("ENGINE", request.engine),
+        ("WORKDIR", str(request.workdir.resolve())),
+        *jobdeps.line_pairs(request.deps),
+        ("PATCH", ",".join(request.patches) if request.patches != defaults["patches"].default else None),
+        ("TRANSPORT", request.transport if request.transport != defaults["transport"].default else None),
+        ("LOSS_REGEX", request.loss_regex),
+        ("TIMEOUT", f"{request.timeout_s:g}" if request.timeout_s != defaults["timeout_s"].default else None),
+        ("STALL_TIMEOUT", f"{request.stall_s:g}" if request.stall_s != defaults["stall_s"].default else None),
+        ("NETWORK", "1" if request.network else None),
+        ("CMD", request.command),
+    ]
+    prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in request.inherited)
+    return f"{prefix} {make_line('run', pairs)}".strip()
+
+
+def inherited_environment(environ: dict[str, str], platform: str) -> tuple[tuple[str, str], ...]:
+    """What of the user's environment reaches the job and so belongs in its reproduce line:
+    PYTHONPATH (the venv engine hands it to the job) and the GPU/NCCL variables every engine
+    passes through (repro/engines/passthrough.py)."""
+    found = dict(passthrough(environ, platform))
+    if environ.get("PYTHONPATH"):
+        found["PYTHONPATH"] = environ["PYTHONPATH"]
+    return tuple(sorted(found.items()))
 
 
 def describe(request: JobRequest, engine_label: str) -> str:
@@ -319,21 +500,12 @@ def describe(request: JobRequest, engine_label: str) -> str:
 
 
 def custom_lines(runs: Sequence[RunRecord]) -> list[str]:
-    """What the custom runs say, under the summary (the env verdict knows only our scenarios)."""
-    by_patch = {r.get("patch"): r for r in runs if r.get("scenario") == CUSTOM_SCENARIO}
-    lines = [
-        f"{patch}: {r.get('outcome')} ({r.get('signature')}): {r.get('reason')}"
-        for patch, r in by_patch.items()
-    ]
-    for r in by_patch.values():
+    """What each custom run says, under the summary; the conclusion is the env verdict's pair of
+    that job (repro.core.verdict), the same one the headline above it rests on."""
+    mine = [r for r in runs if r.get("scenario") == CUSTOM_SCENARIO]
+    lines = [f"{r.get('patch')}: {r.get('outcome')} ({r.get('signature')}): {r.get('reason')}" for r in mine]
+    for r in mine:
         lines += [f"  note: {n}" for n in (r.get("job") or {}).get("notes") or []]
-    stock, fixed = by_patch.get("stock"), by_patch.get("fixed")
-    if stock and fixed:
-        s, f = stock.get("outcome"), fixed.get("outcome")
-        if s == "reproduced" and f == "clean":
-            lines.append("=> stock shows the bug and the fix makes this command clean")
-        elif f != "clean":
-            lines.append(f"=> the fixed run is not clean ({f}): the fix does not make this command clean")
-        else:
-            lines.append(f"=> stock {s}, fixed clean: this command does not show the bug as stock")
+    for verdict in env_verdicts(mine):
+        lines += [f"=> {p.status.value}: {p.detail}" for p in verdict.pairs]
     return lines

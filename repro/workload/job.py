@@ -21,17 +21,21 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from typing import Any, Callable
 
+from repro.workload import hookpth
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
+from repro.workload.parentwatch import follow_tool
 from repro.workload.record import TRANSPORT_MODES, write_json_atomic
-from repro.workload.runner import alive, install_stop_handlers
+from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
 
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -68,6 +72,40 @@ def hook_environment(
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["HIP_VISIBLE_DEVICES"] = ""
     return env
+
+
+# A command that names its rendezvous itself keeps it (torchrun/DeepSpeed/accelerate flags, an
+# inline MASTER_PORT=, torchrun's --standalone, which picks a free port of its own).
+_SETS_PORT = re.compile(
+    r"--master[_-]port|--rdzv[_-]endpoint|--main[_-]process[_-]port|\bMASTER_PORT=|--standalone"
+)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (the kernel's choice)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rendezvous(command: str, environ: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+    """The variables that give this run a free rendezvous port, and what to record about it.
+
+    Every launcher defaults to 29500, so two jobs, or a job next to another torchrun on this host,
+    collide. Unless the command or the user's environment sets a port: MASTER_PORT (a plain
+    `python train.py` calling deepspeed.init_distributed(), DeepSpeed's launch.py children),
+    PET_MASTER_PORT (torchrun reads its --master-port default from it) and
+    MICS_REPRO_MASTER_PORT (the hook lowers DeepSpeed's launcher default to it).
+    """
+    if _SETS_PORT.search(command) or environ.get("MASTER_PORT") or environ.get("PET_MASTER_PORT"):
+        given = environ.get("MASTER_PORT") or environ.get("PET_MASTER_PORT")
+        return {}, {"port": int(given) if given and given.isdigit() else None, "set_by": "job"}
+    port = free_port()
+    value = str(port)
+    return {"MASTER_PORT": value, "PET_MASTER_PORT": value, "MICS_REPRO_MASTER_PORT": value}, {
+        "port": port,
+        "set_by": "repro",
+    }
 
 
 def _pids(job_dir: str) -> dict[int, str]:
@@ -228,6 +266,10 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     out = os.path.abspath(args.out)
     job_dir = os.path.join(out, "job")
     os.makedirs(job_dir, exist_ok=True)
+    # The hook's .pth door: reaches processes whose PYTHONPATH the job replaces (hookpth.py). The
+    # engines ask for it (an environment variable, which an older runner in a bundle's image
+    # ignores); a test running this module with the host's own Python leaves that Python alone.
+    pth = hookpth.install() if os.environ.get(hookpth.INSTALL_VAR) == "1" else None
     env = hook_environment(
         dict(os.environ),
         patch=args.patch,
@@ -236,6 +278,8 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         job_dir=job_dir,
         user_pythonpath=os.environ.get("MICS_REPRO_USER_PYTHONPATH"),
     )
+    port_env, port_info = rendezvous(args.cmd, env)
+    env.update(port_env)
     shell = shutil.which("bash") or "/bin/sh"
     started = time.time()
     start = time.monotonic()
@@ -277,6 +321,8 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     except KeyboardInterrupt:
         status = "interrupted"
         survivors = stop_everything(proc, job_dir)
+    if status is None and stopped_by_signal(proc.returncode):
+        status = "interrupted"  # SIGHUP/SIGTERM reached the command itself: stopped, not crashed
     if status is None and (any(alive(p) for p in _pids(job_dir)) or _group_alive(proc.pid)):
         survivors = stop_everything(proc, job_dir)  # leftovers of a finished command must not outlive it
     tee.join(timeout=10)
@@ -290,6 +336,8 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         "survivors": survivors,
         "processes": {str(k): v for k, v in _pids(job_dir).items()},
         "hook_reports": _reports(job_dir),
+        "hook_pth": pth,
+        "rendezvous": port_info,
         "versions": _versions(),
         "log": JOB_LOG,
         "command": args.cmd,
@@ -324,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if argv is None:  # a real command line (tests call main(argv) and keep their own handlers)
         install_stop_handlers()
+        follow_tool()  # the tool's death (even SIGKILL) stops the job like Ctrl-C
     result = run_job(args)
     write_json_atomic(os.path.join(args.out, JOB_JSON), result)
     return 0

@@ -9,9 +9,11 @@ DeepSpeed's launcher children inherit them:
                         (repro/workload/cpu/) before DeepSpeed initialises, so an unmodified
                         `deepspeed.init_distributed()` / `deepspeed.initialize()` runs on a laptop
   MICS_REPRO_TRANSPORT  the gloo adapter's mode on CPU (async | sync | strict; default async)
+  MICS_REPRO_MASTER_PORT  the run's free rendezvous port (job.py), DeepSpeed's launcher default
   MICS_REPRO_JOB_DIR    where each process leaves pids/<pid> (after arming the stack dump on
                         SIGUSR1: stacks/<pid>.stack), heartbeat (touched after every DeepSpeed
-                        optimizer step) and hook/<pid>.json (what was installed, IllegalWork count)
+                        optimizer step) and hook/<pid>.json (what was installed, IllegalWork count,
+                        and `ran_on` once the process joined a process group)
 
 Nothing runs at start that imports DeepSpeed or torch: the work waits for the process's own
 `import deepspeed` (a meta path finder wraps that one module's loader), so a command that never
@@ -126,6 +128,7 @@ def _on_deepspeed(deepspeed: Any) -> None:
     _REPORT["deepspeed"] = str(getattr(deepspeed, "__version__", "unknown"))
     if _STATE["device"] == "cpu":
         _install_cpu(deepspeed)
+    _launcher_port()
     if _STATE["patch"] == "fixed":
         from repro.workload import fix
 
@@ -138,7 +141,19 @@ def _on_deepspeed(deepspeed: Any) -> None:
 
     _STATE["counter"] = logcount.install()
     _heartbeat_on_step(deepspeed)
+    _watch_process_group()
     _write_report()
+
+
+def _launcher_port() -> None:
+    """DeepSpeed's launcher takes its --master_port default from deepspeed.constants when its
+    runner module is imported, which comes after the package: the job runner's free port
+    (MICS_REPRO_MASTER_PORT, job.py `rendezvous`) replaces 29500 there."""
+    port = os.environ.get("MICS_REPRO_MASTER_PORT", "")
+    constants = sys.modules.get("deepspeed.constants")
+    if port.isdigit() and constants is not None and hasattr(constants, "TORCH_DISTRIBUTED_DEFAULT_PORT"):
+        setattr(constants, "TORCH_DISTRIBUTED_DEFAULT_PORT", int(port))  # noqa: B010 - a module of DeepSpeed's
+        _REPORT["launcher_default_port"] = int(port)
 
 
 def _install_cpu(deepspeed: Any) -> None:
@@ -167,7 +182,7 @@ def _install_cpu(deepspeed: Any) -> None:
 
     for module in (comm, sys.modules.get("deepspeed.comm.comm"), deepspeed):
         if module is not None and getattr(module, "init_distributed", None) is original:
-            module.init_distributed = init_distributed
+            setattr(module, "init_distributed", init_distributed)  # noqa: B010 - a module of DeepSpeed's
 
 
 def _heartbeat_on_step(deepspeed: Any) -> None:
@@ -190,6 +205,50 @@ def _heartbeat_on_step(deepspeed: Any) -> None:
 
     step._mics_repro = True  # type: ignore[attr-defined]
     engine_cls.step = step
+
+
+def _watch_process_group() -> None:
+    """Every process that joins a process group records what it ran on (`ran_on`: device, backend,
+    GPU names, repro/workload/device.py) as soon as it has joined, so a custom job's record has
+    the provenance the evidence check needs (a rocm job that fell back to CPU is no rocm evidence)."""
+    try:
+        import torch.distributed as dist
+    except Exception:  # noqa: BLE001 - no torch.distributed: nothing will join a group
+        return
+    original = getattr(dist, "init_process_group", None)
+    if original is None or getattr(original, "_mics_repro", False):
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        _note_process_group()
+        _write_report()
+        return result
+
+    init_process_group._mics_repro = True  # type: ignore[attr-defined]
+    dist.init_process_group = init_process_group
+
+
+def _note_process_group() -> None:
+    """`ran_on` of this process once it is in a process group (also when it joined one without
+    the wrapper above, e.g. through a name bound before DeepSpeed's import)."""
+    if "ran_on" in _REPORT:
+        return
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        backend = str(dist.get_backend())
+        rank = dist.get_rank()
+        from repro.workload import device
+
+        # nccl (RCCL on ROCm) moves GPU tensors only; anything else here is a CPU job.
+        found = device.ran_on("gpu" if backend == "nccl" else "cpu", backend)
+    except Exception as exc:  # noqa: BLE001 - never break the user's job for a record field
+        _REPORT["ran_on_error"] = f"{type(exc).__name__}: {exc}"
+        return
+    _REPORT["ran_on"] = {**found, "rank": rank}
 
 
 def _describe_engine(engine: Any) -> dict[str, Any]:
@@ -216,6 +275,7 @@ def _write_report() -> None:
     job_dir = _STATE.get("job_dir")
     if not job_dir or "deepspeed" not in _REPORT:
         return  # only processes that used DeepSpeed report; the others leave a pid file only
+    _note_process_group()
     path = os.path.join(job_dir, "hook", f"{os.getpid()}.json")
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:

@@ -8,7 +8,10 @@ classify.py (record.Outcome / record.Signature); the stock and fixed runs of the
 each other's control:
   hung / interrupted   how the job runner says the run ended
   unsupported          fixed run whose DeepSpeed the fix cannot patch (it ran as stock)
-  env-error            the command could not start (exit 126/127) or torch/DeepSpeed are missing
+  env-error            the command could not start (exit 126/127) or torch/DeepSpeed are missing;
+                       no hooked process imported DeepSpeed where the hook was needed (a fixed
+                       run, or a CPU run that failed), so the fix or the CPU shims never applied;
+                       the rendezvous port was taken ("address already in use")
   reproduced           an exception raised from an _IllegalWork object; IllegalWork messages;
                        or (stock run) losses that leave the fixed run's / an overflow storm the
                        fixed run does not have / non-finite losses with no usable fixed run
@@ -53,6 +56,14 @@ OVERFLOW_PATTERNS: dict[str, str] = {
 _PREFIX = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s?|worker-\d+:\s?|\d+:\s(?=\S))")
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(?P<message>.*)$")
 _MISSING = re.compile(r"No module named '(?P<name>torch|deepspeed)'")
+# DeepSpeed's own log tag, module paths in tracebacks and log records, its launcher's lines.
+_DEEPSPEED_SIGN = re.compile(
+    r"(?i)[/\\]deepspeed[/\\]|\[deepspeed\]|\bds_accelerator\b|DeepSpeed info:"
+    r"|\bdeepspeed\.(?:comm|runtime|ops|accelerator|launcher|utils|zero)\b"
+)
+# c10d's TCPStore and gloo say it in these words when another process holds the rendezvous port.
+_ADDRESS_IN_USE = re.compile(r"(?i)address already in use|EADDRINUSE")
+NO_HOOKED_DEEPSPEED = "no hooked process imported DeepSpeed"
 
 
 @dataclass
@@ -69,6 +80,10 @@ class Parsed:
     overflow_patterns: list[str] = field(default_factory=list)
     exception: dict[str, Any] | None = None
     missing_module: str | None = None
+    mentions_deepspeed: bool = False  # the log shows DeepSpeed at work (hooked or not)
+    address_in_use: str | None = None  # the line saying the rendezvous port was taken
+    illegal_work_in_log: int = 0  # what the log alone shows, before the hook's count is merged in
+    illegal_work_by_hook: int = 0
 
 
 def _float(text: str) -> float:
@@ -176,6 +191,9 @@ def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
     out.exception = _exception(lines)
     m = next((m for m in map(_MISSING.search, lines) if m), None)
     out.missing_module = m["name"] if m else None
+    out.mentions_deepspeed = any(_DEEPSPEED_SIGN.search(line) for line in lines)
+    out.address_in_use = next((line.strip()[:300] for line in lines if _ADDRESS_IN_USE.search(line)), None)
+    out.illegal_work_in_log = out.illegal_work_messages
     return out
 
 
@@ -209,8 +227,39 @@ def _overflows(lines: list[str], out: Parsed) -> None:
 def with_hook(parsed: Parsed, reports: list[dict[str, Any]]) -> Parsed:
     """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them)."""
     hidden = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
+    parsed.illegal_work_by_hook = hidden
     parsed.illegal_work_messages = max(parsed.illegal_work_messages, hidden)
     return parsed
+
+
+def hidden_illegal_work(parsed: Parsed) -> str:
+    """Where the IllegalWork evidence came from when the job's log hides it (HF Trainer lowers
+    DeepSpeed's logger to WARNING; DeepSpeed 0.19.6 logs them at DEBUG); "" when the log shows it."""
+    if parsed.illegal_work_by_hook <= parsed.illegal_work_in_log:
+        return ""
+    return (
+        f"IllegalWork messages counted by the hook: {parsed.illegal_work_by_hook} (the job's log shows "
+        f"{parsed.illegal_work_in_log}; its framework lowers DeepSpeed's log level)"
+    )
+
+
+def nan_logged_as_zero(
+    stock: list[float | None], fixed: list[float | None], parted: int | None
+) -> int | None:
+    """The step from which the stock run logs exactly 0.0 to its end, at or after the step its
+    losses part from the fixed run's, while the fixed run's losses there are finite and not 0.0: a
+    framework that logs a non-finite loss as 0.0 (HF Trainer's `logging_nan_inf_filter`), so the
+    log shows no NaN although the training has one. None otherwise."""
+    if parted is None or parted >= len(stock) or any(v is None for v in fixed):
+        return None
+    start = len(stock)
+    while start > parted and stock[start - 1] == 0.0:
+        start -= 1
+    if start == len(stock):
+        return None  # the stock run does not end in zeros
+    if all(v not in (0.0, None) for v in fixed[start : len(stock)]) and len(fixed) >= len(stock):
+        return start
+    return None
 
 
 @dataclass(frozen=True)
@@ -248,9 +297,11 @@ def judge(
     fix_error: str | None = None,
     other: Parsed | None = None,
     other_clean: bool = False,
+    device: str = "gpu",
 ) -> Judgement:
     """One run. `other` is the parse of the same command with the other patch (None when it was
-    not run); `other_clean` says whether that run ended clean (only then is it a control)."""
+    not run); `other_clean` says whether that run ended clean (only then is it a control).
+    `used_deepspeed`: some process imported DeepSpeed with the hook active (it reported)."""
     if status in ("hung", "interrupted"):
         why = "no output and no heartbeat within the stall limit, or the time limit reached"
         return Judgement(
@@ -265,6 +316,17 @@ def judge(
     if exit_code in (126, 127) or own.missing_module:
         what = f"no module named {own.missing_module!r}" if own.missing_module else f"exit {exit_code}"
         return Judgement("env-error", "none", f"the command could not run in this env: {what}", None)
+    if exit_code not in (0, None) and own.address_in_use:
+        return Judgement(
+            "env-error",
+            "none",
+            f"the rendezvous port is in use ({own.address_in_use}): another process on this host holds "
+            "it; drop the port the command sets (each run then gets a free MASTER_PORT) or pick a free one",
+            None,
+        )
+    unhooked = _unhooked(own, patch=patch, exit_code=exit_code, used_deepspeed=used_deepspeed, device=device)
+    if unhooked:
+        return Judgement("env-error", "none", unhooked, None)
     if _raised_from_illegal_work(exc):
         assert exc is not None
         extra = (
@@ -285,6 +347,25 @@ def judge(
         note = "the command never imported DeepSpeed, so the bug cannot show; judged by its exit code only"
         return Judgement("clean", "none", f"exit code 0; {note}", None, (note,))
     return _evidence(own, patch, other, other_clean)
+
+
+def _unhooked(own: Parsed, *, patch: str, exit_code: int | None, used_deepspeed: bool, device: str) -> str:
+    """Why the run says nothing about the fix when no hooked process imported DeepSpeed: the job
+    replaced the hook's way in (or ran Python with -S). A fixed run that failed, or used DeepSpeed
+    unhooked, ran without the fix; a CPU run that failed using DeepSpeed ran without the CPU shims.
+    "" when the hook was not needed or reached DeepSpeed."""
+    if used_deepspeed:
+        return ""
+    failed = exit_code not in (0, None)
+    hint = (
+        " (it was started with -S, or the hook's site-packages .pth could not be written: "
+        "see hook_pth in the job's job.json)"
+    )
+    if patch == "fixed" and (failed or own.mentions_deepspeed):
+        return f"the fix could not be applied: {NO_HOOKED_DEEPSPEED}{hint}"
+    if device == "cpu" and failed and own.mentions_deepspeed:
+        return f"the CPU shims could not be installed: {NO_HOOKED_DEEPSPEED}{hint}"
+    return ""
 
 
 def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) -> Judgement:

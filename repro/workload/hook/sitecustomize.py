@@ -2,9 +2,10 @@
 
 This folder goes first on PYTHONPATH of a custom job, so every Python process of the job (launcher
 children included) imports this module at start. It does nothing unless MICS_REPRO_HOOK=1: then it
-puts the lab's repository on sys.path and activates the hook. Nothing is written into the user's
-environment; leaving the folder off PYTHONPATH removes the hook. The env's own `sitecustomize`
-(Debian's Python has one), which this module shadows, is run afterwards either way.
+puts the lab's repository on sys.path and activates the hook. A job that replaces PYTHONPATH skips
+this door; the .pth in the env's site-packages (repro/workload/hookpth.py) is the other one, and
+activation is idempotent. The env's own `sitecustomize` (Debian's Python has one), which this
+module shadows, is run afterwards either way.
 """
 
 import importlib.machinery

@@ -1,0 +1,290 @@
+"""A custom job's packages as a layer over an env's venv (`make run REQUIREMENTS=... ENGINE=venv`).
+
+The same layering as the DeepSpeed probe layers (repro/engines/venv/layer.py): a small venv
+whose site-packages has a .pth that adds the env venv's site-packages after its own. The job's
+packages are installed into the layer by the env's own pip with every package the env holds
+(`pip freeze --all`) as a constraint, so the env's torch, DeepSpeed and numpy are what the job
+imports; the env venv itself is never written to. The env's console scripts (torchrun, deepspeed,
+ds_report) get a copy in the layer's bin/ that starts the layer's interpreter, so the ranks a
+launcher starts see the job's packages too.
+
+Layers are cached by (env venv, requirements digest) next to the env venvs and reused while their
+base still holds the pins it had; a marker (the venv engine's, with `layered_on`, so no probe ever
+layers on a job layer) is written last. The packages the layer added are downloaded into the
+wheelhouse (`pip download --no-deps`, from pip's cache), so a bundle carries them and an offline
+host installs them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from repro.core import cmd, console
+from repro.core.errors import BuildError
+from repro.engines import jobdeps
+from repro.engines.venv.layer import PURELIB, link_base
+from repro.matrix.model import HIDE_GPUS
+
+JOB_MARKER = "mics-repro-job.json"
+VENV_MARKER = "mics-repro-venv.json"  # repro/engines/venv/engine.py MARKER: only a finished venv has it
+CONSTRAINTS = ".mics-repro-constraints.txt"
+REQUIREMENTS = ".mics-repro-requirements.txt"
+
+
+@dataclass(frozen=True)
+class JobLayer:
+    """A finished layer: where it is, what it stands on and what it added."""
+
+    path: Path
+    base: Path
+    packages: Mapping[str, str]  # added by the layer, name -> version
+    reused: bool
+
+    def record(self, deps: jobdeps.JobDeps) -> dict[str, Any]:
+        return {
+            **deps.record(),
+            "layer": str(self.path),
+            "base": str(self.base),
+            "added": dict(self.packages),
+        }
+
+
+def layer_dir(base: Path, deps: jobdeps.JobDeps) -> Path:
+    return base.with_name(f"{base.name}+job-{deps.digest()}")
+
+
+def ensure_layer(
+    base: Path, deps: jobdeps.JobDeps, *, env_id: str, sources: Sequence[str], wheelhouse: Path, offline: bool
+) -> JobLayer:
+    """The layer for `deps` over the finished env venv `base`: reused, or built and swapped in."""
+    final = layer_dir(base, deps)
+    with _locked(final.with_name(f".{final.name}.lock")):
+        base_pins = _freeze(base / "bin" / "python", env_id, "the env's packages")
+        # The refusal comes before anything is installed: the env's pins, then all it holds.
+        jobdeps.check_pins(deps, base_pins, env_id=env_id)
+        info = _read(final)
+        if info is not None and info.get("base_pins") == base_pins and (final / "bin" / "python").exists():
+            console.info(f"venv: reusing the job layer {final} ({deps.describe()})")
+            return JobLayer(final, base, dict(info.get("added") or {}), True)
+        return _build(base, final, deps, base_pins, env_id, sources, wheelhouse, offline)
+
+
+def _build(
+    base: Path,
+    final: Path,
+    deps: jobdeps.JobDeps,
+    base_pins: Mapping[str, str],
+    env_id: str,
+    sources: Sequence[str],
+    wheelhouse: Path,
+    offline: bool,
+) -> JobLayer:
+    started = time.monotonic()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    env = _pip_env()
+    try:
+        console.step(f"venv: the job's packages as a layer over {base}: {deps.describe()}")
+        _check(
+            cmd.run([str(base / "bin" / "python"), "-m", "venv", "--without-pip", str(tmp)], env=env),
+            env_id,
+            "creating the job layer",
+        )
+        py = str(tmp / "bin" / "python")
+        layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False, env=env)
+        base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False, env=env)
+        _check(layer_lib, env_id, "locating the layer's site-packages")
+        _check(base_lib, env_id, "locating the env's site-packages")
+        link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
+        wheelhouse.mkdir(parents=True, exist_ok=True)
+        for wheel in deps.wheels:  # the job's own wheels travel with the wheelhouse (bundles, offline)
+            shutil.copy2(wheel, wheelhouse / Path(wheel).name)
+        (tmp / CONSTRAINTS).write_text(jobdeps.constraints(base_pins))
+        (tmp / REQUIREMENTS).write_text(deps.requirements_text())
+        # The env's pip, run by the layer's interpreter, installs into the layer; GPUs hidden as
+        # for every install step (a package's setup.py may import torch).
+        argv = [
+            py,
+            "-m",
+            "pip",
+            "install",
+            *sources,
+            "-c",
+            str(tmp / CONSTRAINTS),
+            "-r",
+            str(tmp / REQUIREMENTS),
+        ]
+        result = cmd.run(argv, env=env, extra_env=dict(HIDE_GPUS), tee=tmp / ".mics-repro-pip.log")
+        if not result.ok:
+            text = (tmp / ".mics-repro-pip.log").read_text(errors="replace")
+            raise BuildError(
+                f"installing the job's packages over {env_id} failed (exit {result.returncode})",
+                why=_pip_cause(text),
+                fix="a requirement (or one of its dependencies) needs another version of a package the env "
+                "pins (listed in the constraints above), or is not on PyPI/in the wheelhouse; "
+                "pick versions contemporary with the env's torch; nothing was kept",
+            )
+        after = _freeze(Path(py), env_id, "the layer's packages")
+        changed = jobdeps.moved(base_pins, after)
+        if changed:  # cannot happen with the constraints; checked, because it is the promise
+            raise BuildError(
+                f"the job layer over {env_id} changed the env's packages", why="; ".join(changed)
+            )
+        added = jobdeps.new_packages(base_pins, after)
+        if not offline and added:
+            _to_wheelhouse(py, added, wheelhouse, env)
+        _copy_scripts(base, tmp)
+        _relocate(tmp, final)
+        info = {"base": str(base), "base_pins": dict(base_pins), "added": added, **deps.record()}
+        (tmp / JOB_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        python = ".".join(_python_version(py, env_id).split(".")[:2])
+        marker = {
+            "env_id": env_id,
+            "pins": {},
+            "python": python,
+            "layered_on": {"venv": str(base), "job": deps.digest(), "pins": {}},
+        }
+        (tmp / VENV_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+        stale = final.with_name(f".{final.name}.stale")
+        if final.exists():
+            os.rename(final, stale)
+        os.rename(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
+        console.info(
+            f"venv: job layer ready in {time.monotonic() - started:.0f} s: {final} "
+            f"(added {', '.join(f'{k}=={v}' for k, v in added.items()) or 'nothing'})"
+        )
+        return JobLayer(final, base, added, False)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def layer_freeze(layer: Path) -> dict[str, str]:
+    """What the layer's interpreter sees: the env's packages and the job's (tests, records)."""
+    return _freeze(layer / "bin" / "python", "?", "the layer's packages")
+
+
+def _pip_env() -> dict[str, str]:
+    # The host's PYTHONPATH must not reach pip: it would see (and resolve against) host packages.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+# Every distribution the interpreter imports, first on sys.path winning as for imports (`pip freeze`
+# writes a package installed from a file as `name @ file://...`, which is no version).
+_LIST = (
+    "import importlib.metadata as m, json\n"
+    "seen = {}\n"
+    "for d in m.distributions():\n"
+    "    seen.setdefault(d.metadata['Name'], d.version)\n"
+    "print(json.dumps(seen))\n"
+)
+
+
+def _freeze(python: Path, env_id: str, what: str) -> dict[str, str]:
+    result = cmd.run([str(python), "-c", _LIST], capture=True, echo=False, env=_pip_env())
+    _check(result, env_id, f"listing {what}")
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    return jobdeps.pins_from_freeze("".join(f"{name}=={version}\n" for name, version in found.items()))
+
+
+def _python_version(python: str, env_id: str) -> str:
+    result = cmd.run(
+        [python, "-c", "import platform; print(platform.python_version())"],
+        capture=True,
+        echo=False,
+        env=_pip_env(),
+    )
+    _check(result, env_id, "asking the layer's Python its version")
+    return result.stdout.strip()
+
+
+def _to_wheelhouse(py: str, added: Mapping[str, str], wheelhouse: Path, env: Mapping[str, str]) -> None:
+    specs = [f"{name}=={version}" for name, version in added.items()]
+    argv = [
+        py,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "-d",
+        str(wheelhouse),
+        "--find-links",
+        str(wheelhouse),
+        *specs,
+    ]
+    if not cmd.run(argv, env=env, capture=True).ok:  # the layer works anyway; only offline reuse is lost
+        console.warn(f"warning: could not copy the job's packages into the wheelhouse {wheelhouse}")
+
+
+def _copy_scripts(base: Path, layer: Path) -> None:
+    """The env's console scripts, started by the layer's interpreter (a launcher's ranks run
+    `sys.executable`, which must be the layer's for them to see the job's packages)."""
+    old = f"#!{base}/bin/python".encode()
+    for script in sorted((base / "bin").iterdir()):
+        target = layer / "bin" / script.name
+        if target.exists() or script.is_symlink() or not script.is_file() or script.stat().st_size > 1 << 20:
+            continue
+        data = script.read_bytes()
+        if not data.startswith(old):
+            continue  # activate scripts, python itself: the layer has its own
+        first, _, rest = data.partition(b"\n")
+        target.write_bytes(
+            f"#!{layer}/bin/python".encode() + first[len(old) :].lstrip(b"0123456789.") + b"\n" + rest
+        )
+        target.chmod(script.stat().st_mode)
+
+
+def _relocate(tmp: Path, final: Path) -> None:
+    """Scripts point at the temporary folder until renamed: point them at the final one."""
+    old, new = str(tmp).encode(), str(final).encode()
+    for path in [*(tmp / "bin").iterdir(), tmp / "pyvenv.cfg"]:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
+            continue
+        data = path.read_bytes()
+        if old in data:
+            path.write_bytes(data.replace(old, new))
+
+
+def _read(layer: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((layer / JOB_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and (layer / VENV_MARKER).is_file() else None
+
+
+def _pip_cause(text: str, lines: int = 25) -> str:
+    tail = text.rstrip().splitlines()[-lines:]
+    return "\n".join(tail) or "see the output above"
+
+
+def _check(result: cmd.CmdResult, env_id: str, what: str) -> None:
+    if not result.ok:
+        raise BuildError(
+            f"job layer for {env_id}: {what} failed (exit {result.returncode})",
+            why=result.tail() or "see the output above",
+            fix="fix the cause and rerun; nothing half-built was kept",
+        )
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """One build of a layer at a time (the venv engine's stale-temp sweep honours this lock)."""
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

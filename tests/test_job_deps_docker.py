@@ -1,0 +1,125 @@
+"""`make run ENGINE=docker REQUIREMENTS=...`: the job's package (a wheel built here) in an image FROM
+the CPU twin's image, with the env's packages as constraints; stock reproduces, fixed is clean, and
+nothing of the env moved. Needs a Docker daemon and the local base image (.ci/run provides both)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_job_deps_integration import JOB
+
+from repro.engines.docker.engine import daemon_status
+from tests.fixtures.wheels import build_wheel
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.docker, pytest.mark.integration]
+LIST = (
+    "import importlib.metadata as m, json\n"
+    "print(json.dumps({d.metadata['Name'].lower().replace('_', '-'): d.version for d in m.distributions()}))"
+)
+
+
+def _packages(image: str) -> dict[str, str]:
+    done = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", image, "python", "-c", LIST],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def job_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    up, why = daemon_status()
+    if not up:
+        pytest.skip(f"needs a Docker daemon: {why}")
+    root = tmp_path_factory.mktemp("docker-job")
+    wheel = build_wheel(root / "wheels", "mics_repro_testdep", "1.0", "def seed():\n    return 7\n")
+    work = root / "proj"
+    work.mkdir()
+    (work / "train_classifier.py").write_text(JOB)
+    (work / "requirements.txt").write_text(f"{wheel}\n")
+    out = root / "results" / "run"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "repro",
+            "run",
+            "--env",
+            "cpu",
+            "--engine",
+            "docker",
+            "--workdir",
+            str(work),
+            "--requirements",
+            str(work / "requirements.txt"),
+            "--out",
+            str(out),
+            "--cmd",
+            "torchrun --nproc_per_node 2 train_classifier.py",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return out
+
+
+def test_the_jobs_package_in_an_image_over_the_envs(job_run: Path) -> None:
+    runs = {r["patch"]: r for r in json.loads((job_run / "results.json").read_text())["runs"]}
+    assert (runs["stock"]["outcome"], runs["fixed"]["outcome"]) == ("reproduced", "clean")
+    layer = runs["fixed"]["job"]["requirements"]
+    assert layer["added"] == {"mics-repro-testdep": "1.0"}
+    env_packages, job_packages = _packages(layer["base"]), _packages(layer["image_id"])
+    assert {k: job_packages[k] for k in env_packages} == env_packages
+    assert set(job_packages) - set(env_packages) == {"mics-repro-testdep"}
+
+
+def test_a_bundle_of_the_job_verifies_offline_in_its_image(job_run: Path, tmp_path: Path) -> None:
+    """The bundle packs the job's image (its packages installed): verify-bundle reruns the job with
+    no network and no package index, and gets the same outcomes."""
+    import docker
+
+    from repro.cli.main import main
+    from repro.upstream.bundle_manifest import Manifest
+
+    results = job_run.parent
+    out = tmp_path / "bundles" / "cpu"
+    assert (
+        main(
+            [
+                "bundle",
+                "--env",
+                "cpu",
+                "--results",
+                str(job_run),
+                "--out",
+                str(out),
+                "--results-root",
+                str(results),
+            ]
+        )
+        == 0
+    )
+    manifest = Manifest.read(out)
+    client = docker.from_env(timeout=600)
+    try:  # verify must load the bundled image, not find the job image still here
+        client.images.remove(manifest.image["id"], force=True)
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        assert main(["verify-bundle", "--bundle", str(out), "--results-root", str(results)]) == 0
+    finally:
+        try:
+            client.images.remove(manifest.image["id"], force=True)
+        except docker.errors.ImageNotFound:
+            pass
