@@ -97,7 +97,20 @@ def test_dry_run_prints_plan_without_running(tmp_path: Path, capsys: pytest.Capt
     assert run(["repro", "--env", "cpu", "--dry-run"], tmp_path) == 0
     out = capsys.readouterr().out
     assert "torch=2.1.0" in out and "repro.workload.suite" in out
+    # README: "print the plan (pins, build args, run flags)"
+    assert "docker build -f docker/cpu.Dockerfile" in out and "run flags: --network none" in out
     assert left_behind(tmp_path) == []
+
+
+def test_rocm_dry_run_names_run_flags_and_held_back_variables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    monkeypatch.setenv("NCCL_DEBUG", "INFO")
+    assert run(["repro", "--env", "rocm56", "--dry-run"], tmp_path) == 0
+    out = capsys.readouterr().out
+    assert "--device=/dev/kfd" in out and "NCCL_DEBUG=INFO" in out
+    assert "held back (the container has no network): NCCL_SOCKET_IFNAME" in out
 
 
 # -- numbers are checked at the front door, before any engine or folder ---------------------------

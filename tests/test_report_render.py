@@ -114,8 +114,9 @@ def read_html(path: Path) -> Html:
 
 
 HEADLINE = re.compile(
-    r"^- \*\*(?P<env>[^*]+)\*\* \((?P<versions>[^)]*)\): reproduces: \*\*(?P<reproduces>[a-z/-]+)\*\*"
-    r"(?: \((?P<signatures>[a-z, -]+)\))?; fixed by the patch: \*\*(?P<fixed>[a-z/-]+)\*\*$"
+    r"^- \*\*(?P<env>[^*]+)\*\* \((?P<versions>(?:[^()]|\([^()]*\))*)\): reproduces: "
+    r"\*\*(?P<reproduces>[a-z/-]+)\*\*(?: \((?P<signatures>[a-z, -]+)\))?; fixed by the patch: "
+    r"\*\*(?P<fixed>[a-z/-]+)\*\*; verdict: (?P<words>.+)$"
 )
 
 

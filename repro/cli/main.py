@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "repro.cli.upstream_commands",
     "repro.cli.maintenance_commands",
     "repro.cli.job_commands",
+    "repro.cli.gpu_check_commands",
 )
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from repro.core import paths
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.run.orchestrate import Request
+from repro.run.usecase import RunTarget as RunTarget  # the CLI builds it; the use case owns it
 from repro.workload.record import PATCHES, SCENARIOS
 
 DEFAULT_RESULTS_ROOT = paths.DEFAULT_RESULTS_ROOT
@@ -65,6 +65,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted run in --out (default results/latest): redo only the envs it "
+        "did not finish, into the same results.json (make: RESUME=1)",
+    )
 
 
 def add_matrix_option(p: argparse.ArgumentParser) -> None:
@@ -106,22 +112,6 @@ def request_from_args(args: argparse.Namespace, default_env: str) -> Request:
         raise UsageError(str(exc)) from None
 
 
-@dataclass(frozen=True)
-class RunTarget:
-    """Where and how a run goes, besides what it runs (the Request)."""
-
-    engine: str | None
-    results_root: Path
-    out: Path | None = None
-    matrix: str | None = None
-    dry_run: bool = False
-    argv: tuple[str, ...] = ()  # recorded in results.json for `python -m repro` users
-    make_command: str = ""  # the make line that reproduces this run
-
-    def engine_choice(self) -> str | None:
-        return self.engine or os.environ.get("ENGINE") or None
-
-
 def run_make_line(target: str, args: argparse.Namespace) -> str:
     """The make line for the run options as given (the user's own spellings, not the defaults)."""
     return make_line(
@@ -151,4 +141,6 @@ def run_target_from_args(args: argparse.Namespace) -> RunTarget:
         dry_run=args.dry_run,
         argv=tuple(args.argv),
         make_command=run_make_line(args.command, args),
+        # `make repro RESUME=1`: make hands its command-line variables to the recipe's environment
+        resume=bool(getattr(args, "resume", False)) or os.environ.get("RESUME", "") not in ("", "0"),
     )

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 from repro.cli.options import (
     DEFAULT_RESULTS_ROOT,
-    RunTarget,
     add_matrix_option,
     add_run_options,
     request_from_args,
@@ -18,13 +17,13 @@ from repro.cli.options import (
 )
 from repro.cli.registry import command
 from repro.core import console
-from repro.core.errors import FixNotResolvedError, Interrupted, SuiteFailedError, UsageError
+from repro.core.errors import UsageError
 from repro.core.paths import REPO_ROOT
+from repro.run.usecase import check_fix_outcome, run_request
 from repro.workload.record import RunRecord
 
 if TYPE_CHECKING:
     from repro.matrix.model import Matrix
-    from repro.run.orchestrate import Request
 
 
 def _matrix(path: str | None) -> Matrix:
@@ -80,60 +79,6 @@ def cmd_build(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_request(request: Request, target: RunTarget, matrix: Matrix | None = None) -> list[RunRecord]:
-    """Plan, preflight, run and summarize one request; raises SuiteFailedError when a suite did
-    not run its plan (its exit code, a timeout, a planned run without a record), so the verdict
-    printed is incomplete."""
-    from repro.core.results import (
-        InvocationDir,
-        discard_unused,
-        invocation_meta,
-        latest_target,
-        open_invocation_dir,
-        point_latest,
-    )
-    from repro.run.orchestrate import describe, execute, plan, suite_failures
-    from repro.run.summary import render
-
-    steps = plan(matrix or _matrix(target.matrix), request)
-    if target.dry_run:
-        console.result(describe(steps, "(dry run: no engine chosen)"))
-        for step in steps:
-            console.result(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
-        return []
-    engine = _engine(target.engine)
-    for step in steps:  # missing devices / daemon / Python: say so before any folder exists
-        engine.preflight(step.env)
-    folder, made = open_invocation_dir(target.results_root, target.out, [s.env.id for s in steps])
-    invocation = InvocationDir(folder, invocation_meta(list(target.argv), target.make_command))
-    invocation.save()
-    previous_latest = latest_target(target.results_root)
-    if not target.out:
-        point_latest(target.results_root, folder)
-    console.info(describe(steps, engine.describe()))
-    console.info(f"results: {folder}")
-    try:
-        runs = execute(steps, engine, invocation)
-    except Interrupted:
-        console.result(render(invocation.runs, str(folder)))
-        raise
-    except BaseException:
-        # Nothing ran (e.g. the build failed): no results folder, and latest stays where it was.
-        if not invocation.data["envs"] and discard_unused(folder, made, target.results_root, previous_latest):
-            console.result(f"nothing was recorded; removed {folder}")
-        raise
-    console.result("")
-    console.result(render(runs, str(folder)))
-    problems = suite_failures(invocation, steps)
-    if problems:
-        raise SuiteFailedError(
-            f"the suite did not run its whole plan in {len(problems)} env(s)",
-            why="; ".join(problems),
-            fix=f"read the suite output in {folder}/<env>/ (the records that exist are kept)",
-        )
-    return runs
-
-
 def _run(
     args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[str, ...] | None = None
 ) -> list[RunRecord]:
@@ -145,7 +90,7 @@ def _run(
         request = replace(request, env_ids=env_ids)
     if fixed_only:
         request = replace(request, patches=("fixed",), sync_proof=False)
-    return run_request(request, run_target_from_args(args), matrix)
+    return run_request(request, run_target_from_args(args), matrix, engine_for=_engine)
 
 
 @command(
@@ -162,26 +107,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
     add_run_options,
 )
 def cmd_check_fix(args: argparse.Namespace) -> int:
-    from repro.core.errors import NothingVerifiedError
-    from repro.core.verdict import check_fix
-
     runs = _run(args, fixed_only=True)
-    if args.dry_run:
-        return 0
-    result = check_fix(runs)  # THE env verdict, the same one the summary and the report give
-    if result.failures:
-        raise FixNotResolvedError(
-            "the fix does not resolve the failure in every fixed run",
-            why="; ".join(result.failures),
-            fix="see the records in the results folder for evidence",
-        )
-    if result.unverified:
-        raise NothingVerifiedError(
-            "check-fix verified nothing: no fixed MiCS run ran steps and matched a clean control",
-            why="; ".join(result.unverified),
-            fix="look at the control's record; check STEPS/WORLD_SIZE, and that this DeepSpeed has MiCS",
-        )
-    console.result(f"check-fix: {result.verified} fixed MiCS run(s) ran clean and matched the ZeRO-3 control")
+    if not args.dry_run:
+        check_fix_outcome(runs)  # the one verdict's answer; raises its exit code
     return 0
 
 

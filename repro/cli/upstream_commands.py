@@ -52,9 +52,9 @@ def _bundle_options(p: argparse.ArgumentParser) -> None:
 
 def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Path:
     """`make repro ENV=<env> ENGINE=docker` into a fresh results folder; returns it."""
-    from repro.cli.run_commands import run_request
     from repro.core.results import new_invocation_dir
     from repro.run.orchestrate import Request
+    from repro.run.usecase import run_request
 
     folder = new_invocation_dir(results_root, [env_id])
     argv = [
@@ -258,4 +258,24 @@ def cmd_pr_regression(args: argparse.Namespace) -> int:
                 fix=f"read the pytest logs in {work}",
             )
         console.result("ok: every test fails on stock DeepSpeed and passes with the patch")
+    return 0
+
+
+def _issue_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--results", default=None, help="a bisect or survey results folder (default: the latest)")
+    p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
+    p.add_argument("--out", default=None, help="where to write it (default RESULTS/ISSUE.md)")
+
+
+@command("issue", "write ISSUE.md for the upstream tracker from a bisect or survey folder", _issue_options)
+def cmd_issue(args: argparse.Namespace) -> int:
+    from repro.core.results import resolve_results_dir
+    from repro.upstream.issue import write
+    from repro.upstream.scrub import Scrubber
+
+    folder = resolve_results_dir(Path(args.results_root), args.results)
+    cache = os.environ.get("MICS_REPRO_CACHE")
+    scrubber = Scrubber.from_host(paths={"<repo>": str(REPO_ROOT), **({"<cache>": cache} if cache else {})})
+    path = write(folder, scrubber, Path(args.out) if args.out else None)
+    console.result(f"issue: {path}")
     return 0

@@ -9,7 +9,9 @@ first, so none of them can present such a run as evidence for that env.
 What ran comes from the record's `ran_on` (repro/workload/device.py); records from before it
 existed fall back to `backend` ("gloo" is CPU, "nccl" a GPU) and `versions` (torch.version.hip /
 .cuda). The env's platform comes from the caller (the matrix or results.json's envs), else from
-`ran_on["env_platform"]`, which the suite writes from `--device`.
+`ran_on["env_platform"]`, which the suite writes from `--device`. Custom jobs (`make run CMD=`)
+get their `ran_on` from the interpreter-start hook in every process that joins a process group
+(repro/workload/jobhook.py, repro/run/job.py `job_ran_on`) and are checked the same way.
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ def platform_mismatch(record: Mapping[str, Any], env_platform: str | None = None
     `env_platform` None: the one the record names (ran_on.env_platform); unknown: no claim."""
     platform = env_platform or env_platform_of(record)
     device = _ran_device(record)
+    ran_on = record.get("ran_on") or {}
+    if platform in ("rocm", "cuda") and ran_on and ran_on.get("ran", True) and device is None:
+        # A custom job none of whose processes joined a process group (it crashed first, e.g. for
+        # lack of a GPU): nothing shows it used one, so it is no evidence for a GPU env.
+        return (
+            f"env platform is {platform} but no process of the run reported joining a process group "
+            f"on a GPU: no evidence for {platform}"
+        )
     if platform not in ("cpu", "rocm", "cuda") or device is None:
         return None
     backend = (record.get("ran_on") or {}).get("backend") or record.get("backend")

@@ -7,12 +7,22 @@ The report's `Run` extends it with where the record was found (its invocation fo
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from repro.workload.closed import assert_never
 from repro.workload.controls import ControlKey
-from repro.workload.record import CONTROL_SCENARIO, MICS_SCENARIOS, Outcome, Signature, Transport
+from repro.workload.record import (
+    CONTROL_SCENARIO,
+    CUSTOM_SCENARIO,
+    MICS_SCENARIOS,
+    Outcome,
+    Signature,
+    Transport,
+    custom_job_id,
+)
 
 
 @dataclass(frozen=True)
@@ -27,8 +37,15 @@ class RunKey:
     world_size: int
     shard_size: int | None
     hierarchical: bool
+    # A custom run's job id (repro.workload.record.custom_job_id); None for the suite's runs.
+    job: str | None = None
 
-    def without_patch(self) -> tuple[str, str, str, str, int, int | None, bool]:
+    def without_patch(self) -> tuple[str, str, str, str, int, int | None, bool, str | None]:
+        """What pairs a stock run with its fixed twin. A custom job's two runs are one pair by
+        their job id alone: a run that died before DeepSpeed said its dtype or world size (world
+        size 0: unknown) is still the same job."""
+        if self.job is not None:
+            return (self.env, self.scenario, "", "", 0, None, False, self.job)
         return (
             self.env,
             self.scenario,
@@ -37,7 +54,12 @@ class RunKey:
             self.world_size,
             self.shard_size,
             self.hierarchical,
+            None,
         )
+
+    def identity(self) -> tuple[str, tuple[str, str, str, str, int, int | None, bool, str | None]]:
+        """The same run in two results folders (the newer one is reported)."""
+        return self.patch, self.without_patch()
 
     @property
     def control_key(self) -> ControlKey:
@@ -62,12 +84,33 @@ class RunView:
             world_size=int(r.get("world_size") or 0),
             shard_size=None if r.get("shard_size") is None else int(r["shard_size"]),
             hierarchical=bool(r.get("hierarchical")),
+            job=self.job_id,
         )
 
     @property
+    def is_custom(self) -> bool:
+        """The user's own command (`make run CMD=...`), judged from its output."""
+        return self.record.get("scenario") == CUSTOM_SCENARIO
+
+    @property
+    def job_id(self) -> str | None:
+        """Which custom job this run belongs to (None for the suite's runs). Records from before
+        job ids existed get one from their command and workdir, the same way."""
+        if not self.is_custom:
+            return None
+        job = self.record.get("job") or {}
+        given = job.get("job_id")
+        if given:
+            return str(given)
+        return custom_job_id(str(job.get("command") or ""), str(job.get("workdir") or ""))
+
+    @property
     def name(self) -> str:
-        """The record's run_name (unique within an env); rebuilt the same way for older records."""
+        """The record's run_name (unique within an env; a custom run's gets its job id, so two jobs
+        in one env stay apart); rebuilt the same way for older records."""
         given = self.record.get("run_name")
+        if given and self.is_custom:
+            return f"{given}@{self.job_id}"
         if given:
             return str(given)
         k = self.key
@@ -176,21 +219,53 @@ SCENARIO_LABELS = {
     "mics": "MiCS flat gather",
     "mics-hier": "MiCS hierarchical gather",
     "mics-replica": "MiCS with replica groups",
+    "custom": "your command",
 }
 
 
 def run_label(run: RunView) -> str:
     k = run.key
-    layout = f"{k.world_size} ranks" + (f", shard {k.shard_size}" if k.shard_size else "")
+    layout = f"{world_size_text(k.world_size)} ranks" + (f", shard {k.shard_size}" if k.shard_size else "")
     transport = "" if k.transport == Transport.NATIVE.value else f", {k.transport} transport"
-    return f"{SCENARIO_LABELS.get(k.scenario, k.scenario)} ({k.patch}, {k.dtype}{transport}, {layout})"
+    what = SCENARIO_LABELS.get(k.scenario, k.scenario) + (f" {k.job}" if k.job else "")
+    return f"{what} ({k.patch}, {k.dtype}{transport}, {layout})"
+
+
+def world_size_text(size: int | None) -> str:
+    """A run that died before it said how many ranks it had (0 or None): unknown, shown as `?`."""
+    return str(size) if size else "?"
+
+
+class RunFinding(str, enum.Enum):
+    """What one run says about the bug: the one reading of an outcome that the env verdict and the
+    probe's good/bad/unknown share (repro/core/verdict.py, repro/bisect/probe.py)."""
+
+    BUG = "bug"  # shows the IllegalWork bug
+    CLEAN = "clean"
+    OTHER_FAILURE = "other-failure"  # crashed or hung, not from an IllegalWork
+    UNSUPPORTED = "unsupported"  # no MiCS / the fix cannot patch this DeepSpeed
+    NO_OUTCOME = "no-outcome"  # env-error or interrupted: nothing ran to an outcome
+
+
+def run_finding(outcome: Outcome, signature: Signature) -> RunFinding:
+    if outcome is Outcome.REPRODUCED:
+        return RunFinding.BUG
+    if outcome is Outcome.CRASHED:
+        return RunFinding.BUG if signature is Signature.ILLEGAL_WORK_CRASH else RunFinding.OTHER_FAILURE
+    if outcome is Outcome.HUNG:
+        return RunFinding.OTHER_FAILURE
+    if outcome is Outcome.CLEAN:
+        return RunFinding.CLEAN
+    if outcome is Outcome.UNSUPPORTED:
+        return RunFinding.UNSUPPORTED
+    if outcome is Outcome.ENV_ERROR or outcome is Outcome.INTERRUPTED:
+        return RunFinding.NO_OUTCOME
+    assert_never(outcome)
 
 
 def shows_bug(run: RunView) -> bool:
     """The run exhibits the reported bug: classify said reproduced, or it died from an IllegalWork."""
-    if run.outcome is Outcome.REPRODUCED:
-        return True
-    return run.outcome is Outcome.CRASHED and run.signature is Signature.ILLEGAL_WORK_CRASH
+    return run_finding(run.outcome, run.signature) is RunFinding.BUG
 
 
 def describe(run: RunView) -> str:

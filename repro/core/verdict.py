@@ -9,9 +9,14 @@ Pure functions of typed run views (repro.core.runs.RunView over the record dicts
 - fixed: stock and fixed runs are paired by scenario/dtype/transport/layout; a fixed run counts as
   resolved only if it is clean, silent and matches the ZeRO-3 control. A failure that the stock run
   has too and that is not the IllegalWork bug (e.g. the replica-group hang of DeepSpeed 0.19.x,
-  FACTS §2) is a separate finding, never counted against the fix (FixVerdict).
+  docs/background.md section 5) is a separate finding, never counted against the fix (FixVerdict).
 - verified: at least one fixed MiCS run ran steps, has finite losses, and matches a clean control
   with finite losses. Without one, `check-fix` has checked nothing and must not pass.
+- custom jobs (`make run CMD=...`, scenario "custom") are the env's evidence like the suite's MiCS
+  runs: a job's stock and fixed runs are one pair (by job id) and each other's control (the judge,
+  repro/workload/judge.py, compared them), so no ZeRO-3 control is needed to resolve or verify.
+- a fixed run that did not run to an outcome (env-error, interrupted, unsupported) is never counted
+  against the fix: it is no evidence either way.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from repro.core.errors import FixNotResolvedError, NothingVerifiedError, ReproError
 from repro.core.evidence import as_evidence
 from repro.core.runs import RunView, describe, run_label, shows_bug
 from repro.workload.classify import first_divergent_step
+from repro.workload.closed import assert_never
 from repro.workload.controls import choose_control
 from repro.workload.record import Outcome, Patch
 
@@ -101,6 +108,7 @@ class FixPair:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "label": self.label,
             "stock": self.stock.ident if self.stock else None,
             "fixed": self.fixed.ident if self.fixed else None,
             "control": self.control.ident if self.control else None,
@@ -149,6 +157,8 @@ def pair_status(
     if shows_bug(stock):
         if not good:
             return PairStatus.NOT_RESOLVED, why
+        if fixed.is_custom:  # the judge compared the job's fixed run with its stock run
+            return PairStatus.RESOLVED, "clean with the fix, no IllegalWork; the stock run shows the bug"
         if not control_usable(control):
             state = "missing" if control is None else control.outcome.value
             return PairStatus.RESOLVED_UNVERIFIED, f"{why}, but the control is {state}: not compared"
@@ -171,7 +181,7 @@ def fix_pairs(runs: Sequence[RunView]) -> list[FixPair]:
     """Stock/fixed pairs of every MiCS run of one env, in run order."""
     groups: dict[tuple[Any, ...], dict[str, RunView]] = {}
     for run in runs:
-        if run.is_mics:
+        if run.is_mics or run.is_custom:
             groups.setdefault(run.key.without_patch(), {})[run.patch] = run
     pairs = []
     for sides in groups.values():
@@ -180,15 +190,29 @@ def fix_pairs(runs: Sequence[RunView]) -> list[FixPair]:
             continue  # a cause control: it has no fixed twin by design
         either = stock or fixed
         assert either is not None  # every group was made from one of its runs
-        control = control_for(either, runs)
+        control = None if either.is_custom else control_for(either, runs)
         status, detail = pair_status(stock, fixed, control)
         pairs.append(FixPair(stock=stock, fixed=fixed, control=control, status=status, detail=detail))
     return pairs
 
 
 def stock_attempts(runs: Sequence[R]) -> list[R]:
-    """Stock MiCS runs that try to reproduce; sync-transport runs are cause controls and do not count."""
-    return [r for r in runs if r.is_mics and r.patch == Patch.STOCK.value and not r.is_sync_control]
+    """Stock runs that try to reproduce: MiCS runs of the suite and the user's own jobs (custom);
+    sync-transport runs are cause controls and do not count."""
+    return [
+        r
+        for r in runs
+        if (r.is_mics or r.is_custom) and r.patch == Patch.STOCK.value and not r.is_sync_control
+    ]
+
+
+def fixed_attempts(runs: Sequence[R]) -> list[R]:
+    """Fixed runs that can verify the fix (the counterpart of `stock_attempts`)."""
+    return [
+        r
+        for r in runs
+        if (r.is_mics or r.is_custom) and r.patch == Patch.FIXED.value and not r.is_sync_control
+    ]
 
 
 # The two configurations in the bug report: flat gather (the reporter's config) and hierarchical.
@@ -208,7 +232,9 @@ def reproduces(runs: Sequence[RunView]) -> tuple[Reproduces, list[Evidence]]:
         ]
     evidence = [Evidence(describe(r), (r.ident,)) for r in stock]
     considered = [
-        r for r in stock if r.scenario in REPORTER_SCENARIOS and r.outcome is not Outcome.UNSUPPORTED
+        r
+        for r in stock
+        if (r.scenario in REPORTER_SCENARIOS or r.is_custom) and r.outcome is not Outcome.UNSUPPORTED
     ]
     if considered and all(r.outcome is Outcome.CLEAN for r in considered):
         return Reproduces.NO, evidence
@@ -225,7 +251,7 @@ def fix_verdict(pairs: Sequence[FixPair]) -> tuple[FixVerdict, list[Evidence]]:
     ]
     statuses = {p.status for p in pairs}
     if not any(p.fixed is not None for p in pairs):
-        return FixVerdict.NOT_TESTED, evidence or [Evidence("no MiCS run in these results")]
+        return FixVerdict.NOT_TESTED, evidence or [Evidence("no MiCS run or own job in these results")]
     if statuses & {PairStatus.NOT_RESOLVED, PairStatus.REGRESSION}:
         return FixVerdict.NO, evidence
     bug_pairs = [p for p in pairs if p.stock is not None and shows_bug(p.stock)]
@@ -257,6 +283,8 @@ def why_not_verified(fixed: RunView, runs: Sequence[RunView]) -> str | None:
     clean control's finite losses (recomputed here, not taken from the record). Else why not."""
     if fixed.outcome is not Outcome.CLEAN:
         return f"{fixed.name}: {fixed.outcome.value} ({fixed.reason or fixed.signature.value})"
+    if fixed.is_custom:
+        return _why_job_not_verified(fixed)
     if not fixed.losses:
         return f"{fixed.name}: ran no steps (no losses recorded)"
     if not _finite_losses(fixed):
@@ -276,12 +304,24 @@ def why_not_verified(fixed: RunView, runs: Sequence[RunView]) -> str | None:
     return None if good else f"{fixed.name}: {why}"
 
 
+def _why_job_not_verified(fixed: RunView) -> str | None:
+    """A custom job's clean fixed run verifies the fix once DeepSpeed ran a step in it (the hook saw
+    the engine: the record has its world size) and its losses, where the output has any, are finite."""
+    if not (fixed.record.get("job") or {}).get("deepspeed_imported"):
+        return f"{fixed.name}: the command never imported DeepSpeed"
+    if not fixed.record.get("world_size"):
+        return f"{fixed.name}: no DeepSpeed optimizer step was seen"
+    if fixed.losses and not _finite_losses(fixed):
+        return f"{fixed.name}: NaN/inf losses"
+    return None
+
+
 def verification(runs: Sequence[RunView]) -> tuple[tuple[str, ...], str]:
     """(fixed runs that verify the fix, why nothing is verified; "" when something is).
 
     Sync-transport runs do not count: a synchronous transport hides the missing wait, so a clean
     fixed run over it proves nothing about the fix."""
-    fixed = [r for r in runs if r.is_mics and r.patch == Patch.FIXED.value and not r.is_sync_control]
+    fixed = fixed_attempts(runs)
     if not fixed:
         return (), "no fixed MiCS run was made"
     reasons = {r.ident: why_not_verified(r, runs) for r in fixed}
@@ -298,13 +338,16 @@ def verification(runs: Sequence[RunView]) -> tuple[tuple[str, ...], str]:
 
 def _fix_failures(pairs: Sequence[FixPair]) -> tuple[Evidence, ...]:
     """Fixed runs that count against the fix. A fixed run without a stock twin (check-fix runs only
-    fixed ones) that did not come out clean counts too: nothing here shows it is a separate bug."""
+    fixed ones) that crashed, hung or reproduced counts too: nothing here shows it is a separate bug.
+    One that did not run to an outcome (env-error, interrupted, unsupported: NO_OUTCOME) never
+    counts: it says nothing about the fix (e.g. a GPU env whose devices torch cannot see)."""
     failing = []
     for p in pairs:
         against = p.status in (PairStatus.NOT_RESOLVED, PairStatus.REGRESSION) or (
             p.status in (PairStatus.STOCK_MISSING, PairStatus.NO_OUTCOME)
             and p.fixed is not None
-            and p.fixed.outcome not in (Outcome.CLEAN, Outcome.UNSUPPORTED)
+            and p.fixed.outcome is not Outcome.CLEAN
+            and p.fixed.outcome not in NO_OUTCOME
         )
         if against and p.fixed is not None:
             detail = p.detail if p.stock is not None else f"{p.detail}; fixed {describe(p.fixed)}"
@@ -312,28 +355,67 @@ def _fix_failures(pairs: Sequence[FixPair]) -> tuple[Evidence, ...]:
     return tuple(failing)
 
 
-# The summary's words (the report prints the enum values). "no evidence" is what the summary has
-# always said when no stock MiCS run ran to an outcome; README quotes it.
-_REPRODUCES_WORDS = {
-    Reproduces.YES: "REPRODUCED",
-    Reproduces.NO: "not reproduced",
-    Reproduces.UNSUPPORTED: "no evidence (MiCS unsupported here)",
-    Reproduces.INCONCLUSIVE: "no evidence",
-    Reproduces.NOT_TESTED: "no evidence (no stock MiCS run)",
-}
-_FIX_WORDS = {
-    FixVerdict.YES: "fix resolves it",
-    FixVerdict.NO: "FIX DOES NOT RESOLVE IT",
-    FixVerdict.UNVERIFIED: "fix unverified (no usable control to compare with)",
-    FixVerdict.INCONCLUSIVE: "fix not evaluated (inconclusive)",
-    FixVerdict.NOT_APPLICABLE: "fix not evaluated (nothing reproduced)",
-    FixVerdict.NOT_TESTED: "fix not evaluated",
-}
+class Subject(str, enum.Enum):
+    """What the env's verdict rests on: the suite's MiCS runs, the user's own jobs, or both."""
+
+    SUITE = "suite"
+    OWN_JOB = "your command"
+    BOTH = "suite and your command"
+    NONE = "none"  # no stock or fixed attempt at all
+
+
+def subject_of(runs: Sequence[RunView]) -> Subject:
+    attempts = stock_attempts(runs) + fixed_attempts(runs)
+    custom = any(r.is_custom for r in attempts)
+    suite = any(not r.is_custom for r in attempts)
+    if custom and suite:
+        return Subject.BOTH
+    if custom:
+        return Subject.OWN_JOB
+    return Subject.SUITE if suite else Subject.NONE
+
+
+# The verdict's words: the ONLY place they are written (tests/test_verdict_words.py keeps it so).
+# The report prints the enum values next to them. "no evidence" is what the summary has always said
+# when no stock MiCS run ran to an outcome; README quotes it.
+def reproduces_words(reproduces: Reproduces) -> str:
+    if reproduces is Reproduces.YES:
+        return "REPRODUCED"
+    if reproduces is Reproduces.NO:
+        return "not reproduced"
+    if reproduces is Reproduces.UNSUPPORTED:
+        return "no evidence (MiCS unsupported here)"
+    if reproduces is Reproduces.INCONCLUSIVE:
+        return "no evidence"
+    if reproduces is Reproduces.NOT_TESTED:
+        return "no evidence (no stock MiCS run)"
+    assert_never(reproduces)
+
+
+def fix_words(fixed: FixVerdict) -> str:
+    if fixed is FixVerdict.YES:
+        return "fix resolves it"
+    if fixed is FixVerdict.NO:
+        return "FIX DOES NOT RESOLVE IT"
+    if fixed is FixVerdict.UNVERIFIED:
+        return "fix unverified (no usable control to compare with)"
+    if fixed is FixVerdict.INCONCLUSIVE:
+        return "fix not evaluated (inconclusive)"
+    if fixed is FixVerdict.NOT_APPLICABLE:
+        return "fix not evaluated (nothing reproduced)"
+    if fixed is FixVerdict.NOT_TESTED:
+        return "fix not evaluated"
+    assert_never(fixed)
+
+
+NO_STOCK_RUN_WORDS = "fix not evaluated (no stock run to compare with)"  # check-fix runs only fixed ones
 
 
 @dataclass(frozen=True)
 class EnvVerdict:
-    """The one verdict of one env, with the evidence behind each part."""
+    """The one verdict of one env, with the evidence behind each part. It decides (reproduces,
+    fixed, verified), words (`headline`, `notes`) and serialises (`to_dict`) the answer; every
+    reader (summary, check-fix, report, issue comment, bundle) takes both from here."""
 
     env: str
     reproduces: Reproduces
@@ -348,16 +430,38 @@ class EnvVerdict:
     fix_failures: tuple[Evidence, ...]  # fixed runs that count against the fix
     verified: tuple[str, ...]  # fixed runs (idents) that ran steps and matched a clean control
     unverified_reason: str  # why `verified` is empty; "" when it is not
+    subject: Subject = Subject.SUITE
 
     @property
     def nothing_verified(self) -> bool:
         return not self.verified
 
-    def headline(self) -> str:
-        fix = _FIX_WORDS[self.fixed]
+    @property
+    def all_fixed_clean(self) -> bool:
+        """Every fixed run of a pair came out clean (and there is at least one)."""
+        fixed = [p.fixed for p in self.pairs if p.fixed is not None]
+        return bool(fixed) and all(r.outcome is Outcome.CLEAN for r in fixed)
+
+    @property
+    def reproduces_text(self) -> str:
+        if self.reproduces is Reproduces.NOT_TESTED and self.subject is Subject.OWN_JOB:
+            return "no evidence (no stock run of your command)"
+        return reproduces_words(self.reproduces)
+
+    @property
+    def fix_text(self) -> str:
         if self.reproduces is Reproduces.NOT_TESTED and self.fixed is FixVerdict.NOT_APPLICABLE:
-            fix = "fix not evaluated (no stock run to compare with)"  # check-fix runs only fixed ones
-        return f"{self.env}: {_REPRODUCES_WORDS[self.reproduces]}; {fix}"
+            return NO_STOCK_RUN_WORDS
+        return fix_words(self.fixed)
+
+    @property
+    def label(self) -> str:
+        """The env, and what its verdict rests on when that is not (only) the suite."""
+        own = self.subject in (Subject.OWN_JOB, Subject.BOTH)
+        return f"{self.env} ({self.subject.value})" if own else self.env
+
+    def headline(self) -> str:
+        return f"{self.label}: {self.reproduces_text}; {self.fix_text}"
 
     def notes(self) -> list[str]:
         """What the summary prints under the headline."""
@@ -368,6 +472,27 @@ class EnvVerdict:
             names = ", ".join(ident.split("/", 1)[1] for ident in self.verified)
             lines.append(f"fixed runs that ran clean and match the ZeRO-3 control: {names}")
         return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "subject": self.subject.value,
+            "headline": self.headline(),
+            "reproduces": self.reproduces.value,
+            "reproduces_text": self.reproduces_text,
+            "signatures": list(self.signatures),
+            "reproduce_evidence": [e.to_dict() for e in self.reproduce_evidence],
+            "fixed": self.fixed.value,
+            "fix_text": self.fix_text,
+            "fix_evidence": [e.to_dict() for e in self.fix_evidence],
+            "pairs": [p.to_dict() for p in self.pairs],
+            "control_problems": [e.to_dict() for e in self.control_problems],
+            "other_failures": [e.to_dict() for e in self.other_failures],
+            "fix_failures": [e.to_dict() for e in self.fix_failures],
+            "verified": list(self.verified),
+            "unverified_reason": self.unverified_reason,
+            "notes": self.notes(),
+        }
 
 
 def env_verdict(env: str, runs: Sequence[RunView]) -> EnvVerdict:
@@ -394,6 +519,7 @@ def env_verdict(env: str, runs: Sequence[RunView]) -> EnvVerdict:
         fix_failures=_fix_failures(pairs),
         verified=verified,
         unverified_reason=unverified_reason,
+        subject=subject_of(mine),
     )
 
 
@@ -403,32 +529,60 @@ def views(records: Iterable[Mapping[str, Any]], platforms: Mapping[str, str] | N
     return [RunView(r) for r in as_evidence(records, platforms)]
 
 
-def env_verdicts(records: Sequence[Mapping[str, Any]]) -> list[EnvVerdict]:
-    """One verdict per env of the records, in the order the envs first appear."""
-    runs = views(records)
+def env_verdicts(
+    records: Sequence[Mapping[str, Any]], platforms: Mapping[str, str] | None = None
+) -> list[EnvVerdict]:
+    """One verdict per env of the records, in the order the envs first appear. `platforms`: env id
+    -> platform (results.json's envs) where known, for the evidence check."""
+    runs = views(records, platforms)
     envs = list(dict.fromkeys(r.env for r in runs))
     return [env_verdict(env, runs) for env in envs]
 
 
 @dataclass(frozen=True)
 class FixCheck:
-    """`check-fix`'s answer: failures first, then whether anything was verified at all."""
+    """`check-fix`'s answer: failures first, then whether anything was verified at all. Its exit
+    code comes from here (0 ok, FixNotResolvedError 20, NothingVerifiedError 6), so it is the one
+    verdict's, never a re-derivation from outcome strings."""
 
     failures: tuple[str, ...]
     unverified: tuple[str, ...]  # "<env>: <why nothing was verified>"
     verified: int
+    verdicts: tuple[EnvVerdict, ...] = ()
 
     @property
     def ok(self) -> bool:
         return not self.failures and not self.unverified
 
+    def error(self) -> ReproError | None:
+        """What check-fix raises (its exit code), or None when the fix is verified everywhere."""
+        if self.failures:
+            return FixNotResolvedError(
+                "the fix does not resolve the failure in every fixed run",
+                why="; ".join(self.failures),
+                fix="see the records in the results folder for evidence",
+            )
+        if self.unverified:
+            return NothingVerifiedError(
+                "check-fix verified nothing: no fixed MiCS run ran steps and matched a clean control",
+                why="; ".join(self.unverified),
+                fix="look at the control's record; check STEPS/WORLD_SIZE, and that this DeepSpeed has MiCS",
+            )
+        return None
 
-def check_fix(records: Sequence[Mapping[str, Any]]) -> FixCheck:
-    verdicts = env_verdicts(records)
+    @property
+    def exit_code(self) -> int:
+        error = self.error()
+        return 0 if error is None else error.exit_code
+
+
+def check_fix(records: Sequence[Mapping[str, Any]], platforms: Mapping[str, str] | None = None) -> FixCheck:
+    verdicts = env_verdicts(records, platforms)
     if not verdicts:
         return FixCheck((), ("no run was recorded",), 0)
     return FixCheck(
         failures=tuple(f"{v.env}: {e.text}" for v in verdicts for e in v.fix_failures),
         unverified=tuple(f"{v.env}: {v.unverified_reason}" for v in verdicts if v.nothing_verified),
         verified=sum(len(v.verified) for v in verdicts),
+        verdicts=tuple(verdicts),
     )

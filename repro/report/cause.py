@@ -109,8 +109,9 @@ def cause(merged: MergedResults, gpu_env_hint: Sequence[str] = DEFAULT_GPU_ENV_H
     stock = stock_attempts(merged.runs)
     bug = [r for r in stock if shows_bug(r)]
     gpu_runs = [r for r in stock if r.backend.is_gpu]
-    cpu_runs = [r for r in stock if not r.backend.is_gpu]
-    cpu_bug = [r for r in bug if not r.backend.is_gpu]
+    # A run whose backend is unknown (older folders) is neither CPU nor GPU evidence.
+    cpu_runs = [r for r in stock if r.backend is Backend.CPU_GLOO]
+    cpu_bug = [r for r in bug if r.backend is Backend.CPU_GLOO]
     gpu_bug = [r for r in bug if r.backend.is_gpu]
     missing: list[Missing] = [] if gpu_runs else [_gpu_hint(gpu_env_hint)]
 
@@ -124,6 +125,14 @@ def cause(merged: MergedResults, gpu_env_hint: Sequence[str] = DEFAULT_GPU_ENV_H
         )
 
     evidence = _reporter_match(bug) + _sync_control_evidence(all_stock)
+    if not cpu_bug and not gpu_bug:
+        return CauseAnswer(
+            CauseVerdict.INCONCLUSIVE,
+            "reproduced, but these results do not say what the runs ran on (no platform or backend "
+            "recorded): neither CPU nor GPU evidence",
+            tuple([Evidence(describe(r), (r.ident,)) for r in bug] + evidence),
+            tuple(missing),
+        )
     if not gpu_runs:
         envs = sorted({r.env for r in cpu_bug})
         sigs = sorted({r.signature.value for r in cpu_bug})

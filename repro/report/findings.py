@@ -8,6 +8,7 @@ from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, Outcome, Run
 from repro.report.per_env import describe, run_label, shows_bug
 from repro.report.verdicts import Finding, FindingKind
+from repro.workload.closed import assert_never
 
 STACK_LINES = 14
 TRACEBACK_LINES = 10
@@ -70,6 +71,10 @@ def run_findings(run: Run, runs: Sequence[Run]) -> list[Finding]:
         out.append(Finding(FindingKind.UNSUPPORTED, run.env, run.ident, f"{run_label(run)}: {run.reason}"))
     elif outcome is Outcome.INTERRUPTED:
         out.append(Finding(FindingKind.INTERRUPTED, run.env, run.ident, f"{run_label(run)}: interrupted"))
+    elif outcome is Outcome.REPRODUCED or outcome is Outcome.CLEAN or outcome is Outcome.CRASHED:
+        pass  # the bug itself (reported under the answers), or nothing to report on its own
+    else:
+        assert_never(outcome)
     if run.is_control and outcome not in (Outcome.CLEAN, Outcome.INTERRUPTED):
         out.append(
             Finding(

@@ -2,8 +2,9 @@
 
 Rules (each leaves a note in the report so nothing is dropped silently):
   * the same folder given twice (also through the `latest` symlink) counts once;
-  * the same run (env + scenario + patch + dtype + transport + layout) in two invocations:
-    the newest record wins, the older one is listed as superseded;
+  * the same run (env + scenario + patch + dtype + transport + layout; for a custom job: env +
+    job id + patch) in two invocations: the newest record wins, the older one is listed as
+    superseded; two different custom jobs of one env are both reported;
   * the same env id with different pins in two folders is an error: the two sets of runs
     answer different questions and must not be mixed under one name;
   * the same env id and pins but another image id: kept, noted (an image was rebuilt).
@@ -21,7 +22,7 @@ from typing import Any
 from repro.core.errors import UsageError
 from repro.core.evidence import as_evidence
 from repro.core.paths import confined
-from repro.report.model import EnvInfo, InvocationView, Run, RunKey, check_closed_sets
+from repro.report.model import EnvInfo, InvocationView, Run, check_closed_sets
 
 RESULTS_FILE = "results.json"
 SUPPORTED_SCHEMA = 1
@@ -72,7 +73,20 @@ def _require(data: Mapping[str, Any], key: str, where: Path) -> Any:
 # must be named, not met later as a traceback deep inside a table.
 _INT_FIELDS = ("world_size", "shard_size", "illegal_work_messages", "skipped_steps", "first_divergent_step")
 _NUMBER_LIST_FIELDS = ("losses", "loss_scale")
-_OBJECT_FIELDS = ("logs", "versions", "stacks")
+_OBJECT_FIELDS = (
+    "logs",
+    "versions",
+    "stacks",
+    # read with .get() by the evidence check and the report: a string there was a traceback
+    "ran_on",
+    "exit_codes",
+    "durations",
+    "transport_info",
+    "job",
+    "exception",
+    "layout",
+    "launcher",
+)
 
 
 def _damaged(where: str, what: str) -> UsageError:
@@ -141,11 +155,11 @@ def load_folder(folder: Path) -> ResultsFolder:
             fix="pass folders under results/ (e.g. results/latest), or run `make repro` first",
         )
     try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past the parser
         raise UsageError(
             f"{path} is not valid JSON",
-            why=str(exc),
+            why="nested too deeply" if isinstance(exc, RecursionError) else str(exc),
             fix="the invocation was probably killed while writing; re-run it",
         ) from None
     if not isinstance(data, dict):
@@ -237,22 +251,24 @@ def merge(folders: Sequence[ResultsFolder]) -> MergedResults:
     ordered = sorted(unique.values(), key=lambda f: _timestamp(f.invocation.started_at))
 
     envs: dict[str, EnvInfo] = {}
-    chosen: dict[RunKey, Run] = {}
+    # A run's identity: a suite run by its key, a custom run by its job id and patch, so two
+    # different jobs of one env are both kept and the same job run twice is the "newer one" case.
+    chosen: dict[Any, Run] = {}
     superseded: list[Run] = []
     for item in ordered:
         for env_id, env in item.envs.items():
             envs[env_id] = _merge_env(envs[env_id], env, notes) if env_id in envs else env
         for run in item.runs:
-            previous = chosen.get(run.key)
+            previous = chosen.get(run.key.identity())
             if previous is None:
-                chosen[run.key] = run
+                chosen[run.key.identity()] = run
                 continue
             newer, older = (
                 (run, previous)
                 if _timestamp(run.started_at) >= _timestamp(previous.started_at)
                 else (previous, run)
             )
-            chosen[run.key] = newer
+            chosen[run.key.identity()] = newer
             superseded.append(older)
             notes.append(
                 f"{run.ident}: ran in {older.invocation.folder.name} and {newer.invocation.folder.name}; "

@@ -41,10 +41,13 @@ class Backend(str, enum.Enum):
     ROCM_RCCL = "rocm-rccl"
     CUDA_NCCL = "cuda-nccl"
     GPU_UNKNOWN = "gpu-nccl"
+    # Nothing says what ran (an older folder without the env's platform, a run without a backend):
+    # neither CPU nor GPU evidence.
+    UNKNOWN = "unknown"
 
     @property
     def is_gpu(self) -> bool:
-        return self is not Backend.CPU_GLOO
+        return self not in (Backend.CPU_GLOO, Backend.UNKNOWN)
 
     @property
     def label(self) -> str:
@@ -53,6 +56,7 @@ class Backend(str, enum.Enum):
             Backend.ROCM_RCCL: "ROCm (RCCL via torch's nccl backend)",
             Backend.CUDA_NCCL: "CUDA (NCCL)",
             Backend.GPU_UNKNOWN: "GPU (nccl backend, vendor unknown)",
+            Backend.UNKNOWN: "unknown (no platform or backend recorded)",
         }[self]
 
 
@@ -102,10 +106,13 @@ class Run(RunView):
 
     @property
     def backend(self) -> Backend:
-        name = str(self.record.get("backend") or "")
+        # A custom job's record has no `backend` of its own; its `ran_on` (from the hook) says.
+        name = str(self.record.get("backend") or (self.record.get("ran_on") or {}).get("backend") or "")
         # A run that died before any rank reported has no backend: its env's platform tells.
         if name == "gloo" or (not name and self.env_platform == "cpu"):
             return Backend.CPU_GLOO
+        if not name and self.env_platform not in ("rocm", "cuda"):
+            return Backend.UNKNOWN  # a CPU wheel's torch.version.cuda must not make it CUDA evidence
         versions = self.record.get("versions") or {}
         if versions.get("hip") or self.env_platform == "rocm":
             return Backend.ROCM_RCCL

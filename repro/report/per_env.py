@@ -12,9 +12,9 @@ from repro.core.runs import SCENARIO_LABELS as SCENARIO_LABELS
 from repro.core.runs import describe as describe
 from repro.core.runs import run_label as run_label
 from repro.core.runs import shows_bug as shows_bug
+from repro.core.verdict import EnvVerdict, env_verdict
 from repro.core.verdict import FixPair as FixPair
 from repro.core.verdict import control_for as control_for
-from repro.core.verdict import env_verdict
 from repro.core.verdict import stock_attempts as stock_attempts
 from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, Run
@@ -40,60 +40,84 @@ def env_versions(env: EnvInfo, runs: Sequence[Run]) -> EnvVersions:
         rocm=env.pin("rocm") or seen.get("hip"),
         cuda=env.pin("cuda") or seen.get("cuda"),
         python=env.pin("python") or seen.get("python"),
+        platform=env.platform if env.platform in ("cpu", "rocm", "cuda") else None,
     )
 
 
 @dataclass(frozen=True)
 class EnvAnswer:
-    """The headline of one env plus the evidence behind its two verdicts."""
+    """The env's one verdict (decided and worded by repro.core.verdict.EnvVerdict) plus what the
+    report adds: the env's versions and backends. Nothing here re-derives the verdict."""
 
     env: EnvInfo
     versions: EnvVersions
     backends: tuple[str, ...]
-    reproduces: Reproduces
-    signatures: tuple[str, ...]  # of the runs that show the bug
-    reproduce_evidence: tuple[Evidence, ...]
-    fixed: FixVerdict
-    fix_evidence: tuple[Evidence, ...]
-    pairs: tuple[FixPair, ...]
-    control_problems: tuple[Evidence, ...]
+    verdict: EnvVerdict
+
+    @property
+    def reproduces(self) -> Reproduces:
+        return self.verdict.reproduces
+
+    @property
+    def fixed(self) -> FixVerdict:
+        return self.verdict.fixed
+
+    @property
+    def signatures(self) -> tuple[str, ...]:
+        return self.verdict.signatures
+
+    @property
+    def reproduce_evidence(self) -> tuple[Evidence, ...]:
+        return self.verdict.reproduce_evidence + self.verdict.control_problems
+
+    @property
+    def fix_evidence(self) -> tuple[Evidence, ...]:
+        return self.verdict.fix_evidence
+
+    @property
+    def pairs(self) -> tuple[FixPair, ...]:
+        return self.verdict.pairs
+
+    @property
+    def control_problems(self) -> tuple[Evidence, ...]:
+        return self.verdict.control_problems
+
+    @property
+    def platform_note(self) -> str:
+        """A folder that does not say its env's platform (older records): what that means."""
+        if self.env.platform in ("cpu", "rocm", "cuda"):
+            return ""
+        return (
+            f"platform unknown ({self.env.platform}): results.json does not say what this env is, so "
+            "its runs are no GPU evidence"
+        )
 
     def headline(self) -> str:
         sig = f" ({', '.join(self.signatures)})" if self.signatures else ""
         return (
             f"{self.env.id} [{self.versions.label()}]: reproduces: {self.reproduces.value}{sig}; "
-            f"fixed by the patch: {self.fixed.value}"
+            f"fixed by the patch: {self.fixed.value}; verdict: {self.verdict.headline()}"
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "env": self.env.id,
-            "platform": self.env.platform,
-            "versions": self.versions.to_dict(),
-            "pins": dict(self.env.pins),
-            "backends": list(self.backends),
-            "reproduces": self.reproduces.value,
-            "signatures": list(self.signatures),
-            "reproduce_evidence": evidence_dicts(self.reproduce_evidence),
-            "fixed": self.fixed.value,
-            "fix_evidence": evidence_dicts(self.fix_evidence),
-            "pairs": [p.to_dict() for p in self.pairs],
-            "control_problems": evidence_dicts(self.control_problems),
-        }
+        data = self.verdict.to_dict()
+        # The report's evidence for "reproduces" lists the control problems too (as it always did).
+        data["reproduce_evidence"] = evidence_dicts(self.reproduce_evidence)
+        data.update(
+            platform=self.env.platform,
+            platform_note=self.platform_note,
+            versions=self.versions.to_dict(),
+            pins=dict(self.env.pins),
+            backends=list(self.backends),
+        )
+        return data
 
 
 def env_answer(env: EnvInfo, merged: MergedResults) -> EnvAnswer:
     runs = merged.runs_of(env.id)
-    verdict = env_verdict(env.id, runs)
     return EnvAnswer(
         env=env,
         versions=env_versions(env, runs),
         backends=tuple(sorted({r.backend.label for r in runs})),
-        reproduces=verdict.reproduces,
-        signatures=verdict.signatures,
-        reproduce_evidence=verdict.reproduce_evidence + verdict.control_problems,
-        fixed=verdict.fixed,
-        fix_evidence=verdict.fix_evidence,
-        pairs=verdict.pairs,
-        control_problems=verdict.control_problems,
+        verdict=env_verdict(env.id, runs),
     )

@@ -89,7 +89,7 @@ def _slug(text: str) -> str:
 def _series_label(run: Run) -> str:
     if run.is_control:
         return f"zero3 control ({run.patch})"
-    return f"{run.scenario} {run.patch}"
+    return f"{run.scenario} {run.key.job} {run.patch}" if run.key.job else f"{run.scenario} {run.patch}"
 
 
 def _kind(run: Run) -> str:

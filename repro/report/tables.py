@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from repro.core.runs import world_size_text
 from repro.report.merge import MergedResults
 from repro.report.model import SCENARIOS_ORDER, Run
 
@@ -51,21 +52,28 @@ class Row:
     scenario: str
     dtype: str
     transport: str
-    world_size: int
+    world_size: int | None  # None: no run of the pair said (it died before its first step)
     shard_size: int | None
     hierarchical: bool
     stock: Cell | None
     fixed: Cell | None
+    job: str | None = None  # a custom job's id: two jobs of one env are two rows
 
     @property
     def layout(self) -> str:
         shard = f"/{self.shard_size}" if self.shard_size else ""
-        return f"{self.world_size}{shard}" + (" hier" if self.hierarchical else "")
+        return f"{world_size_text(self.world_size)}{shard}" + (" hier" if self.hierarchical else "")
+
+    @property
+    def what(self) -> str:
+        """The scenario column: a custom job names its job id."""
+        return f"{self.scenario} {self.job}" if self.job else self.scenario
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "env": self.env,
             "scenario": self.scenario,
+            "job": self.job,
             "dtype": self.dtype,
             "transport": self.transport,
             "world_size": self.world_size,
@@ -86,19 +94,23 @@ def rows(merged: MergedResults) -> list[Row]:
     for run in merged.runs:
         groups.setdefault(run.key.without_patch(), {})[run.patch] = run
     out = []
-    for key, sides in groups.items():
-        env, scenario, dtype, transport, world, shard, hier = key
+    for sides in groups.values():
+        # A custom job's pair is keyed by its job id: its layout and dtype come from the side that
+        # said them (a run that died before its first step knows neither).
+        known = sorted(sides.values(), key=lambda r: not r.record.get("world_size"))
+        k = known[0].key
         out.append(
             Row(
-                env=env,
-                scenario=scenario,
-                dtype=dtype,
-                transport=transport,
-                world_size=world,
-                shard_size=shard,
-                hierarchical=hier,
+                env=k.env,
+                scenario=k.scenario,
+                dtype=k.dtype,
+                transport=k.transport,
+                world_size=k.world_size or None,
+                shard_size=k.shard_size,
+                hierarchical=k.hierarchical,
                 stock=Cell.of(sides["stock"]) if "stock" in sides else None,
                 fixed=Cell.of(sides["fixed"]) if "fixed" in sides else None,
+                job=k.job,
             )
         )
     out.sort(
@@ -107,7 +119,8 @@ def rows(merged: MergedResults) -> list[Row]:
             _scenario_rank(r.scenario),
             r.dtype,
             r.transport,
-            r.world_size,
+            r.world_size or 0,
+            r.job or "",
         )
     )
     return out

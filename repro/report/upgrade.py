@@ -16,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from repro.report.per_env import EnvAnswer
 from repro.report.verdicts import Missing, Reproduces, UpgradeOutcome, UpgradeVerdict, VersionRelation
+from repro.workload.closed import assert_never
 
 REPORTER_TORCH = "2.1.0"
 REPORTER_DEEPSPEED = "0.13.1"
@@ -88,13 +89,19 @@ def relation(base: tuple[str | None, str | None], other: tuple[str | None, str |
     return VersionRelation.MIXED
 
 
-_UPGRADE_OUTCOME = {
-    Reproduces.NO: UpgradeOutcome.RESOLVED,
-    Reproduces.YES: UpgradeOutcome.STILL_REPRODUCES,
-    Reproduces.UNSUPPORTED: UpgradeOutcome.MICS_REMOVED,
-    Reproduces.INCONCLUSIVE: UpgradeOutcome.INCONCLUSIVE,
-    Reproduces.NOT_TESTED: UpgradeOutcome.NOT_TESTED,
-}
+def upgrade_outcome(reproduces: Reproduces) -> UpgradeOutcome:
+    """What an env's verdict means for an upgrade to it (MiCS removed is not a fix)."""
+    if reproduces is Reproduces.NO:
+        return UpgradeOutcome.RESOLVED
+    if reproduces is Reproduces.YES:
+        return UpgradeOutcome.STILL_REPRODUCES
+    if reproduces is Reproduces.UNSUPPORTED:
+        return UpgradeOutcome.MICS_REMOVED
+    if reproduces is Reproduces.INCONCLUSIVE:
+        return UpgradeOutcome.INCONCLUSIVE
+    if reproduces is Reproduces.NOT_TESTED:
+        return UpgradeOutcome.NOT_TESTED
+    assert_never(reproduces)
 
 
 def _pair(e: EnvAnswer) -> tuple[str | None, str | None]:
@@ -137,7 +144,7 @@ def upgrade(envs: Sequence[EnvAnswer]) -> UpgradeAnswer:
         rel = relation(base, _pair(e))
         if rel is VersionRelation.SAME:
             continue
-        outcome = _UPGRADE_OUTCOME[e.reproduces]
+        outcome = upgrade_outcome(e.reproduces)
         detail = "; ".join(ev.text for ev in e.reproduce_evidence[:3])
         steps.append(UpgradeStep(e.env.id, e.versions.label(), rel, outcome, e.signatures, detail))
     order = [VersionRelation.NEWER, VersionRelation.MIXED, VersionRelation.UNKNOWN, VersionRelation.OLDER]

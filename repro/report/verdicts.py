@@ -73,9 +73,15 @@ class EnvVersions:
     rocm: str | None
     cuda: str | None
     python: str | None
+    platform: str | None = None  # the env's (cpu | rocm | cuda); None: not known
 
     def label(self) -> str:
         parts = [f"torch {self.torch or '?'}", f"DeepSpeed {self.deepspeed or '?'}"]
+        if self.platform == "cpu":
+            # What ran, not what the wheel was built for: PyPI's torch is the CUDA build.
+            built = f"; torch wheel built with CUDA {self.cuda}" if self.cuda else ""
+            built += f"; torch wheel built with ROCm {self.rocm}" if self.rocm else ""
+            return ", ".join(parts) + ", CPU (gloo)" + built
         if self.rocm:
             parts.append(f"ROCm {self.rocm}")
         if self.cuda:
@@ -91,6 +97,7 @@ class EnvVersions:
             "rocm": self.rocm,
             "cuda": self.cuda,
             "python": self.python,
+            "platform": self.platform,
         }
 
 

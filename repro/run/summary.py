@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from repro.core.runs import world_size_text
 from repro.core.verdict import env_verdicts
 from repro.workload.record import RunRecord
 
@@ -27,7 +28,7 @@ COLUMNS = (
 
 def _cell(run: RunRecord, key: str) -> str:
     if key == "ws":
-        return str(run.get("world_size"))
+        return world_size_text(run.get("world_size"))
     if key == "IllegalWork":
         return str(run.get("illegal_work_messages", 0))
     if key == "div@":

@@ -16,6 +16,7 @@ from typing import Any
 import jinja2
 
 from repro.core import templating
+from repro.core.runs import RunView
 from repro.core.verdict import EnvVerdict, FixVerdict, Reproduces, env_verdicts
 from repro.upstream.source_refs import Refs
 
@@ -28,6 +29,7 @@ SCENARIO_TITLES = {
     "mics": "Flat MiCS",
     "mics-hier": "Hierarchical MiCS",
     "mics-replica": "MiCS with replica groups",
+    "custom": "Your command",
 }
 
 
@@ -49,6 +51,7 @@ class RunRow:
     error: str
     reason: str
     control_run: str | None = None
+    ident: str = ""  # RunView.ident: how the env verdict names this run (its evidence cites it)
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any]) -> RunRow:
@@ -73,6 +76,7 @@ class RunRow:
             error=_one_line(error, 160),
             reason=_one_line(str(rec.get("reason") or ""), 300),
             control_run=rec.get("control_run"),
+            ident=RunView(rec).ident if all(rec.get(k) for k in ("env", "scenario", "patch")) else "",
         )
 
 
@@ -145,6 +149,7 @@ class Answer:
     summary: str
     reproduced: tuple[str, ...]
     fixed: bool | None  # None: no patched MiCS run
+    verdict: str = ""  # THE env verdict's headline (repro.core.verdict), word for word
 
 
 def answer(
@@ -156,12 +161,12 @@ def answer(
     verdicts = env_verdicts(records)
     verdict = verdicts[0] if len(verdicts) == 1 else None
     bug_runs = (
-        {ident.split("/", 1)[1] for e in verdict.reproduce_evidence for ident in e.runs}
+        {ident for e in verdict.reproduce_evidence for ident in e.runs}
         if verdict is not None and verdict.reproduces is Reproduces.YES
         else set()
     )
     mics = [h for h in heads if h.scenario != "zero3"]
-    reproduced = tuple(h.title for h in mics if h.stock and h.stock.run_name in bug_runs)
+    reproduced = tuple(h.title for h in mics if h.stock and h.stock.ident in bug_runs)
     patched = [h.fixed for h in mics if h.fixed]
     control = next((h.stock for h in heads if h.scenario == "zero3" and h.stock), None)
     if reproduced:
@@ -177,15 +182,15 @@ def answer(
     elif fixed is False:
         # `fixed is False` only comes from a verdict; its fix failures name the runs to blame.
         failures = verdict.fix_failures if verdict else ()
-        against = {ident.split("/", 1)[1] for e in failures for ident in e.runs}
-        bad = ", ".join(f"{r.run_name}: {r.outcome}" for r in patched if r.run_name in against)
+        against = {ident for e in failures for ident in e.runs}
+        bad = ", ".join(f"{r.run_name}: {r.outcome}" for r in patched if r.ident in against)
         parts.append(f"With the patch below not every MiCS run is clean ({bad}).")
     elif verdict is not None and verdict.fixed is FixVerdict.UNVERIFIED:
         parts.append(
             "With the patch below the MiCS runs are clean, but the ZeRO-3 control failed, so their "
             "losses could not be compared."
         )
-    return Answer(title, " ".join(parts), reproduced, fixed)
+    return Answer(title, " ".join(parts), reproduced, fixed, verdict.headline() if verdict else "")
 
 
 def _fixed(verdict: EnvVerdict | None, patched: Sequence[RunRow]) -> bool | None:
@@ -198,12 +203,12 @@ def _fixed(verdict: EnvVerdict | None, patched: Sequence[RunRow]) -> bool | None
     if verdict.fixed is FixVerdict.NO:
         return False
     if verdict.fixed is FixVerdict.NOT_APPLICABLE:
-        return True if all(r.outcome == "clean" for r in patched) else None
+        return True if verdict.all_fixed_clean else None
     return None
 
 
 def _resolved_sentence(verdict: EnvVerdict | None, patched: Sequence[RunRow]) -> str:
-    if all(r.outcome == "clean" for r in patched) or verdict is None:
+    if verdict is None or verdict.all_fixed_clean:
         return "With the patch below every MiCS run is **clean** (losses match plain ZeRO-3)."
     others = "; ".join(e.text for e in verdict.other_failures)
     return (

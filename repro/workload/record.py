@@ -45,24 +45,37 @@ Record keys (`RECORD_KEYS`):
                        "sm_XY" (CUDA compute capability)], "hip", "cuda" (torch.version.*), "nccl"
                        (NCCL/RCCL version), "ran": bool, "visible_devices": {*_VISIBLE_DEVICES},
                        "passed_env": {host NCCL_*/RCCL_*/HSA_*/MIOPEN_*/*_VISIBLE_DEVICES the engine
-                       passed (repro/engines/passthrough.py)},
+                       passed (repro/engines/passthrough.py)}, "dropped_env": {host NCCL network
+                       settings (NCCL_SOCKET_IFNAME, NCCL_IB_*...) held back from a networkless
+                       container},
+                       "rocm_runtime": {"container", "host"} ROCm versions (/opt/rocm/.info/version
+                       in the env; MICS_REPRO_HOST_ROCM from the cluster scripts), ROCm runs only,
                        "env_platform": what the env asked for (cpu | rocm | cuda | gpu | null: auto),
                        "planned_device" (never-launched runs only)}; null in older records.
                       A run whose ran_on does not match its env's platform is not evidence for that
-                      env (repro/core/evidence.py).
+                      env (repro/core/evidence.py). Custom runs: from the hook in every process
+                      that joined a process group (rank 0's view plus "devices", "processes",
+                      "joined_group"; device null when none joined: no GPU evidence).
   launcher            how the ranks were started: {"kind": "prefork" (forked from the suite's
                       pre-imported launcher, repro/workload/prefork_server.py; CPU) | "torchrun",
                       "note": why torchrun ran a run meant for prefork, else ""}; null when
                       nothing was launched and in older records. The evidence is the same either way.
   job                 custom runs (scenario "custom", `python -m repro run --cmd`) only, else null:
-                      {"command", "workdir", "workdir_digest", "patterns" (what decided: loss regex,
+                      {"command", "workdir", "workdir_digest", "job_id" (custom_job_id: which job
+                       this is; stock and fixed of one job share it), "patterns" (what decided: loss regex,
                        IllegalWork and overflow patterns), "notes", "exit_code", "survivors",
-                       "processes" (pid: argv of every hooked Python process), "loss_steps"}
+                       "processes" (pid: argv of every hooked Python process), "loss_steps",
+                       "requirements" (REQUIREMENTS=/PACKAGES=: the lines, the layer or image, its
+                       base and the packages it added; null without), "illegal_work_in_log" /
+                       "illegal_work_by_hook" (the two counts), "nan_logged_as_zero_from" (step),
+                       "rendezvous" ({"port", "set_by": "repro" | "job"}), "hook_pth" (the hook's
+                       .pth in the env's site-packages, or null)}
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import math
 import os
@@ -233,6 +246,12 @@ class RunRecord(TypedDict, total=False):
     ran_on: dict[str, Any] | None
     job: dict[str, Any] | None
     launcher: dict[str, str] | None
+
+
+def custom_job_id(command: str, workdir: str) -> str:
+    """Which custom job a record belongs to: a digest of its command and the folder it ran in. The
+    stock and fixed runs of one job share it; two jobs in one env (merged results folders) differ."""
+    return hashlib.sha256(f"{command}\0{workdir}".encode()).hexdigest()[:12]
 
 
 def finite_or_none(value: float | None) -> float | None:

@@ -326,7 +326,22 @@ def launch(
         # Ranks that outlived their launcher (should not happen) must not outlive the run.
         if any(alive(p) for p in _rank_pids(spec.run_dir)):
             _stop_group(proc, spec.run_dir)
+    if stopped_by_signal(proc.returncode) or (stop is not None and stop.is_set() and proc.returncode != 0):
+        # SIGHUP/SIGTERM/SIGINT reached the launcher (a closed terminal, `timeout`, a CI cancel
+        # signals the whole tree), or it failed while the suite was stopping: the run was cut
+        # short by the user, not crashed (we send those signals ourselves only on a hang, above).
+        return ended("interrupted")
     return ended(None)
+
+
+# A launcher killed by one of these (returncode -N), or exiting 128+N because its rank was (the
+# pre-imported launcher's and a shell's convention), was stopped, not crashed.
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
+
+
+def stopped_by_signal(returncode: int | None) -> bool:
+    codes = {int(s) for s in STOP_SIGNALS}
+    return returncode is not None and (-returncode in codes or returncode - 128 in codes)
 
 
 def _read_ranks(run_dir: str) -> dict[int, dict[str, Any]]:

@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES, finite_or_none, write_json_atomic
@@ -422,7 +422,7 @@ def write_rank_record(path: str, out: dict[str, Any]) -> None:
         write_json_atomic(path, {key: slim.get(key) for key in RANK_KEYS})
 
 
-def exit_now(code: int) -> None:
+def exit_now(code: int) -> NoReturn:
     """Leave without interpreter teardown once the record is on disk.
 
     Tearing down torch, DeepSpeed and the gloo groups takes seconds per rank on a loaded host and

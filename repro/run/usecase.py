@@ -1,0 +1,169 @@
+"""The use cases behind `make repro`, `make check-fix` and `make matrix` (and the bundle's own
+run): plan, preflight, run, summarize, and for check-fix the exit code of the one verdict.
+Below the CLI, so other commands and tests call them without argparse (STYLE 13); the CLI
+modules only parse options into a Request and a RunTarget and call these.
+
+Call path of `make repro`: cli/run_commands.cmd_repro -> run_request (here) -> run/orchestrate
+(execute) -> run/summary (render) -> core/verdict (the env verdict, decided and worded).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from repro.core import console
+from repro.core.errors import Interrupted, SuiteFailedError
+from repro.core.results import (
+    LATEST,
+    RESULTS_FILE,
+    InvocationDir,
+    discard_unused,
+    invocation_meta,
+    latest_target,
+    open_invocation_dir,
+    point_latest,
+)
+from repro.core.verdict import FixCheck, check_fix
+from repro.engines.preflight import check_world_size
+from repro.run.orchestrate import Request, describe, execute, plan, suite_failures, unfinished_envs
+from repro.run.summary import render
+from repro.workload.record import RunRecord
+
+if TYPE_CHECKING:
+    from repro.matrix.model import Matrix
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """Where and how a run goes, besides what it runs (the Request)."""
+
+    engine: str | None
+    results_root: Path
+    out: Path | None = None
+    matrix: str | None = None
+    dry_run: bool = False
+    argv: tuple[str, ...] = ()  # recorded in results.json for `python -m repro` users
+    make_command: str = ""  # the make line that reproduces this run
+    # RESUME=1: finish the invocation in OUT= (default results/latest): rerun the envs it did not
+    # finish, keep the others' records, all in the same results.json.
+    resume: bool = False
+
+    def engine_choice(self) -> str | None:
+        return self.engine or os.environ.get("ENGINE") or None
+
+
+def load_matrix(path: str | None) -> Matrix:
+    from repro.matrix.schema import load_matrix as load
+
+    return load(path) if path else load()
+
+
+def choose_engine(choice: str | None) -> Any:
+    from repro.engines.select import choose_engine as choose
+
+    return choose(choice or os.environ.get("ENGINE") or None)
+
+
+def run_request(
+    request: Request,
+    target: RunTarget,
+    matrix: Matrix | None = None,
+    engine_for: Callable[[str | None], Any] = choose_engine,
+) -> list[RunRecord]:
+    """Plan, preflight, run and summarize one request; raises SuiteFailedError when a suite did
+    not run its plan (its exit code, a timeout, a planned run without a record), so the verdict
+    printed is incomplete. `engine_for(ENGINE choice)` gives the engine (the CLI passes its own,
+    which tests replace)."""
+    steps = plan(matrix or load_matrix(target.matrix), request)
+    if target.dry_run:
+        from repro.engines.docker.buildplan import dry_run_text
+
+        console.result(describe(steps, "(dry run: no engine chosen)"))
+        for step in steps:
+            # README promises the build args and run flags too (ENGINE=docker's; a venv gets the
+            # same pins and the same host variables).
+            console.result(dry_run_text(step.env))
+            console.result(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
+        return []
+    engine = engine_for(target.engine)
+    for step in steps:  # missing devices / daemon / Python / too many ranks: before any folder exists
+        engine.preflight(step.env)
+        check_world_size(step.env, request.world_size)
+    all_steps = steps
+    resumed = _resumable(target)
+    if resumed is not None:
+        folder, made = resumed, False
+        invocation = InvocationDir.reopen(folder)
+        todo = unfinished_envs(invocation, steps)
+        for env_id in todo:
+            invocation.forget_env(env_id)
+        steps = [s for s in steps if s.env.id in todo]
+        kept = sorted({str(r.get("env")) for r in invocation.runs})
+        console.info(
+            f"resume: {folder}: redoing {', '.join(todo) or 'nothing'}; kept {', '.join(kept) or 'nothing'}"
+        )
+    else:
+        folder, made = open_invocation_dir(target.results_root, target.out, [s.env.id for s in steps])
+        invocation = InvocationDir(folder, invocation_meta(list(target.argv), target.make_command))
+        invocation.save()
+    previous_latest = latest_target(target.results_root)
+    if not target.out and resumed is None:
+        point_latest(target.results_root, folder)
+    console.info(describe(steps, engine.describe()))
+    console.info(f"results: {folder}")
+    try:
+        runs = execute(steps, engine, invocation)
+    except Interrupted:
+        console.result(render(invocation.runs, str(folder)))
+        raise
+    except BaseException:
+        # Nothing ran (e.g. the build failed): no results folder, and latest stays where it was.
+        if not invocation.data["envs"] and discard_unused(folder, made, target.results_root, previous_latest):
+            console.result(f"nothing was recorded; removed {folder}")
+        raise
+    try:
+        console.result("")
+        console.result(render(runs, str(folder)))
+    except KeyboardInterrupt as stop:
+        # Every run had finished and is saved (results.json says finished, not interrupted):
+        # only the summary was cut short, so there is nothing to redo.
+        raise Interrupted(
+            "interrupted while printing the summary",
+            why=str(stop) or "Ctrl-C",
+            fix=f"nothing to redo: every run finished and is saved in {folder}; "
+            f"`make report RESULTS={folder}` shows the verdict",
+        ) from None
+    problems = suite_failures(invocation, all_steps)
+    if problems:
+        raise SuiteFailedError(
+            f"the suite did not run its whole plan in {len(problems)} env(s)",
+            why="; ".join(problems),
+            fix=f"read the suite output in {folder}/<env>/ (the records that exist are kept)",
+        )
+    return runs
+
+
+def _resumable(target: RunTarget) -> Path | None:
+    """The folder RESUME=1 finishes: OUT=, else what results/latest points to; None when resuming
+    was not asked for or that folder holds no results yet (then it is an ordinary new run)."""
+    if not target.resume:
+        return None
+    folder = target.out if target.out is not None else target.results_root / LATEST
+    if not (folder / RESULTS_FILE).is_file():
+        return None
+    return folder.resolve()
+
+
+def check_fix_outcome(runs: list[RunRecord]) -> FixCheck:
+    """check-fix's answer from the runs it made: THE env verdict, the same one the summary and the
+    report give; raises its error (and so its exit code) when the fix is not verified everywhere."""
+    result = check_fix(runs)
+    error = result.error()
+    if error is not None:
+        raise error
+    console.result(f"check-fix: {result.verified} fixed MiCS run(s) ran clean and matched the ZeRO-3 control")
+    return result
