@@ -26,6 +26,8 @@ REPRO = $(PYTHON) -m repro $(if $(value QUIET),--quiet) $(if $(value VERBOSE),--
 # argument (tests/test_makefile_injection.py runs every target with hostile values).
 sq = '$(subst ','\'',$(1))'
 flag = $(if $(value $(1)),--$(2) $(call sq,$(value $(1))))
+# A custom job's own packages, as a layer over the env: REQUIREMENTS=path/requirements.txt, PACKAGES="a==1 b".
+JOB_DEPS_FLAGS = $(call flag,REQUIREMENTS,requirements) $(call flag,PACKAGES,packages)
 RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,torch) \
 	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIOS,scenarios) $(call flag,PATCH,patch) \
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,CONFIG,config) \
@@ -38,7 +40,8 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 
 # Every target that runs Python needs the host side set up first (nothing to do with PYTHON=).
 help list build repro check-fix matrix report base-image test test-unit lint bench clean: $(HOST_PYTHON_READY)
-bisect survey probe bundle verify-bundle cluster pr-regression: $(HOST_PYTHON_READY)
+gpu-check: $(HOST_PYTHON_READY)
+bisect survey probe bundle verify-bundle cluster pr-regression issue: $(HOST_PYTHON_READY)
 run shell: $(HOST_PYTHON_READY)
 venv: $(HOST_PYTHON_READY)
 
@@ -76,6 +79,12 @@ report:
 base-image:
 	$(REPRO) base-image $(if $(value FORCE),--force)
 
+# The GPU host self-check (repro/run/gpu_check.py): GPUs, the env's venv, torch and DeepSpeed on the
+# real backend, repro on the GPUs, check-fix with the GPUs hidden; gpu-check.json + a verdict per step.
+.PHONY: gpu-check
+gpu-check:
+	$(REPRO) gpu-check $(call flag,ENV,env) $(call flag,OUT,out) $(call flag,MATRIX,matrix)
+
 # All tiers: unit (fakes), integration (real torch + DeepSpeed under torchrun, venv engine),
 # docker (real engine), browser (headless chromium), bootstrap (a fresh clone and a bare Python
 # run `make repro DRY_RUN=1` and `make test`). Tiers whose tools are missing skip with a
@@ -84,7 +93,7 @@ test:
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-unit:
-	$(PYTHON) -m pytest -m "not integration and not docker and not browser and not bootstrap" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m "not integration and not docker and not browser and not bootstrap and not slurm" $(PYTEST_ARGS)
 
 # Static checks, run by CI before the tests: ruff, mypy (strict, pyproject.toml) and the import
 # contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload
@@ -100,37 +109,46 @@ lint:
 	$(LINT_IMPORTS)
 
 bench:
-	$(REPRO) bench $(call flag,ENV,env) $(call flag,ENGINE,engine)
+	$(REPRO) bench $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,DS_REPO,ds-repo) \
+		$(call flag,DEEPSPEED_COMMIT,deepspeed-commit)
 
 # Bisection and surveys over releases (repro/cli/bisect_commands.py; README "Bisecting releases").
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
 #   make survey AXIS=deepspeed FROM=0.12.6 TO=0.19.8 TORCH=2.1.0 [EVERY=1]
 #   make probe ENV=cpu TORCH=2.1.0 [DEEPSPEED_SRC=~/DeepSpeed]   exit 0 good / 1 bad / 125 unknown
+#   make bisect AXIS=deepspeed-commit GOOD=v0.19.2 BAD=v0.19.3 DS_REPO=~/DeepSpeed [PARALLEL=2] [RUNNER=slurm]
+#   make bisect AXIS=deepspeed GOOD=0.19.0 BAD=0.19.6 COMMITS=1 [DS_REPO=~/DeepSpeed]   releases, then commits
 yes = $(filter 1 yes true,$(value $(1)))
 WALK_FLAGS = $(call flag,AXIS,axis) $(call flag,FROM,from) $(call flag,TO,to) $(call flag,VERSIONS,versions) \
 	$(if $(call yes,PRERELEASES),--prereleases) $(if $(call yes,REFRESH_VERSIONS),--refresh-versions) \
-	$(if $(value DRY_RUN),--dry-run)
+	$(if $(value DRY_RUN),--dry-run) $(call flag,DS_REPO,ds-repo) $(call flag,PARALLEL,parallel) \
+	$(call flag,RUNNER,runner) $(call flag,DEVICES,devices) $(call flag,SLURM_PARTITION,slurm-partition) \
+	$(call flag,SLURM_TIME,slurm-time) $(call flag,SLURM_GPUS_PER_TASK,slurm-gpus-per-task) $(call flag,IMAGE,image)
 PROBE_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,torch) \
 	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIO,scenario) $(call flag,PATCH,patch) \
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,STEPS,steps) \
 	$(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) $(call flag,OUT,out) \
 	$(call flag,MATRIX,matrix) $(if $(value CMD),--cmd $(call sq,$(value CMD))) $(call flag,WORKDIR,workdir) \
-	$(if $(value LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX)))
+	$(if $(value LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX))) $(JOB_DEPS_FLAGS)
 .PHONY: bisect survey probe
 bisect:
 	$(REPRO) bisect $(WALK_FLAGS) $(PROBE_FLAGS) $(call flag,GOOD,good) $(call flag,BAD,bad) \
-		$(call flag,BAD_IF,bad-if)
+		$(call flag,BAD_IF,bad-if) $(if $(call yes,COMMITS),--commits)
 
 survey:
-	$(REPRO) survey $(WALK_FLAGS) $(PROBE_FLAGS) $(if $(call yes,EVERY),--every)
+	$(REPRO) survey $(WALK_FLAGS) $(PROBE_FLAGS) $(if $(call yes,EVERY),--every) $(if $(call yes,COMMITS),--commits)
 
 probe:
 	$(REPRO) probe $(PROBE_FLAGS) $(call flag,BAD_IF,bad-if) $(call flag,DEEPSPEED_SRC,deepspeed-src) \
-		$(call flag,REFERENCE,reference)
+		$(call flag,REFERENCE,reference) $(call flag,DEEPSPEED_COMMIT,deepspeed-commit) $(call flag,DS_REPO,ds-repo)
 
 # Hand-off (repro/cli/upstream_commands.py): a bundle for maintainers, its offline check, cluster scripts,
 # and the DeepSpeed-style regression test of the fix (fails on stock, passes patched).
-.PHONY: bundle verify-bundle cluster pr-regression
+.PHONY: bundle verify-bundle cluster pr-regression issue
+# ISSUE.md for the upstream tracker from a bisect or survey folder (scrubbed like a bundle).
+issue:
+	$(REPRO) issue $(call flag,RESULTS,results) $(call flag,OUT,out)
+
 bundle:
 	$(REPRO) bundle $(call flag,ENV,env) $(call flag,OUT,out) $(call flag,RESULTS,results) \
 		$(call flag,GZIP_LEVEL,gzip-level) $(call flag,MATRIX,matrix)
@@ -148,6 +166,7 @@ pr-regression:
 # repro/cli/job_commands.py). CMD (and LOSS_REGEX) are passed as written, in single quotes: it may
 # hold double quotes, and $VARS in it expand in the job's shell, not in make.
 #   make run ENV=cpu WORKDIR=~/proj CMD="torchrun --nproc_per_node 2 train.py" [PATCH=stock,fixed]
+#   make run ... REQUIREMENTS=~/proj/requirements.txt   the job's packages over the env (pins kept)
 #   make shell ENV=cpu [PATCH=fixed]      an interactive shell in the env with the hook active
 .PHONY: run shell
 run:
@@ -155,11 +174,11 @@ run:
 		$(call flag,PATCH,patch) $(call flag,WORKDIR,workdir) $(call flag,TRANSPORT,transport) \
 		$(if $(value LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
 		$(call flag,STALL_TIMEOUT,stall-timeout) $(call flag,OUT,out) $(call flag,MATRIX,matrix) \
-		$(if $(call yes,NETWORK),--network)
+		$(if $(call yes,NETWORK),--network) $(JOB_DEPS_FLAGS)
 
 shell:
 	$(REPRO) shell $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,PATCH,patch) \
-		$(call flag,TRANSPORT,transport) $(call flag,MATRIX,matrix)
+		$(call flag,TRANSPORT,transport) $(call flag,MATRIX,matrix) $(JOB_DEPS_FLAGS)
 
 clean:
 	$(REPRO) clean

@@ -9,15 +9,20 @@ context manager that is removed on success, failure, Ctrl-C and time-out alike.
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import importlib
 import io
+import json
 import os
 import re
+import shutil
 import tarfile
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +31,10 @@ from repro.core import console
 from repro.core.cmd import STOP_GRACE_S as HOST_STOP_GRACE_S
 from repro.core.errors import BuildError, RunError
 from repro.core.paths import cache_root
+from repro.core.printable import printable
+from repro.engines import jobdeps
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
+from repro.engines.docker import joblayer
 from repro.engines.docker.build_context import (
     BuildContext,
     ca_bundle,
@@ -38,6 +46,7 @@ from repro.engines.docker.build_context import (
 from repro.engines.passthrough import run_environment
 from repro.engines.preflight import DockerFacts, check_devices, cuda_via_cdi, docker_unavailable
 from repro.engines.wheelhouse import Wheelhouse
+from repro.workload.parentwatch import OWNER_LOCK_DIR, OWNER_LOCK_ENV, OWNER_LOCK_PATH
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
@@ -148,10 +157,17 @@ class DockerEngine:
         return Prepared(EngineKind.DOCKER, env.id, image_id, tag, False, _details(env))
 
     def build(
-        self, env: Env, context: BuildContext, args: Mapping[str, str], *, wheelhouse_only: bool = False
+        self,
+        env: Env,
+        context: BuildContext,
+        args: Mapping[str, str],
+        *,
+        wheelhouse_only: bool = False,
+        tag: str | None = None,
     ) -> str:
-        """Build `env`'s image; `wheelhouse_only` installs from the served wheelhouse alone."""
-        tag = env.image_tag()
+        """Build `env`'s image (or, with `tag`, an image over it: a job's packages);
+        `wheelhouse_only` installs from the served wheelhouse alone."""
+        tag = tag or env.image_tag()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = _BuildLog(
             self.log_dir / f"build-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env.id)}.log", f"[build {env.id}] "
@@ -183,6 +199,9 @@ class DockerEngine:
                     "; if no registry is reachable, make a local base (`make base-image`) and set "
                     "MICS_REPRO_BASE_IMAGE=mics-repro/base:bookworm (CPU envs)"
                 )
+            if not console.shows(console.Level.VERBOSE):  # not streamed: the whole output now
+                console.warn(f"docker: building {tag} failed; its output ({log.path}):")
+                console.warn(log.path.read_text(errors="replace").rstrip())
             raise BuildError(
                 f"building {tag} failed",
                 why="\n".join(log.tail)[-3000:],
@@ -191,6 +210,35 @@ class DockerEngine:
         image_id = self.image_id(tag)
         console.info(f"docker: built {tag} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
         return image_id
+
+    def prepare_job(
+        self, env: Env, prepared: Prepared, deps: jobdeps.JobDeps
+    ) -> tuple[Prepared, dict[str, Any]]:
+        """The job's packages (REQUIREMENTS=/PACKAGES=) as an image FROM the env's
+        (repro/engines/docker/joblayer.py); runs then use that image."""
+        tag = joblayer.job_tag(env.image_tag(), deps)
+        context = joblayer.make_context(env.image_tag(), prepared.handle, deps)
+        labels = self.image_labels(tag)
+        reused = labels is not None and labels.get(LABEL_CONTEXT) == context.digest
+        if reused:
+            console.info(f"docker: reusing the job image {tag} ({deps.describe()})")
+            image_id = self.image_id(tag)
+        else:
+            self.wheelhouse.path.mkdir(parents=True, exist_ok=True)
+            for wheel in deps.wheels:  # the job's own wheels travel with the wheelhouse
+                shutil.copy2(wheel, self.wheelhouse.path / Path(wheel).name)
+            image_id = self.build(env, context, {}, wheelhouse_only=self.wheelhouse.offline, tag=tag)
+        out = self.client.containers.run(
+            image_id, ["cat", joblayer.ADDED], remove=True, network_disabled=True
+        )
+        added = json.loads(out.decode() if isinstance(out, bytes) else str(out))
+        specs = [f"{name}=={version}" for name, version in added.items()]
+        keep = specs and not reused and not self.wheelhouse.offline
+        if keep and not self.wheelhouse.add(specs, env.python):  # the run goes on; offline reuse is lost
+            console.warn(f"warning: could not copy the job's packages into {self.wheelhouse.path}")
+        record = {**deps.record(), "layer": tag, "image_id": image_id, "base": prepared.label, "added": added}
+        label = f"{tag} (the job's packages over {prepared.label})"
+        return Prepared(EngineKind.DOCKER, env.id, image_id, label, reused, _details(env)), record
 
     def import_rootfs(self, tar_path: Path, ref: str, changes: Sequence[str]) -> str:
         """`docker import` a root filesystem tarball (the locally made base image)."""
@@ -228,7 +276,10 @@ class DockerEngine:
         """A custom command (repro/run/job.py): the in-env runner in the env's image, WORKDIR
         mounted read-write at the same path (the job's files stay where the user has them), no
         network unless asked."""
-        command = ["python", "-m", "repro.workload.job", *args, "--out", RESULTS_DIR]
+        # MICS_REPRO_HOOK_PTH: the runner installs the hook's .pth into the image's Python (in this
+        # container only), so a job that replaces PYTHONPATH is still hooked (repro/workload/hookpth.py).
+        command = ["env", "MICS_REPRO_HOOK_PTH=1", "python", "-m", "repro.workload.job", *args]
+        command += ["--out", RESULTS_DIR]
         return self.run(
             prepared.handle,
             command,
@@ -260,9 +311,21 @@ class DockerEngine:
         options = replace(run_options(platform, device_gids(), via_cdi=via_cdi), binds=binds, network=network)
         name = f"mics-repro-{re.sub(r'[^a-zA-Z0-9_.-]+', '-', name_hint)}-{uuid.uuid4().hex[:8]}"
         started = time.monotonic()
-        # Containers get none of the host's environment but the GPU selection and NCCL/RCCL/HSA settings.
-        environment = {"PYTHONUNBUFFERED": "1", **run_environment(os.environ, platform)}
-        with ManagedContainer(self.client, image, list(command), name, options, environment) as box:
+        # Containers get none of the host's environment but the GPU selection and NCCL/RCCL/HSA settings;
+        # without a network, none of those that name the host's interfaces (passthrough.py says why).
+        passed = run_environment(os.environ, platform, networkless=not network)
+        environment = {"PYTHONUNBUFFERED": "1", **passed}
+        with (
+            _owner_lock() as lock_dir,
+            ManagedContainer(
+                self.client,
+                image,
+                list(command),
+                name,
+                replace(options, binds=(*options.binds, f"{lock_dir}:{OWNER_LOCK_DIR}:ro")),
+                {**environment, OWNER_LOCK_ENV: OWNER_LOCK_PATH},
+            ) as box,
+        ):
             try:
                 box.start()
                 logger = threading.Thread(
@@ -284,6 +347,26 @@ class DockerEngine:
         return SuiteRun(exit_code, timed_out, time.monotonic() - started, out_dir, log_path)
 
 
+@contextlib.contextmanager
+def _owner_lock() -> Iterator[str]:
+    """A folder holding a file this process keeps locked while the container runs: the suite in
+    it waits for the lock (repro/workload/parentwatch.py), which the kernel releases when this
+    process dies, even by SIGKILL, and then stops its runs. Nothing of a run outlives the tool."""
+    # Under the cache (in $HOME): a folder Docker Desktop shares with its VM by default, unlike /tmp.
+    parent = cache_root() / "owners"
+    parent.mkdir(parents=True, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix="run-", dir=parent)
+    path = os.path.join(folder, "owner.lock")
+    try:
+        with open(path, "w") as handle:
+            os.chmod(folder, 0o755)
+            os.chmod(path, 0o644)  # readable by the container's user, whoever it is
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _details(env: Env) -> dict[str, str]:
     return {"platform": env.platform.value, "tag": env.image_tag()}
 
@@ -302,7 +385,7 @@ def _record_chunk(chunk: Mapping[str, Any], log: _BuildLog, sink: Any) -> None:
         for line in str(text).splitlines():
             if line.strip():
                 log.tail.append(line)
-                console.info(log.prefix + line)
+                console.detail(log.prefix + line)  # VERBOSE=1; else only the step's line, and the log
 
 
 # -- running containers --------------------------------------------------------------------------
@@ -542,32 +625,83 @@ class ManagedContainer:
         except docker.errors.NotFound:
             console.info(f"docker: {container_path} does not exist in {self.name}; nothing to copy")
             return 0
-        buf = io.BytesIO(b"".join(stream))
-        return extract_tree(buf, dest)
+        # Streamed, never held whole: the archive is as large as the container made /results.
+        return extract_tree(io.BufferedReader(ChunkStream(stream), _CHUNK), dest)
 
 
-def extract_tree(fileobj: io.BytesIO, dest: Path) -> int:
+RESULTS_MAX_BYTES = 4 << 30  # what /results may hold in all; a run's records and logs are megabytes
+_CHUNK = 1 << 20
+
+
+class ResultsTooLarge(Exception):
+    """The container's archive went past RESULTS_MAX_BYTES."""
+
+
+class ChunkStream(io.RawIOBase):
+    """A readable stream over an iterator of byte chunks (docker-py's get_archive), read on demand."""
+
+    def __init__(self, chunks: Any) -> None:
+        self._chunks = iter(chunks)
+        self._pending = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while not len(self._pending):
+            try:
+                self._pending = memoryview(next(self._chunks))
+            except StopIteration:
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+
+def extract_tree(fileobj: Any, dest: Path, max_bytes: int = RESULTS_MAX_BYTES) -> int:
     """Extract a get_archive tar (rooted at the copied directory) into `dest`, refusing to leave it.
 
     Only regular files and directories are taken: results never need links or devices, and
-    skipping them removes every way a member could write outside `dest`.
+    skipping them removes every way a member could write outside `dest`. The tar is read as a
+    stream (one pass, nothing held in memory) and at most `max_bytes` of file data are written.
+    A file that is already in `dest` (the host's engine.log) is never replaced by the container's.
     """
-    count = 0
     root = dest.resolve()
-    with tarfile.open(fileobj=fileobj, mode="r:*") as tar:
-        for member in tar.getmembers():
-            parts = Path(member.name).parts[1:]  # drop the copied directory's own name
-            if not parts or any(p in ("..", "") for p in parts) or Path(member.name).is_absolute():
-                continue
-            target = root.joinpath(*parts)
-            if root not in target.resolve().parents and target.resolve() != root:
-                continue
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif member.isfile():
+    written: set[Path] = set()
+    total = 0
+    try:
+        with tarfile.open(fileobj=fileobj, mode="r|*") as tar:
+            for member in tar:
+                parts = Path(member.name).parts[1:]  # drop the copied directory's own name
+                if not parts or any(p in ("..", "") for p in parts) or Path(member.name).is_absolute():
+                    continue
+                target = root.joinpath(*parts)
+                if root not in target.resolve().parents and target.resolve() != root:
+                    continue
+                if member.isdir():
+                    target.mkdir(parents=True, exist_ok=True)
+                    continue
+                if not member.isfile():
+                    continue
+                if target.exists() or target.is_symlink():
+                    console.warn(
+                        f"warning: the container's {'/'.join(parts)} was not copied: "
+                        "the host's own file of that name is kept"
+                    )
+                    continue
+                total += member.size
+                if total > max_bytes:
+                    raise ResultsTooLarge(f"{'/'.join(parts)} takes the results past {max_bytes} bytes")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 source = tar.extractfile(member)
-                if source is not None:
-                    target.write_bytes(source.read())
-                    count += 1
-    return count
+                if source is None:
+                    continue
+                with open(target, "xb") as sink:
+                    shutil.copyfileobj(source, sink, _CHUNK)
+                written.add(target)
+    except ResultsTooLarge as exc:
+        console.warn(f"warning: stopped copying the container's results: {printable(str(exc))}")
+    except (tarfile.TarError, OSError) as exc:
+        console.warn(f"warning: the container's results archive is unreadable: {type(exc).__name__}: {exc}")
+    return len(written)

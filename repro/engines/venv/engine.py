@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any
 from repro.core import cmd, console
 from repro.core.errors import BuildError, PythonVersionError
 from repro.core.paths import cache_root
-from repro.engines import preflight
+from repro.engines import jobdeps, preflight
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
 from repro.engines.passthrough import run_environment
+from repro.engines.venv import intact, joblayer
 from repro.engines.venv.layer import PURELIB, Candidate, LayerPlan, layer_base, layering_disabled, link_base
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 
@@ -44,6 +45,7 @@ _VERSION_PROBE = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 class Interpreter:
     path: str
     version: str  # "3.11.7"
+    why: str = ""  # why this one was chosen (the preamble says it)
 
     @property
     def minor(self) -> str:
@@ -115,7 +117,11 @@ class VenvEngine:
 
     # -- interpreter -------------------------------------------------------------------------
     def interpreter(self, env: Env) -> Interpreter:
-        """The override if given, else this Python, else `python<env.python>` from PATH."""
+        """The override if given, else this Python, else `python<env.python>` from PATH.
+
+        The venv is made from this interpreter and the wheelhouse downloads for it (prepare), so
+        the two always agree: e.g. rocm56 (Python 3.9 in its image) gets a Python 3.10 venv on an
+        Ubuntu 22.04 host, as torch 2.1.0+rocm5.6 has cp38-cp311 wheels."""
         default = [sys.executable, f"python{env.python}"]
         candidates = [self.python_override] if self.python_override else default
         seen: list[Interpreter] = []
@@ -127,10 +133,18 @@ class VenvEngine:
             found = _probe(path)
             rng = preflight.python_range(env.torch)
             if self.python_override or rng is None or rng[0] <= _pair(found.minor) <= rng[1]:
-                if seen:
-                    console.info(f"venv: using {found.path} (Python {found.version}); {seen[0].path} is "
-                                 f"Python {seen[0].version}, which torch {env.torch} has no wheels for")
-                return found
+                if self.python_override:
+                    why = "given by --python/MICS_REPRO_PYTHON"
+                elif seen:
+                    why = (
+                        f"{seen[0].path} is Python {seen[0].version}, which torch {env.torch} has no "
+                        "wheels for"
+                    )
+                else:
+                    why = f"the Python running this tool; torch {env.torch} has wheels for it"
+                if found.minor != env.python:
+                    why += f" (the env's images use Python {env.python})"
+                return replace(found, why=why)
             seen.append(found)
         if self.python_override:
             raise PythonVersionError(
@@ -153,6 +167,7 @@ class VenvEngine:
     def prepare(self, env: Env) -> Prepared:
         interp = self.interpreter(env)
         preflight.check_python(env, interp.version, interp.path)
+        console.info(f"venv: Python {interp.version} ({interp.path}): {interp.why}")
         want = VenvMarker(env.id, env.pins(), interp.minor)
         final = self.venv_dir(env)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -160,12 +175,17 @@ class VenvEngine:
         with _locked(self.root / f".{final.name}.lock"):
             have = VenvMarker.read(final)
             base_ok = have is None or self._base_intact(have)
+            damaged = None
             if have is not None and have.matches(want) and base_ok and (final / "bin" / "python").exists():
-                on = f", layered on {have.layered_on['venv']}" if have.layered_on else ""
-                console.info(f"venv: reusing {final} (pins match{on})")
-                return self._prepared(env, final, reused=True, marker=have)
+                # The marker says what was installed; pip's RECORDs say whether it is all still there.
+                damaged = intact.damage(self._sites(final, have))
+                if damaged is None:
+                    on = f", layered on {have.layered_on['venv']}" if have.layered_on else ""
+                    console.info(f"venv: reusing {final} (pins match{on})")
+                    return self._prepared(env, final, reused=True, marker=have)
             if final.exists():
-                why = ("its base venv changed or is gone" if not base_ok
+                why = (f"damaged: {damaged}" if damaged
+                       else "its base venv changed or is gone" if not base_ok
                        else "pins or Python differ" if have else "no marker: an unfinished or foreign venv")
                 console.info(f"venv: rebuilding {final} ({why})")
             plan = None if layering_disabled() else self.layer_plan(env, want)
@@ -175,10 +195,12 @@ class VenvEngine:
             # A derived env's venv is its own cache: copying its torch into the wheelhouse as well
             # would double the disk each torch probe takes (gigabytes), so it installs from the index.
             direct = self._direct(env)
+            # The wheelhouse holds wheels for the interpreter the venv is made from, not for the
+            # env's image Python: an install with --no-index would otherwise find no torch.
             if direct:
-                complete = self.wheelhouse.is_complete(DownloadPlan.for_env(env))
+                complete = self.wheelhouse.is_complete(DownloadPlan.for_env(env, interp.minor))
             else:
-                complete = self.wheelhouse.ensure(env)
+                complete = self.wheelhouse.ensure(env, python=interp.minor)
             self._build(env, interp, want, final, wheelhouse_only=complete, no_cache=direct)
             if direct:
                 share_identical_files(final, [c for c in self.root.iterdir() if c != final])
@@ -212,6 +234,12 @@ class VenvEngine:
 
     def layer_plan(self, env: Env, want: VenvMarker) -> LayerPlan | None:
         return layer_base(want.pins, want.python, self.candidates(env, self.venv_dir(env)))
+
+    @staticmethod
+    def _sites(venv: Path, marker: VenvMarker) -> list[Path]:
+        """Where the venv's packages are: its own site-packages, then its base's for a layer."""
+        base = [Path(str(marker.layered_on["venv"]))] if marker.layered_on else []
+        return [site for folder in (venv, *base) for site in intact.site_packages(folder)]
 
     def _base_intact(self, marker: VenvMarker) -> bool:
         if not marker.layered_on:
@@ -323,18 +351,28 @@ class VenvEngine:
 
     def _pip(self, argv: list[str], environment: Sequence[tuple[str, str]], tmp: Path, env: Env,
              what: str) -> None:
-        """Run one pip step, its output shown and kept, so a failure names its cause (a probe's
-        env-error reason then says e.g. which torch API a DeepSpeed release's setup.py lacks)."""
-        log = tmp / ".mics-repro-pip.log"
-        result = cmd.run(argv, extra_env=dict(environment), tee=log)
+        """Run one pip step with its output kept in the env's build log (shown as it comes only
+        with VERBOSE=1: the step's one line is the progress), and shown in full when it fails, so
+        a failure names its cause (a probe's env-error reason then says e.g. which torch API a
+        DeepSpeed release's setup.py lacks)."""
+        log = self.root.parent / "logs" / f"venv-{_safe(env.id)}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as head:
+            head.write(f"\n== {what}: {' '.join(argv)}\n".encode())
+            start = head.tell()
+        verbose = console.shows(console.Level.VERBOSE)
+        result = cmd.run(argv, extra_env=dict(environment), tee=log, show=verbose)
         if not result.ok:
-            text = (log.read_text(errors="replace") if log.exists() else "") or result.tail()
+            with open(log, "rb") as fh:
+                fh.seek(start if log.stat().st_size >= start else 0)  # this step's part of the log
+                text = fh.read().decode(errors="replace") or result.tail()
+            if not verbose:
+                console.warn(f"venv: {what} failed; its output (also in {log}):\n{text.rstrip()}")
             raise BuildError(
                 f"venv for {env.id}: {what} failed (exit {result.returncode})",
                 why=pip_error(text),
-                fix="fix the cause and rerun; nothing half-built was kept",
+                fix=f"fix the cause and rerun (the whole output is in {log}); nothing half-built was kept",
             )
-        log.unlink(missing_ok=True)
 
     @staticmethod
     def _check(result: cmd.CmdResult, env: Env, what: str) -> None:
@@ -344,6 +382,19 @@ class VenvEngine:
                 why=result.tail() or "see the output above",
                 fix="fix the cause and rerun; nothing half-built was kept",
             )
+
+    def prepare_job(self, env: Env, prepared: Prepared,
+                    deps: jobdeps.JobDeps) -> tuple[Prepared, dict[str, Any]]:
+        """The job's packages (REQUIREMENTS=/PACKAGES=) as a layer over the env's venv
+        (repro/engines/venv/joblayer.py); runs then use the layer's interpreter."""
+        layer = joblayer.ensure_layer(Path(prepared.handle), deps, env_id=env.id,
+                                      sources=self._sources(False), wheelhouse=self.wheelhouse.path,
+                                      offline=self.wheelhouse.offline)
+        details = {**prepared.details, "python": str(layer.path / "bin" / "python"),
+                   "job_layer": str(layer.path)}
+        label = f"{layer.path} (the job's packages over {prepared.handle})"
+        layered = Prepared(EngineKind.VENV, env.id, str(layer.path), label, layer.reused, details)
+        return layered, layer.record(deps)
 
     # -- run ---------------------------------------------------------------------------------
     def run_suite(
@@ -372,6 +423,7 @@ class VenvEngine:
         env["PYTHONPATH"] = str(self.repo_root)
         if os.environ.get("PYTHONPATH"):  # the user's own, for the job only (not the runner)
             env["MICS_REPRO_USER_PYTHONPATH"] = os.environ["PYTHONPATH"]
+        env["MICS_REPRO_HOOK_PTH"] = "1"  # the runner installs the hook's .pth (repro/workload/hookpth.py)
         env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
         result = cmd.run([str(py), "-m", "repro.workload.job", *args, "--out", str(out_dir)],
                          env=env, timeout_s=timeout_s, cwd=workdir)
