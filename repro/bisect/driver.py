@@ -97,6 +97,7 @@ class ProbeOptions:
             loss_regex=self.loss_regex,
             requirements=self.requirements,
             packages=self.packages,
+            engine=self.engine,
         )
 
     def make_pairs(self, env_id: str) -> list[tuple[str, object]]:

@@ -170,6 +170,7 @@ class ProbeSpec:
     loss_regex: str | None = None
     requirements: str | None = None  # the command's own packages, a layer over each candidate env
     packages: str | None = None
+    engine: str | None = None  # ENGINE= as given, so the printed line runs where this probe ran
 
     def request(self) -> Request:
         return Request(
@@ -199,7 +200,7 @@ class ProbeSpec:
                     ("DEEPSPEED", self.deepspeed),
                     ("DS_REPO", self.deepspeed_repo if self.deepspeed_commit else None),
                     ("DEEPSPEED_COMMIT", self.deepspeed_commit),
-                    ("ENGINE", "venv" if self.deepspeed_commit else None),
+                    ("ENGINE", "venv" if self.deepspeed_commit else self.engine),
                     ("SCENARIO", None if self.command else self.scenario),
                     ("PATCH", self.patch),
                     ("DTYPE", self.dtype),
