@@ -187,11 +187,22 @@ def test_4_check_fix_exits_6_not_20(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # -- defect 5: a run in flight when SIGHUP/SIGTERM arrives is interrupted -------------------------------
+_DIE_OF = "import os, signal as s; s.signal({0}, s.SIG_DFL); os.kill(os.getpid(), {0})"
+
+
 @pytest.mark.parametrize(
     "code,want",
     [
-        (f"import os; os.kill(os.getpid(), {int(signal.SIGHUP)})", -int(signal.SIGHUP)),
-        (f"import os; os.kill(os.getpid(), {int(signal.SIGTERM)})", -int(signal.SIGTERM)),
+        # The signal's default disposition first: under nohup (or a CI runner that ignores SIGHUP)
+        # the child inherits SIG_IGN and would not die of it.
+        (
+            _DIE_OF.format(int(signal.SIGHUP)),
+            -int(signal.SIGHUP),
+        ),
+        (
+            _DIE_OF.format(int(signal.SIGTERM)),
+            -int(signal.SIGTERM),
+        ),
         # The pre-imported launcher exits 128+N when its rank died of signal N.
         ("import sys; sys.exit(129)", 129),
     ],
@@ -213,7 +224,10 @@ def test_5_a_custom_job_killed_by_a_stop_signal_is_interrupted(tmp_path: Path, r
     from repro.workload import job
 
     out = tmp_path / "out"
-    argv = ["--cmd", f"{sys.executable} -c 'import os, signal; os.kill(os.getpid(), signal.SIGHUP)'"]
+    kill = (
+        "import os, signal; signal.signal(signal.SIGHUP, signal.SIG_DFL); os.kill(os.getpid(), signal.SIGHUP)"
+    )
+    argv = ["--cmd", f"{sys.executable} -c '{kill}'"]
     argv += ["--workdir", str(tmp_path), "--patch", "stock", "--device", "cpu", "--out", str(out)]
     argv += ["--timeout", "60", "--stall-timeout", "60"]
     job.main(argv)
