@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from packaging.version import Version
 from test_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
 
@@ -58,7 +59,15 @@ class FakeJobEngine(FakeEngine):
         return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
 
 
-def test_bisect_over_deepspeed_with_a_custom_command(tmp_path: Path) -> None:
+@pytest.mark.parametrize("pythonpath", [None, "/opt/deps"])
+def test_bisect_over_deepspeed_with_a_custom_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pythonpath: str | None
+) -> None:
+    # The user's PYTHONPATH reaches the job (venv engine), so the first-bad line carries it.
+    if pythonpath is None:
+        monkeypatch.delenv("PYTHONPATH", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONPATH", pythonpath)
     work = tmp_path / "proj"
     work.mkdir()
     args = parse(
@@ -91,7 +100,8 @@ def test_bisect_over_deepspeed_with_a_custom_command(tmp_path: Path) -> None:
     assert engine.commands and set(engine.commands) == {"torchrun --nproc_per_node 2 train.py"}
     assert data["evidence"]["first_bad"]["signature"] == "illegal-work-warnings"
     # The first bad is reproduced by probing the same command in the same env.
-    assert data["repro_command"].startswith("make probe ENV=cpu DEEPSPEED=0.13.0 PATCH=stock CMD=")
+    prefix = f"PYTHONPATH={pythonpath} " if pythonpath else ""
+    assert data["repro_command"].startswith(f"{prefix}make probe ENV=cpu DEEPSPEED=0.13.0 PATCH=stock CMD=")
     runs = json.loads((tmp_path / "out" / "results.json").read_text())["runs"]
     assert runs and {r["scenario"] for r in runs} == {"custom"}
     assert all(p["record"] and p["record"].endswith("/job.json") for p in data["probes"])

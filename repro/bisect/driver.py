@@ -38,6 +38,7 @@ from repro.core.errors import Interrupted, UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
+from repro.run.job import inherited_environment
 from repro.run.orchestrate import Request
 from repro.workload.record import write_json_atomic
 
@@ -271,8 +272,9 @@ def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
         raise UsageError("the range has no start", fix="give GOOD= (bisect) or FROM= (both commands)")
     if req.commits and req.axis != "deepspeed":
         raise UsageError("COMMITS=1 goes on from DeepSpeed releases", fix="use it with AXIS=deepspeed")
+    inherited = inherited_environment(dict(os.environ), env.platform.value) if req.probe.command else ()
     if req.axis == COMMIT_AXIS:
-        return resolve_commits(req, services, env_id, start, end)
+        return resolve_commits(req, services, env_id, start, end, inherited)
     if req.versions:
         listed = explicit_versions(req.versions)
     else:
@@ -288,11 +290,18 @@ def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
         if not listed:
             raise UsageError(f"no {req.axis} releases are known", fix="give BAD=/TO= and VERSIONS=")
         end = listed[-1]
-    base = ProbeSpec(env_id=env_id, **req.probe.spec_fields())
+    base = ProbeSpec(env_id=env_id, inherited=inherited, **req.probe.spec_fields())
     return Walk(req.axis, env_id, select_range(listed, start, end), {other: pins[other]}, base)
 
 
-def resolve_commits(req: WalkRequest, services: Services, env_id: str, start: str, end: str | None) -> Walk:
+def resolve_commits(
+    req: WalkRequest,
+    services: Services,
+    env_id: str,
+    start: str,
+    end: str | None,
+    inherited: tuple[tuple[str, str], ...] = (),
+) -> Walk:
     """AXIS=deepspeed-commit: the first-parent commits from GOOD/FROM to BAD/TO (default the mirror's
     HEAD) of DS_REPO's cached clone, labelled by short SHA."""
     if not req.ds_repo:
@@ -307,7 +316,9 @@ def resolve_commits(req: WalkRequest, services: Services, env_id: str, start: st
     shas = repo.first_parent_range(start, end or "HEAD")
     infos = repo.describe(shas)
     commits = {infos[sha].short: infos[sha] for sha in shas}
-    base = ProbeSpec(env_id=env_id, deepspeed_repo=req.ds_repo, **req.probe.spec_fields())
+    base = ProbeSpec(
+        env_id=env_id, deepspeed_repo=req.ds_repo, inherited=inherited, **req.probe.spec_fields()
+    )
     return Walk(COMMIT_AXIS, env_id, tuple(commits), {"torch": req.torch}, base, commits, repo)
 
 

@@ -24,6 +24,7 @@ incompatible torch/DeepSpeed pair, a Python the wheels do not support) is env-er
 from __future__ import annotations
 
 import enum
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -171,6 +172,9 @@ class ProbeSpec:
     requirements: str | None = None  # the command's own packages, a layer over each candidate env
     packages: str | None = None
     engine: str | None = None  # ENGINE= as given, so the printed line runs where this probe ran
+    # A custom command's inherited environment (PYTHONPATH, GPU/NCCL settings): it goes before
+    # `make` in the printed line, as in `make run`'s (repro.run.job.reproduce_line).
+    inherited: tuple[tuple[str, str], ...] = ()
 
     def request(self) -> Request:
         return Request(
@@ -192,27 +196,32 @@ class ProbeSpec:
         custom command or a DeepSpeed commit, the `make probe` line: `make run` takes no release
         pins and builds no commits)."""
         if self.command or self.deepspeed_commit:
-            return make_line(
-                "probe",
-                [
-                    ("ENV", self.env_id),
-                    ("TORCH", self.torch),
-                    ("DEEPSPEED", self.deepspeed),
-                    ("DS_REPO", self.deepspeed_repo if self.deepspeed_commit else None),
-                    ("DEEPSPEED_COMMIT", self.deepspeed_commit),
-                    ("ENGINE", "venv" if self.deepspeed_commit else self.engine),
-                    ("SCENARIO", None if self.command else self.scenario),
-                    ("PATCH", self.patch),
-                    ("DTYPE", self.dtype),
-                    ("TRANSPORT", None if self.transport == "async" else self.transport),
-                    ("STEPS", self.steps),
-                    ("WORLD_SIZE", self.world_size),
-                    ("CMD", self.command),
-                    ("WORKDIR", self.workdir),
-                    ("LOSS_REGEX", self.loss_regex),
-                    ("REQUIREMENTS", self.requirements),
-                    ("PACKAGES", self.packages),
-                ],
+            prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.inherited)
+            return (
+                prefix
+                + (" " if prefix else "")
+                + make_line(
+                    "probe",
+                    [
+                        ("ENV", self.env_id),
+                        ("TORCH", self.torch),
+                        ("DEEPSPEED", self.deepspeed),
+                        ("DS_REPO", self.deepspeed_repo if self.deepspeed_commit else None),
+                        ("DEEPSPEED_COMMIT", self.deepspeed_commit),
+                        ("ENGINE", "venv" if self.deepspeed_commit else self.engine),
+                        ("SCENARIO", None if self.command else self.scenario),
+                        ("PATCH", self.patch),
+                        ("DTYPE", self.dtype),
+                        ("TRANSPORT", None if self.transport == "async" else self.transport),
+                        ("STEPS", self.steps),
+                        ("WORLD_SIZE", self.world_size),
+                        ("CMD", self.command),
+                        ("WORKDIR", self.workdir),
+                        ("LOSS_REGEX", self.loss_regex),
+                        ("REQUIREMENTS", self.requirements),
+                        ("PACKAGES", self.packages),
+                    ],
+                )
             )
         return make_line(
             "repro",
