@@ -30,7 +30,15 @@ from repro.engines import jobdeps, preflight
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
 from repro.engines.passthrough import run_environment
 from repro.engines.venv import intact, joblayer
-from repro.engines.venv.layer import PURELIB, Candidate, LayerPlan, layer_base, layering_disabled, link_base
+from repro.engines.venv.layer import (
+    PURELIB,
+    Candidate,
+    LayerPlan,
+    build_lock,
+    layer_base,
+    layering_disabled,
+    link_base,
+)
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 
 if TYPE_CHECKING:
@@ -172,7 +180,7 @@ class VenvEngine:
         final = self.venv_dir(env)
         self.root.mkdir(parents=True, exist_ok=True)
         remove_stale_temps(self.root)
-        with _locked(self.root / f".{final.name}.lock"):
+        with build_lock(self.root / f".{final.name}.lock"):
             have = VenvMarker.read(final)
             base_ok = have is None or self._base_intact(have)
             damaged = None
@@ -260,7 +268,7 @@ class VenvEngine:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
         try:
-            with _locked(self.root / f".{base.name}.lock"):
+            with build_lock(self.root / f".{base.name}.lock"):
                 console.step(f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})")
                 # No pip of its own: the base's pip (the same pinned version) runs from the layer's
                 # interpreter, so it installs into the layer.
@@ -551,12 +559,3 @@ def _try_locked(lock_path: Path) -> Iterator[bool]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """Serialize builds of the same venv between concurrent invocations on one machine."""
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

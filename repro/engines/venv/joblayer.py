@@ -17,14 +17,12 @@ host installs them again.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +30,7 @@ from typing import Any
 from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.engines import jobdeps
-from repro.engines.venv.layer import PURELIB, link_base
+from repro.engines.venv.layer import PURELIB, build_lock, link_base
 from repro.matrix.model import HIDE_GPUS
 
 JOB_MARKER = "mics-repro-job.json"
@@ -68,7 +66,7 @@ def ensure_layer(
 ) -> JobLayer:
     """The layer for `deps` over the finished env venv `base`: reused, or built and swapped in."""
     final = layer_dir(base, deps)
-    with _locked(final.with_name(f".{final.name}.lock")):
+    with build_lock(final.with_name(f".{final.name}.lock")):
         base_pins = _freeze(base / "bin" / "python", env_id, "the env's packages")
         # The refusal comes before anything is installed: the env's pins, then all it holds.
         jobdeps.check_pins(deps, base_pins, env_id=env_id)
@@ -277,14 +275,3 @@ def _check(result: cmd.CmdResult, env_id: str, what: str) -> None:
             why=result.tail() or "see the output above",
             fix="fix the cause and rerun; nothing half-built was kept",
         )
-
-
-@contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
-    """One build of a layer at a time (the venv engine's stale-temp sweep honours this lock)."""
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -13,8 +13,10 @@ The `--deepspeed-src` overlay (repro/bisect/source_overlay.py) stands on the sam
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +24,20 @@ BASE_PTH = "_mics_repro_base.pth"
 PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 # Only DeepSpeed may differ between a layer and its base; these must be pinned by both, equal.
 STACK_KEYS = frozenset(
-    {"recipe", "platform", "base_image", "python", "torch_index", "torch", "numpy", "rocm", "cuda",
-     "pip", "setuptools", "wheel"}
+    {
+        "recipe",
+        "platform",
+        "base_image",
+        "python",
+        "torch_index",
+        "torch",
+        "numpy",
+        "rocm",
+        "cuda",
+        "pip",
+        "setuptools",
+        "wheel",
+    }
 )
 MAY_DIFFER = frozenset({"deepspeed"})
 NO_LAYER_ENV = "MICS_REPRO_NO_LAYER"
@@ -94,3 +108,15 @@ def link_base(layer_purelib: Path, base_purelib: str) -> Path:
     pth = layer_purelib / BASE_PTH
     pth.write_text(base_pth_line(base_purelib))
     return pth
+
+
+@contextlib.contextmanager
+def build_lock(lock_path: Path) -> Iterator[None]:
+    """One build of the same venv or layer at a time between invocations on one machine (the venv
+    engine's stale-temp sweep honours these locks)."""
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
