@@ -141,3 +141,40 @@ def test_results_stay_in_closed_sets() -> None:
     for case in cases:
         v = cls.classify(case, control())
         assert v.outcome in OUTCOMES and v.signature in SIGNATURES
+
+
+LOST_WORK_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/v/deepspeed/comm/torch.py", line 241, in all_gather_coalesced\n'
+    "    with get_coalescing_manager(group, input_tensors[0].device, reqs, async_op):\n"
+    '  File "/usr/lib/python3.11/contextlib.py", line 144, in __exit__\n'
+    "    next(self.gen)\n"
+    '  File "/v/torch/distributed/distributed_c10d.py", line 2041, in _coalescing_manager\n'
+    "    work.wait()\n"
+    "AttributeError: 'NoneType' object has no attribute 'wait'\n"
+)
+
+
+def test_crash_on_the_lost_coalesced_work_is_the_bug() -> None:
+    # torch 2.3 on NCCL (and the twin modelling it) loses the block's work: DeepSpeed's synchronous
+    # hierarchical gather dies in torch's manager before it reaches the _IllegalWork.
+    exc = {
+        "type": "AttributeError",
+        "message": "'NoneType' object has no attribute 'wait'",
+        "rank": 0,
+        "traceback": LOST_WORK_TRACEBACK,
+    }
+    v = cls.classify(run(scenario="mics-hier", exception=exc, losses=[]), control())
+    assert (v.outcome, v.signature) == ("reproduced", "lost-work-crash")
+    assert "pytorch#122807" in v.reason
+
+
+def test_the_same_attribute_error_elsewhere_is_another_crash() -> None:
+    exc = {
+        "type": "AttributeError",
+        "message": "'NoneType' object has no attribute 'wait'",
+        "rank": 0,
+        "traceback": LOST_WORK_TRACEBACK.replace("_coalescing_manager", "my_loop"),
+    }
+    v = cls.classify(run(scenario="mics-hier", exception=exc, losses=[]), control())
+    assert (v.outcome, v.signature) == ("crashed", "crash")

@@ -268,3 +268,21 @@ def test_the_reason_says_where_evidence_came_from_when_the_log_hides_it() -> Non
     assert judge.nan_logged_as_zero([1.0, 0.0, 0.5], [1.0, 0.9, 0.8], 1) is None  # not 0.0 to the end
     # The first parted step may still be a number (a halved loss), the zeros follow: from there.
     assert judge.nan_logged_as_zero([2.77, 0.0, 0.0], [5.55, 5.54, 5.57], 0) == 1
+
+
+LOST_WORK_CRASH = (
+    "Traceback (most recent call last):\n"
+    '  File "/v/deepspeed/comm/torch.py", line 241, in all_gather_coalesced\n'
+    "    with get_coalescing_manager(group, input_tensors[0].device, reqs, async_op):\n"
+    '  File "/v/torch/distributed/distributed_c10d.py", line 2041, in _coalescing_manager\n'
+    "    work.wait()\n"
+    "AttributeError: 'NoneType' object has no attribute 'wait'\n"
+    "Traceback (most recent call last):\n"
+    '  File "/v/bin/torchrun", line 8, in <module>\n'
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAILED\n"
+)
+
+
+def test_crash_on_the_lost_coalesced_work_is_the_bug_in_a_users_job() -> None:
+    verdict = _judge(LOST_WORK_CRASH, exit_code=1)
+    assert (verdict.outcome, verdict.signature) == ("reproduced", "lost-work-crash")

@@ -183,6 +183,29 @@ for mode in gt.MODES:
     gt.uninstall()
     dist.barrier()
 
+# An NCCL that loses the block's work (pytorch#122807), modelled under torch's own manager: the
+# async block's cm.works is empty, the sync block's exit waits None, a device synchronize completes.
+if NEW_MANAGER:
+    lost = obs["lost"] = {"installed": gt.install("strict", loses_block_work=True)}
+    outs = [torch.empty(world * n) for _ in range(2)]
+    cm, _ = new_manager_block(outs, bind=True)
+    lost["async_works"] = len(cm.works)
+    lost["before_sync"] = [vals(x) for x in outs]
+    gt.synchronize_device()
+    lost["after_sync"] = [vals(x) for x in outs]
+    outs = [torch.empty(world * n) for _ in range(2)]
+    try:
+        with c10d._coalescing_manager(pg, cpu, async_ops=False):
+            for j, x in enumerate(outs):
+                dist.all_gather_into_tensor(x, gather_input(j), async_op=True)
+        lost["sync_error"] = None
+    except AttributeError as exc:
+        lost["sync_error"] = str(exc)
+    gt.synchronize_device()
+    dist.barrier()
+    gt.uninstall()
+    dist.barrier()
+
 with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as fh:
     json.dump(obs, fh)
 dist.destroy_process_group()
@@ -348,3 +371,23 @@ def test_bf16_broadcast_and_allreduce_where_gloo_lacks_bf16(
             pytest.skip(f"torch {obs['torch']}'s gloo has bf16; the adapter leaves it alone")
         assert o["bf16_broadcast"] == [1.0] * N
         assert o["bf16_allreduce"] == [1.5 * sum(r + 1 for r in range(WORLD))] * N
+
+
+def test_release_default_keeps_the_block_work_on_torch_2_1(
+    observed: dict[int, Any], real_subprocess: None
+) -> None:
+    for o in observed.values():
+        expected = "lost" if o["torch"].startswith("2.3.") else "kept"
+        assert all(m["installed"]["block_work"] == expected for m in o["modes"].values())
+
+
+def test_lost_block_work_under_torchs_own_manager(observed: dict[int, Any], real_subprocess: None) -> None:
+    for o in observed.values():
+        if not o["new_manager"]:
+            pytest.skip("torch 2.0's manager has no device-overwrite path")
+        lost = o["lost"]
+        assert lost["installed"]["block_work"] == "lost"
+        assert lost["async_works"] == 0  # torch's manager dropped the None it got back
+        assert all(_all_nan(v) for v in lost["before_sync"])  # nothing waited: still poisoned
+        assert lost["after_sync"] == [_gather(0), _gather(1)]  # the device synchronize delivered
+        assert lost["sync_error"] == "'NoneType' object has no attribute 'wait'"

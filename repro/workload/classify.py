@@ -2,8 +2,9 @@
 
 Outcomes (closed set, record.OUTCOMES):
   reproduced   a bug signature is present: IllegalWork messages, a crash raised from an
-               _IllegalWork object, losses that leave the control's beyond the tolerance, or an
-               fp16 overflow storm the control does not have.
+               _IllegalWork object (or, on a release that loses the coalesced work, torch's
+               coalescing manager waiting None in the same gather), losses that leave the
+               control's beyond the tolerance, or an fp16 overflow storm the control does not have.
   clean        no signature, and the losses match the control's within the tolerance. (A run whose
                control is unusable is clean only if its own losses are finite; the reason says the
                comparison was impossible.)
@@ -28,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from repro.workload.crash_signs import lost_coalesced_work, raised_from_illegal_work
+
 TOLERANCE = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 1e-2}
 OVERFLOW_STORM_EXTRA = 3
 
@@ -38,8 +41,6 @@ STATUS_OUTCOMES = {
     "unsupported": "unsupported",
     "env-error": "env-error",
 }
-
-_ILLEGAL_WORK_MARKERS = ("IllegalWork", "_IllegalWork")
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,6 @@ def _first_non_finite(losses: list[float | None]) -> int | None:
     return next((i for i, v in enumerate(losses) if v is None), None)
 
 
-def _raised_from_illegal_work(exc: dict[str, Any] | None) -> bool:
-    if not exc:
-        return False
-    text = f"{exc.get('message', '')}\n{exc.get('traceback', '')}"
-    return any(marker in text for marker in _ILLEGAL_WORK_MARKERS)
-
-
 def _control_usable(control: dict[str, Any] | None) -> bool:
     return bool(control and control.get("outcome") == "clean" and control.get("losses"))
 
@@ -113,12 +107,20 @@ def classify(
     if failed:
         where = f" on rank {exc.get('rank')}" if exc and exc.get("rank") is not None else ""
         summary = f"{exc.get('type')}: {exc.get('message')}" if exc else "non-zero exit"
-        if _raised_from_illegal_work(exc):
+        if raised_from_illegal_work(exc):
             extra = f"; {illegal} IllegalWork messages before it" if illegal else ""
             return Classification(
                 "reproduced",
                 "illegal-work-crash",
                 f"crash raised from an IllegalWork object{where}: {summary}{extra}",
+                None,
+            )
+        if lost_coalesced_work(exc):
+            return Classification(
+                "reproduced",
+                "lost-work-crash",
+                f"crash in torch's coalescing manager{where}: {summary}: this torch release lost the "
+                "coalesced all-gather's work (pytorch#122807), so nothing waits for MiCS's gather",
                 None,
             )
         return Classification("crashed", "crash", f"crashed{where}: {summary}", None)

@@ -37,7 +37,7 @@ if hasattr(torch.distributed.distributed_c10d, '_all_gather_base_coalesced'):
 elif has_coalescing_manager():
     reqs = []
     # async_ops=True even for a synchronous call: the manager then keeps the real work rather
-    # than waiting it on exit, where torch <= 2.3 with device= set may hold None instead
+    # than waiting it on exit, where torch 2.3.x with device= set holds None instead
     # (pytorch#122807) and would raise AttributeError. The synchronous case waits below.
     with get_coalescing_manager(group, input_tensors[0].device, reqs, True) as cm:
         for output, input in zip(output_tensors, input_tensors):
@@ -56,8 +56,8 @@ elif has_coalescing_manager():
     # torch >= 2.1: reqs holds only _IllegalWork placeholders, whose wait() raises. The real
     # work belongs to the manager (cm.works).
     if not cm.works:
-        # pytorch#122807: with device= set, torch <= 2.3 can lose the work in _end_coalescing
-        # and leave nothing to wait on; block until the device is idle rather than let the
+        # pytorch#122807: with device= set, torch 2.3.x loses the work in _end_coalescing
+        # and leaves nothing to wait on; block until the device is idle rather than let the
         # caller read outputs that are still being written.
         get_accelerator().synchronize()
     if not async_op:

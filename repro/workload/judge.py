@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from repro.workload.crash_signs import lost_coalesced_work, raised_from_illegal_work
+
 # A loose tolerance: the other run is the same command with a different patch, possibly on GPUs
 # whose reductions are not deterministic (classify.TOLERANCE's widest entry).
 TOLERANCE = 2e-2
@@ -165,11 +167,14 @@ def _tracebacks(lines: list[str]) -> list[dict[str, Any]]:
 
 
 def _exception(lines: list[str]) -> dict[str, Any] | None:
-    """The exception that ended the job: one raised from an _IllegalWork object if any rank had
-    it, else the first traceback (a launcher's own traceback, e.g. torchrun's ChildFailedError,
+    """The exception that ended the job: one raised from an _IllegalWork object (or torch's manager
+    waiting a lost work) if any rank had it, else the first traceback (a launcher's own traceback, e.g. torchrun's ChildFailedError,
     comes after the rank's that caused it)."""
     found = _tracebacks(lines)
-    return next((t for t in found if _raised_from_illegal_work(t)), found[0] if found else None)
+    return next(
+        (t for t in found if raised_from_illegal_work(t) or lost_coalesced_work(t)),
+        found[0] if found else None,
+    )
 
 
 def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
@@ -283,10 +288,6 @@ def first_parting_step(a: list[float | None], b: list[float | None]) -> int | No
     return None
 
 
-def _raised_from_illegal_work(exc: dict[str, Any] | None) -> bool:
-    return bool(exc) and "IllegalWork" in f"{exc.get('message')}\n{exc.get('traceback')}"  # type: ignore[union-attr]
-
-
 def judge(
     own: Parsed,
     *,
@@ -327,7 +328,7 @@ def judge(
     unhooked = _unhooked(own, patch=patch, exit_code=exit_code, used_deepspeed=used_deepspeed, device=device)
     if unhooked:
         return Judgement("env-error", "none", unhooked, None)
-    if _raised_from_illegal_work(exc):
+    if raised_from_illegal_work(exc):
         assert exc is not None
         extra = (
             f"; {own.illegal_work_messages} IllegalWork messages before it"
@@ -338,6 +339,15 @@ def judge(
             "reproduced",
             "illegal-work-crash",
             f"crash raised from an IllegalWork object: {exc['type']}: {exc['message']}{extra}",
+            None,
+        )
+    if lost_coalesced_work(exc):
+        assert exc is not None
+        return Judgement(
+            "reproduced",
+            "lost-work-crash",
+            f"crash in torch's coalescing manager: {exc['type']}: {exc['message']}: this torch release "
+            "lost the coalesced all-gather's work (pytorch#122807), so nothing waits for MiCS's gather",
             None,
         )
     if exit_code not in (0, None):

@@ -131,6 +131,9 @@ class Signature(str, enum.Enum):
     can tell two runs with the same outcome but a different failure mode apart."""
 
     ILLEGAL_WORK_CRASH = "illegal-work-crash"  # died with an exception raised from an _IllegalWork object
+    # died in torch's coalescing manager waiting the work its release lost (pytorch#122807), in the
+    # same synchronous MiCS gather that otherwise dies on the _IllegalWork
+    LOST_WORK_CRASH = "lost-work-crash"
     ILLEGAL_WORK_DIVERGENCE = "illegal-work-divergence"  # warnings and losses leave the control's / storm
     ILLEGAL_WORK_WARNINGS = "illegal-work-warnings"  # IllegalWork warnings, yet losses match the control
     DIVERGENCE = "divergence"  # losses leave the control's without any IllegalWork message

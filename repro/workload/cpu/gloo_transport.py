@@ -18,7 +18,13 @@ Semantics modelled on NCCL (documented because the bug is a missing wait):
   completes as a unit: waiting the group's work (torch >= 2.1: what `_end_coalescing` returns)
   or any member's work (torch 2.0, where DeepSpeed waits `reqs[-1]`) waits all of them;
 - one NCCL stream per communicator runs collectives in issue order, so waiting a work also
-  completes every work issued before it on the same process group.
+  completes every work issued before it on the same process group;
+- a device synchronize (DeepSpeed's `get_accelerator().synchronize()`, repro/workload/cpu/shims.py)
+  waits for every collective in flight, as a GPU's waits for its communication streams;
+- where the release's NCCL loses a coalescing block's work (`LOSES_BLOCK_WORK`, pytorch#122807), a
+  `*_coalesced` collective issued inside a block does not join it, and `_end_coalescing` returns
+  None for a block nothing joined: torch's `_coalescing_manager(device=...)` then overwrites the real
+  work with None exactly as it does on those GPUs.
 
 Modes (`MODES`):
 - async:  the collective runs on gloo's own threads; a delivery thread per process group copies
@@ -67,6 +73,22 @@ _REDUCE_SCATTER_COALESCED_NAMES = ("reduce_scatter_tensor_coalesced", "reduce_sc
 _COALESCING_NAMES = ("_start_coalescing", "_end_coalescing")
 
 _HALF_TYPES = (torch.float16, torch.bfloat16)
+
+# torch releases whose ProcessGroupNCCL gives a `*_coalesced` collective its own work without
+# registering it with an open coalescing block, so `endCoalescing()` returns nullptr and the
+# Python `_coalescing_manager(device=...)` of the same release overwrites the fast path's real
+# work with it (pytorch#122807; NCCL registers the collective again from 2.4.0, pytorch#122849).
+# docs/background.md section 3 says how each release was read.
+LOSES_BLOCK_WORK: frozenset[tuple[int, int]] = frozenset({(2, 3)})
+
+
+def release_loses_block_work(version: str) -> bool:
+    """Whether this torch release's NCCL loses a coalescing block's work (`LOSES_BLOCK_WORK`)."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) in LOSES_BLOCK_WORK
+    except (IndexError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -281,9 +303,10 @@ class AdapterWork(dist.Work):
 
 
 class _Transport:
-    def __init__(self, mode: Mode, caps: GlooCapabilities) -> None:
+    def __init__(self, mode: Mode, caps: GlooCapabilities, loses_block_work: bool = False) -> None:
         self.mode = mode
         self.caps = caps
+        self.loses_block_work = loses_block_work
         self._states: dict[int, _PgState] = {}
         self._lock = threading.Lock()
 
@@ -419,9 +442,13 @@ class _Transport:
         return self._launch(pg, list(outputs), run, deliver)
 
     # -- grouping ------------------------------------------------------------------------------
-    def as_work(self, pg: Any, items: list[_Pending], outputs: list[torch.Tensor]) -> AdapterWork:
+    def as_work(
+        self, pg: Any, items: list[_Pending], outputs: list[torch.Tensor], *, coalesced: bool = False
+    ) -> AdapterWork:
         st = self.state(pg)
         group = st.open_group
+        if coalesced and self.loses_block_work:
+            group = None  # a `*_coalesced` call's work is its own; it does not join an open block
         if group is None:
             group = _Group()
             group.members.extend(items)
@@ -435,13 +462,24 @@ class _Transport:
             raise RuntimeError("coalescing block already open on this process group")
         st.open_group = _Group()
 
-    def end_coalescing(self, pg: Any) -> AdapterWork:
+    def end_coalescing(self, pg: Any) -> AdapterWork | None:
         st = self.state(pg)
         group = st.open_group
         if group is None:
             raise RuntimeError("_end_coalescing without _start_coalescing")
         st.open_group = None
+        if self.loses_block_work and not group.members:
+            return None  # NCCL's endCoalescing() with nothing registered: nullptr
         return AdapterWork(st, group, [])
+
+    def synchronize(self) -> None:
+        """Complete every collective in flight on every process group (a device synchronize)."""
+        with self._lock:
+            states = list(self._states.values())
+        for st in states:
+            with st.lock:
+                last = max((p.seq for p in st.pending), default=-1)
+            st.complete_through(last)
 
 
 _TRANSPORT: _Transport | None = None
@@ -488,7 +526,7 @@ def _make_gather_coalesced(name: str) -> Callable[..., Any]:
         if _TRANSPORT is None or not _is_gloo(self):
             return original(self, outputs, inputs, *rest)
         items = [_TRANSPORT.gather(self, o, i) for o, i in zip(outputs, inputs)]
-        return _TRANSPORT.as_work(self, items, list(outputs))
+        return _TRANSPORT.as_work(self, items, list(outputs), coalesced=True)
 
     method.__name__ = name
     return method
@@ -502,7 +540,7 @@ def _make_reduce_scatter_coalesced(name: str) -> Callable[..., Any]:
             return original(self, outputs, inputs, *rest)
         op = rest[0].reduceOp if rest else dist.ReduceOp.SUM
         items = [_TRANSPORT.reduce_scatter(self, o, i, op) for o, i in zip(outputs, inputs)]
-        return _TRANSPORT.as_work(self, items, list(outputs))
+        return _TRANSPORT.as_work(self, items, list(outputs), coalesced=True)
 
     method.__name__ = name
     return method
@@ -602,17 +640,23 @@ _FACTORIES: dict[tuple[str, ...], Callable[[str], Callable[..., Any]]] = {
 }
 
 
-def install(mode: str) -> dict[str, Any]:
+def install(mode: str, loses_block_work: bool | None = None) -> dict[str, Any]:
     """Add the adapter's methods to `torch.distributed.ProcessGroup` (gloo groups only).
 
-    Idempotent for the same mode; switching modes within one process is refused because works
-    already issued would mix two semantics.
+    `loses_block_work`: model an NCCL that loses a coalescing block's work (module docstring);
+    None: as the installed torch release's NCCL does (`LOSES_BLOCK_WORK`). Idempotent for the same
+    settings; switching within one process is refused because works already issued would mix two
+    semantics.
     """
     global _TRANSPORT
     wanted = Mode(mode)
+    lost = release_loses_block_work(torch.__version__) if loses_block_work is None else loses_block_work
     if _TRANSPORT is not None:
-        if _TRANSPORT.mode is not wanted:
-            raise RuntimeError(f"gloo transport already installed in mode {_TRANSPORT.mode.value!r}")
+        if _TRANSPORT.mode is not wanted or _TRANSPORT.loses_block_work is not lost:
+            raise RuntimeError(
+                f"gloo transport already installed in mode {_TRANSPORT.mode.value!r}"
+                f" (block work {'lost' if _TRANSPORT.loses_block_work else 'kept'})"
+            )
         return dict(_INSTALLED)
     pg_cls = dist.ProcessGroup
     caps = probe_gloo()
@@ -641,10 +685,13 @@ def install(mode: str) -> dict[str, Any]:
         patched.extend(
             f"{name} (bf16 only)" for name in ("broadcast", "allreduce", "allreduce_coalesced", "allgather")
         )
-    _TRANSPORT = _Transport(wanted, caps)
+    _TRANSPORT = _Transport(wanted, caps, lost)
     _INSTALLED.update(
         mode=wanted.value,
         torch=torch.__version__,
+        # "lost": as NCCL on this release, _end_coalescing returns None for a block whose
+        # collectives were all `*_coalesced` calls (pytorch#122807)
+        block_work="lost" if lost else "kept",
         patched=patched,
         gloo_native={
             "allgather_base": caps.allgather_base,
@@ -657,6 +704,12 @@ def install(mode: str) -> dict[str, Any]:
 
 def installed_mode() -> str | None:
     return None if _TRANSPORT is None else _TRANSPORT.mode.value
+
+
+def synchronize_device() -> None:
+    """What a device synchronize means on the twin: every collective in flight completes."""
+    if _TRANSPORT is not None:
+        _TRANSPORT.synchronize()
 
 
 def uninstall() -> None:

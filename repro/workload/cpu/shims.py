@@ -136,6 +136,16 @@ def _gloo_accelerator(claim_fp16: bool) -> Any:
                 return None
             return super().create_op_builder(op_name)
 
+        def synchronize(self, device_index: Any = None) -> Any:
+            # On a GPU, a device synchronize also waits for the communication streams, and
+            # DeepSpeed relies on it ("guarantee the communication to be completed"; our fix when
+            # a release lost the coalesced work). DeepSpeed's CPU accelerator returns at once;
+            # here the gloo adapter's collectives in flight complete first.
+            from repro.workload.cpu import gloo_transport
+
+            gloo_transport.synchronize_device()
+            return super().synchronize(device_index)
+
     return GlooCpuAccelerator()
 
 
