@@ -280,3 +280,18 @@ def test_probes_run_in_the_env_and_the_judge_reads_them(
     assert raw.verdict is Verdict.PROVEN and facts["raw-torch"]["placeholder_type"] == "_IllegalWork"
     ds = judge.ds_gather(facts["ds-gather"])
     assert ds.verdict is Verdict.PROVEN, ds.summary  # stock fails, fixed gathers async and sync
+
+
+def test_repro_step_reads_runs_as_the_env_verdict_does() -> None:
+    # A stock run that ended `crashed` with an IllegalWork crash shows the bug (core.runs), as the
+    # summary says; the step must call the GPU proof proven, not "not provable".
+    from repro.run import gpu_check_judge
+
+    gpus = ["AMD Instinct MI100", "AMD Instinct MI100"]
+    runs = [record("zero3", "stock", "clean", gpus[:1])]
+    for scenario in ("mics", "mics-hier"):
+        stock = {**record(scenario, "stock", "crashed", gpus), "signature": "illegal-work-crash"}
+        runs += [stock, record(scenario, "fixed", "clean", gpus)]
+    assert gpu_check_judge.repro(runs, 1, 2).verdict.value == "proven"
+    runs[1] = {**runs[1], "signature": "crash"}  # another crash is not the bug
+    assert gpu_check_judge.repro(runs, 1, 2).verdict.value != "proven"

@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from repro.bisect.commits import CommitInfo, DsRepo
-from repro.bisect.probe import Observation, ProbeSpec
+from repro.bisect.probe import BadIf, Observation, ProbeSpec
 from repro.bisect.search import BisectResult, BisectStatus, ProbeVerdict, SurveyResult
+from repro.core.runs import RunFinding
 
 Key = tuple[str, str]
 
@@ -49,8 +50,8 @@ class ProbeLog:
             f"probe {len(self.rows):>2}: {self.axis} {obs.label:<10} {obs.outcome:<12} "
             f"{obs.signature:<24} {mark}{obs.seconds:6.0f} s  ({env})"
         )
-        if obs.outcome in ("env-error", "crashed", "hung", "unsupported"):
-            self.say(f"          {obs.reason}")
+        if obs.finding not in (RunFinding.BUG, RunFinding.CLEAN):
+            self.say(f"          {obs.reason}")  # why nothing was learnt about the bug
 
     def summary_fields(self) -> dict[str, Any]:
         return {
@@ -235,7 +236,11 @@ def commit_fields(
         last_good_commit=good.as_dict(url),
         reproduce={
             "make": spec.repro_command()
-            + (f" BAD_IF={data['bad_if']}" if data.get("bad_if", "reproduced") != "reproduced" else ""),
+            + (
+                f" BAD_IF={data['bad_if']}"
+                if data.get("bad_if", BadIf.REPRODUCED.value) != BadIf.REPRODUCED.value
+                else ""
+            ),
             "pip": f"DS_BUILD_OPS=0 pip install --no-deps --no-build-isolation 'git+{url}@{bad.sha}'",
             "command": spec.command,
         },

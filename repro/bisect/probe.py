@@ -114,6 +114,11 @@ class Observation:
     def key(self) -> tuple[str, str]:
         return self.outcome, self.signature
 
+    @property
+    def finding(self) -> RunFinding:
+        """What the run says about the bug, read as the env verdict reads it."""
+        return run_finding(Outcome(self.outcome), Signature(self.signature))
+
     def as_dict(self, verdict: ProbeVerdict | None = None) -> dict[str, Any]:
         data: dict[str, Any] = {
             "version": self.label,

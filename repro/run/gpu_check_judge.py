@@ -10,7 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from repro.core.runs import RunFinding, run_finding
 from repro.run.gpu_check_plan import HIDDEN_EXPECTED_EXIT, StepKind, StepResult, Verdict
+from repro.workload.record import Outcome, Signature
 
 
 def _err(outcome: Any) -> str:
@@ -121,6 +123,15 @@ def _find(runs: Sequence[Mapping[str, Any]], scenario: str, patch: str) -> Mappi
     )
 
 
+def _finding(record: Mapping[str, Any]) -> RunFinding | None:
+    """The run's finding as the env verdict reads it (repro.core.runs); None for a record that
+    names no known outcome."""
+    try:
+        return run_finding(Outcome(record.get("outcome")), Signature(record.get("signature") or "none"))
+    except ValueError:
+        return None
+
+
 def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepResult:
     kind = StepKind.REPRO
     facts: dict[str, object] = {
@@ -128,7 +139,7 @@ def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepR
         "runs": [{k: r.get(k) for k in ("scenario", "patch", "outcome", "reason")} for r in runs],
     }
     control = _find(runs, "zero3", "stock")
-    if control is None or control.get("outcome") != "clean" or not _on_gpu(control):
+    if control is None or _finding(control) is not RunFinding.CLEAN or not _on_gpu(control):
         what = (
             "missing"
             if control is None
@@ -144,11 +155,11 @@ def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepR
     failed = unproven = False
     for scenario in ("mics", "mics-hier"):
         stock, fixed = _find(runs, scenario, "stock"), _find(runs, scenario, "fixed")
-        if fixed is None or fixed.get("outcome") != "clean" or not _on_gpu(fixed):
+        if fixed is None or _finding(fixed) is not RunFinding.CLEAN or not _on_gpu(fixed):
             failed = True
             verdicts.append(f"{scenario} fixed {fixed.get('outcome') if fixed else 'missing'}")
             continue
-        shown = stock is not None and stock.get("outcome") == "reproduced"
+        shown = stock is not None and _finding(stock) is RunFinding.BUG
         unproven |= not shown
         verdicts.append(f"{scenario} stock {stock.get('outcome') if stock else 'missing'}, fixed clean")
     verdict = Verdict.FAILED if failed else Verdict.NOT_PROVABLE if unproven else Verdict.PROVEN
