@@ -26,7 +26,6 @@ what the probe says (env-error, unknown) instead of a crash that BAD_IF=failed w
 
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 from collections.abc import Callable
@@ -34,11 +33,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from repro.bisect.ds_layer import DeepSpeedLayer
 from repro.bisect.probe import Evaluate, Observation, ProbeSpec
 from repro.core import cmd
-from repro.core.errors import BuildError, UsageError
+from repro.core.errors import UsageError
 from repro.engines.base import EngineKind, Prepared
-from repro.engines.venv.layer import PURELIB, link_base
+from repro.workload.record import Outcome, Signature
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -71,43 +71,21 @@ def installed_info(tree: Path, short_sha: str, base_generated: str | None) -> tu
     return version, text
 
 
-class WorktreeLayer:
+class WorktreeLayer(DeepSpeedLayer):
     """Venv-engine wrapper: the env's cached venv plus a layer whose DeepSpeed is `tree`."""
 
+    suffix = "dswt"
+    failure_fix = "a commit that does not import is unknown and stepped around"
+
     def __init__(self, inner: Engine, tree: Path, runner: Callable[..., cmd.CmdResult] = cmd.run) -> None:
-        if inner.kind is not EngineKind.VENV:
-            raise UsageError(
-                "DeepSpeed commits are probed with the venv engine only",
-                why="a commit is layered over the env's cached venv",
-                fix="add ENGINE=venv (--engine venv)",
-            )
-        if not (tree / "deepspeed" / "__init__.py").is_file():
+        super().__init__(inner, tree, runner, venv_only="DeepSpeed commits are probed")
+        if not (self.src / "deepspeed" / "__init__.py").is_file():
             raise UsageError(f"{tree} holds no deepspeed/ package", fix="pass a DeepSpeed work tree")
-        self.inner, self.tree, self.runner = inner, tree.resolve(), runner
-        self.kind = EngineKind.VENV
+        self.tree = self.src
         self.python: str | None = None  # the layer's interpreter, once prepared
 
     def describe(self) -> str:
         return f"{self.inner.describe()} + DeepSpeed from the work tree {self.tree}"
-
-    def preflight(self, env: Any) -> None:
-        self.inner.preflight(env)
-
-    def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
-        return self.inner.run_suite(prepared, args, out_dir, timeout_s)
-
-    def run_job(self, prepared: Any, args: Any, out_dir: Any, workdir: Any, timeout_s: Any, **kw: Any) -> Any:
-        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, **kw)  # type: ignore[attr-defined]
-
-    def _out(self, argv: list[str], what: str, env_id: str) -> str:
-        result = self.runner(argv, capture=True, echo=False)
-        if not result.ok:
-            raise BuildError(
-                f"{env_id} with DeepSpeed from {self.tree}: {what} failed (exit {result.returncode})",
-                why=result.tail() or "see the output above",
-                fix="a commit that does not import is unknown and stepped around",
-            )
-        return str(result.stdout).strip()
 
     def _short_sha(self) -> str:
         result = self.runner(
@@ -116,23 +94,9 @@ class WorktreeLayer:
         return str(result.stdout).strip() if result.ok and result.stdout.strip() else "unknown"
 
     def prepare(self, env: Any) -> Prepared:
-        base = self.inner.prepare(env)
-        base_dir = Path(base.handle)
-        digest = hashlib.sha256(str(self.tree).encode()).hexdigest()[:10]
-        layer = base_dir.with_name(f"{base_dir.name}+dswt-{digest}")
-        py = layer / "bin" / "python"
-        if not py.exists():
-            self._out(
-                [str(base_dir / "bin" / "python"), "-m", "venv", "--without-pip", str(layer)],
-                "creating the layer venv",
-                env.id,
-            )
-        site = Path(self._out([str(py), "-c", PURELIB], "locating site-packages", env.id))
-        base_site = self._out(
-            [str(base_dir / "bin" / "python"), "-c", PURELIB], "locating site-packages", env.id
-        )
-        link_base(site, base_site)
-        base_generated = Path(base_site, GENERATED)
+        made = self.layer_venv(env, with_pip=False)
+        site, py = made.site, made.python
+        base_generated = Path(made.base_site, GENERATED)
         short = self._short_sha()
         version, text = installed_info(
             self.tree, short, base_generated.read_text() if base_generated.is_file() else None
@@ -152,20 +116,20 @@ class WorktreeLayer:
         (info / "INSTALLER").write_text("mics-repro\n")
         (info / "RECORD").write_text("")
         self.python = str(py)
-        label = f"{layer} (DeepSpeed {version} from {self.tree})"
+        label = f"{made.path} (DeepSpeed {version} from {self.tree})"
         return Prepared(
             EngineKind.VENV,
             env.id,
-            str(layer),
+            str(made.path),
             label,
-            base.reused,
+            made.base.reused,
             {
-                **base.details,
+                **made.base.details,
                 "python": str(py),
                 "deepspeed": version,
                 "deepspeed_src": str(self.tree),
                 "commit": short,
-                "layered_on": str(base_dir),
+                "layered_on": str(made.base_dir),
             },
         )
 
@@ -186,11 +150,14 @@ class ImportChecked:
 
     def __call__(self, spec: ProbeSpec) -> Observation:
         obs = self.evaluate(spec)
-        if obs.outcome not in ("crashed", "env-error"):
+        if obs.outcome not in (Outcome.CRASHED.value, Outcome.ENV_ERROR.value):
             return obs
         why = self.layer.import_error()
         if why is None:
             return obs
         return replace(
-            obs, outcome="env-error", signature="none", reason=f"the commit does not import: {why}"
+            obs,
+            outcome=Outcome.ENV_ERROR.value,
+            signature=Signature.NONE.value,
+            reason=f"the commit does not import: {why}",
         )

@@ -168,8 +168,8 @@ def _tracebacks(lines: list[str]) -> list[dict[str, Any]]:
 
 def _exception(lines: list[str]) -> dict[str, Any] | None:
     """The exception that ended the job: one raised from an _IllegalWork object (or torch's manager
-    waiting a lost work) if any rank had it, else the first traceback (a launcher's own traceback, e.g. torchrun's ChildFailedError,
-    comes after the rank's that caused it)."""
+    waiting a lost work) if any rank had it, else the first traceback (a launcher's own traceback,
+    e.g. torchrun's ChildFailedError, comes after the rank's that caused it)."""
     found = _tracebacks(lines)
     return next(
         (t for t in found if raised_from_illegal_work(t) or lost_coalesced_work(t)),
