@@ -287,7 +287,7 @@ def test_a_stop_during_the_summary_leaves_finished_results_and_nothing_to_redo(
             monkeypatch.setattr(f"{module}.render", stopped)
     assert _repro(tmp_path) == 130
     err = capsys.readouterr().err
-    assert "redo the rest" not in err and "nothing to redo" in err
+    assert "RESUME=1" not in err and "nothing to redo" in err
     invocation = _results(tmp_path)["invocation"]
     assert invocation["finished_at"] and not invocation["interrupted"]
 

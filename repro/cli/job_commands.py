@@ -46,6 +46,12 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     _deps_options(p)
     p.add_argument("--out", default=None, help="results folder (default results/<timestamp>-<env>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish an interrupted run in --out (default results/latest): run again only the "
+        "stock/fixed runs that did not finish, into the same results.json (make: RESUME=1)",
+    )
 
 
 def _deps_options(p: argparse.ArgumentParser) -> None:
@@ -111,6 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         point_latest,
     )
     from repro.run.job import custom_lines, describe, execute_job, reproduce_line
+    from repro.run.job_resume import check_same_job
     from repro.run.summary import render
 
     env = _env(args)
@@ -118,17 +125,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = _engine(args.engine)
     root = Path(args.results_root)
     out = Path(args.out) if args.out else None
-    folder, made = open_invocation_dir(root, out, [env.id])
     line = reproduce_line(request)
-    invocation = InvocationDir(folder, invocation_meta(list(args.argv), line))
-    invocation.save()
+    # `make run RESUME=1`: make hands its command-line variables to the recipe's environment
+    resumed = _resumable(root, out, args.resume or os.environ.get("RESUME", "") not in ("", "0"))
+    if resumed is not None:
+        folder, made = resumed, False
+        invocation = InvocationDir.reopen(folder)
+        check_same_job(invocation.data["envs"], env.id, request.command, folder)
+        print(f"resume: {folder}")
+    else:
+        folder, made = open_invocation_dir(root, out, [env.id])
+        invocation = InvocationDir(folder, invocation_meta(list(args.argv), line))
+        invocation.save()
     previous_latest = latest_target(root)
-    if out is None:
+    if out is None and resumed is None:
         point_latest(root, folder)
     print(describe(request, engine.describe()))
     print(f"results: {folder}")
     try:
-        runs = execute_job(request, env, engine, invocation)
+        runs = execute_job(request, env, engine, invocation, resume=resumed is not None)
     except BaseException:
         # Nothing ran (the env could not be prepared): no results folder, latest stays where it was.
         if not invocation.data["envs"] and discard_unused(folder, made, root, previous_latest):
@@ -140,6 +155,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     print("\n".join(f"  {text}" for text in custom_lines(runs)))
     print(f"\nreproduce: {line}")
     return 0
+
+
+def _resumable(root: Path, out: Path | None, asked: bool) -> Path | None:
+    """The folder RESUME=1 finishes: OUT=, else what results/latest points to; None when resuming
+    was not asked for or that folder holds no results yet (then it is an ordinary new run)."""
+    from repro.core.results import LATEST, RESULTS_FILE
+
+    folder = out if out is not None else root / LATEST
+    if not asked or not (folder / RESULTS_FILE).is_file():
+        return None
+    return folder.resolve()
 
 
 def _shell_options(p: argparse.ArgumentParser) -> None:

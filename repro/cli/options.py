@@ -68,8 +68,8 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="finish an interrupted run in --out (default results/latest): redo only the envs it "
-        "did not finish, into the same results.json (make: RESUME=1)",
+        help="finish an interrupted run in --out (default results/latest): run again only the runs "
+        "that did not finish, into the same results.json (make: RESUME=1)",
     )
 
 

@@ -15,7 +15,6 @@ import os
 import platform
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, TypedDict
@@ -166,6 +165,16 @@ def invocation_meta(argv: list[str], command: str) -> dict[str, Any]:
     }
 
 
+def resume_line(meta: dict[str, Any], folder: Path) -> str:
+    """The command that finishes this invocation into `folder` (RESUME=1): its make line, else
+    its `python -m repro` line, with the folder named (results/latest may move on meanwhile)."""
+    where = shlex.quote(str(folder))
+    command = str(meta.get("command") or "")
+    if command.startswith("make ") or " make " in command:
+        return f"{command} RESUME=1 OUT={where}"
+    return f"{meta.get('python_command') or 'python -m repro'} --resume --out {where}"
+
+
 class InvocationDir:
     """One invocation's folder (results.json and the envs' folders). `save()` after every change,
     so Ctrl-C loses nothing."""
@@ -193,12 +202,15 @@ class InvocationDir:
         return invocation
 
     def forget_env(self, env_id: str) -> None:
-        """Drop an env's records and files before it is run again (RESUME=1 redoes a whole env)."""
+        """Drop an env's entry and records from results.json before its suite finishes it
+        (RESUME=1). Its folder stays: the suite keeps the finished runs' records and files there
+        (repro/workload/resume.py) and hands back all of them, which replace these."""
         self.data["envs"].pop(env_id, None)
+        self.forget_runs(env_id)
+
+    def forget_runs(self, env_id: str) -> None:
+        """Drop an env's records from results.json (its files stay), before they are replaced."""
         self.data["runs"] = [r for r in self.data["runs"] if r.get("env") != env_id]
-        folder = self.folder / env_id
-        if folder.is_dir() and not folder.is_symlink():
-            shutil.rmtree(folder)
         self.save()
 
     def env_dir(self, env_id: str) -> Path:

@@ -21,14 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from repro.core.errors import UsageError
+from repro.core.errors import Interrupted, UsageError
 from repro.core.makeline import make_line
-from repro.core.results import InvocationDir
+from repro.core.results import InvocationDir, resume_line
 from repro.core.smallfile import read_regular
 from repro.core.verdict import env_verdicts
 from repro.engines import jobdeps
 from repro.engines.base import Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
+from repro.run import job_resume
 from repro.workload import judge
 from repro.workload.record import (
     CUSTOM_SCENARIO,
@@ -365,9 +366,16 @@ def job_ran_on(reports: Sequence[dict[str, Any]], platform: str | None) -> dict[
 
 
 def execute_job(
-    request: JobRequest, env: Env, engine: Any, invocation: InvocationDir, say: Callable[[str], None] = print
+    request: JobRequest,
+    env: Env,
+    engine: Any,
+    invocation: InvocationDir,
+    say: Callable[[str], None] = print,
+    resume: bool = False,
 ) -> list[RunRecord]:
-    """Prepare the env once, run the command per patch, record every run."""
+    """Prepare the env once, run the command per patch, record every run. `resume` (RESUME=1):
+    finish an earlier, unfinished invocation of this job in `invocation`: only the runs that did
+    not finish run again, and both records are rebuilt from every run's files."""
     if not hasattr(engine, "run_job"):
         raise UsageError(f"the {engine.kind.value} engine cannot run custom commands", fix="use ENGINE=venv")
     if request.deps is not None:  # refused at the front door, before anything is built
@@ -377,15 +385,69 @@ def execute_job(
                 f"the {engine.kind.value} engine cannot add a job's packages",
                 fix="use ENGINE=venv or ENGINE=docker",
             )
+    env_dir = invocation.folder / env.id  # made once the env is ready (nothing left if it is not)
+    workdir = str(request.workdir.resolve())
+    todo = list(request.patches)
+    if resume:  # RESUME=1: the runs that finished are kept (repro/run/job_resume.py)
+        todo = job_resume.unfinished_patches(env_dir, request.patches, request.command, workdir)
+        invocation.forget_runs(env.id)  # rebuilt below from every run's files
+        say(f"== {env.id}: resume: running {', '.join(todo) or 'nothing'} again")
+    earlier = invocation.data["envs"].get(env.id)
+    prepared: Prepared | None = None
+    layer: dict[str, Any] | None = earlier.get("job_layer") if earlier else None
+    if todo or earlier is None:  # every run finished before: the env is not prepared again
+        prepared, layer = _prepare(request, env, engine, invocation, say)
+        invocation.env_dir(env.id)
+    device = "cpu" if env.platform.value == "cpu" else "gpu"
+    raws: list[RawRun] = []
+    digest = workdir_digest(request.workdir.resolve())
+    for patch in request.patches:
+        out = job_resume.run_folder(env_dir, patch)
+        if patch not in todo:
+            say(f"== {env.id}: {patch}: finished before, kept")
+            raws.append(read_raw(patch, out, invocation.folder, SuiteRun(0, False, 0.0, out, None)))
+            continue
+        job_resume.clear_unfinished(env_dir, patch)
+        assert prepared is not None  # a run to do prepared the env above
+        say(f"== {env.id}: {patch}: {request.command}")
+        try:
+            ran = engine.run_job(
+                prepared,
+                job_args(request, patch, device),
+                out,
+                request.workdir.resolve(),
+                request.timeout_s + 120,
+                network=request.network,
+            )
+        except KeyboardInterrupt as stop:
+            # What finished is recorded (and this run, as interrupted); RESUME=1 runs the rest.
+            cut = read_raw(patch, out, invocation.folder, SuiteRun(130, False, 0.0, out, None))
+            if not (out / job_resume.JOB_JSON).exists():  # the runner had no time to say how it ended
+                cut.job["status"] = "interrupted"
+            _record_job(request, env, invocation, [*raws, cut], digest, layer)
+            invocation.finish(interrupted=True)
+            raise Interrupted(
+                "interrupted",
+                why=str(stop) or "Ctrl-C",
+                fix=f"what finished is in {invocation.folder}; to run only what did not finish, into "
+                f"the same folder: {resume_line(invocation.data['invocation'], invocation.folder)}",
+            ) from None
+        raws.append(read_raw(patch, out, invocation.folder, ran))
+    records = _record_job(request, env, invocation, raws, digest, layer)
+    invocation.finish()
+    return records
+
+
+def _prepare(
+    request: JobRequest, env: Env, engine: Any, invocation: InvocationDir, say: Callable[[str], None]
+) -> tuple[Prepared, dict[str, Any] | None]:
+    """The env (and the job's layer over it) ready to run the job, and its entry in results.json."""
     engine.preflight(env)
     prepared = engine.prepare(env)
     layer: dict[str, Any] | None = None
     if request.deps is not None:
         prepared, layer = engine.prepare_job(env, prepared, request.deps)
     say(f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label}")
-    device = "cpu" if env.platform.value == "cpu" else "gpu"
-    env_dir = invocation.env_dir(env.id)
-    raws: list[RawRun] = []
     invocation.add_env(
         env.id,
         {
@@ -404,25 +466,23 @@ def execute_job(
             "job_layer": layer,  # the job's packages (REQUIREMENTS=/PACKAGES=): lines, layer, added
         },
     )
-    digest = workdir_digest(request.workdir.resolve())
-    for patch in request.patches:
-        out = env_dir / f"custom-{patch}"
-        say(f"== {env.id}: {patch}: {request.command}")
-        ran = engine.run_job(
-            prepared,
-            job_args(request, patch, device),
-            out,
-            request.workdir.resolve(),
-            request.timeout_s + 120,
-            network=request.network,
-        )
-        raws.append(read_raw(patch, out, invocation.folder, ran))
+    return prepared, layer
+
+
+def _record_job(
+    request: JobRequest,
+    env: Env,
+    invocation: InvocationDir,
+    raws: Sequence[RawRun],
+    digest: str,
+    layer: dict[str, Any] | None,
+) -> list[RunRecord]:
+    """Judge the runs against each other and record them (replacing none: the caller forgot any)."""
     records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s, env.platform.value)
     for record in records:
         if record.get("job") is not None:
             record["job"]["requirements"] = layer  # type: ignore[index]
     invocation.add_runs(env.id, [dict(r) for r in records])  # type: ignore[misc]
-    invocation.finish()
     return records
 
 

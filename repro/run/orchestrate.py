@@ -11,16 +11,24 @@ import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.core.errors import ConfigError, Interrupted, UsageError
-from repro.core.results import InvocationDir
+from repro.core.results import InvocationDir, resume_line
 from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 from repro.engines.preflight import check_world_size
 from repro.workload.ds_config import type_problems
-from repro.workload.record import DTYPES, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord, read_json
+from repro.workload.record import (
+    DTYPES,
+    PATCHES,
+    SCENARIOS,
+    TRANSPORT_MODES,
+    Outcome,
+    RunRecord,
+    read_json,
+)
 from repro.workload.suite import LAUNCHERS, planned_keys
 
 if TYPE_CHECKING:
@@ -273,8 +281,8 @@ def execute(
             raise Interrupted(
                 "interrupted",
                 why=str(stop) or "Ctrl-C",
-                fix=f"what finished is in {invocation.folder}; run the same command again with RESUME=1 "
-                "(--resume) to redo the rest into the same folder",
+                fix=f"what finished is in {invocation.folder}; to run only what did not finish, into "
+                f"the same folder: {resume_line(invocation.data['invocation'], invocation.folder)}",
             ) from None
         _collect(invocation, env, prepared, out, engine.kind.value, suite.exit_code, suite.timed_out)
     invocation.finish()
@@ -340,14 +348,23 @@ def suite_failures(invocation: InvocationDir, steps: Sequence[Step] = ()) -> lis
 
 def unfinished_envs(invocation: InvocationDir, steps: Sequence[Step]) -> list[str]:
     """The envs of `steps` that an earlier (interrupted or killed) invocation did not finish: no
-    entry, interrupted, or a suite that did not run its whole plan. RESUME=1 reruns these."""
+    entry (a SIGKILL left `finished_at: null` before the env's suite was recorded), interrupted,
+    a suite that did not run its whole plan, or a run recorded as interrupted. RESUME=1 finishes
+    these (`resume_step`); an env whose runs all finished is neither prepared nor run again."""
     done = {line.split(":", 1)[0] for line in suite_failures(invocation, steps)}
     envs = invocation.data["envs"]
+    cut = {str(r.get("env")) for r in invocation.runs if r.get("outcome") == Outcome.INTERRUPTED.value}
     return [
         s.env.id
         for s in steps
-        if s.env.id not in envs or envs[s.env.id].get("interrupted") or s.env.id in done
+        if s.env.id not in envs or envs[s.env.id].get("interrupted") or s.env.id in done | cut
     ]
+
+
+def resume_step(step: Step) -> Step:
+    """The step that finishes an env's unfinished suite in its folder: the suite keeps the runs
+    that finished and runs only the others again (repro/workload/resume.py)."""
+    return replace(step, suite_args=(*step.suite_args, "--resume"))
 
 
 def _missing_runs(

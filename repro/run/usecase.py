@@ -29,7 +29,15 @@ from repro.core.results import (
 )
 from repro.core.verdict import FixCheck, check_fix
 from repro.engines.preflight import check_world_size
-from repro.run.orchestrate import Request, describe, execute, plan, suite_failures, unfinished_envs
+from repro.run.orchestrate import (
+    Request,
+    describe,
+    execute,
+    plan,
+    resume_step,
+    suite_failures,
+    unfinished_envs,
+)
 from repro.run.summary import render
 from repro.workload.record import RunRecord
 
@@ -48,8 +56,8 @@ class RunTarget:
     dry_run: bool = False
     argv: tuple[str, ...] = ()  # recorded in results.json for `python -m repro` users
     make_command: str = ""  # the make line that reproduces this run
-    # RESUME=1: finish the invocation in OUT= (default results/latest): rerun the envs it did not
-    # finish, keep the others' records, all in the same results.json.
+    # RESUME=1: finish the invocation in OUT= (default results/latest): rerun the runs it did not
+    # finish, keep the finished runs' records and files, all in the same results.json.
     resume: bool = False
 
     def engine_choice(self) -> str | None:
@@ -101,10 +109,13 @@ def run_request(
         todo = unfinished_envs(invocation, steps)
         for env_id in todo:
             invocation.forget_env(env_id)
-        steps = [s for s in steps if s.env.id in todo]
+        # Only the unfinished envs are prepared again, and their suites rerun only the runs that
+        # did not finish; the env's records come back whole (kept + new) from its suite.
+        steps = [resume_step(s) for s in steps if s.env.id in todo]
         kept = sorted({str(r.get("env")) for r in invocation.runs})
         console.info(
-            f"resume: {folder}: redoing {', '.join(todo) or 'nothing'}; kept {', '.join(kept) or 'nothing'}"
+            f"resume: {folder}: finishing the unfinished runs of {', '.join(todo) or 'no env'}; "
+            f"{', '.join(kept) or 'no env'} finished before"
         )
     else:
         folder, made = open_invocation_dir(target.results_root, target.out, [s.env.id for s in steps])

@@ -22,7 +22,7 @@ from typing import Any
 
 from repro.workload import classify as cls
 from repro.workload import device as dev
-from repro.workload import ds_config, parentwatch, runner
+from repro.workload import ds_config, parentwatch, resume, runner
 from repro.workload import layout as lay
 from repro.workload import record as rec
 from repro.workload.artifacts import ArtifactCapture
@@ -250,6 +250,11 @@ def run_suite(args: argparse.Namespace) -> int:
         "interrupted": False,
         "artifacts": {},
     }
+    kept: list[dict[str, Any]] = []
+    if args.resume:  # finish an earlier suite in this folder: its finished runs are kept
+        kept, planned = _resume(out, planned, RunOptions.from_args(args), dtype, user_config)
+        meta["resumed"] = {"kept": [str(r.get("run_name")) for r in kept], "redone": len(planned)}
+        print(f"resume: kept {len(kept)} finished run(s), running {len(planned)} again", flush=True)
     # Every record says what ran; a run never launched keeps what the suite saw (nothing ran).
     not_run = {**dev.view_summary(view, device), "env_platform": decision.platform}
     if error:
@@ -281,6 +286,7 @@ def run_suite(args: argparse.Namespace) -> int:
             capture,
             not_run,
             server,
+            kept,
         )
     finally:
         if capture is not None:
@@ -290,6 +296,31 @@ def run_suite(args: argparse.Namespace) -> int:
 
 
 LAUNCHERS = ("auto", "prefork", "torchrun")
+
+
+def _resume(
+    out: str,
+    planned: list[PlannedRun],
+    opts: RunOptions,
+    dtype: str,
+    user_config: dict[str, Any] | None,
+) -> tuple[list[dict[str, Any]], list[PlannedRun]]:
+    """(the earlier suite's records kept, the planned runs to do again): repro/workload/resume.py.
+    A record answers a planned run only when it ran the same steps, seed and DeepSpeed config."""
+    keys = [resume.RunKey(p.scenario, p.patch, p.transport, p.dtype, p.shape.world_size) for p in planned]
+
+    def same_run(i: int, record: Any) -> bool:
+        built = ds_config.build_config(planned[i].shape, dtype=dtype, user_config=user_config)
+        config = json.loads(json.dumps(built.config))  # as the record holds it (JSON)
+        return bool(
+            record.get("steps") == opts.steps
+            and record.get("seed") == opts.seed
+            and record.get("config") == config
+        )
+
+    kept, redo = resume.split(keys, resume.previous_records(out), same_run)
+    resume.clear_stale(out, [keys[i].run_name for i in redo])
+    return kept, [planned[i] for i in redo]
 
 
 def choose_launcher(device: str, requested: str) -> tuple[str, str]:
@@ -332,12 +363,18 @@ def _run_planned(
     capture: ArtifactCapture | None,
     not_run: dict[str, Any] | None = None,
     server: PreforkServer | None = None,
+    kept: list[dict[str, Any]] | None = None,
 ) -> int:
     """Launch up to `jobs` runs at once; classify and record them in plan order, so a run is
-    always judged after its control (controls come first in the plan)."""
+    always judged after its control (controls come first in the plan). `kept`: an earlier suite's
+    finished records (RESUME=1), recorded first; its controls judge the runs done now."""
     has_mics = mics_available()
-    runs: list[dict[str, Any]] = []
-    controls: dict[tuple[str, str, int], dict[str, Any]] = {}
+    runs: list[dict[str, Any]] = list(kept or [])
+    controls: dict[tuple[str, str, int], dict[str, Any]] = {
+        (str(r["dtype"]), str(r["transport"]), int(r["world_size"])): r
+        for r in runs
+        if r.get("scenario") == rec.CONTROL_SCENARIO and r.get("patch") == "stock"
+    }
     _save(out, runs, meta)
     prepared = []
     for item in planned:
@@ -376,6 +413,7 @@ def _execute_all(
     server: PreforkServer | None,
 ) -> int:
     total = len(prepared)
+    earlier = len(runs)  # records kept from an earlier suite (RESUME=1) come first
 
     with ThreadPoolExecutor(max_workers=max(jobs, 1), thread_name_prefix="run") as pool:
         futures = [pool.submit(execute, i, spec, item) for i, (item, spec, _b) in enumerate(prepared, 1)]
@@ -390,7 +428,7 @@ def _execute_all(
             if server is not None:  # a run still waiting for it must not wait out its imports
                 server.abandon()
             # Runs already started stop their process groups and come back as interrupted.
-            for future, (item, spec, base) in list(zip(futures, prepared))[len(runs) :]:
+            for future, (item, spec, base) in list(zip(futures, prepared))[len(runs) - earlier :]:
                 if not future.cancel() and (result := future.result()) is not NOT_STARTED:
                     _record_run(out, result, item, spec, base, controls, runs, meta)
             meta["interrupted"] = True
@@ -601,6 +639,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="your DeepSpeed config JSON (ZeRO/MiCS/precision/comm settings kept)")
     p.add_argument("--config-json", help="the same, given inline (engines use it: no file to copy in)")
     p.add_argument("--no-artifacts", action="store_true", help="skip ds_report / collect_env")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the suite in --out: keep its finished runs, run the rest again (make: RESUME=1)",
+    )
     p.add_argument("--model-args", nargs=argparse.REMAINDER, help="passed to the per-rank trainer")
     return p
 
