@@ -5,18 +5,15 @@ nothing of the env moved. Needs a Docker daemon and the local base image (.ci/ru
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from test_job_deps_integration import JOB
 
-from repro.engines.docker.engine import daemon_status
+from tests.fixtures.own_job import docker_job
 from tests.fixtures.wheels import build_wheel
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 LIST = (
     "import importlib.metadata as m, json\n"
@@ -36,9 +33,6 @@ def _packages(image: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def job_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    up, why = daemon_status()
-    if not up:
-        pytest.skip(f"needs a Docker daemon: {why}")
     root = tmp_path_factory.mktemp("docker-job")
     wheel = build_wheel(root / "wheels", "mics_repro_testdep", "1.0", "def seed():\n    return 7\n")
     work = root / "proj"
@@ -46,29 +40,12 @@ def job_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (work / "train_classifier.py").write_text(JOB)
     (work / "requirements.txt").write_text(f"{wheel}\n")
     out = root / "results" / "run"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "repro",
-            "run",
-            "--env",
-            "cpu",
-            "--engine",
-            "docker",
-            "--workdir",
-            str(work),
-            "--requirements",
-            str(work / "requirements.txt"),
-            "--out",
-            str(out),
-            "--cmd",
-            "torchrun --nproc_per_node 2 train_classifier.py",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
+    done = docker_job(
+        work,
+        out,
+        "torchrun --nproc_per_node 2 train_classifier.py",
+        "--requirements",
+        str(work / "requirements.txt"),
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return out

@@ -22,6 +22,7 @@ from test_job_integration import TRAIN, _make
 
 from repro.engines.venv.joblayer import layer_freeze
 from repro.workload.fix import FIX_ID
+from tests.fixtures.own_job import repro_run
 from tests.fixtures.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,29 +115,7 @@ def test_the_printed_reproduce_line_gives_the_same_outcome(
 
 def test_a_requirement_moving_torch_is_refused_before_any_install(project: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "repro",
-            "run",
-            "--env",
-            "cpu",
-            "--engine",
-            "venv",
-            "--workdir",
-            str(project),
-            "--packages",
-            "mics-repro-other==1.0 torch==2.2.0",
-            "--out",
-            str(out),
-            "--cmd",
-            COMMAND,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
+    done = repro_run(project, out, COMMAND, "--packages", "mics-repro-other==1.0 torch==2.2.0")
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]
     assert "torch==2.2.0" in done.stderr and "torch==2.1.0" in done.stderr
     assert "pip install" not in done.stdout + done.stderr  # nothing was installed

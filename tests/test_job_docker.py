@@ -5,18 +5,14 @@ Needs a Docker daemon and the local base image (.ci/run provides both)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from test_job_integration import TRAIN
 
-from repro.engines.docker.engine import daemon_status
+from tests.fixtures.own_job import docker_job
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
 CHECK = textwrap.dedent("""\
@@ -32,36 +28,12 @@ CHECK = textwrap.dedent("""\
 
 
 def test_custom_command_in_the_image(tmp_path: Path) -> None:
-    up, why = daemon_status()
-    if not up:
-        pytest.skip(f"needs a Docker daemon: {why}")
     work = tmp_path / "proj"
     work.mkdir()
     (work / "train_classifier.py").write_text(TRAIN)
     (work / "check.py").write_text(CHECK)
     out = tmp_path / "out"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "repro",
-            "run",
-            "--env",
-            "cpu",
-            "--engine",
-            "docker",
-            "--workdir",
-            str(work),
-            "--out",
-            str(out),
-            "--cmd",
-            "python check.py && torchrun --nproc_per_node 2 train_classifier.py",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-    )
+    done = docker_job(work, out, "python check.py && torchrun --nproc_per_node 2 train_classifier.py")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     # Written inside the container, at the same path, into the user's folder.
     assert (work / "made_in_container.txt").read_text() == str(work)
