@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 from repro.core.errors import UsageError
+from repro.core.fix_pairs import PairStatus
 from repro.core.results import InvocationDir, invocation_meta
-from repro.core.verdict import FixVerdict, PairStatus, Reproduces, Subject, env_verdicts
+from repro.core.verdict import FixVerdict, Reproduces, Subject, env_verdicts
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.matrix.schema import load_matrix
 from repro.run.job import JobRequest, custom_lines, execute_job, job_args, workdir_digest

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 
 from repro.core.errors import NothingVerifiedError
+from repro.core.fix_pairs import fix_pairs
 from repro.core.verdict import (
     FixVerdict,
     Reproduces,
     Subject,
     check_fix,
     env_verdicts,
-    fix_pairs,
     views,
 )
 from repro.report.build import build_report

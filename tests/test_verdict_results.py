@@ -11,13 +11,12 @@ from fixtures.report_records import STEPS, ResultsBuilder, standard_env
 
 from repro.core import results
 from repro.core.errors import FixNotResolvedError, NothingVerifiedError, ReproError, UsageError
+from repro.core.fix_pairs import PairStatus, control_for
 from repro.core.runs import RunView
 from repro.core.verdict import (
     FixVerdict,
-    PairStatus,
     Reproduces,
     check_fix,
-    control_for,
     env_verdict,
     env_verdicts,
 )

@@ -24,17 +24,24 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from repro.core.errors import FixNotResolvedError, NothingVerifiedError, ReproError
 from repro.core.evidence import as_evidence
+from repro.core.fix_pairs import (
+    NO_OUTCOME,
+    FixPair,
+    PairStatus,
+    control_for,
+    fix_pairs,
+    fixed_attempts,
+    fixed_matches_control,
+    stock_attempts,
+)
 from repro.core.runs import RunView, describe, run_label, shows_bug
 from repro.workload.classify import first_divergent_step
 from repro.workload.closed import assert_never
-from repro.workload.controls import choose_control
-from repro.workload.record import Outcome, Patch
-
-R = TypeVar("R", bound=RunView)
+from repro.workload.record import Outcome
 
 
 class Reproduces(str, enum.Enum):
@@ -54,21 +61,6 @@ class FixVerdict(str, enum.Enum):
     NOT_TESTED = "not-tested"  # no fixed MiCS run in the results
 
 
-class PairStatus(str, enum.Enum):
-    """Stock vs fixed run of the same scenario/dtype/transport/layout in one env."""
-
-    RESOLVED = "resolved"
-    RESOLVED_UNVERIFIED = "resolved-unverified"
-    NOT_RESOLVED = "not-resolved"
-    REGRESSION = "regression"
-    BOTH_CLEAN = "both-clean"
-    OTHER_FAILURE_PERSISTS = "other-failure-persists"
-    OTHER_FAILURE_GONE = "other-failure-gone"
-    FIXED_MISSING = "fixed-missing"
-    STOCK_MISSING = "stock-missing"
-    NO_OUTCOME = "no-outcome"  # one side was interrupted, env-error or unsupported
-
-
 @dataclass(frozen=True)
 class Evidence:
     """One sentence of evidence and the runs (`RunView.ident`) it rests on."""
@@ -78,141 +70,6 @@ class Evidence:
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": self.text, "runs": list(self.runs)}
-
-
-NO_OUTCOME = (Outcome.INTERRUPTED, Outcome.ENV_ERROR, Outcome.UNSUPPORTED)
-
-
-def control_for(run: RunView, runs: Sequence[RunView]) -> RunView | None:
-    """The ZeRO-3 run the MiCS run was compared with: the record names it (control_run); older records
-    get one by the suite's own rule (repro.workload.controls)."""
-    if run.control_run:
-        named = next((c for c in runs if c.env == run.env and c.name == run.control_run), None)
-        if named is not None:
-            return named
-    controls = [c for c in runs if c.is_control and c.env == run.env]
-    return choose_control(run.key.control_key, controls, lambda c: c.key.control_key)
-
-
-def control_usable(control: RunView | None) -> bool:
-    return control is not None and control.outcome is Outcome.CLEAN
-
-
-@dataclass(frozen=True)
-class FixPair:
-    stock: RunView | None
-    fixed: RunView | None
-    control: RunView | None
-    status: PairStatus
-    detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "stock": self.stock.ident if self.stock else None,
-            "fixed": self.fixed.ident if self.fixed else None,
-            "control": self.control.ident if self.control else None,
-            "status": self.status.value,
-            "detail": self.detail,
-        }
-
-    @property
-    def label(self) -> str:
-        run = self.stock or self.fixed
-        assert run is not None  # a pair has at least one side
-        return run_label(run)
-
-
-def fixed_matches_control(fixed: RunView, control: RunView | None) -> tuple[bool, str]:
-    """A fixed run counts as resolved only if it is clean, silent and indistinguishable from ZeRO-3."""
-    if fixed.outcome is not Outcome.CLEAN:
-        return False, f"fixed run {fixed.outcome.value} ({fixed.signature.value})"
-    if fixed.illegal_work_messages:
-        return False, f"fixed run still logs {fixed.illegal_work_messages} IllegalWork messages"
-    if fixed.first_divergent_step is not None:
-        return False, f"fixed run leaves the control's losses at step {fixed.first_divergent_step}"
-    more_skips = control is not None and fixed.skipped_steps > control.skipped_steps
-    if control is not None and control.outcome is Outcome.CLEAN and more_skips:
-        return False, f"fixed run skipped {fixed.skipped_steps} steps, the control {control.skipped_steps}"
-    same_weights = (
-        control is not None
-        and fixed.weights_checksum is not None
-        and fixed.weights_checksum == control.weights_checksum
-    )
-    return True, "clean, no IllegalWork, losses match the control" + (
-        "; final weights identical to the control's" if same_weights else ""
-    )
-
-
-def pair_status(
-    stock: RunView | None, fixed: RunView | None, control: RunView | None
-) -> tuple[PairStatus, str]:
-    if fixed is None:
-        return PairStatus.FIXED_MISSING, "no fixed run"
-    if stock is None:
-        return PairStatus.STOCK_MISSING, "no stock run"
-    if stock.outcome in NO_OUTCOME or fixed.outcome in NO_OUTCOME:
-        return PairStatus.NO_OUTCOME, f"stock {stock.outcome.value}, fixed {fixed.outcome.value}"
-    good, why = fixed_matches_control(fixed, control)
-    if shows_bug(stock):
-        if not good:
-            return PairStatus.NOT_RESOLVED, why
-        if fixed.is_custom:  # the judge compared the job's fixed run with its stock run
-            return PairStatus.RESOLVED, "clean with the fix, no IllegalWork; the stock run shows the bug"
-        if not control_usable(control):
-            state = "missing" if control is None else control.outcome.value
-            return PairStatus.RESOLVED_UNVERIFIED, f"{why}, but the control is {state}: not compared"
-        return PairStatus.RESOLVED, why
-    if stock.outcome is Outcome.CLEAN:
-        return (
-            (PairStatus.BOTH_CLEAN, "clean with and without the fix")
-            if good
-            else (PairStatus.REGRESSION, f"stock run clean, {why}")
-        )
-    if good:
-        return PairStatus.OTHER_FAILURE_GONE, f"stock {stock.outcome.value} ({stock.signature.value}); {why}"
-    return PairStatus.OTHER_FAILURE_PERSISTS, (
-        f"stock {stock.outcome.value} ({stock.signature.value}), fixed {fixed.outcome.value} "
-        f"({fixed.signature.value}): not the IllegalWork bug, not addressed by the fix"
-    )
-
-
-def fix_pairs(runs: Sequence[RunView]) -> list[FixPair]:
-    """Stock/fixed pairs of every MiCS run of one env, in run order."""
-    groups: dict[tuple[Any, ...], dict[str, RunView]] = {}
-    for run in runs:
-        if run.is_mics or run.is_custom:
-            groups.setdefault(run.key.without_patch(), {})[run.patch] = run
-    pairs = []
-    for sides in groups.values():
-        stock, fixed = sides.get(Patch.STOCK.value), sides.get(Patch.FIXED.value)
-        if fixed is None and stock is not None and stock.is_sync_control:
-            continue  # a cause control: it has no fixed twin by design
-        either = stock or fixed
-        assert either is not None  # every group was made from one of its runs
-        control = None if either.is_custom else control_for(either, runs)
-        status, detail = pair_status(stock, fixed, control)
-        pairs.append(FixPair(stock=stock, fixed=fixed, control=control, status=status, detail=detail))
-    return pairs
-
-
-def stock_attempts(runs: Sequence[R]) -> list[R]:
-    """Stock runs that try to reproduce: MiCS runs of the suite and the user's own jobs (custom);
-    sync-transport runs are cause controls and do not count."""
-    return [
-        r
-        for r in runs
-        if (r.is_mics or r.is_custom) and r.patch == Patch.STOCK.value and not r.is_sync_control
-    ]
-
-
-def fixed_attempts(runs: Sequence[R]) -> list[R]:
-    """Fixed runs that can verify the fix (the counterpart of `stock_attempts`)."""
-    return [
-        r
-        for r in runs
-        if (r.is_mics or r.is_custom) and r.patch == Patch.FIXED.value and not r.is_sync_control
-    ]
 
 
 # The two configurations in the bug report: flat gather (the reporter's config) and hierarchical.

@@ -10,11 +10,12 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from repro.core.fix_pairs import PairStatus as PairStatus
+
 # The per-env answers (reproduces? fixed? and the pairing behind them) are THE env verdict of
 # repro.core.verdict, shared with the summary, check-fix and the bundle.
 from repro.core.verdict import Evidence as Evidence
 from repro.core.verdict import FixVerdict as FixVerdict
-from repro.core.verdict import PairStatus as PairStatus
 from repro.core.verdict import Reproduces as Reproduces
 
 
