@@ -9,6 +9,10 @@ MICS_REPRO_TEST_FULL_IMAGE=1 (minutes, gigabytes).
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +22,7 @@ import pytest
 
 from repro.engines.base import Prepared
 from repro.engines.docker.base_image import BASE_IMAGE_REF
-from repro.engines.docker.engine import DockerEngine, ManagedContainer, daemon_status
+from repro.engines.docker.engine import LABEL_OWNER, DockerEngine, ManagedContainer, daemon_status
 from repro.engines.wheelhouse import Wheelhouse
 from repro.matrix.model import Env, Platform
 
@@ -196,6 +200,85 @@ def test_running_container_is_removed_when_the_run_raises(
     with pytest.raises(error):
         engine.run_suite(prepared, ["--mode", "hang"], tmp_path / "out", timeout_s=300)
     assert _leftovers(engine.client, env) == []
+
+
+# A run's tool, in a process of its own so that a test can signal it: runs a stand-in suite that,
+# like the real one (repro/workload/parentwatch.py), waits on the owner lock and ends when it is free.
+_TOOL = """
+import signal, sys
+from pathlib import Path
+from repro.core.signals import install_stop_handlers
+from repro.engines.docker.engine import DockerEngine
+signal.signal(signal.SIGINT, signal.default_int_handler)
+install_stop_handlers()
+watch = ("import fcntl, os, sys; print('ready', flush=True); "
+         "fcntl.flock(open(os.environ['MICS_REPRO_OWNER_LOCK']), fcntl.LOCK_EX); sys.exit(143)")
+try:
+    DockerEngine.connect().run(BASE, ["python3", "-c", watch], Path(sys.argv[1]), None, name_hint=sys.argv[2])
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def _containers(client: Any, **filters: str) -> list[Any]:
+    """`docker ps -a --filter ...`"""
+    return list(client.containers.list(all=True, filters=filters))
+
+
+def _poll(check: Any, bound_s: float = 120) -> Any:
+    deadline = time.monotonic() + bound_s  # bounds a failure only
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    return check()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
+def test_no_container_of_a_run_outlives_its_tool(
+    client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: signal.Signals
+) -> None:
+    """Interrupted, the tool removes its container itself; SIGKILLed, it cannot, and the next
+    start removes the stopped container its run left (issue 22, item 6)."""
+    monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("MICS_REPRO_KEEP_CONTAINER", raising=False)
+    hint = f"outlive-{uuid.uuid4().hex[:6]}"
+    code = _TOOL.replace("BASE", repr(BASE_IMAGE_REF))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    tool = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "out"), hint], env=env)
+    try:
+        (box,) = _poll(
+            lambda: [c for c in _containers(client, name=f"mics-repro-{hint}-") if c.status == "running"]
+        )
+        owner = box.labels[LABEL_OWNER]
+        log = tmp_path / "out" / "engine.log"
+        assert _poll(lambda: log.exists() and "ready" in log.read_text(errors="replace"))
+        tool.send_signal(sig)
+        rc = tool.wait()
+        if sig is signal.SIGKILL:
+            # The stand-in suite saw its owner go and ended; the container stays, stopped ...
+            assert _poll(
+                lambda: [
+                    c for c in _containers(client, label=f"{LABEL_OWNER}={owner}") if c.status == "exited"
+                ]
+            )
+            # ... until the next start of a run.
+            next_run = DockerEngine(client).run(
+                BASE_IMAGE_REF, ["true"], tmp_path / "next", 120, name_hint=hint
+            )
+            assert next_run.exit_code == 0
+        else:
+            assert rc == 130
+        assert _containers(client, label=f"{LABEL_OWNER}={owner}") == []
+        assert _containers(client, name=f"mics-repro-{hint}-") == []
+        assert not Path(owner).exists()  # nor its owner folder
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+            tool.wait()
+        for leftover in _containers(client, name=f"mics-repro-{hint}-"):
+            leftover.remove(force=True)
 
 
 def test_bad_inputs_leave_no_container(tiny: tuple[DockerEngine, Env, Prepared], tmp_path: Path) -> None:

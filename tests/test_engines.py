@@ -187,6 +187,10 @@ class FakeContainer:
     def start(self) -> None:
         self.status = "running"
 
+    @property
+    def labels(self) -> dict[str, str]:
+        return dict(self.kwargs.get("labels") or {})
+
     def reload(self) -> None:
         pass
 
@@ -250,6 +254,10 @@ class FakeClient:
                 outer.live[box.name] = box
                 outer.created.append(box)
                 return box
+
+            def list(self, all: bool = False, filters: dict[str, Any] | None = None) -> list[FakeContainer]:
+                key = (filters or {}).get("label")  # only "has this label" (what sweep_stale asks)
+                return [c for c in outer.live.values() if key is None or key in c.labels]
 
         class Images:
             def get(self, ref: str) -> FakeImage:
@@ -396,6 +404,73 @@ def test_error_inside_the_block_removes_the_container(tmp_path: Path) -> None:
         box.start()
         raise RuntimeError("boom")
     assert client.live == {} and client.removed == ["c1"]
+
+
+def _owner(owners: Path, name: str) -> Path:
+    folder = owners / name
+    folder.mkdir(parents=True)
+    (folder / engine_docker.OWNER_LOCK_FILE).write_text("")
+    return folder
+
+
+def test_a_run_sweeps_the_containers_of_killed_runs_only(docker_engine: DockerEngine, tmp_path: Path) -> None:
+    """What a SIGKILLed tool leaves (a stopped container whose owner lock nobody holds) is removed
+    at the next start, with its owner folder; a live tool's container and those not ours are kept."""
+    import fcntl
+
+    client: FakeClient = docker_engine.client
+    owners = engine_docker.owners_dir()
+    dead, live = _owner(owners, "run-dead"), _owner(owners, "run-live")
+    elsewhere = _owner(tmp_path / "other-cache", "run-x")
+
+    def leftover(name: str, folder: Path, status: str) -> None:
+        box = client.containers.create(
+            "sha256:" + "a" * 64,
+            ["true"],
+            name=name,
+            labels={"mics-repro": "1", engine_docker.LABEL_OWNER: str(folder)},
+        )
+        box.status = status
+
+    leftover("killed", dead, "exited")
+    leftover("running", live, "running")
+    leftover("foreign", elsewhere, "exited")
+    leftover("kept", owners / "run-gone", "exited")  # folder gone: MICS_REPRO_KEEP_CONTAINER kept it
+    old, new = _owner(owners, "run-old"), _owner(owners, "run-new")  # no container names them
+    os.utime(old, (0, 0))  # a killed tool's, its container long gone; "new" may be a starting run's
+    with open(live / engine_docker.OWNER_LOCK_FILE) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # the live tool's lock
+        run = docker_engine.run_suite(_prepared(), [], tmp_path / "out", timeout_s=60)
+    assert run.exit_code == 0
+    assert set(client.live) == {"running", "foreign", "kept"}
+    assert not dead.exists() and live.exists() and elsewhere.exists()
+    assert not old.exists() and new.exists()
+    (box,) = [b for b in client.created if b.name.startswith("mics-repro-")]
+    assert Path(box.labels[engine_docker.LABEL_OWNER]).parent == owners  # the run's own, for the next sweep
+
+
+def test_an_interrupt_during_the_removal_still_removes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = FakeClient()
+    client.image_store["img"] = FakeImage("sha256:1", {})
+    tries: list[str] = []
+    real_remove = FakeContainer.remove
+
+    def remove(box: FakeContainer, force: bool = False) -> None:
+        tries.append(box.name)
+        if len(tries) == 1:
+            raise KeyboardInterrupt  # a second Ctrl-C while the first one's clean-up removes it
+        real_remove(box, force)
+
+    monkeypatch.setattr(FakeContainer, "remove", remove)
+    with (
+        pytest.raises(KeyboardInterrupt),
+        ManagedContainer(client, "img", ["true"], "c1", RunOptions()) as box,
+    ):
+        box.start()
+        raise KeyboardInterrupt
+    assert client.live == {} and tries == ["c1", "c1"]
 
 
 def test_bad_image_leaves_no_container(docker_engine: DockerEngine, tmp_path: Path) -> None:

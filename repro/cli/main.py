@@ -94,6 +94,8 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
     except ReproError as exc:
         console.error(exc.render())
         return error_exit or exc.exit_code
+    finally:
+        console.close()  # a live display (repro/core/progress.py) leaves the terminal as it found it
 
 
 def _load_commands() -> None:

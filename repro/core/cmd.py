@@ -7,6 +7,7 @@ and the default test tier can forbid real subprocesses by patching one function.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -112,6 +113,23 @@ def run(
 
     out: int | None = subprocess.PIPE if (capture or tee) else None
     err: int | None = subprocess.PIPE if capture else (subprocess.STDOUT if tee else None)
+    # A child that writes to the terminal itself would draw into the live display: it steps aside.
+    with console.paused() if out is None else contextlib.nullcontext():
+        return _run(args, exe, full_env, cwd, out, err, tee, show, capture, timeout_s)
+
+
+def _run(
+    args: list[str],
+    exe: str,
+    full_env: dict[str, str],
+    cwd: Path | None,
+    out: int | None,
+    err: int | None,
+    tee: Path | None,
+    show: bool,
+    capture: bool,
+    timeout_s: float | None,
+) -> CmdResult:
     started = time.monotonic()
     # A new session gives the child its own process group, so escalation reaches grandchildren.
     proc = subprocess.Popen(
@@ -146,6 +164,36 @@ def run(
         timed_out=timed_out,
         duration_s=time.monotonic() - started,
     )
+
+
+def run_logged(
+    argv: Sequence[str | os.PathLike[str]],
+    log: Path,
+    what: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout_s: float | None = None,
+) -> tuple[CmdResult, str]:
+    """Run a step whose output belongs in a log, not on the terminal (pip's, debootstrap's
+    hundreds of lines): appended to `log` under a header naming `what`, and streamed as it comes
+    only with --verbose (VERBOSE=1). When the step fails, its part of the log is shown in full
+    (console.failed, unless it was streamed already) and returned, for the caller's error."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as head:
+        head.write(f"\n== {what}: {shlex.join(os.fspath(a) for a in argv)}\n".encode())
+        start = head.tell()
+    verbose = console.shows(console.Level.VERBOSE)
+    result = run(argv, env=env, extra_env=extra_env, cwd=cwd, timeout_s=timeout_s, tee=log, show=verbose)
+    if result.ok:
+        return result, ""
+    with open(log, "rb") as fh:
+        fh.seek(start if log.stat().st_size >= start else 0)  # this step's part of the log
+        text = fh.read().decode(errors="replace").rstrip() or result.tail()
+    if not verbose:
+        console.failed(f"{what} failed; its output (also in {log}):", text)
+    return result, text
 
 
 def _start_tee(proc: subprocess.Popen[bytes], path: Path, show: bool = True) -> threading.Thread:

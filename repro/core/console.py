@@ -5,18 +5,26 @@
   --verbose. All on stdout, so a make log reads in order; --quiet hides them.
 - `warn`, `error`: diagnostics on stderr, never hidden.
 - `stream`: raw bytes copied from a subprocess or container (the tee of a build log): progress.
+- `task`: a long step as a block (a build, a download, the runs): its line when it begins, and on an
+  interactive terminal a live spinner row until it ends (repro/core/progress.py); `failed`: a
+  failing step's whole log, on stderr, after that display has stopped.
 
-Texts are printed as given (callers keep their own `docker:`/`venv:`/`warning:` prefixes, which
-tests and users grep for). Every line is flushed at once so that it interleaves correctly with the
-output of the subprocesses we start. The level is process-wide: the CLI sets it once from
---quiet/--verbose (`set_level`), tests read and restore it. Streams are looked up at call time, so
-pytest's capsys sees everything.
+Every line goes through one progress reporter (repro/core/progress.py): plain lines, or rich's
+live display where a person watches a terminal (only at the normal level: --quiet and --verbose
+print plain lines). Texts are printed as given (callers keep their own `docker:`/`venv:`/
+`warning:` prefixes, which tests and users grep for). Every line is flushed at once so that it
+interleaves correctly with the output of the subprocesses we start. The level is process-wide:
+the CLI sets it once from --quiet/--verbose (`set_level`), tests read and restore it. Streams are
+looked up at call time, so pytest's capsys sees everything.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
-import sys
+from collections.abc import Iterator
+
+from repro.core import progress
 
 
 class Level(enum.IntEnum):
@@ -26,11 +34,29 @@ class Level(enum.IntEnum):
 
 
 _level = Level.NORMAL
+_reporter: progress.Reporter | None = None
 
 
 def set_level(level: Level) -> None:
     global _level
     _level = level
+    close()  # the next line chooses again: the display depends on the level
+
+
+def reporter() -> progress.Reporter:
+    """The reporter for this process, chosen on first use (the level and the terminal then)."""
+    global _reporter
+    if _reporter is None:
+        _reporter = progress.choose(live_allowed=_level is Level.NORMAL)
+    return _reporter
+
+
+def close() -> None:
+    """Stop the live display, if one runs (the CLI, on its way out; idempotent)."""
+    global _reporter
+    if _reporter is not None:
+        _reporter.close()
+        _reporter = None
 
 
 def level_from_flags(*, quiet: bool = False, verbose: bool = False) -> Level:
@@ -49,33 +75,65 @@ def shows(level: Level) -> bool:
 
 
 def result(text: str) -> None:
-    print(text, file=sys.stdout, flush=True)
+    reporter().line(text)
 
 
 def step(text: str) -> None:
     if shows(Level.NORMAL):
-        print(text, file=sys.stdout, flush=True)
+        reporter().line(text)
+
+
+@contextlib.contextmanager
+def task(text: str, *, plain: bool = True) -> Iterator[None]:
+    """A long step: `text` when it begins (`plain=False`: only on the live display), and its end
+    there, done, failed (an exception) or interrupted (Ctrl-C, or what signals.py makes of
+    SIGTERM/SIGHUP)."""
+    if not shows(Level.NORMAL):
+        yield
+        return
+    shown = reporter()
+    handle = shown.begin(text, plain=plain)
+    try:
+        yield
+    except KeyboardInterrupt:
+        shown.end(handle, progress.Outcome.INTERRUPTED)
+        raise
+    except BaseException:
+        shown.end(handle, progress.Outcome.FAILED)
+        raise
+    shown.end(handle, progress.Outcome.DONE)
 
 
 def info(text: str) -> None:
     if shows(Level.NORMAL):
-        print(text, file=sys.stdout, flush=True)
+        reporter().line(text)
 
 
 def detail(text: str) -> None:
     if shows(Level.VERBOSE):
-        print(text, file=sys.stdout, flush=True)
+        reporter().line(text)
 
 
 def warn(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    reporter().line(text, err=True)
 
 
 def error(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    # An error ends the step that runs: the live display stops first, so the message is not drawn over.
+    reporter().failed(text, "")
+
+
+def failed(header: str, log: str) -> None:
+    """A step failed: `header`, then its whole output (`log`), on stderr; shown at every level."""
+    reporter().failed(header, log)
 
 
 def stream(data: bytes) -> None:
     if shows(Level.NORMAL):
-        sys.stdout.buffer.write(data)
-        sys.stdout.flush()
+        reporter().raw(data)
+
+
+def paused() -> contextlib.AbstractContextManager[None]:
+    """While the block runs, a child process writes to the terminal itself (cmd.run without tee
+    or capture): the live display steps aside."""
+    return reporter().paused()

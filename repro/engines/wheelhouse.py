@@ -205,16 +205,16 @@ class Wheelhouse:
                 )
             return True
         self.path.mkdir(parents=True, exist_ok=True)
-        console.step(
+        with console.task(
             f"wheelhouse: fetching what {env.id} needs into {self.path} (files already there are reused)"
-        )
-        self._pip_download(plan)
+        ):
+            self._pip_download(plan, env.id)
         stamp = self._stamp(plan)
         stamp.parent.mkdir(exist_ok=True)
         stamp.write_text(json.dumps(asdict(plan), indent=2) + "\n")
         return True
 
-    def _pip_download(self, plan: DownloadPlan) -> None:
+    def _pip_download(self, plan: DownloadPlan, env_id: str) -> None:
         base = [
             sys.executable,
             "-m",
@@ -238,12 +238,14 @@ class Wheelhouse:
             # DeepSpeed ships only an sdist; its deps are already in `requirements`.
             [*base, "--no-deps", "--no-binary", ":all:", *plan.sdists],
         ]
+        # pip's output (hundreds of lines) goes to a log, shown in full when it fails.
+        log = cache_root() / "logs" / f"wheelhouse-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env_id)}.log"
         for argv in steps:
-            result = cmd.run(argv)
+            result, _ = cmd.run_logged(argv, log, "wheelhouse: pip download")
             if not result.ok:
                 raise BuildError(
                     "pip could not download the env's packages into the wheelhouse",
-                    why=f"`pip download` exited with {result.returncode} (output above)",
+                    why=f"`pip download` exited with {result.returncode} (output above, and in {log})",
                     fix="check network access to PyPI (and the torch index); behind a TLS-"
                     "intercepting proxy set PIP_CERT or MICS_REPRO_CA_BUNDLE",
                 )

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from repro.core import console
 from repro.core.errors import ConfigError, Interrupted, UsageError
 from repro.core.results import InvocationDir, resume_line
 from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
@@ -273,7 +274,9 @@ def execute(
                 f"({time.monotonic() - started:.0f} s)"
             )
             out = invocation.env_dir(env.id)
-            suite = engine.run_suite(prepared, step.suite_args, out, step.timeout_s)
+            # Shown only on a live display: in plain lines the suite's own output is the progress.
+            with console.task(f"{env.id}: running the suite (results: {out})", plain=False):
+                suite = engine.run_suite(prepared, step.suite_args, out, step.timeout_s)
         except KeyboardInterrupt as stop:
             _collect(invocation, env, None, invocation.env_dir(env.id), engine.kind.value)
             invocation.finish(interrupted=True)

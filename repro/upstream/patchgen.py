@@ -68,13 +68,14 @@ def sdist_path(version: str, wheelhouse: Path, *, offline: bool | None = None) -
             fix=f"on a host with access to PyPI run: {' '.join(argv[2:])} "
             "(or pass --wheelhouse with a folder that holds it)",
         )
-    console.step(f"patches: {path.name} is not in the wheelhouse; fetching it")
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    done = cmd.run(argv)
+    log = paths.cache_root() / "logs" / "patches-sdist.log"  # pip's lines; shown in full if it fails
+    with console.task(f"patches: {path.name} is not in the wheelhouse; fetching it"):
+        done, _ = cmd.run_logged(argv, log, f"patches: pip download {path.name}")
     if not done.ok or not path.is_file():
         raise SdistMissingError(
             f"could not download {path.name}",
-            why=f"`pip download` exited with {done.returncode} (output above)",
+            why=f"`pip download` exited with {done.returncode} (output above, and in {log})",
             fix="check access to PyPI (behind a TLS-intercepting proxy set PIP_CERT), or pass "
             "--wheelhouse with a folder that holds the sdist",
         )

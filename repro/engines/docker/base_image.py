@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from repro.core import cmd, console
 from repro.core.errors import BuildError
+from repro.core.paths import cache_root
 
 if TYPE_CHECKING:
     from repro.engines.docker.engine import DockerEngine
@@ -99,15 +100,17 @@ def make_base_image(
     tmp = Path(tempfile.mkdtemp(prefix="mics-repro-base-", dir=workdir or "/var/tmp"))
     try:
         rootfs, tarball = tmp / "rootfs", tmp / "rootfs.tar"
-        console.step(
+        # debootstrap's hundreds of lines go to a log (its own, in the root filesystem, goes with it),
+        # shown in full when it fails; streamed only with VERBOSE=1.
+        log = cache_root() / "logs" / "base-image.log"
+        with console.task(
             f"base-image: debootstrap {spec.suite} ({spec.variant}) from {spec.mirror} (about a minute)"
-        )
-        result = cmd.run(spec.debootstrap_argv(rootfs))
+        ):
+            result, _ = cmd.run_logged(spec.debootstrap_argv(rootfs), log, "base-image: debootstrap")
         if not result.ok:
-            log = rootfs / "debootstrap" / "debootstrap.log"
             raise BuildError(
                 f"debootstrap failed (exit {result.returncode})",
-                why=f"see {log}" if log.exists() else "see the output above",
+                why=f"its output is above, and in {log}",
                 fix="check access to the Debian mirror (MICS_REPRO_DEBIAN_MIRROR overrides it)",
             )
         _trim(rootfs)
@@ -115,8 +118,8 @@ def make_base_image(
         if not result.ok:
             raise BuildError("packing the root filesystem failed", why=result.tail())
         size_mb = tarball.stat().st_size / 1e6
-        console.step(f"base-image: importing {size_mb:.0f} MB as {spec.ref}")
-        image_id = engine.import_rootfs(tarball, spec.ref, spec.changes())
+        with console.task(f"base-image: importing {size_mb:.0f} MB as {spec.ref}"):
+            image_id = engine.import_rootfs(tarball, spec.ref, spec.changes())
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     console.info(f"base-image: {spec.ref} = {image_id[:19]} in {time.monotonic() - started:.0f} s")

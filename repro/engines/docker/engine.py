@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 
 LABEL_CONTEXT = "mics-repro.context-sha"
 LABEL_PINS_KEY = "mics-repro.pins-key"
+# A run's container names its tool's owner-lock folder: the next start removes the containers
+# whose tool died without removing them (SIGKILL), see sweep_stale.
+LABEL_OWNER = "mics-repro.owner"
+OWNER_LOCK_FILE = "owner.lock"
 
 
 def daemon_status() -> tuple[bool, str]:
@@ -172,9 +176,12 @@ class DockerEngine:
         log = _BuildLog(
             self.log_dir / f"build-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env.id)}.log", f"[build {env.id}] "
         )
-        console.step(f"docker: building {tag} (log: {log.path})")
         started = time.monotonic()
-        with self.wheelhouse.serve() as url, open(log.path, "w") as sink:
+        with (
+            console.task(f"docker: building {tag} (log: {log.path})"),
+            self.wheelhouse.serve() as url,
+            open(log.path, "w") as sink,
+        ):
             no_index = wheelhouse_only or self.wheelhouse.offline
             all_args = {**source_args(url, no_index=no_index, environ=os.environ), **args}
             stream = self.client.api.build(
@@ -192,21 +199,25 @@ class DockerEngine:
             )
             for chunk in stream:
                 _record_chunk(chunk, log, sink)
-        if log.errors:
-            hint = ""
-            if any("pull access denied" in e or "no such host" in e or "not found" in e for e in log.errors):
-                hint = (
-                    "; if no registry is reachable, make a local base (`make base-image`) and set "
-                    "MICS_REPRO_BASE_IMAGE=mics-repro/base:bookworm (CPU envs)"
+            # Inside the step, so that a failed build ends its live line as failed.
+            if log.errors:
+                hint = ""
+                unreachable = ("pull access denied", "no such host", "not found")
+                if any(word in e for e in log.errors for word in unreachable):
+                    hint = (
+                        "; if no registry is reachable, make a local base (`make base-image`) and set "
+                        "MICS_REPRO_BASE_IMAGE=mics-repro/base:bookworm (CPU envs)"
+                    )
+                if not console.shows(console.Level.VERBOSE):  # not streamed: the whole output now
+                    console.failed(
+                        f"docker: building {tag} failed; its output ({log.path}):",
+                        log.path.read_text(errors="replace").rstrip(),
+                    )
+                raise BuildError(
+                    f"building {tag} failed",
+                    why="\n".join(log.tail)[-3000:],
+                    fix=f"read the whole log in {log.path}{hint}",
                 )
-            if not console.shows(console.Level.VERBOSE):  # not streamed: the whole output now
-                console.warn(f"docker: building {tag} failed; its output ({log.path}):")
-                console.warn(log.path.read_text(errors="replace").rstrip())
-            raise BuildError(
-                f"building {tag} failed",
-                why="\n".join(log.tail)[-3000:],
-                fix=f"read the whole log in {log.path}{hint}",
-            )
         image_id = self.image_id(tag)
         console.info(f"docker: built {tag} ({image_id[:19]}) in {time.monotonic() - started:.0f} s")
         return image_id
@@ -315,6 +326,7 @@ class DockerEngine:
         # without a network, none of those that name the host's interfaces (passthrough.py says why).
         passed = run_environment(os.environ, platform, networkless=not network)
         environment = {"PYTHONUNBUFFERED": "1", **passed}
+        sweep_stale(self.client, owners_dir())
         with (
             _owner_lock() as lock_dir,
             ManagedContainer(
@@ -324,6 +336,7 @@ class DockerEngine:
                 name,
                 replace(options, binds=(*options.binds, f"{lock_dir}:{OWNER_LOCK_DIR}:ro")),
                 {**environment, OWNER_LOCK_ENV: OWNER_LOCK_PATH},
+                labels={LABEL_OWNER: lock_dir},
             ) as box,
         ):
             try:
@@ -353,10 +366,10 @@ def _owner_lock() -> Iterator[str]:
     it waits for the lock (repro/workload/parentwatch.py), which the kernel releases when this
     process dies, even by SIGKILL, and then stops its runs. Nothing of a run outlives the tool."""
     # Under the cache (in $HOME): a folder Docker Desktop shares with its VM by default, unlike /tmp.
-    parent = cache_root() / "owners"
+    parent = owners_dir()
     parent.mkdir(parents=True, exist_ok=True)
     folder = tempfile.mkdtemp(prefix="run-", dir=parent)
-    path = os.path.join(folder, "owner.lock")
+    path = os.path.join(folder, OWNER_LOCK_FILE)
     try:
         with open(path, "w") as handle:
             os.chmod(folder, 0o755)
@@ -365,6 +378,93 @@ def _owner_lock() -> Iterator[str]:
             yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def owners_dir() -> Path:
+    return cache_root() / "owners"
+
+
+def sweep_stale(client: Any, owners: Path) -> list[str]:
+    """Remove the containers of runs whose tool is gone; their names.
+
+    A tool killed by SIGKILL cannot remove its container: the suite in it stops itself when the
+    owner lock is released (repro/workload/parentwatch.py), and the stopped container stays. Such a
+    container is recognised by its owner folder (LABEL_OWNER): one of ours (under `owners`) whose
+    lock nobody holds any more. Only then is it removed, with the folder; a live tool's lock is
+    held, so its running container is never touched, nor one whose folder is gone (a container
+    kept on purpose with MICS_REPRO_KEEP_CONTAINER, another cache's run). Never raises.
+    """
+    import docker.errors
+
+    try:
+        found = client.containers.list(all=True, filters={"label": LABEL_OWNER})
+    except (docker.errors.DockerException, OSError) as exc:
+        console.warn(f"warning: could not look for containers left by killed runs: {exc}")
+        return []
+    removed: list[str] = []
+    for container in found:
+        folder = Path(str((container.labels or {}).get(LABEL_OWNER, "")))
+        if folder.parent != owners or not folder.name.startswith("run-"):
+            continue
+        with _lock_if_free(folder / OWNER_LOCK_FILE) as free:
+            if not free:
+                continue
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except docker.errors.APIError as exc:
+                console.warn(f"warning: could not remove container {container.name}: {exc}")
+                continue
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(container.name))
+    _sweep_orphan_folders(owners, {Path(str((c.labels or {}).get(LABEL_OWNER, ""))) for c in found})
+    if removed:
+        console.info(
+            f"docker: removed {len(removed)} container(s) left by a killed run: {', '.join(removed)}"
+        )
+    return removed
+
+
+# A folder is made, then locked, then bound into a container a moment later: one that no container
+# names and nobody has locked for this long is a killed tool's whose container was already gone.
+ORPHAN_FOLDER_AGE_S = 3600.0
+
+
+def _sweep_orphan_folders(owners: Path, named: set[Path]) -> None:
+    try:
+        folders = [f for f in owners.iterdir() if f.name.startswith("run-") and f not in named]
+    except OSError:
+        return
+    for folder in folders:
+        try:
+            if time.time() - folder.stat().st_mtime < ORPHAN_FOLDER_AGE_S:
+                continue
+        except OSError:
+            continue
+        with _lock_if_free(folder / OWNER_LOCK_FILE) as free:
+            if free:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _lock_if_free(path: Path) -> Iterator[bool]:
+    """True (and the lock held for the block) when no process holds the owner lock at `path`;
+    False when one does or the file is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _details(env: Env) -> dict[str, str]:
@@ -501,24 +601,31 @@ class ManagedContainer:
         name: str,
         options: RunOptions,
         environment: Mapping[str, str] | None = None,
+        *,
+        labels: Mapping[str, str] | None = None,
     ) -> None:
         self.client, self.image, self.command, self.name = client, image, command, name
         self.options = options
         self.environment = dict(environment or {"PYTHONUNBUFFERED": "1"})
+        self.labels = {"mics-repro": "1", **(labels or {})}
         self.container: Any = None
 
     def __enter__(self) -> ManagedContainer:
         # A failure inside create leaves nothing behind; anything after it is undone by __exit__.
-        self.container = self.client.containers.create(
-            self.image,
-            self.command,
-            name=self.name,
-            network_disabled=not self.options.network,
-            init=True,
-            environment=self.environment,
-            labels={"mics-repro": "1"},
-            **self.options.to_kwargs(),
-        )
+        try:
+            self.container = self.client.containers.create(
+                self.image,
+                self.command,
+                name=self.name,
+                network_disabled=not self.options.network,
+                init=True,
+                environment=self.environment,
+                labels=self.labels,
+                **self.options.to_kwargs(),
+            )
+        except KeyboardInterrupt:  # the daemon may have made it before the answer was cut off
+            self._remove_by_name()
+            raise
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -533,7 +640,11 @@ class ManagedContainer:
                 self.stop()
             except BaseException:  # a second Ctrl-C while stopping: fall through to the forced remove
                 pass
-        self._remove()
+        try:
+            self._remove()
+        except KeyboardInterrupt:
+            self._remove()  # one more Ctrl-C during the removal: remove anyway, then stop
+            raise
 
     def start(self) -> None:
         self.container.start()
@@ -595,6 +706,14 @@ class ManagedContainer:
             pass
         except docker.errors.APIError as exc:
             console.warn(f"warning: could not remove container {self.name}: {exc}")
+
+    def _remove_by_name(self) -> None:
+        import docker.errors
+
+        try:
+            self.client.containers.get(self.name).remove(force=True)
+        except (docker.errors.DockerException, OSError):
+            pass  # not made, or the daemon is unreachable: nothing more to do here
 
     def follow_logs(self, path: Path, prefix: str) -> None:
         """Copy the container's output to `path` and to the terminal (prefixed) until it exits."""

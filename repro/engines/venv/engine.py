@@ -269,30 +269,32 @@ class VenvEngine:
         started = time.monotonic()
         try:
             with build_lock(self.root / f".{base.name}.lock"):
-                console.step(f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})")
-                # No pip of its own: the base's pip (the same pinned version) runs from the layer's
-                # interpreter, so it installs into the layer.
-                self._check(cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]), env,
-                            "creating the layer venv")
-                py = str(tmp / "bin" / "python")
-                layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
-                base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False)
-                self._check(layer_lib, env, "locating the layer's site-packages")
-                self._check(base_lib, env, "locating the base's site-packages")
-                link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
-                by_name = {spec.partition("==")[0]: spec for spec in plan.install}
-                for step in env.install_steps():
-                    specs = tuple(s for s in step.specs if s.partition("==")[0] in by_name)
-                    if not specs:
-                        continue
-                    if step.name not in ("deepspeed-deps", "deepspeed"):
-                        raise BuildError(f"layer for {env.id}: step {step.name} would change the base",
-                                         why=f"{', '.join(specs)} differ from {base}")
-                    install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
-                    argv = [py, "-m", "pip", install, *self._sources(False), *rest]
-                    console.step(f"venv: {step.name} (layer): {' '.join(specs)}")
-                    self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
-                self._install_finished(env, py, tmp, final, marker)
+                what = f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})"
+                with console.task(what):
+                    # No pip of its own: the base's pip (the same pinned version) runs from the layer's
+                    # interpreter, so it installs into the layer.
+                    self._check(cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]), env,
+                                "creating the layer venv")
+                    py = str(tmp / "bin" / "python")
+                    layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
+                    base_py = str(base / "bin" / "python")
+                    base_lib = cmd.run([base_py, "-c", PURELIB], capture=True, echo=False)
+                    self._check(layer_lib, env, "locating the layer's site-packages")
+                    self._check(base_lib, env, "locating the base's site-packages")
+                    link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
+                    by_name = {spec.partition("==")[0]: spec for spec in plan.install}
+                    for step in env.install_steps():
+                        specs = tuple(s for s in step.specs if s.partition("==")[0] in by_name)
+                        if not specs:
+                            continue
+                        if step.name not in ("deepspeed-deps", "deepspeed"):
+                            raise BuildError(f"layer for {env.id}: step {step.name} would change the base",
+                                             why=f"{', '.join(specs)} differ from {base}")
+                        install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
+                        argv = [py, "-m", "pip", install, *self._sources(False), *rest]
+                        with console.task(f"venv: {step.name} (layer): {' '.join(specs)}"):
+                            self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                    self._install_finished(env, py, tmp, final, marker)
             console.info(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}")
             return marker
         finally:
@@ -304,23 +306,24 @@ class VenvEngine:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
         try:
-            console.step(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)")
-            self._check(cmd.run([interp.path, "-m", "venv", str(tmp)]), env, "creating the venv")
-            py = str(tmp / "bin" / "python")
-            # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
-            # of one env hold the same packages; the wheelhouse is tried first by each of them.
-            for step in env.install_steps():
-                if not step.specs:
-                    continue
-                install, *rest = step.pip_install_args(PYPI_SIMPLE)
-                argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
-                if no_cache:
-                    argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
-                console.step(f"venv: {step.name}: {' '.join(step.specs)}")
-                self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
-                if step.check:
-                    self._check(cmd.run([py, "-m", "pip", "check"]), env, f"pip check after {step.name}")
-            self._install_finished(env, py, tmp, final, marker)
+            with console.task(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)"):
+                self._check(cmd.run([interp.path, "-m", "venv", str(tmp)]), env, "creating the venv")
+                py = str(tmp / "bin" / "python")
+                # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
+                # of one env hold the same packages; the wheelhouse is tried first by each of them.
+                for step in env.install_steps():
+                    if not step.specs:
+                        continue
+                    install, *rest = step.pip_install_args(PYPI_SIMPLE)
+                    argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
+                    if no_cache:
+                        argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
+                    with console.task(f"venv: {step.name}: {' '.join(step.specs)}"):
+                        self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                        if step.check:
+                            check = cmd.run([py, "-m", "pip", "check"], capture=True)
+                            self._check(check, env, f"pip check after {step.name}")
+                self._install_finished(env, py, tmp, final, marker)
             console.info(f"venv: ready in {time.monotonic() - started:.0f} s: {final}")
         finally:
             if tmp.exists():
@@ -364,18 +367,8 @@ class VenvEngine:
         a failure names its cause (a probe's env-error reason then says e.g. which torch API a
         DeepSpeed release's setup.py lacks)."""
         log = self.root.parent / "logs" / f"venv-{_safe(env.id)}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "ab") as head:
-            head.write(f"\n== {what}: {' '.join(argv)}\n".encode())
-            start = head.tell()
-        verbose = console.shows(console.Level.VERBOSE)
-        result = cmd.run(argv, extra_env=dict(environment), tee=log, show=verbose)
+        result, text = cmd.run_logged(argv, log, f"venv: {what}", extra_env=dict(environment))
         if not result.ok:
-            with open(log, "rb") as fh:
-                fh.seek(start if log.stat().st_size >= start else 0)  # this step's part of the log
-                text = fh.read().decode(errors="replace") or result.tail()
-            if not verbose:
-                console.warn(f"venv: {what} failed; its output (also in {log}):\n{text.rstrip()}")
             raise BuildError(
                 f"venv for {env.id}: {what} failed (exit {result.returncode})",
                 why=pip_error(text),

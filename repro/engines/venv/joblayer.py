@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -121,9 +122,14 @@ def _build(
             "-r",
             str(tmp / REQUIREMENTS),
         ]
-        result = cmd.run(argv, env=env, extra_env=dict(HIDE_GPUS), tee=tmp / ".mics-repro-pip.log")
+        # pip's output goes to the env's venv log (the layer's folder is removed on failure), shown in
+        # full when it fails; streamed only with VERBOSE=1.
+        log = final.parent.parent / "logs" / f"venv-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env_id)}-job.log"
+        with console.task(f"venv: installing the job's packages: {deps.describe()}", plain=False):
+            result, text = cmd.run_logged(
+                argv, log, "venv: installing the job's packages", env=env, extra_env=dict(HIDE_GPUS)
+            )
         if not result.ok:
-            text = (tmp / ".mics-repro-pip.log").read_text(errors="replace")
             raise BuildError(
                 f"installing the job's packages over {env_id} failed (exit {result.returncode})",
                 why=_pip_cause(text),
