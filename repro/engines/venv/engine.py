@@ -84,8 +84,12 @@ class VenvMarker:
         try:
             data: dict[str, Any] = json.loads((venv / MARKER).read_text())
             layered = data.get("layered_on")
-            return cls(str(data["env_id"]), dict(data["pins"]), str(data["python"]),
-                       dict(layered) if isinstance(layered, dict) else None)
+            return cls(
+                str(data["env_id"]),
+                dict(data["pins"]),
+                str(data["python"]),
+                dict(layered) if isinstance(layered, dict) else None,
+            )
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -192,9 +196,15 @@ class VenvEngine:
                     console.info(f"venv: reusing {final} (pins match{on})")
                     return self._prepared(env, final, reused=True, marker=have)
             if final.exists():
-                why = (f"damaged: {damaged}" if damaged
-                       else "its base venv changed or is gone" if not base_ok
-                       else "pins or Python differ" if have else "no marker: an unfinished or foreign venv")
+                why = (
+                    f"damaged: {damaged}"
+                    if damaged
+                    else "its base venv changed or is gone"
+                    if not base_ok
+                    else "pins or Python differ"
+                    if have
+                    else "no marker: an unfinished or foreign venv"
+                )
                 console.info(f"venv: rebuilding {final} ({why})")
             plan = None if layering_disabled() else self.layer_plan(env, want)
             if plan is not None:
@@ -236,8 +246,15 @@ class VenvEngine:
             if marker is None:
                 continue
             root = env.derived_from is not None and marker.env_id == env.derived_from
-            out.append(Candidate(path.name, marker.pins, marker.python,
-                                 layered=marker.layered_on is not None, preferred=root))
+            out.append(
+                Candidate(
+                    path.name,
+                    marker.pins,
+                    marker.python,
+                    layered=marker.layered_on is not None,
+                    preferred=root,
+                )
+            )
         return out
 
     def layer_plan(self, env: Env, want: VenvMarker) -> LayerPlan | None:
@@ -254,17 +271,30 @@ class VenvEngine:
             return True
         base = Path(str(marker.layered_on.get("venv", "")))
         have = VenvMarker.read(base)
-        return (have is not None and dict(have.pins) == dict(marker.layered_on.get("pins") or {})
-                and (base / "bin" / "python").exists())
+        return (
+            have is not None
+            and dict(have.pins) == dict(marker.layered_on.get("pins") or {})
+            and (base / "bin" / "python").exists()
+        )
 
-    def _build_layer(self, env: Env, interp: Interpreter, want: VenvMarker, final: Path,
-                     plan: LayerPlan) -> VenvMarker:
+    def _build_layer(
+        self, env: Env, interp: Interpreter, want: VenvMarker, final: Path, plan: LayerPlan
+    ) -> VenvMarker:
         base = self.root / plan.base
         base_marker = VenvMarker.read(base)
         assert base_marker is not None
-        marker = VenvMarker(want.env_id, want.pins, want.python,
-                            {"venv": str(base), "env_id": base_marker.env_id, "pins": dict(base_marker.pins),
-                             "installed": list(plan.install), "unused": list(plan.unused)})
+        marker = VenvMarker(
+            want.env_id,
+            want.pins,
+            want.python,
+            {
+                "venv": str(base),
+                "env_id": base_marker.env_id,
+                "pins": dict(base_marker.pins),
+                "installed": list(plan.install),
+                "unused": list(plan.unused),
+            },
+        )
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
         try:
@@ -273,8 +303,11 @@ class VenvEngine:
                 with console.task(what):
                     # No pip of its own: the base's pip (the same pinned version) runs from the layer's
                     # interpreter, so it installs into the layer.
-                    self._check(cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]), env,
-                                "creating the layer venv")
+                    self._check(
+                        cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]),
+                        env,
+                        "creating the layer venv",
+                    )
                     py = str(tmp / "bin" / "python")
                     layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
                     base_py = str(base / "bin" / "python")
@@ -288,8 +321,10 @@ class VenvEngine:
                         if not specs:
                             continue
                         if step.name not in ("deepspeed-deps", "deepspeed"):
-                            raise BuildError(f"layer for {env.id}: step {step.name} would change the base",
-                                             why=f"{', '.join(specs)} differ from {base}")
+                            raise BuildError(
+                                f"layer for {env.id}: step {step.name} would change the base",
+                                why=f"{', '.join(specs)} differ from {base}",
+                            )
                         install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
                         argv = [py, "-m", "pip", install, *self._sources(False), *rest]
                         with console.task(f"venv: {step.name} (layer): {' '.join(specs)}"):
@@ -301,8 +336,16 @@ class VenvEngine:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def _build(self, env: Env, interp: Interpreter, marker: VenvMarker, final: Path, *,
-               wheelhouse_only: bool, no_cache: bool = False) -> None:
+    def _build(
+        self,
+        env: Env,
+        interp: Interpreter,
+        marker: VenvMarker,
+        final: Path,
+        *,
+        wheelhouse_only: bool,
+        no_cache: bool = False,
+    ) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
         try:
@@ -347,8 +390,10 @@ class VenvEngine:
         return [*base, "--no-index"] if wheelhouse_only or self.wheelhouse.offline else base
 
     def _verify(self, env: Env, py: str) -> None:
-        probe = ("import torch, importlib.metadata as m; "
-                 "print(torch.__version__.split('+')[0], m.version('deepspeed'))")
+        probe = (
+            "import torch, importlib.metadata as m; "
+            "print(torch.__version__.split('+')[0], m.version('deepspeed'))"
+        )
         result = cmd.run([py, "-c", probe], capture=True)
         self._check(result, env, "importing torch")
         got = result.stdout.split()
@@ -360,8 +405,9 @@ class VenvEngine:
                 fix="check the wheelhouse and the torch index in env_matrix/envs.toml",
             )
 
-    def _pip(self, argv: list[str], environment: Sequence[tuple[str, str]], tmp: Path, env: Env,
-             what: str) -> None:
+    def _pip(
+        self, argv: list[str], environment: Sequence[tuple[str, str]], tmp: Path, env: Env, what: str
+    ) -> None:
         """Run one pip step with its output kept in the env's build log (shown as it comes only
         with VERBOSE=1: the step's one line is the progress), and shown in full when it fails, so
         a failure names its cause (a probe's env-error reason then says e.g. which torch API a
@@ -384,15 +430,24 @@ class VenvEngine:
                 fix="fix the cause and rerun; nothing half-built was kept",
             )
 
-    def prepare_job(self, env: Env, prepared: Prepared,
-                    deps: jobdeps.JobDeps) -> tuple[Prepared, dict[str, Any]]:
+    def prepare_job(
+        self, env: Env, prepared: Prepared, deps: jobdeps.JobDeps
+    ) -> tuple[Prepared, dict[str, Any]]:
         """The job's packages (REQUIREMENTS=/PACKAGES=) as a layer over the env's venv
         (repro/engines/venv/joblayer.py); runs then use the layer's interpreter."""
-        layer = joblayer.ensure_layer(Path(prepared.handle), deps, env_id=env.id,
-                                      sources=self._sources(False), wheelhouse=self.wheelhouse.path,
-                                      offline=self.wheelhouse.offline)
-        details = {**prepared.details, "python": str(layer.path / "bin" / "python"),
-                   "job_layer": str(layer.path)}
+        layer = joblayer.ensure_layer(
+            Path(prepared.handle),
+            deps,
+            env_id=env.id,
+            sources=self._sources(False),
+            wheelhouse=self.wheelhouse.path,
+            offline=self.wheelhouse.offline,
+        )
+        details = {
+            **prepared.details,
+            "python": str(layer.path / "bin" / "python"),
+            "job_layer": str(layer.path),
+        }
         label = f"{layer.path} (the job's packages over {prepared.handle})"
         layered = Prepared(EngineKind.VENV, env.id, str(layer.path), label, layer.reused, details)
         return layered, layer.record(deps)
@@ -409,12 +464,25 @@ class VenvEngine:
         env["PYTHONPATH"] = str(self.repo_root)
         # The whole environment reaches a venv run anyway; this names the GPU/NCCL part for the records.
         env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
-        result = cmd.run([str(py), "-m", SUITE_MODULE, *args, "--out", str(out_dir)],
-                         env=env, timeout_s=timeout_s, tee=log, cwd=self.repo_root)
+        result = cmd.run(
+            [str(py), "-m", SUITE_MODULE, *args, "--out", str(out_dir)],
+            env=env,
+            timeout_s=timeout_s,
+            tee=log,
+            cwd=self.repo_root,
+        )
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
 
-    def run_job(self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path,
-                timeout_s: float | None, *, network: bool = False) -> SuiteRun:
+    def run_job(
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        *,
+        network: bool = False,
+    ) -> SuiteRun:
         """A custom command (repro/run/job.py): the in-env runner with the venv's Python, which
         puts the venv first on PATH and the startup hook on the job's PYTHONPATH. A venv cannot
         take the network away: `network` is for the Docker engine."""
@@ -426,8 +494,12 @@ class VenvEngine:
             env["MICS_REPRO_USER_PYTHONPATH"] = os.environ["PYTHONPATH"]
         env["MICS_REPRO_HOOK_PTH"] = "1"  # the runner installs the hook's .pth (repro/workload/hookpth.py)
         env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
-        result = cmd.run([str(py), "-m", "repro.workload.job", *args, "--out", str(out_dir)],
-                         env=env, timeout_s=timeout_s, cwd=workdir)
+        result = cmd.run(
+            [str(py), "-m", "repro.workload.job", *args, "--out", str(out_dir)],
+            env=env,
+            timeout_s=timeout_s,
+            cwd=workdir,
+        )
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, out_dir / "job.log")
 
 
@@ -498,8 +570,12 @@ def share_identical_files(venv: Path, others: Sequence[Path], min_bytes: int = S
                 ost = other.stat()
             except OSError:
                 continue
-            if (ost.st_ino == st.st_ino or ost.st_size != st.st_size or ost.st_dev != st.st_dev
-                    or ost.st_mode != st.st_mode):
+            if (
+                ost.st_ino == st.st_ino
+                or ost.st_size != st.st_size
+                or ost.st_dev != st.st_dev
+                or ost.st_mode != st.st_mode
+            ):
                 continue
             if not filecmp.cmp(path, other, shallow=False):
                 continue
@@ -509,8 +585,9 @@ def share_identical_files(venv: Path, others: Sequence[Path], min_bytes: int = S
             saved += st.st_size
             break
     if saved:
-        console.info(f"venv: {saved / 2**30:.1f} GiB of {venv.name} hard-linked to identical files of "
-                     "other venvs")
+        console.info(
+            f"venv: {saved / 2**30:.1f} GiB of {venv.name} hard-linked to identical files of other venvs"
+        )
     return saved
 
 
@@ -550,5 +627,3 @@ def _try_locked(lock_path: Path) -> Iterator[bool]:
             yield True
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
-
-
