@@ -52,6 +52,13 @@ def _command(out: Path, *extra: str) -> list[str]:
     ]
 
 
+def _ctrl_c_reaches_it() -> None:
+    """Child set-up: SIGINT at its default, as in a terminal's foreground job. A test run started
+    in the background of a non-interactive shell (`cmd &`, as a CI script may) inherits SIGINT
+    ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _records(suite_file: Path) -> list[dict[str, Any]]:
     try:
         runs: list[dict[str, Any]] = json.loads(suite_file.read_text())["runs"]
@@ -72,6 +79,7 @@ def test_a_real_run_stopped_after_its_control_resumes_without_running_the_contro
         stderr=subprocess.PIPE,
         text=True,
         env=dict(os.environ),
+        preexec_fn=_ctrl_c_reaches_it,
     )
     try:
         deadline = time.monotonic() + 600  # bounds a failure only
@@ -144,7 +152,14 @@ def test_make_run_stopped_during_its_fixed_run_resumes_with_the_printed_command(
     command = "torchrun --nproc_per_node 2 train_classifier.py"
     argv = [sys.executable, "-m", "repro", "run", "--env", "cpu", "--engine", "venv", "--workdir", str(work)]
     argv += ["--out", str(out), "--stall-timeout", "240", "--cmd", command]
-    tool = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    tool = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ctrl_c_reaches_it,
+    )
     stock_job = out / "cpu" / "custom-stock" / "job.json"
     try:
         deadline = time.monotonic() + 600  # bounds a failure only
