@@ -247,6 +247,9 @@ def test_ctrl_c_on_a_terminal_stops_the_display_and_exits_130(tmp_path: Path, re
     env.update(TERM="xterm-256color", PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     pid, fd = pty.fork()
     if pid == 0:  # the child: stdout and stderr are the pseudo-terminal
+        # SIGINT at its default, as for a terminal's foreground job: a test run started in the
+        # background of a non-interactive shell would hand it down ignored.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execve(sys.executable, [sys.executable, "-c", _DRIVER, str(tmp_path / "venv-cpu.log")], env)
     drawn = b""
     log = tmp_path / "venv-cpu.log"
