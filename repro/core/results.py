@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from repro import __version__
-from repro.core.errors import UsageError
+from repro.core.errors import Interrupted, UsageError
 from repro.workload.record import SCHEMA_VERSION, RunRecord, read_json, write_json_atomic
 
 RESULTS_FILE = "results.json"
@@ -235,6 +235,17 @@ class InvocationDir:
         self.data["invocation"]["finished_at"] = utc_now()
         self.data["invocation"]["interrupted"] = interrupted
         self.save()
+
+    def interrupted(self, stop: KeyboardInterrupt) -> Interrupted:
+        """Finish the invocation as interrupted; the error to raise, which prints the RESUME=1 line.
+        core/signals.py names SIGTERM/SIGHUP in the KeyboardInterrupt it raises for them."""
+        self.finish(interrupted=True)
+        return Interrupted(
+            "interrupted",
+            why=str(stop) or "Ctrl-C",
+            fix=f"what finished is in {self.folder}; to run only what did not finish, into "
+            f"the same folder: {resume_line(self.data['invocation'], self.folder)}",
+        )
 
     def save(self) -> None:
         write_json_atomic(str(self.folder / RESULTS_FILE), self.data)

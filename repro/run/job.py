@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from repro.core.errors import Interrupted, UsageError
+from repro.core.errors import UsageError
 from repro.core.makeline import make_line
-from repro.core.results import InvocationDir, resume_line
+from repro.core.results import InvocationDir
 from repro.core.smallfile import read_regular
 from repro.core.verdict import env_verdicts
 from repro.engines import jobdeps
@@ -425,13 +425,7 @@ def execute_job(
             if not (out / job_resume.JOB_JSON).exists():  # the runner had no time to say how it ended
                 cut.job["status"] = "interrupted"
             _record_job(request, env, invocation, [*raws, cut], digest, layer)
-            invocation.finish(interrupted=True)
-            raise Interrupted(
-                "interrupted",
-                why=str(stop) or "Ctrl-C",
-                fix=f"what finished is in {invocation.folder}; to run only what did not finish, into "
-                f"the same folder: {resume_line(invocation.data['invocation'], invocation.folder)}",
-            ) from None
+            raise invocation.interrupted(stop) from None
         raws.append(read_raw(patch, out, invocation.folder, ran))
     records = _record_job(request, env, invocation, raws, digest, layer)
     invocation.finish()

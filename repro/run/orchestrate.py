@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.core import console
-from repro.core.errors import ConfigError, Interrupted, UsageError
-from repro.core.results import InvocationDir, resume_line
+from repro.core.errors import ConfigError, UsageError
+from repro.core.results import InvocationDir
 from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 from repro.engines.preflight import check_world_size
 from repro.workload.ds_config import type_problems
@@ -279,14 +279,7 @@ def execute(
                 suite = engine.run_suite(prepared, step.suite_args, out, step.timeout_s)
         except KeyboardInterrupt as stop:
             _collect(invocation, env, None, invocation.env_dir(env.id), engine.kind.value)
-            invocation.finish(interrupted=True)
-            # core/signals.py names SIGTERM/SIGHUP in the KeyboardInterrupt it raises for them.
-            raise Interrupted(
-                "interrupted",
-                why=str(stop) or "Ctrl-C",
-                fix=f"what finished is in {invocation.folder}; to run only what did not finish, into "
-                f"the same folder: {resume_line(invocation.data['invocation'], invocation.folder)}",
-            ) from None
+            raise invocation.interrupted(stop) from None
         _collect(invocation, env, prepared, out, engine.kind.value, suite.exit_code, suite.timed_out)
     invocation.finish()
     return invocation.runs
