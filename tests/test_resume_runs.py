@@ -22,9 +22,7 @@ from repro.core.verdict import FixVerdict, Reproduces, env_verdicts
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.workload import resume, runner, suite
 from tests.fixtures.prefork import FakePreforkServer
-
-LOSSES = [2.0, 1.9, 1.8]
-
+from tests.fixtures.runspec import write_fake_ranks
 
 # ---- which runs are kept (pure) ---------------------------------------------------------------------
 
@@ -111,18 +109,7 @@ class ScriptedLaunch:
         if (spec.env, spec.run_name) in self.interrupt:
             self.interrupt.discard((spec.env, spec.run_name))
             return runner.LaunchResult("interrupted", None, 0.1, {}, "")
-        stock_mics = spec.scenario.startswith("mics") and spec.patch == "stock"
-        for rank in range(spec.world_size):
-            data = {
-                "rank": rank,
-                "losses": [None] * len(LOSSES) if stock_mics else LOSSES,
-                "illegal_work_messages": 7 if stock_mics else 0,
-                "exception": None,
-                "versions": {"torch": "fake"},
-                "steps_completed": len(LOSSES),
-            }
-            Path(spec.run_dir, f"rank{rank}.json").write_text(json.dumps(data))
-        return runner.LaunchResult(None, 0, 0.1, {}, "")
+        return write_fake_ranks(spec)
 
 
 @pytest.fixture

@@ -17,8 +17,7 @@ import pytest
 
 from repro.workload import runner, suite
 from tests.fixtures.prefork import FakePreforkServer
-
-LOSSES = [2.0, 1.9, 1.8]
+from tests.fixtures.runspec import write_fake_ranks
 
 
 class FakeTorchrun:
@@ -58,18 +57,7 @@ class FakeTorchrun:
                 stop.wait(timeout=5)  # a sibling run: stopped by the suite, like a real one
                 if stop.is_set():
                     return runner.LaunchResult("interrupted", None, 0.1, {}, "")
-            stock_mics = spec.scenario.startswith("mics") and spec.patch == "stock"
-            for rank in range(spec.world_size):
-                data = {
-                    "rank": rank,
-                    "losses": [None] * len(LOSSES) if stock_mics else LOSSES,
-                    "illegal_work_messages": 7 if stock_mics else 0,
-                    "exception": None,
-                    "versions": {"torch": "fake"},
-                    "steps_completed": len(LOSSES),
-                }
-                Path(spec.run_dir, f"rank{rank}.json").write_text(json.dumps(data))
-            return runner.LaunchResult(None, 0, 0.1, {}, "")
+            return write_fake_ranks(spec)
         finally:
             with self.lock:
                 self.running -= 1
