@@ -4,7 +4,7 @@ forked from the pre-imported launcher; tests/test_launcher_parity.py compares it
 Each env runs once per module through the front door (`python -m repro repro --engine venv`,
 which reuses the env's cached venv; tests/envpython.py says when one exists) and the tests check
 the records it wrote: the outcomes, the evidence behind them, and that nothing was left running.
-What is asserted is the behaviour these releases show (FACTS.md §2), found by the tool itself
+What is asserted is the behaviour these releases show (docs/background.md §2), found by the tool itself
 from losses, log lines and exceptions. The last test merges every invocation into one report
 and reads the report back against the records (several envs, two invocations of one env).
 """
