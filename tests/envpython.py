@@ -20,6 +20,14 @@ def env_python(env_id: str) -> str:
         if not Path(given).exists():
             pytest.fail(f"{var}={given} does not exist")
         return given
+    python = cached_env_python(env_id)
+    if python:
+        return python
+    pytest.skip(f"no venv for env {env_id}: run `python -m repro venv-python --env {env_id}` or set {var}")
+
+
+def cached_env_python(env_id: str) -> str | None:
+    """The venv engine's finished venv for env_id on this machine, or None (nothing is built)."""
     from repro.engines.venv.engine import MARKER, VenvEngine
     from repro.matrix.schema import load_matrix
 
@@ -28,4 +36,4 @@ def env_python(env_id: str) -> str:
     # Only a finished venv has the marker (it is written as the last install step).
     if python.exists() and (venv / MARKER).exists():
         return str(python)
-    pytest.skip(f"no venv for env {env_id}: run `python -m repro venv-python --env {env_id}` or set {var}")
+    return None

@@ -1,9 +1,9 @@
 """The gloo transport adapter against a real torch, 2 gloo ranks, no DeepSpeed.
 
-A child program (below) runs in the venv named by MICS_TEST_PYTHON (default: the torch 2.1 dev
-venv); both ranks install the adapter in each mode in turn, exercise it and write what they
-observed to JSON. The tests compare those observations with values computed here. Skipped when
-the venv is absent.
+A child program (below) runs in the venv named by MICS_TEST_PYTHON (default: the cpu env's venv,
+torch 2.1, when the venv engine has built it); both ranks install the adapter in each mode in
+turn, exercise it and write what they observed to JSON. The tests compare those observations
+with values computed here. Skipped when the venv is absent.
 """
 
 from __future__ import annotations
@@ -19,14 +19,19 @@ from typing import Any
 
 import pytest
 
+from tests.envpython import cached_env_python
+
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PYTHON = "/root/.cache/mics-repro/dev/t21-ds0131/bin/python"
+# Default: the venv engine's venv of the cpu env (torch 2.1 + DeepSpeed 0.13.1) when it is built.
+DEFAULT_PYTHON = cached_env_python("cpu") or ""
 PYTHON = os.environ.get("MICS_TEST_PYTHON", DEFAULT_PYTHON)
 WORLD = 2
 N = 4  # elements each rank contributes
 
 pytestmark = pytest.mark.skipif(
-    not os.path.exists(PYTHON), reason=f"no torch venv python at {PYTHON} (set MICS_TEST_PYTHON)"
+    not os.path.exists(PYTHON),
+    reason=f"no torch venv python at {PYTHON!r}: set MICS_TEST_PYTHON or run "
+    "`python -m repro venv-python --env cpu`",
 )
 
 _CHILD = r'''
