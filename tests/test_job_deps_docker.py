@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,7 +33,7 @@ def _packages(image: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def job_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def job_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("docker-job")
     wheel = build_wheel(root / "wheels", "mics_repro_testdep", "1.0", "def seed():\n    return 7\n")
     work = root / "proj"
@@ -48,7 +49,19 @@ def job_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         str(work / "requirements.txt"),
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    return out
+    yield out
+    # The job image's tag holds the digest of a wheel built afresh each session, so every run
+    # would leave one more: remove what this module built (the bundle test removes its own copy).
+    import docker
+
+    client = docker.from_env(timeout=600)
+    for run in json.loads((out / "results.json").read_text())["runs"]:
+        image = ((run.get("job") or {}).get("requirements") or {}).get("image_id")
+        if image:
+            try:
+                client.images.remove(image, force=True)
+            except docker.errors.ImageNotFound:
+                pass
 
 
 def test_the_jobs_package_in_an_image_over_the_envs(job_run: Path) -> None:
