@@ -112,7 +112,7 @@ bench:
 	$(REPRO) bench $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,DS_REPO,ds-repo) \
 		$(call flag,DEEPSPEED_COMMIT,deepspeed-commit)
 
-# Bisection and surveys over releases (repro/cli/bisect_commands.py; README "Bisecting releases").
+# Bisection and surveys over releases (repro/cli/bisect_commands.py; docs/bisect.md).
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
 #   make survey AXIS=deepspeed FROM=0.12.6 TO=0.19.8 TORCH=2.1.0 [EVERY=1]
 #   make probe ENV=cpu TORCH=2.1.0 [DEEPSPEED_SRC=~/DeepSpeed]   exit 0 good / 1 bad / 125 unknown
@@ -162,7 +162,7 @@ cluster:
 pr-regression:
 	$(REPRO) pr-regression $(call flag,PYTHON_VENV,python) $(call flag,TRANSPORT,transport)
 
-# Your own command in an env, stock and fixed, judged from its own output (README "Your own job";
+# Your own command in an env, stock and fixed, judged from its own output (docs/own-job.md;
 # repro/cli/job_commands.py). CMD (and LOSS_REGEX) are passed as written, in single quotes: it may
 # hold double quotes, and $VARS in it expand in the job's shell, not in make.
 #   make run ENV=cpu WORKDIR=~/proj CMD="torchrun --nproc_per_node 2 train.py" [PATCH=stock,fixed]

@@ -62,7 +62,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="results folder (default: a new one under results/)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
-    p.add_argument("--cmd", default=None, help="probe YOUR command (README 'Your own job'), not --scenario")
+    p.add_argument("--cmd", default=None, help="probe YOUR command (docs/own-job.md), not --scenario")
     p.add_argument("--workdir", default=None, help="folder --cmd runs in (default .)")
     p.add_argument("--loss-regex", default=None, help="loss pattern of --cmd's output (group `loss`)")
     p.add_argument("--requirements", default=None, help="--cmd's own packages (a requirements file)")

@@ -1,5 +1,5 @@
 """`run` (a user's own command in an env, stock and fixed, judged from its output) and `shell`
-(an interactive shell in an env with the same interpreter-start hook). README "Your own job"."""
+(an interactive shell in an env with the same interpreter-start hook). docs/own-job.md."""
 
 from __future__ import annotations
 

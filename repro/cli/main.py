@@ -1,7 +1,7 @@
 """`python -m repro COMMAND`: the one front door (the Makefile, CI and the docs all call it).
 
 Every error of the tool is a `ReproError`, caught once here: its message says what, why and
-what to do, and its exit code tells the kind (the table is in README.md, "Exit codes"; the
+what to do, and its exit code tells the kind (the table is in docs/options.md, "Exit codes"; the
 codes are defined in repro/core/errors.py). Subcommands live in thin handler modules that
 register themselves with `repro.cli.registry.command`.
 """
@@ -17,7 +17,7 @@ from repro.core import console
 from repro.core.errors import Interrupted, ReproError, UsageError
 from repro.core.signals import install_stop_handlers
 
-# Exit codes that are not a ReproError's own (see README.md, "Exit codes").
+# Exit codes that are not a ReproError's own (see docs/options.md, "Exit codes").
 EXIT_USAGE = UsageError.exit_code
 EXIT_INTERRUPTED = Interrupted.exit_code
 

@@ -146,7 +146,7 @@ RUNS = (
     ClusterRun("mics-hier-fixed", "mics-hier", "fixed"),
     ClusterRun("mics-stock", "mics", "stock"),
     ClusterRun("mics-fixed", "mics", "fixed"),
-    # The reporter's own config on 2 x 8 GPUs (shard 8, two replica groups; README's layout table).
+    # The reporter's own config on 2 x 8 GPUs (shard 8, two replica groups; docs/how-it-works.md layouts).
     ClusterRun("mics-replica-stock", "mics-replica", "stock"),
     ClusterRun("mics-replica-fixed", "mics-replica", "fixed"),
 )
