@@ -93,7 +93,7 @@ test:
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-unit:
-	$(PYTHON) -m pytest -m "not integration and not docker and not browser and not bootstrap and not slurm" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m unit $(PYTEST_ARGS)
 
 # Static checks, run by CI before the tests: ruff, mypy (strict, pyproject.toml) and the import
 # contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload
