@@ -175,7 +175,20 @@ def cmd_clean(args: argparse.Namespace) -> int:
         if path.exists():
             shutil.rmtree(path)
             console.result(f"removed {path}")
+    _remove_stand_in_images()
     return 0
+
+
+def _remove_stand_in_images() -> None:
+    # The test suite's stand-in GPU images (repro/engines/docker/standin.py), when Docker answers.
+    from repro.engines.docker.standin import remove_stand_ins, stand_in_client
+
+    try:
+        client = stand_in_client()
+    except Exception:  # no docker-py, no daemon: nothing of ours can be there to remove
+        return
+    for tag in remove_stand_ins(client):
+        console.result(f"removed image {tag}")
 
 
 def _venv_python_options(p: argparse.ArgumentParser) -> None:

@@ -58,9 +58,11 @@ class JobDeps:
         return tuple(r.wheel for r in self.requested if r.wheel)
 
     def digest(self) -> str:
-        """Names the layer: the sorted lines, and the bytes of every local wheel."""
+        """Names the layer: the sorted lines, and the bytes of every local wheel. A local wheel's
+        line counts by its file name, not its folder: the same wheel from another folder (a
+        fresh checkout, a temp dir) installs the same layer, so it is reused, not rebuilt."""
         h = hashlib.sha256()
-        for line in sorted(self.lines):
+        for line in sorted(Path(r.wheel).name if r.wheel else r.line for r in self.requested):
             h.update(line.encode() + b"\0")
         for wheel in sorted(self.wheels):
             h.update(hashlib.sha256(Path(wheel).read_bytes()).digest())
