@@ -12,7 +12,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -26,34 +25,15 @@ from repro.upstream import bundle, bundle_image, issue_comment, patchgen, source
 from repro.upstream.bundle_manifest import Manifest, check_files
 from repro.upstream.scrub import Scrubber
 from repro.workload import suite as workload_suite
-from tests.fixtures.fake_bundle_docker import COMM_SOURCE, MICS_SOURCE, FakeClient
+from tests.fixtures.fake_bundle_docker import (
+    COMM_SOURCE,
+    MICS_SOURCE,
+    SECRET,
+    SOURCE_ID,
+    SOURCE_TAG,
+    FakeClient,
+)
 from tests.fixtures.report_records import ResultsBuilder, standard_env
-
-SOURCE_ID = "sha256:" + "5" * 64
-SOURCE_TAG = "mics-repro:cpu-9666647e987b"
-SECRET = "tok-3f9a1c77e2b54d0c"
-HOSTNAME = "build-node-4711.corp.example"
-USER = "alice-tester"
-
-
-@pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
-    """This 'host' has a secret in its environment, a home folder, a host name and a user name."""
-    import matplotlib
-
-    # The report's plots: matplotlib keeps its font cache under HOME, which this fixture moves.
-    monkeypatch.setenv("MPLCONFIGDIR", matplotlib.get_cachedir())
-    home = tmp_path / "home" / USER
-    home.mkdir(parents=True)
-    monkeypatch.setenv("SECRET_TOKEN", SECRET)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("LOGNAME", USER)
-    monkeypatch.setenv("USER", USER)
-    monkeypatch.setattr(socket, "gethostname", lambda: HOSTNAME)
-    monkeypatch.setattr(socket, "getfqdn", lambda *a: HOSTNAME)
-    # No sdist: the release's files are read out of the image (the fake's bug-shaped sources).
-    monkeypatch.setattr(patchgen, "default_wheelhouse", lambda: tmp_path / "no-wheelhouse")
-    return {"secret": SECRET, "home": str(home), "host": HOSTNAME, "user": USER}
 
 
 def make_results(root: Path, host: dict[str, str]) -> Path:

@@ -11,15 +11,12 @@ import json
 import os
 import sys
 import tarfile
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import docker.errors
 import pytest
-import requests
 
 from repro.core import cmd
 from repro.core.cmd import CmdResult
@@ -157,177 +154,17 @@ def test_cpu_has_no_devices_but_a_large_shm() -> None:
 
 
 # -- a fake docker client ----------------------------------------------------------------------------
-def _tar_of(files: dict[str, bytes], root: str = "results") -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(f"{root}/{name}" if not name.startswith("/") else name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-@dataclass
-class Script:
-    exit_code: int = 0
-    hangs: bool = False  # wait(timeout) times out until a signal arrives
-    interrupt_on_wait: bool = False  # the first wait raises KeyboardInterrupt (Ctrl-C)
-    logs: tuple[bytes, ...] = (b"hello\n",)
-    results: dict[str, bytes] | None = field(default_factory=lambda: {"suite.json": b'{"runs": []}'})
-
-
-class FakeContainer:
-    def __init__(self, client: FakeClient, name: str, kwargs: dict[str, Any], script: Script) -> None:
-        self.client, self.name, self.kwargs, self.script = client, name, kwargs, script
-        self.status = "created"
-        self.signals: list[str] = []
-        self.stopped_with: int | None = None
-        self.waits = 0
-
-    def start(self) -> None:
-        self.status = "running"
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return dict(self.kwargs.get("labels") or {})
-
-    def reload(self) -> None:
-        pass
-
-    def wait(self, timeout: float | None = None) -> dict[str, int]:
-        self.waits += 1
-        if self.script.interrupt_on_wait and self.waits == 1:
-            raise KeyboardInterrupt
-        if self.status == "running" and self.script.hangs:
-            raise requests.exceptions.ReadTimeout("timed out")
-        self.status = "exited"
-        return {"StatusCode": self.script.exit_code}
-
-    def kill(self, signal: str | None = None) -> None:
-        self.signals.append(signal or "SIGKILL")
-        self.status = "exited"
-
-    def stop(self, timeout: int | None = None) -> None:
-        self.stopped_with = timeout
-        self.status = "exited"
-
-    def remove(self, force: bool = False) -> None:
-        self.client.live.pop(self.name, None)
-        self.client.removed.append(self.name)
-
-    def logs(self, stream: bool = False, follow: bool = False) -> Iterator[bytes]:
-        return iter(self.script.logs)
-
-    def get_archive(self, path: str) -> tuple[Iterator[bytes], dict[str, Any]]:
-        if self.script.results is None:
-            raise docker.errors.NotFound("no such path")
-        return iter([_tar_of(self.script.results)]), {}
-
-
-@dataclass
-class FakeImage:
-    id: str
-    labels: dict[str, str]
-
-
-class FakeClient:
-    def __init__(self, script: Script | None = None) -> None:
-        self.script = script or Script()
-        self.live: dict[str, FakeContainer] = {}
-        self.created: list[FakeContainer] = []
-        self.removed: list[str] = []
-        self.image_store: dict[str, FakeImage] = {}
-        self.builds: list[dict[str, Any]] = []
-        self.build_chunks: list[dict[str, Any]] | None = None
-        self.served_listing = ""
-        self.imports: list[dict[str, Any]] = []
-        self.info_data: dict[str, Any] = {"Runtimes": {"runc": {}}}
-        outer = self
-
-        class Containers:
-            def create(self, image: str, command: list[str], **kwargs: Any) -> FakeContainer:
-                if image not in outer.image_store and not image.startswith("sha256:"):
-                    raise docker.errors.ImageNotFound(f"no such image: {image}")
-                box = FakeContainer(
-                    outer, kwargs["name"], {"image": image, "command": command, **kwargs}, outer.script
-                )
-                outer.live[box.name] = box
-                outer.created.append(box)
-                return box
-
-            def list(self, all: bool = False, filters: dict[str, Any] | None = None) -> list[FakeContainer]:
-                key = (filters or {}).get("label")  # only "has this label" (what sweep_stale asks)
-                return [c for c in outer.live.values() if key is None or key in c.labels]
-
-        class Images:
-            def get(self, ref: str) -> FakeImage:
-                if ref not in outer.image_store:
-                    raise docker.errors.ImageNotFound(ref)
-                return outer.image_store[ref]
-
-        class Api:
-            def build(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
-                outer.builds.append(kwargs)
-                url = kwargs["buildargs"]["PIP_FIND_LINKS"]
-                with urllib.request.urlopen(url) as page:  # the wheelhouse is served during the build
-                    outer.served_listing = page.read().decode()
-                if outer.build_chunks is not None:
-                    return iter(outer.build_chunks)
-                outer.image_store[kwargs["tag"]] = FakeImage("sha256:" + "b" * 64, dict(kwargs["labels"]))
-                return iter([{"stream": "Step 1/1 : FROM base\n"}, {"aux": {"ID": "sha256:" + "b" * 64}}])
-
-            def import_image_from_file(self, filename: str, **kwargs: Any) -> None:
-                outer.imports.append({"filename": filename, **kwargs})
-                ref = f"{kwargs['repository']}:{kwargs['tag']}"
-                outer.image_store[ref] = FakeImage("sha256:" + "c" * 64, {})
-
-        self.containers, self.images, self.api = Containers(), Images(), Api()
-
-    def ping(self) -> bool:
-        return True
-
-    def info(self) -> dict[str, Any]:
-        return self.info_data
-
-    def version(self) -> dict[str, str]:
-        return {"Version": "fake", "ApiVersion": "1.41"}
-
-
-FAKE_DOCKERFILE = """ARG BASE_IMAGE=python:3.11-slim-bookworm
-FROM ${BASE_IMAGE}
-COPY docker/certs/ /opt/mics-repro/certs/
-COPY --chown=0:0 docker/verify_image.py /opt/mics-repro/verify_image.py
-COPY --from=other /x /y
-COPY repro/__init__.py \\
-     /opt/mics-repro/src/repro/__init__.py
-COPY ["repro/workload/", "/opt/mics-repro/src/repro/workload/"]
-"""
-
-
-def _fake_repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "docker").mkdir(parents=True)
-    (repo / "docker" / "cpu.Dockerfile").write_text(FAKE_DOCKERFILE)
-    (repo / "docker" / "verify_image.py").write_text("print('ok')\n")
-    (repo / "repro" / "workload" / "__pycache__").mkdir(parents=True)
-    (repo / "repro" / "__init__.py").write_text("")
-    (repo / "repro" / "workload" / "suite.py").write_text("print('suite')\n")
-    (repo / "repro" / "workload" / "__pycache__" / "suite.cpython-311.pyc").write_bytes(b"x")
-    (repo / "repro" / "cli.py").write_text("# host side: must not be in the image\n")
-    return repo
-
-
-class FakeWheelhouse(Wheelhouse):
-    def __init__(self, path: Path, complete: bool = True) -> None:
-        super().__init__(path, offline=False)
-        self.ensured: list[str] = []
-        self.ensured_for: list[str | None] = []  # the Python each ensure() fetched wheels for
-        self.complete = complete
-
-    def ensure(self, env: Any, python: str | None = None) -> bool:
-        self.ensured.append(env.id)
-        self.ensured_for.append(python)
-        return self.complete
+from tests.fixtures.fake_docker_engine import (  # noqa: E402
+    FAKE_DOCKERFILE,
+    FakeClient,
+    FakeContainer,
+    FakeImage,
+    FakeWheelhouse,
+    Script,
+    _fake_repo,
+    _prepared,
+    _tar_of,
+)
 
 
 @pytest.fixture
@@ -342,8 +179,6 @@ def docker_engine(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 # -- docker: containers are always removed ---------------------------------------------------------
-def _prepared(image: str = "sha256:" + "a" * 64, platform: str = "cpu") -> Prepared:
-    return Prepared(EngineKind.DOCKER, "cpu", image, "mics-repro:cpu-x", False, {"platform": platform})
 
 
 def test_run_suite_runs_offline_copies_results_and_removes(

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_job_deps_integration import JOB
 
+from tests.fixtures.classifier_job import JOB_WITH_PACKAGE as JOB
 from tests.fixtures.own_job import docker_job
 from tests.fixtures.wheels import build_wheel
 
