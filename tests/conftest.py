@@ -138,4 +138,5 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
 # Real evidence made once per test session and shared by every module that asserts on it
 # (tests/fixtures/; STYLE.md 15): registered here so any test module can ask for it by name.
 from tests.fixtures.classifier_job import classifier_project, classifier_run  # noqa: E402, F401
+from tests.fixtures.docker_repro import docker_cpu_repro  # noqa: E402, F401
 from tests.fixtures.fake_bundle_docker import host  # noqa: E402, F401 - the bundle tests' host

@@ -861,7 +861,9 @@ def test_issue_comment_fits_a_github_comment(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> None:
+def test_real_bundle_reproduces_after_the_image_is_removed(
+    docker_cpu_repro: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     """make bundle ENV=cpu, remove the image, make verify-bundle: same outcomes from the loaded image."""
     docker = pytest.importorskip("docker")
     from repro.engines.docker.engine import daemon_status
@@ -871,7 +873,7 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
     if not up:
         pytest.skip(f"no Docker daemon: {why}")
     client = docker.from_env(timeout=600)
-    env = load_matrix().get(os.environ.get("MICS_REPRO_BUNDLE_TEST_ENV", "cpu"))
+    env = load_matrix().get("cpu")  # the env of the shared run
     try:
         client.images.get(env.image_tag())
     except docker.errors.ImageNotFound:
@@ -879,29 +881,9 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
     results = tmp_path / "results"
     from repro.cli.main import main
 
-    # A short suite: the flat and hierarchical MiCS scenarios, stock and fixed, 2 ranks, 3 steps.
-    assert (
-        main(
-            [
-                "repro",
-                "--env",
-                env.id,
-                "--engine",
-                "docker",
-                "--scenarios",
-                "mics,mics-hier",
-                "--world-size",
-                "2",
-                "--steps",
-                "3",
-                "--out",
-                str(results / "run"),
-                "--results-root",
-                str(results),
-            ]
-        )
-        == 0
-    )
+    # The session's short suite in the image (tests/fixtures/docker_repro.py): flat and
+    # hierarchical MiCS, stock and fixed, 2 ranks, 4 steps.
+    repro_out, _runs = docker_cpu_repro
     out = tmp_path / "bundles" / env.id
     assert (
         main(
@@ -910,7 +892,7 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
                 "--env",
                 env.id,
                 "--results",
-                str(results / "run"),
+                str(repro_out),
                 "--out",
                 str(out),
                 "--results-root",
