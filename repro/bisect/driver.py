@@ -609,7 +609,10 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
         # COMMITS=1: a DS_REPO that cannot serve the commit stage is refused before the first
         # release probe (a dry run checks what needs no network), not after all of them.
         repo = services.repo(req.ds_repo or UPSTREAM_URL)
-        repo.check() if req.dry_run else repo.sync()
+        if req.dry_run:
+            repo.check()
+        else:
+            repo.sync()
     walk = resolve_walk(req, services, matrix)
     asked, req = req, bounded_parallel(req, len(walk.candidates), say)
     mode = mode_of(req, walk)
