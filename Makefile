@@ -6,7 +6,36 @@
 # Only Python 3.9-3.11 is needed: the first run sets up the host side in a project-local venv,
 # .venv/ (made with BOOTSTRAP_PYTHON, default python3, and `pip install -e .[dev]`), reused while
 # pyproject.toml is unchanged. PYTHON=/path/to/python uses that interpreter as it is instead.
-#
+
+# The variables this Makefile reads from the user (tests/test_makefile_controls_r3.py keeps the
+# list complete). None may hold a newline or other control character: a newline in a value splits
+# the recipe line it is pasted into, and the second line runs as a command (`make list
+# MATRIX=$'x\ntouch /tmp/p #'`). Checked before anything else, on the raw text ($(value) expands
+# nothing), and only these: the environment itself legitimately holds multi-line variables.
+USER_VARIABLES := ALLOW_PRIVILEGES AXIS BAD BAD_IF BOOTSTRAP_PYTHON BUNDLE CMD COMMITS CONFIG \
+	DEEPSPEED DEEPSPEED_COMMIT DEEPSPEED_SRC DEVICES DRY_RUN DS_REPO DTYPE ENGINE ENV EVERY FORCE FROM \
+	GOOD GZIP_LEVEL IMAGE JOBS LAUNCHER LAYOUT LOSS_REGEX MATRIX NETWORK NO_SYNC_PROOF OUT PACKAGES \
+	PARALLEL PATCH PRERELEASES PYTEST_ARGS PYTHON PYTHON_VENV QUIET REFERENCE REFRESH_VERSIONS \
+	REQUIREMENTS RESULTS RESUME RUNNER SCENARIO SCENARIOS SLURM_GPUS_PER_TASK SLURM_PARTITION \
+	SLURM_TIME STALL_TIMEOUT STEPS TIMEOUT TO TORCH TRANSPORT VERBOSE VERSIONS WORKDIR WORLD_SIZE
+define _newline
+
+
+endef
+# Make splits words at tab, VT, FF and CR too, so those four (and newline) are looked for one by
+# one; the other C0 controls, DEL and the C1 controls (UTF-8) are a word list.
+_tab := $(shell printf '\011')
+_vt := $(shell printf '\013')
+_ff := $(shell printf '\014')
+_cr := $(shell printf '\015')
+_controls := $(shell printf '\001 \002 \003 \004 \005 \006 \007 \010 \016 \017 \020 \021 \022 \023 \024 \025 \026 \027 \030 \031 \032 \033 \034 \035 \036 \037 \177 \302\200 \302\201 \302\202 \302\203 \302\204 \302\205 \302\206 \302\207 \302\210 \302\211 \302\212 \302\213 \302\214 \302\215 \302\216 \302\217 \302\220 \302\221 \302\222 \302\223 \302\224 \302\225 \302\226 \302\227 \302\230 \302\231 \302\232 \302\233 \302\234 \302\235 \302\236 \302\237')
+_has = $(if $(findstring $(1),$(value $(2))),x)
+_control_in = $(strip $(call _has,$(_newline),$(1)) $(call _has,$(_tab),$(1)) $(call _has,$(_vt),$(1)) \
+	$(call _has,$(_ff),$(1)) $(call _has,$(_cr),$(1)) $(foreach c,$(_controls),$(call _has,$(c),$(1))))
+$(foreach v,$(USER_VARIABLES),$(if $(filter command line environment,$(origin $(v))),$(if \
+	$(call _control_in,$(v)),$(error $(v)= holds a newline or another control character; values are \
+	one line of text: give $(v) without it (several commands: put them in a script and run that)))))
+
 # Values from the command line and the environment are data, never make code: each is made a
 # simple variable holding its literal text (so `$(shell ...)` in a file name is not run when a
 # recipe references or exports it), and stays exported as before.
@@ -55,7 +84,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 	@echo "== host-side Python ready: $(VENV)/bin/python"
 
 help:
-	@sed -n '1,/^PYTHON/p' Makefile | sed -n 's/^# \{0,1\}//p' | sed '$$d'
+	@sed -n '1,/^$$/p' Makefile | sed -n 's/^# \{0,1\}//p'
 	@$(REPRO) --help
 
 list:

@@ -26,6 +26,13 @@ ENTRY = "tests.fixtures.probe_entry"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True)
+def cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests choose PARALLEL themselves: the host's cores (driver.bounded_parallel) must not
+    lower it on a small CI machine."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+
+
 @pytest.fixture
 def ds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None) -> FakeDeepSpeed:
     monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path / "cache"))

@@ -14,6 +14,7 @@ results.json, so `make report RESULTS=OUT` shows the probes' runs and the timeli
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,6 +39,7 @@ from repro.cli.options import DEFAULT_RESULTS_ROOT
 from repro.cli.registry import command
 from repro.core.errors import UsageError
 from repro.core.results import point_latest
+from repro.engines import jobdeps
 from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES, write_json_atomic
 
 __all__ = ["EXIT_ABORT", "Services", "probe_main", "run_bisect", "run_survey", "walk_request"]
@@ -149,6 +151,8 @@ def probe_options(args: argparse.Namespace) -> ProbeOptions:
             "REQUIREMENTS=/PACKAGES= are the packages of your own command",
             fix='give CMD="..." too, or drop them (our scenarios need nothing beyond the env)',
         )
+    # Read once here, so a bad file stops the command instead of making every probe unknown.
+    jobdeps.parse(args.requirements, args.packages)
     return ProbeOptions(
         env=args.env,
         scenario=args.scenario,
@@ -162,7 +166,8 @@ def probe_options(args: argparse.Namespace) -> ProbeOptions:
         command=args.cmd,
         workdir=str(Path(args.workdir).resolve()) if args.workdir else None,
         loss_regex=args.loss_regex,
-        requirements=str(Path(args.requirements).resolve()) if args.requirements else None,
+        # absolute, but not resolved: REQUIREMENTS= that is a link is judged as a link (jobdeps)
+        requirements=os.path.abspath(os.path.expanduser(args.requirements)) if args.requirements else None,
         packages=args.packages,
     )
 

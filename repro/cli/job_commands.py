@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option, csv
 from repro.cli.registry import command
 from repro.core.errors import UsageError
+from repro.core.flags import env_bool
 from repro.workload.record import PATCHES, TRANSPORT_MODES
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     line = reproduce_line(request)
     # `make run RESUME=1`: make hands its command-line variables to the recipe's environment
-    resumed = _resumable(root, out, args.resume or os.environ.get("RESUME", "") not in ("", "0"))
+    resumed = _resumable(root, out, args.resume or env_bool("RESUME", os.environ))
     if resumed is not None:
         folder, made = resumed, False
         invocation = InvocationDir.reopen(folder)
