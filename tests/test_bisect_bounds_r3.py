@@ -22,7 +22,7 @@ from repro.bisect.probe import Observation, ProbeSpec
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.errors import UsageError
 from tests.fixtures.ds_git import FakeDeepSpeed, make_fake_deepspeed
-from tests.test_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
+from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
 
 pytestmark = pytest.mark.usefixtures("real_subprocess")
 

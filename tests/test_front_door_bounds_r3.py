@@ -15,7 +15,7 @@ from repro.cli import options
 from repro.cli.main import main
 from repro.core.errors import UsageError
 from repro.engines import jobdeps
-from tests.test_bisect import parse
+from tests.fixtures.fake_bisect import parse
 
 SECRET = "root:$6$Zr3cretHashDoNotShow:19000:0:99999:7:::"
 
