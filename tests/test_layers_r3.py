@@ -21,10 +21,12 @@ import pytest
 from repro.bisect.ds_layer import DeepSpeedLayer
 from repro.core import cmd
 from repro.core.cmd import CmdResult
+from repro.core.errors import BuildError
 from repro.engines import jobdeps
 from repro.engines.base import EngineKind, Prepared
 from repro.engines.venv import joblayer
 from repro.engines.venv.engine import MARKER, VenvEngine, VenvMarker
+from repro.engines.venv.layer import link_base
 from repro.engines.venv.layer_env import base_interpreter, carry_scripts
 from repro.engines.wheelhouse import Wheelhouse
 from repro.matrix.schema import load_matrix
@@ -48,7 +50,7 @@ FAKERUN = (
     "import sys\n"
     "def main():\n"
     "    import layer_only\n"
-    "    print(layer_only.WHERE, sys.executable)\n"
+    "    print(layer_only.WHERE, sys.executable, sep='\\n')\n"
     "    return 0\n"
 )
 
@@ -82,10 +84,12 @@ def make_base(venv: Path, python: Path) -> Path:
     subprocess.run([str(python), "-m", "venv", "--without-pip", str(venv)], check=True)
     (purelib(venv) / "fakerun.py").write_text(FAKERUN)
     py = venv / "bin" / "python"
-    (venv / "bin" / "torchrun").write_text(f"#!{py}\n{CONSOLE_SCRIPT}")
-    (venv / "bin" / "ds_report").write_text(
-        f"#!/bin/sh\n'''exec' \"{py}\" \"$0\" \"$@\"\n' '''\n{CONSOLE_SCRIPT}"
+    plain = len(str(py)) < 125 and " " not in str(py)  # else pip writes the trampoline for it too
+    trampoline = f"#!/bin/sh\n'''exec' \"{py}\" \"$0\" \"$@\"\n' '''\n"
+    (venv / "bin" / "torchrun").write_text(
+        f"#!{py}\n{CONSOLE_SCRIPT}" if plain else trampoline + CONSOLE_SCRIPT
     )
+    (venv / "bin" / "ds_report").write_text(trampoline + CONSOLE_SCRIPT)
     for name in ("torchrun", "ds_report"):
         (venv / "bin" / name).chmod(0o755)
     return venv
@@ -97,7 +101,7 @@ def run_on_path(layer: Path, command: str) -> list[str]:
     env["PATH"] = f"{layer / 'bin'}{os.pathsep}/usr/bin:/bin"
     done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, env=env)
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr}"
-    return done.stdout.split()
+    return done.stdout.splitlines()
 
 
 def assert_is_the_env(layer: Path, base: Path, env_python: Path) -> None:
@@ -232,3 +236,35 @@ def test_scripts_the_layer_has_and_scripts_of_other_interpreters_are_left_alone(
     assert "layer release" in (layer / "bin" / "deepspeed").read_text()
     assert (layer / "bin" / "long").read_text() == f"#!{layer}/bin/python -E\nprint('x')\n"
     assert os.access(layer / "bin" / "long", os.X_OK)
+
+
+# -- long and awkward paths, hostile scripts ------------------------------------------------------
+@pytest.mark.parametrize("name", ["d" * 130, "with space"])
+def test_a_layer_at_a_long_or_spaced_path_gets_the_sh_trampoline_and_runs(tmp_path: Path, name: str) -> None:
+    env_python = stand_in_python(tmp_path / "pythons", "env")
+    base = make_base(tmp_path / name / "base", env_python)
+    layer = tmp_path / name / "layer"
+    subprocess.run([str(env_python), "-m", "venv", "--without-pip", str(layer)], check=True)
+    (purelib(layer) / "layer_only.py").write_text("WHERE = 'layer'\n")
+    link_base(purelib(layer), str(purelib(base)))
+    assert set(carry_scripts(base, layer)) == {"torchrun", "ds_report"}
+    assert (layer / "bin" / "torchrun").read_text().startswith("#!/bin/sh\n'''exec' ")
+    python = str(layer / "bin" / "python")
+    assert run_on_path(layer, "torchrun && ds_report") == ["layer", python, "layer", python]
+
+
+def test_a_path_the_trampoline_cannot_quote_is_a_build_error_and_odd_scripts_stay_behind(
+    tmp_path: Path,
+) -> None:
+    base = tmp_path / "base"
+    layer = tmp_path / ("$(touch pwned)" + "e" * 130) / "layer"
+    for venv in (base, layer):
+        (venv / "bin").mkdir(parents=True)
+    (base / "bin" / "torchrun").write_text(f"#!{base}/bin/python\nprint('x')\n")
+    with pytest.raises(BuildError) as err:
+        carry_scripts(base, layer)
+    assert "MICS_REPRO_CACHE" in err.value.fix and not (tmp_path / "pwned").exists()
+    # Not one of pip's scripts: options that are not interpreter flags are never carried.
+    (base / "bin" / "torchrun").write_text(f"#!{base}/bin/python -c 'import os'; touch x\nprint('x')\n")
+    (base / "bin" / "bin.so").write_bytes(b"\x7fELF" + bytes(range(256)))
+    assert carry_scripts(base, tmp_path / "base") == ()

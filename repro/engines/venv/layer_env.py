@@ -26,6 +26,8 @@ import os
 import re
 from pathlib import Path
 
+from repro.core.errors import BuildError
+
 # 2: made by the base's interpreter, with the base's scripts (1: neither; issue #29).
 LAYER_FORMAT = 2
 # Linux reads at most this many bytes of a `#!` line on older kernels; pip (distlib) switches to
@@ -37,6 +39,11 @@ _PLAIN = re.compile(rb"#!(?P<py>/[^\s]*/bin/python[0-9.]*)(?P<args>[ \t][^\n]*)?
 _TRAMPOLINE = re.compile(
     rb"#!/bin/sh\n'''exec' \"(?P<py>/[^\"\n]*/bin/python[0-9.]*)\"(?P<args>[^\n]*?) \"\$0\" \"\$@\"\n' '''\n"
 )
+# Interpreter options a console script may carry (-E, -s, -I...): anything else is not one of
+# pip's scripts, and would reach /bin/sh in the trampoline.
+_ARGS = re.compile(rb"(?:-[A-Za-z]+(?:[ \t]+-[A-Za-z]+)*)?")
+# In the trampoline the path is inside double quotes for /bin/sh and inside a string for Python.
+_UNSAFE_IN_TRAMPOLINE = re.compile(r'["$`\\\n\x00]')
 
 
 def base_interpreter(base: Path) -> Path:
@@ -107,7 +114,8 @@ def _body_under(data: bytes, base_bin: Path) -> tuple[bytes, bytes] | None:
         return None
     if os.path.normpath(os.path.dirname(m["py"].decode(errors="replace"))) != os.path.normpath(base_bin):
         return None
-    return data[m.end() :], (m["args"] or b"").strip()
+    args = (m["args"] or b"").strip()
+    return (data[m.end() :], args) if _ARGS.fullmatch(args) else None
 
 
 def _header(python: Path, args: bytes) -> bytes:
@@ -116,6 +124,14 @@ def _header(python: Path, args: bytes) -> bytes:
     line = b"#!" + py + extra
     if len(line) <= _SHEBANG_MAX and not re.search(rb"\s", py):
         return line + b"\n"
+    if _UNSAFE_IN_TRAMPOLINE.search(str(python)) or "'''" in str(python):
+        raise BuildError(
+            f"cannot give the layer {python.parent.parent} the env's commands (torchrun...)",
+            why="its path is too long for a #! line, and holds a character (a double quote, $, `, a "
+            "backslash, a newline or three single quotes) that the /bin/sh line pip writes instead "
+            "cannot quote",
+            fix="put the venv cache under a plain path (MICS_REPRO_CACHE=/some/plain/dir) and rerun",
+        )
     # pip's own form: sh runs the first line (exec), Python reads the first two as a string.
     return b"#!/bin/sh\n'''exec' \"" + py + b'"' + extra + b' "$0" "$@"\n' + b"' '''\n"
 
