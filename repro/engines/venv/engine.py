@@ -39,7 +39,7 @@ from repro.engines.venv.layer import (
     layering_disabled,
     link_base,
 )
-from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, venv_argv
+from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, venv_argv
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 
 if TYPE_CHECKING:
@@ -304,6 +304,8 @@ class VenvEngine:
         try:
             with build_lock(self.root / f".{base.name}.lock"):
                 what = f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})"
+                if str(base_interpreter(base)) != interp.path:
+                    console.info(f"venv: the layer runs the env venv's Python, {base_interpreter(base)}")
                 with console.task(what):
                     # No pip of its own: the base's pip (the same pinned version) runs from the layer's
                     # interpreter, so it installs into the layer. Made by the base's interpreter, not
