@@ -11,6 +11,7 @@ stand-in `torchrun` console script as pip writes them; pip installs are faked.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -221,6 +222,28 @@ def test_a_deepspeed_checkout_layer_is_the_env(tmp_path: Path) -> None:
     (made.site / "layer_only.py").write_text("WHERE = 'checkout-layer'\n")
     assert run_on_path(made.path, "torchrun") == ["checkout-layer", str(made.python)]
     assert run_on_path(made.path, "ds_report") == ["checkout-layer", str(made.python)]
+
+
+def test_an_old_checkout_layer_on_another_python_is_remade_and_the_work_tree_it_links_is_kept(
+    tmp_path: Path,
+) -> None:
+    env_python = stand_in_python(tmp_path / "pythons", "env")
+    host_python = stand_in_python(tmp_path / "pythons", "host")
+    base = make_base(tmp_path / "venvs" / "cpu-latest-abc", env_python)
+    tree = tmp_path / "DeepSpeed"
+    (tree / "deepspeed").mkdir(parents=True)
+    (tree / "deepspeed" / "__init__.py").write_text("# the user's work tree\n")
+    overlay = DeepSpeedLayer(_CachedBase(base), tree, cmd.run, venv_only="test")  # type: ignore[arg-type]
+    env = type("E", (), {"id": "cpu-latest"})()
+    first = overlay.layer_venv(env, with_pip=False)
+    # As an older version of the tool left it: made by another Python, linking the work tree.
+    shutil.rmtree(first.path)
+    subprocess.run([str(host_python), "-m", "venv", "--without-pip", str(first.path)], check=True)
+    (purelib(first.path) / "deepspeed").symlink_to(tree / "deepspeed", target_is_directory=True)
+    assert base_interpreter(first.path) == host_python
+    again = overlay.layer_venv(env, with_pip=False)
+    assert base_interpreter(again.path) == env_python and (again.path / "bin" / "torchrun").is_file()
+    assert (tree / "deepspeed" / "__init__.py").read_text() == "# the user's work tree\n"
 
 
 def test_scripts_the_layer_has_and_scripts_of_other_interpreters_are_left_alone(tmp_path: Path) -> None:
