@@ -83,8 +83,43 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 	@touch $@
 	@echo "== host-side Python ready: $(VENV)/bin/python"
 
+# `make help` prints the header above (up to its first bare `#` line), then these lines, one per
+# target (tests/test_make_help_r3.py checks that every target of this file has one), then the CLI's.
+#> Targets (variables in CAPS; docs/ and `python -m repro COMMAND --help` have the details):
+#>   make help            this text, then the command-line tool's own help
+#>   make venv            set up the host-side Python in .venv/ (every target does it when needed)
+#>   make list            the envs of the matrix and whether this host can run them [MATRIX=]
+#>   make build           build (or reuse) an env's image or venv [ENV= ENGINE=docker|venv]
+#>   make repro           control + MiCS scenarios, stock and fixed, and the verdict [ENV= ENGINE= DRY_RUN=1]
+#>   make check-fix       the fixed MiCS scenarios only; fails unless all are clean [ENV=]
+#>   make matrix          the reproduction in every env this host can run
+#>   make report          report.html and REPORT.md from results folders [RESULTS= OUT=]
+#>   make base-image      the local CPU base image, made with debootstrap [FORCE=1]
+#>   make gpu-check       prove a GPU host end to end, a verdict per step [ENV= OUT=]
+#>   make run             YOUR command in an env, stock and fixed [CMD= ENV= WORKDIR= REQUIREMENTS= PACKAGES=]
+#>   make shell           an interactive shell in an env with the hook active [ENV= PATCH=fixed]
+#>   make bisect          adjacent releases where MiCS turns bad [AXIS= GOOD= BAD= BAD_IF=]
+#>   make survey          every change of outcome across releases [AXIS= FROM= TO= EVERY=1 CMD=]
+#>   make probe           one candidate, for `git bisect run`: exit 0 good, 1 bad, 125 unknown
+#>   make issue           ISSUE.md for the upstream tracker from a bisect/survey folder [RESULTS=]
+#>   make bundle          an env's image, results, report, fix and issue text for maintainers [ENV=]
+#>   make verify-bundle   load a bundle and rerun it offline against its manifest [BUNDLE=]
+#>   make cluster         Slurm/Apptainer and torchrun launchers for a multi-node run [OUT= LAYOUT=]
+#>   make pr-regression   the PR's regression test: fails on stock, passes patched
+#>   make bench           time one env warm: suite under torchrun and prefork, a probe, reuse
+#>   make test            every test tier this host can run [PYTEST_ARGS=]
+#>   make test-unit       the fast tier only (fakes, no Docker, no torch)
+#>   make lint            ruff, ruff format --check, mypy (strict) and the import contracts
+#>   make clean           remove results/ and temporary build folders (not the venv/download cache)
+#>   make ci-fresh        the CI script on a fresh clone with an empty cache, timed
 help:
-	@sed -n '1,/^$$/p' Makefile | sed -n 's/^# \{0,1\}//p'
+	@sed -n '/^$$/q; /^#$$/q; s/^# \{0,1\}//p' Makefile
+	@echo
+	@sed -n 's/^#> \{0,1\}//p' Makefile
+	@echo
+	@echo "Read more (docs/, by task):"
+	@sed -n 's/^| \[docs\/\([a-z-]*\.md\)\](docs\/[a-z-]*\.md) | \(.*\) |$$/  docs\/\1  \2/p' README.md
+	@echo
 	@$(REPRO) --help
 
 list:

@@ -39,6 +39,7 @@ from repro.engines.venv.layer import (
     layering_disabled,
     link_base,
 )
+from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, venv_argv
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 
 if TYPE_CHECKING:
@@ -199,7 +200,7 @@ class VenvEngine:
                 why = (
                     f"damaged: {damaged}"
                     if damaged
-                    else "its base venv changed or is gone"
+                    else "its base venv changed or is gone, or the layer is of an older format"
                     if not base_ok
                     else "pins or Python differ"
                     if have
@@ -275,6 +276,8 @@ class VenvEngine:
             have is not None
             and dict(have.pins) == dict(marker.layered_on.get("pins") or {})
             and (base / "bin" / "python").exists()
+            # An older layer runs another interpreter and lacks the env's commands: rebuilt.
+            and marker.layered_on.get("format") == LAYER_FORMAT
         )
 
     def _build_layer(
@@ -293,6 +296,7 @@ class VenvEngine:
                 "pins": dict(base_marker.pins),
                 "installed": list(plan.install),
                 "unused": list(plan.unused),
+                "format": LAYER_FORMAT,
             },
         )
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
@@ -300,14 +304,13 @@ class VenvEngine:
         try:
             with build_lock(self.root / f".{base.name}.lock"):
                 what = f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})"
+                if str(base_interpreter(base)) != interp.path:
+                    console.info(f"venv: the layer runs the env venv's Python, {base_interpreter(base)}")
                 with console.task(what):
                     # No pip of its own: the base's pip (the same pinned version) runs from the layer's
-                    # interpreter, so it installs into the layer.
-                    self._check(
-                        cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]),
-                        env,
-                        "creating the layer venv",
-                    )
+                    # interpreter, so it installs into the layer. Made by the base's interpreter, not
+                    # this tool's (`interp`): the layer is the env (repro/engines/venv/layer_env.py).
+                    self._check(cmd.run(venv_argv(base, tmp)), env, "creating the layer venv")
                     py = str(tmp / "bin" / "python")
                     layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
                     base_py = str(base / "bin" / "python")
@@ -329,6 +332,7 @@ class VenvEngine:
                         argv = [py, "-m", "pip", install, *self._sources(False), *rest]
                         with console.task(f"venv: {step.name} (layer): {' '.join(specs)}"):
                             self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                    carry_scripts(base, tmp)  # after pip: the layer's own DeepSpeed scripts win
                     self._install_finished(env, py, tmp, final, marker)
             console.info(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}")
             return marker
