@@ -71,7 +71,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.16.9
 
 # The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200

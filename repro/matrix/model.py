@@ -20,6 +20,7 @@ from repro.core import paths
 from repro.core.errors import PythonVersionError, UnknownEnvError, UsageError
 from repro.matrix import compat
 from repro.matrix.compat import Platform
+from repro.workload.device import HIDE_GPUS
 
 __all__ = [
     "DEFAULT_MATRIX",
@@ -44,8 +45,8 @@ TOOLING = ("pip", "setuptools", "wheel")  # installed first, into the fresh venv
 # DeepSpeed's setup.py (0.13.x) runs `nvcc` whenever torch sees a CUDA GPU and builds a path from
 # ROCM_HOME (None without /opt/rocm: TypeError) on a ROCm torch that sees one; DS_BUILD_OPS=0 does not
 # skip either. A host with only a driver must therefore hide its GPUs from the install step
-# (venv engine, Dockerfiles, source overlays alike); `docker build` sees none anyway.
-HIDE_GPUS = (("CUDA_VISIBLE_DEVICES", ""), ("HIP_VISIBLE_DEVICES", ""))
+# (venv engine, Dockerfiles, source overlays alike); `docker build` sees none anyway. HIDE_GPUS
+# (repro/workload/device.py) says why it takes three variables.
 
 
 @dataclass(frozen=True)
