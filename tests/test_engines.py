@@ -489,7 +489,10 @@ def test_daemon_status_never_raises() -> None:
 
 # -- venv engine -------------------------------------------------------------------------------------
 def _venv_handler(
-    python_version: str = "3.11.7", fail_on: str | None = None, versions: str = "2.1.0 0.13.1"
+    python_version: str = "3.11.7",
+    fail_on: str | None = None,
+    versions: str = "2.1.0 0.13.1",
+    build: str = "2.1.0 - 12.1",  # torch.__version__, .hip, .cuda: PyPI's (CUDA) build
 ) -> Any:
     def handle(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
         if fail_on and any(fail_on in a for a in argv):
@@ -504,7 +507,7 @@ def _venv_handler(
         if argv[1] == "-c" and "sys.version_info" in argv[2]:
             return CmdResult(argv, 0, stdout=python_version + "\n")
         if argv[1] == "-c" and "importlib.metadata" in argv[2]:
-            return CmdResult(argv, 0, stdout=versions + "\n")
+            return CmdResult(argv, 0, stdout=f"{versions}\n{build}\n")
         if argv[1:4] == ("-m", "pip", "install"):
             install_pins(Path(argv[0]).parent.parent / "lib" / "python3.11" / "site-packages", list(argv))
         return CmdResult(argv, 0)
@@ -536,9 +539,10 @@ def test_venv_is_built_atomically_with_a_marker_and_relocated(
         "DS_BUILD_OPS": "0",
         "CUDA_VISIBLE_DEVICES": "",
         "HIP_VISIBLE_DEVICES": "",
+        "ROCR_VISIBLE_DEVICES": "",
     }
-    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
-    assert torch_call.index("torch==2.1.0") > torch_call.index("--find-links")
+    torch_call = next(c for c in fake_cmd.calls if "torch===2.1.0" in c)
+    assert torch_call.index("torch===2.1.0") > torch_call.index("--find-links")
     assert "--no-index" in torch_call  # the wheelhouse was completed first
     assert fake_cmd.calls.index(torch_call) < fake_cmd.calls.index(ds_call)
 
@@ -580,7 +584,7 @@ def test_a_damaged_venv_is_rebuilt_saying_why(
     fake_cmd.calls.clear()
     again = venv_engine.prepare(env)
     assert not again.reused
-    assert any("torch==2.1.0" in c for c in fake_cmd.calls)  # reinstalled
+    assert any("torch===2.1.0" in c for c in fake_cmd.calls)  # reinstalled
     assert "damaged: torch/__init__.py of torch is missing" in capsys.readouterr().out
     assert init.is_file()
 
@@ -745,15 +749,17 @@ def test_offline_installs_use_no_index(venv_engine: VenvEngine, fake_cmd: FakeCm
     venv_engine.wheelhouse.complete = False  # type: ignore[attr-defined]
     venv_engine.wheelhouse.offline = True
     venv_engine.prepare(StubEnv())
-    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
+    torch_call = next(c for c in fake_cmd.calls if "torch===2.1.0" in c)
     assert "--no-index" in torch_call
 
 
 def test_torch_index_is_the_primary_index(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
-    fake_cmd.handler = _venv_handler()
+    fake_cmd.handler = _venv_handler(build="2.1.0+rocm5.6 5.6.31061 -")
     venv_engine.wheelhouse.complete = False  # type: ignore[attr-defined]
-    venv_engine.prepare(StubEnv(torch_index="https://download.pytorch.org/whl/rocm5.6"))
-    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
+    venv_engine.prepare(
+        StubEnv(platform=Platform.ROCM, torch_index="https://download.pytorch.org/whl/rocm5.6")
+    )
+    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0+rocm5.6" in c)
     assert torch_call[torch_call.index("--index-url") + 1] == "https://download.pytorch.org/whl/rocm5.6"
     assert "--no-index" not in torch_call
 
@@ -821,7 +827,7 @@ def test_ensure_downloads_once_then_is_a_no_op(tmp_path: Path, fake_cmd: FakeCmd
     def download(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
         dest = Path(argv[argv.index("-d") + 1])
         names = {
-            "torch==2.1.0": "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl",
+            "torch===2.1.0": "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl",
             "hjson==3.1.0": "hjson-3.1.0-py3-none-any.whl",
             "pip==26.3": "pip-26.3-py3-none-any.whl",
             "numpy==1.26.4": "numpy-1.26.4-cp311-cp311-manylinux1_x86_64.whl",
@@ -837,7 +843,7 @@ def test_ensure_downloads_once_then_is_a_no_op(tmp_path: Path, fake_cmd: FakeCmd
     assert wh.ensure(env) is True
     assert len(fake_cmd.calls) == 2
     reqs_call, ds_call = fake_cmd.calls
-    assert "torch==2.1.0" in reqs_call and "deepspeed==0.13.1" not in reqs_call
+    assert "torch===2.1.0" in reqs_call and "deepspeed==0.13.1" not in reqs_call
     assert "--no-deps" in ds_call and ds_call[-1] == "deepspeed==0.13.1"
     wh.ensure(env)
     assert len(fake_cmd.calls) == 2  # stamp + files present: nothing ran
@@ -854,7 +860,7 @@ def test_ensure_cross_downloads_for_another_python(tmp_path: Path, fake_cmd: Fak
 def test_offline_ensure_with_missing_files_says_what_to_copy(tmp_path: Path, fake_cmd: FakeCmd) -> None:
     with pytest.raises(BuildError) as err:
         Wheelhouse(tmp_path, offline=True).ensure(StubEnv())
-    assert "torch==2.1.0" in err.value.what and fake_cmd.calls == []
+    assert "torch===2.1.0" in err.value.what and fake_cmd.calls == []
 
 
 def test_download_plan_keys_differ_by_pin() -> None:

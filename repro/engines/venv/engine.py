@@ -29,6 +29,8 @@ from repro.core.paths import cache_root
 from repro.engines import jobdeps, preflight
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
 from repro.engines.passthrough import run_environment
+from repro.engines.torch_check import PROBE as TORCH_PROBE
+from repro.engines.torch_check import build_problem
 from repro.engines.venv import intact, joblayer
 from repro.engines.venv.layer import (
     PURELIB,
@@ -394,19 +396,24 @@ class VenvEngine:
         return [*base, "--no-index"] if wheelhouse_only or self.wheelhouse.offline else base
 
     def _verify(self, env: Env, py: str) -> None:
-        probe = (
-            "import torch, importlib.metadata as m; "
-            "print(torch.__version__.split('+')[0], m.version('deepspeed'))"
-        )
-        result = cmd.run([py, "-c", probe], capture=True)
+        result = cmd.run([py, "-c", TORCH_PROBE], capture=True)
         self._check(result, env, "importing torch")
-        got = result.stdout.split()
+        lines = result.stdout.splitlines()
+        got = lines[0].split() if lines else []
         if got != [env.torch.split("+")[0], env.deepspeed]:
             raise BuildError(
                 f"the venv for {env.id} holds torch/deepspeed {' '.join(got)}, "
                 f"not {env.torch} / {env.deepspeed}",
                 why="pip resolved different versions than the env pins",
                 fix="check the wheelhouse and the torch index in env_matrix/envs.toml",
+            )
+        wrong_build = build_problem(env, lines[1] if len(lines) > 1 else "")
+        if wrong_build:
+            raise BuildError(
+                f"the venv for {env.id} does not hold the torch build the env pins",
+                why=wrong_build,
+                fix=f"remove the wrong torch wheel from the wheelhouse ({self.wheelhouse.path}) and "
+                "build again; the torch index is set in env_matrix/envs.toml",
             )
 
     def _pip(
