@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.bisect.probe import Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
-from repro.core import cmd, templating
+from repro.core import cmd, script_values, templating
 from repro.core.errors import MissingToolError, RunError
 
 if TYPE_CHECKING:
@@ -219,6 +218,17 @@ class SlurmOptions:
     image: str | None = None  # an Apptainer image (.sif) each probe runs in
     extra: tuple[str, ...] = ()  # more #SBATCH lines' options, e.g. --account=...
 
+    def check(self) -> SlurmOptions:
+        """These options, or a UsageError naming the one that would not be a single #SBATCH value
+        (the template refuses them too; this says so before anything is built)."""
+        script_values.slurm_time(self.time_limit)
+        if self.partition:
+            script_values.slurm_partition(self.partition)
+        script_values.positive(self.gpus_per_task, "SLURM_GPUS_PER_TASK= (--slurm-gpus-per-task)")
+        for option in self.extra:
+            script_values.sbatch_option(option)
+        return self
+
 
 class Slurm:
     """One Slurm array job per round, k tasks, each a child probe; waits on the scheduler."""
@@ -233,24 +243,29 @@ class Slurm:
         say: Callable[[str], None] = print,
     ) -> None:
         self.results, self.command, self.slots = results, command, slots
-        self.options, self.launch, self.say = options, launch, say
+        self.options, self.launch, self.say = options.check(), launch, say
         self.count = 0
         self.rounds = 0
 
+    @property
+    def job_name(self) -> str:
+        return f"mics-probe-r{self.rounds}"
+
     def script(self, specs: Sequence[ProbeSpec], folders: Sequence[Path]) -> str:
-        lines = []
+        commands = []
         for slot, (spec, folder) in enumerate(zip(specs, folders)):
             argv = self.command.argv(spec, folder, slot)
             if self.options.image:
                 argv = ["apptainer", "exec", "--nv", "--cleanenv", self.options.image, *argv]
-            lines.append(shlex.join(argv))
-        env = templating.environment(TEMPLATES)
+            commands.append(argv)
+        env = templating.environment(TEMPLATES, filters=script_values.script_filters())
+        slurm_dir = script_values.slurm_filename(self.results / "slurm")
         return env.get_template("probe-array.sbatch.j2").render(
-            commands=lines,
+            commands=commands,
             options=self.options,
-            job_name=f"mics-probe-r{self.rounds}",
-            log_pattern=str(self.results / "slurm" / f"round-{self.rounds:02d}-%a.out"),
-            workdir=shlex.quote(str(Path.cwd())),
+            job_name=self.job_name,
+            log_pattern=f"{slurm_dir}/round-{self.rounds:02d}-%a.out",
+            workdir=str(Path.cwd()),
         )
 
     def __call__(self, specs: Sequence[ProbeSpec]) -> list[Observation]:
