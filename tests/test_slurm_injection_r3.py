@@ -36,6 +36,8 @@ HOSTILE = [
     "1:00:00;touch {marker}",
     "1:00:00\r\n#SBATCH --error={victim}",
     '1:00:00" --error={victim} "',
+    "1:00:00\u00a0--error={victim}",  # a no-break space
+    "gpu\u202e--error={victim}",  # a bidi override: shown as something else than it is
 ]
 VALID_TIMES = ["90", "0", "10:00", "1:00:00", "2-12", "2-12:30", "2-12:30:00", "UNLIMITED", "INFINITE"]
 VALID_PARTITIONS = ["gpu", "debug", "gpu,debug", "a100_80g.long-q"]
@@ -160,6 +162,12 @@ def test_the_array_script_has_exactly_the_expected_sbatch_lines(
     assert first[first.index("--label") + 1] == "x; touch pwned"
 
 
+def test_a_results_folder_with_letters_of_any_script_is_fine(tmp_path: Path) -> None:
+    runner = rounds.Slurm(tmp_path / "josé" / "結果", rounds.ProbeCommand(python="py"), 1)
+    script = runner.script([ProbeSpec("cpu", label="a")], [tmp_path / "p1"])
+    assert [f"--output={tmp_path}/josé/結果/slurm/round-00-%a.out"] in sbatch_lines(script)
+
+
 def test_a_results_folder_with_spaces_is_refused_not_split(tmp_path: Path) -> None:
     runner = rounds.Slurm(tmp_path / "my results", rounds.ProbeCommand(python="py"), 1)
     with pytest.raises(UsageError, match="--output") as caught:
@@ -238,7 +246,7 @@ def test_cluster_templates_refuse_or_quote_without_the_checks(
         kwargs = {"env_id": "cpu", "image_ref": "img:1", "time_limit": "1:00:00", field: value}
         with pytest.raises(UsageError, match="refusing"):
             cluster.render(cluster.CPU_TWIN, **kwargs)
-    if "\n" not in value and "\r" not in value:  # in no comment: only written as a shell word
+    if value.isprintable():  # no line break or format character: fine in a comment, quoted elsewhere
         scripts = {s.path: s.text for s in cluster.render(cluster.CPU_TWIN, env_id="cpu", image_ref=value)}
         for text in (scripts["mics-cpu-twin.sbatch"], scripts["launch-node.sh"]):
             line = next(line for line in shell_lines(text) if "IMAGE_REF=${IMAGE_REF:-" in line)

@@ -37,6 +37,7 @@ _IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+/:@-]*")
 # quotes or as a case pattern, where shlex.quote's single quotes would change its meaning.
 _WORD = re.compile(r"[A-Za-z0-9_.:+/@%,=-]+")
 _CASE_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\*?(?: \| [A-Za-z_][A-Za-z0-9_]*\*?)*")
+_SBATCH_PUNCTUATION = frozenset("_.:+/@%,=-")
 # One extra #SBATCH option: --name or --name=value (the value is checked like any other).
 _OPTION = re.compile(r"--[a-z][a-z0-9-]*")
 
@@ -94,7 +95,9 @@ def sbatch_value(value: object, option: str) -> str:
     whitespace and honours quotes, so any of those would start another option; `$`, backticks
     and the like are no use in any Slurm value and are refused too."""
     text = str(value)
-    if not _WORD.fullmatch(text):
+    # Letters of any script are fine (a results folder under /home/josé); what would split the
+    # line or mean something to a shell is not.
+    if not text or not all(c.isalnum() or c in _SBATCH_PUNCTUATION for c in text):
         raise _refuse(
             text,
             f"the job script's `#SBATCH {option}=` line",
