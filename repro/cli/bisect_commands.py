@@ -200,12 +200,13 @@ def walk_request(args: argparse.Namespace) -> WalkRequest:
         parallel=args.parallel,
         runner=args.runner,
         devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip()),
+        # Checked here, before anything is built: each value becomes an #SBATCH line.
         slurm=SlurmOptions(
-            partition=args.slurm_partition,
+            partition=args.slurm_partition or None,
             time_limit=args.slurm_time,
             gpus_per_task=args.slurm_gpus_per_task,
             image=args.image,
-        ),
+        ).check(),
     )
 
 

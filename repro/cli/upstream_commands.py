@@ -9,7 +9,7 @@ from typing import Any
 
 from repro.cli.options import DEFAULT_RESULTS_ROOT, RunTarget, add_matrix_option
 from repro.cli.registry import command
-from repro.core import console
+from repro.core import console, script_values
 from repro.core.errors import DockerUnavailableError, UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import REPO_ROOT
@@ -211,6 +211,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         if value is not None
     }
     layout = replace(cluster.LAYOUTS[args.layout], **overrides)
+    # Both are written into the job script and its launcher: refused here, before anything is written.
+    script_values.name(args.env, "ENV= (--env)")
+    if args.image_ref is not None:
+        script_values.image_ref(args.image_ref, "--image-ref")
     scripts = cluster.render(
         layout, env_id=args.env, image_ref=args.image_ref or f"mics-repro-bundle:{args.env}"
     )

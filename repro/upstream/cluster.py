@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro import __version__
-from repro.core import templating
+from repro.core import script_values, templating
 from repro.core.errors import UsageError
 from repro.workload import ds_config
 from repro.workload import layout as lay
@@ -201,7 +201,14 @@ def render(
     """`timeout_s`/`stall_s`: each run's limits (the suite's defaults); `time_limit`: the job's, by
     default enough for every run to use its whole limit."""
     layout.check()
-    env = templating.environment(TEMPLATES)
+    # Each of these is written into the scripts (job name, image paths, #SBATCH --time): checked
+    # against its grammar here, and quoted or refused again by the templates' filters.
+    script_values.name(env_id, "the env id (ENV=, --env)")
+    script_values.image_ref(image_ref, "the image reference (--image-ref)")
+    script_values.name(image_file, "the image file name")
+    if time_limit is not None:
+        script_values.slurm_time(time_limit, "the job's time limit")
+    env = templating.environment(TEMPLATES, filters=script_values.script_filters())
     sbatch_name = f"mics-{'cpu-twin' if layout.device == 'cpu' else 'hier'}.sbatch"
     # launch-node.sh passes --ipc host itself.
     device_pairs = [pair for pair in docker_cli_pairs(layout.platform) if pair[0] != "--ipc"]
@@ -223,7 +230,7 @@ def render(
         stall_s=f"{stall_s:g}",
         passthrough_pattern=passthrough_pattern(),
         passthrough_doc="*_VISIBLE_DEVICES, NCCL_*, RCCL_*, HSA_*, MIOPEN_*",
-        docker_device_flags=[" ".join(f'"{x}"' for x in pair) for pair in device_pairs],
+        docker_device_flags=device_pairs,
     )
     scripts = [
         Script(sbatch_name, env.get_template("job.sbatch.j2").render(**context), executable=True),
