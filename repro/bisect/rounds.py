@@ -236,9 +236,11 @@ class SlurmOptions:
 
 
 # How often the array job is looked at while it runs: soon at first (a round of quick probes),
-# then less often, as `sbatch --wait` does; and how many failed looks in a row end the wait.
-POLL_FIRST_S = 2.0
-POLL_MAX_S = 30.0
+# then less often, but never more than 5 s apart: a probe takes 20-70 s, so a longer gap would add
+# a large share to every round; `squeue` for one job is cheap. And how many failed looks in a row
+# end the wait.
+POLL_FIRST_S = 1.0
+POLL_MAX_S = 5.0
 POLL_FAILURES = 10
 
 
