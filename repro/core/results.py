@@ -15,11 +15,13 @@ import os
 import platform
 import re
 import shlex
+import stat
 import sys
 from pathlib import Path
 from typing import Any, TypedDict
 
 from repro import __version__
+from repro.core import safe_write
 from repro.core.errors import Interrupted, UsageError
 from repro.workload.record import SCHEMA_VERSION, RunRecord, read_json, write_json_atomic
 
@@ -58,8 +60,26 @@ def new_invocation_dir(root: Path, env_ids: list[str]) -> Path:
             folder = Path(f"{base}-{n}")
 
 
+def check_latest(root: Path) -> None:
+    """results/latest may be replaced only when it is the link this tool keeps (or is not there):
+    a file or folder of that name is someone's, and is refused with its path (exit 2)."""
+    link = root / LATEST
+    try:
+        mode = os.lstat(link).st_mode
+    except OSError:
+        return  # not there, or no root to look in: making the folder says what is wrong
+    if not stat.S_ISLNK(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a file"
+        raise UsageError(
+            f"{link} is {kind}, not the link to the newest results this tool keeps there",
+            why="this tool replaces only what it wrote; that one may be yours",
+            fix=f"move {link} away, or pass OUT=<folder> (or another RESULTS_ROOT)",
+        )
+
+
 def point_latest(root: Path, folder: Path) -> None:
     """results/latest -> folder, replaced atomically (symlink to a temp name, then rename)."""
+    check_latest(root)
     link = root / LATEST
     tmp = root / f".{LATEST}.{os.getpid()}"
     if tmp.is_symlink() or tmp.exists():
@@ -76,6 +96,7 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
     made = out is None or not out.exists()
     try:
         if out is None:
+            check_latest(root)  # before the folder is made: results/latest is moved to it
             folder = new_invocation_dir(root, env_ids)
         else:
             if out.exists() and not out.is_dir():
@@ -214,9 +235,16 @@ class InvocationDir:
         self.save()
 
     def env_dir(self, env_id: str) -> Path:
-        path = self.folder / env_id
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        # Made without following a link: an env folder that leads elsewhere (RESUME=1 on a folder
+        # someone linked into) would have the suite clear and write runs there.
+        return safe_write.make_folders(self.folder, env_id)
+
+    def check_env_paths(self, env_id: str, *below: str) -> None:
+        """UsageError (exit 2) when the env's folder, or one of `below` in it, is a symbolic link:
+        RESUME=1 reads, clears and writes there, only inside this folder."""
+        safe_write.check_inside(self.folder, env_id)
+        for rel in below:
+            safe_write.check_inside(self.folder, f"{env_id}/{rel}")
 
     def add_env(self, env_id: str, info: dict[str, Any]) -> None:
         self.data["envs"][env_id] = info
