@@ -153,12 +153,14 @@ def write_file(
                 fh.write(data)
             if found is None:
                 # No-clobber: a file that appeared meanwhile is not ours to replace.
-                os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
-                os.unlink(tmp, dir_fd=dir_fd)
+                link_new(tmp, name, dir_fd=dir_fd)
+                if _lstat(tmp, dir_fd) is not None:
+                    os.unlink(tmp, dir_fd=dir_fd)
             else:
                 os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except FileExistsError:
-            os.unlink(tmp, dir_fd=dir_fd)
+            if _lstat(tmp, dir_fd) is not None:
+                os.unlink(tmp, dir_fd=dir_fd)
             raise UsageError(
                 f"{path} appeared while it was being written", fix="run the command again"
             ) from None
@@ -167,6 +169,25 @@ def write_file(
                 os.unlink(tmp, dir_fd=dir_fd)
             raise
     return path
+
+
+def link_new(tmp: str | Path, name: str | Path, *, dir_fd: int | None = None) -> None:
+    """Give the finished temp file `tmp` its final `name` only when nothing has that name yet
+    (FileExistsError else): a hard link, which never replaces; the caller removes `tmp` if it is
+    still there. Where the file system has no hard links, a rename after a last look."""
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+            raise
+        try:
+            os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            return
+        raise FileExistsError(errno.EEXIST, "File exists", str(name)) from None
 
 
 def remove_file(root: Path, rel: str | PurePosixPath) -> bool:
