@@ -409,3 +409,73 @@ def test_write_file_refuses_a_link_anywhere_below_the_root(tmp_path: Path) -> No
     assert mine.read_bytes() == MINE
     with pytest.raises(UsageError, match="not a folder"):
         safe_write.write_file(tmp_path / "precious", "a.txt/b", b"new")
+
+
+# -- the other writers: bundle archive, gpu-check, bisect/survey/probe OUT, pr-regression --------------
+
+
+def test_bundle_archive_never_replaces_a_file_next_to_the_bundle(tmp_path: Path) -> None:
+    from repro.upstream.bundle_files import archive
+
+    bundle = tmp_path / "bundles" / "cpu"
+    bundle.mkdir(parents=True)
+    (bundle / "manifest.json").write_text("{}")
+    mine = precious(tmp_path, "bundles/cpu.tar")
+    with pytest.raises(UsageError, match="already exists") as refused:
+        archive(bundle)
+    assert str(mine) in str(refused.value) and mine.read_bytes() == MINE
+    mine.unlink()
+    mine.symlink_to(precious(tmp_path))  # a link at the archive's name: not followed either
+    with pytest.raises(UsageError, match="already exists"):
+        archive(bundle)
+    assert (tmp_path / "precious" / "mine.png").read_bytes() == MINE
+    mine.unlink()
+    assert archive(bundle).is_file() and sorted(os.listdir(bundle.parent)) == ["cpu", "cpu.tar"]
+
+
+class NoDevice:
+    """gpu-check must refuse OUT= before it asks the host anything."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the device was used ({name}) before OUT= was checked")
+
+
+def test_gpu_check_into_a_folder_of_the_users_is_refused(tmp_path: Path) -> None:
+    from repro.matrix.schema import load_matrix
+    from repro.run.gpu_check import gpu_check
+
+    mine = precious(tmp_path, "precious/gpu-check.txt")
+    before = tree(tmp_path / "precious")
+    with pytest.raises(UsageError, match="already holds other files"):
+        gpu_check(tmp_path / "precious", NoDevice(), load_matrix())
+    assert mine.read_bytes() == MINE and tree(tmp_path / "precious") == before
+
+
+def test_bisect_out_a_folder_of_the_users_is_refused(tmp_path: Path) -> None:
+    from repro.bisect.driver import Folder
+
+    mine = precious(tmp_path, "precious/notes.md")
+    with pytest.raises(UsageError, match="already holds other files"):
+        Folder(tmp_path / "results", tmp_path / "precious").open("bisect-torch", "bisect.json")
+    assert sorted(os.listdir(tmp_path / "precious")) == ["notes.md"] and mine.read_bytes() == MINE
+    folder, fresh = Folder(tmp_path / "results", tmp_path / "new").open("bisect-torch", "bisect.json")
+    assert folder == tmp_path / "new" and folder.is_dir() and not fresh
+
+
+def test_bisect_refuses_a_file_named_latest_before_making_a_folder(tmp_path: Path) -> None:
+    from repro.bisect.driver import Folder
+
+    mine = precious(tmp_path, f"results/{LATEST}")
+    with pytest.raises(UsageError, match="is a file"):
+        Folder(tmp_path / "results").open("bisect-torch", "bisect.json")
+    assert os.listdir(tmp_path / "results") == [LATEST] and mine.read_bytes() == MINE
+
+
+def test_pr_regression_work_a_folder_of_the_users_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = precious(tmp_path, "precious/stock/junit-stock.xml")
+    before = tree(tmp_path / "precious")
+    code = cli.main(["pr-regression", "--python", "python3", "--work", str(tmp_path / "precious")])
+    assert code == 2 and str(tmp_path / "precious") in capsys.readouterr().err
+    assert mine.read_bytes() == MINE and tree(tmp_path / "precious") == before
