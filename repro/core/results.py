@@ -80,12 +80,18 @@ def check_latest(root: Path) -> None:
 def point_latest(root: Path, folder: Path) -> None:
     """results/latest -> folder, replaced atomically (symlink to a temp name, then rename)."""
     check_latest(root)
-    link = root / LATEST
-    tmp = root / f".{LATEST}.{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(folder.name)
-    os.replace(tmp, link)
+    _swap_latest(root, folder.name)
+
+
+def _swap_latest(root: Path, target: str) -> None:
+    # A fresh temp name (symlink_to never replaces), so no file of that name is ever removed.
+    tmp = root / f".{LATEST}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp.symlink_to(target)
+    try:
+        os.replace(tmp, root / LATEST)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tuple[Path, bool]:
@@ -157,10 +163,7 @@ def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | 
         if previous_latest is None:
             link.unlink()
         else:
-            tmp = root / f".{LATEST}.{os.getpid()}"
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(previous_latest)
-            os.replace(tmp, link)
+            _swap_latest(root, previous_latest)
     return True
 
 
