@@ -111,6 +111,37 @@ def check_inside(root: Path, rel: str | PurePosixPath) -> Path:
     return Path(root).joinpath(*parts)
 
 
+def check_writable(root: Path, rels: Iterable[str], ours: Collection[str]) -> None:
+    """Before a writer records (in its manifest) what it is about to write: each of `rels` can be
+    written by `write_file` (no link on the way, no folder or foreign file in its place; an
+    existing file only when it is among `ours`). The same refusals, none of the side effects."""
+    for rel in rels:
+        path = check_inside(root, rel)
+        parents = Path(root).joinpath(*_parts(rel)[:-1])
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except NotADirectoryError:
+            raise _not_folder(parents) from None
+        if mode is None:
+            continue
+        if not stat.S_ISREG(mode):
+            raise UsageError(
+                f"{path} is in the way: it is not a file", fix="move it away, or choose another output folder"
+            )
+        if rel not in ours:
+            raise _foreign(path)
+
+
+def _foreign(path: Path) -> UsageError:
+    return UsageError(
+        f"{path} already exists and was not written by this tool",
+        why="this tool never overwrites a file it did not write",
+        fix="move that file away, or choose another output folder",
+    )
+
+
 def make_folders(root: Path, rel: str | PurePosixPath) -> Path:
     """root/rel made (as `mkdir -p`) without following a link on the way."""
     parts = _parts(rel)
@@ -141,11 +172,7 @@ def write_file(
                     fix="move it away, or choose another output folder",
                 )
             if not replace:
-                raise UsageError(
-                    f"{path} already exists and was not written by this tool",
-                    why="this tool never overwrites a file it did not write",
-                    fix="move that file away, or choose another output folder",
-                )
+                raise _foreign(path)
         tmp = f".tmp-{os.getpid()}-{os.urandom(6).hex()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
         try:

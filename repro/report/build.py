@@ -79,6 +79,7 @@ def _write_files(out_dir: Path, files: dict[str, bytes]) -> None:
     own names in its own folder, and what the last report listed in its manifest."""
     earlier = _earlier_files(out_dir)
     ours = earlier | set(REPORT_FILES)
+    safe_write.check_writable(out_dir, files, ours)  # refused before the manifest claims anything
     for stale in sorted(earlier - set(files)):
         if stale.startswith(f"{PLOT_DIR}/"):
             safe_write.remove_file(out_dir, stale)

@@ -244,6 +244,7 @@ def write(scripts: Sequence[Script], out: Path) -> list[Path]:
     out = safe_write.claim_folder(Path(out), option="OUT", owned_by=(MANIFEST,))
     earlier = safe_write.read_manifest(out, MANIFEST)
     now = [str(script.path) for script in scripts]
+    safe_write.check_writable(out, now, earlier)  # refused before the manifest claims anything
     # Listed before they are written: a run cut short still names every file it may have left.
     safe_write.write_manifest(out, MANIFEST, [*earlier, *now])
     written = [
