@@ -96,8 +96,9 @@ def test_report_does_not_replace_a_plot_it_did_not_write(tmp_path: Path) -> None
     folder = results(tmp_path)
     slug = build_report([folder], tmp_path / "probe").plots[0].name
     theirs = precious(folder, f"plots/{slug}")
-    with pytest.raises(UsageError, match="not written by this tool"):
-        build_report([folder], folder)
+    for _ in range(2):  # the refused report claimed nothing in its manifest: refused again
+        with pytest.raises(UsageError, match="not written by this tool"):
+            build_report([folder], folder)
     assert theirs.read_bytes() == MINE
 
 
@@ -479,3 +480,47 @@ def test_pr_regression_work_a_folder_of_the_users_is_refused(
     code = cli.main(["pr-regression", "--python", "python3", "--work", str(tmp_path / "precious")])
     assert code == 2 and str(tmp_path / "precious") in capsys.readouterr().err
     assert mine.read_bytes() == MINE and tree(tmp_path / "precious") == before
+
+
+def test_clean_refuses_a_linked_results_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = precious(tmp_path, "precious/run/mine.png")
+    before = tree(tmp_path / "precious")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "results").symlink_to(tmp_path / "precious", target_is_directory=True)
+    (repo / "bundles").mkdir()  # the tool's: would go, but only once every path is checked
+    monkeypatch.setattr("repro.cli.run_commands.DEFAULT_RESULTS_ROOT", repo / "results")
+    monkeypatch.setattr("repro.cli.run_commands.REPO_ROOT", repo)
+    assert cli.main(["clean"]) == 2
+    assert str(repo / "results") in capsys.readouterr().err
+    assert (repo / "results").is_symlink() and (repo / "bundles").is_dir()
+    assert mine.read_bytes() == MINE and tree(tmp_path / "precious") == before
+
+
+def test_the_suite_clears_no_runs_through_a_linked_runs_folder(tmp_path: Path) -> None:
+    from repro.workload import resume
+
+    mine = precious(tmp_path, "precious/mics-stock-fp32-async-w2/mine.png")
+    out = tmp_path / "out" / "cpu"
+    out.mkdir(parents=True)
+    (out / "runs").symlink_to(tmp_path / "precious", target_is_directory=True)
+    assert resume.clear_stale(str(out), ["mics-stock-fp32-async-w2"]) == []
+    assert mine.read_bytes() == MINE
+
+
+def test_a_manifest_that_names_paths_outside_is_not_followed(tmp_path: Path) -> None:
+    folder = results(tmp_path)
+    mine = precious(tmp_path, "precious/mine.png")
+    hostile = ["../precious/mine.png", "plots/../../precious/mine.png", str(mine), "plots/", ""]
+    (folder / ".report-files.json").write_text(json.dumps({"files": hostile}))
+    build_report([folder], folder)
+    assert mine.read_bytes() == MINE
+    out = tmp_path / "launchers"
+    cluster.write(scripts(), out)
+    (out / ".cluster-files.json").write_text(json.dumps({"files": ["../precious/mine.png", str(mine)]}))
+    for _ in range(2):  # the refused run claimed nothing in the manifest: refused again
+        with pytest.raises(UsageError, match="not written by this tool"):  # its files are no longer listed
+            cluster.write(scripts(), out)
+    assert mine.read_bytes() == MINE
