@@ -198,6 +198,28 @@ def write_file(
     return path
 
 
+def append_file(root: Path, rel: str | PurePosixPath, data: bytes) -> Path:
+    """Add `data` to the end of root/rel (made when missing), a log this tool keeps; never through
+    a link, never to something that is not a regular file."""
+    parts = _parts(rel)
+    path = Path(root).joinpath(*parts)
+    with _folder_fd(Path(root), parts[:-1], create=True) as dir_fd:
+        try:
+            fd = os.open(
+                parts[-1], os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=dir_fd
+            )
+        except OSError as exc:
+            found = _lstat(parts[-1], dir_fd)
+            if found is not None and stat.S_ISLNK(found.st_mode):
+                raise link_error(path) from None
+            raise UsageError(f"cannot write {path}", why=f"{exc.strerror or exc}") from None
+        with os.fdopen(fd, "ab") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise UsageError(f"{path} is in the way: it is not a file", fix="move it away")
+            fh.write(data)
+    return path
+
+
 def link_new(tmp: str | Path, name: str | Path, *, dir_fd: int | None = None) -> None:
     """Give the finished temp file `tmp` its final `name` only when nothing has that name yet
     (FileExistsError else): a hard link, which never replaces; the caller removes `tmp` if it is
