@@ -524,3 +524,30 @@ def test_a_manifest_that_names_paths_outside_is_not_followed(tmp_path: Path) -> 
         with pytest.raises(UsageError, match="not written by this tool"):  # its files are no longer listed
             cluster.write(scripts(), out)
     assert mine.read_bytes() == MINE
+
+
+def fake_bench_command(argv: list[str], **kw: Any) -> Any:
+    """Every step of `make bench` succeeds; a suite leaves one clean record."""
+    from repro.core.cmd import CmdResult
+
+    if argv[3] == "repro":
+        out = Path(argv[argv.index("--out") + 1])
+        out.mkdir(parents=True)
+        runs = [{"run_name": "zero3", "outcome": "clean", "signature": "none", "durations": {"total_s": 1}}]
+        (out / "results.json").write_text(json.dumps({"runs": runs}))
+    return CmdResult(tuple(argv), 0, "", "", False, 1.0)
+
+
+def test_bench_never_appends_through_a_linked_bench_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from repro.run import bench
+
+    mine = precious(tmp_path, "precious/notes.jsonl")
+    (tmp_path / "repo" / "results").mkdir(parents=True)
+    (tmp_path / "repo" / "results" / "bench.jsonl").symlink_to(mine)
+    monkeypatch.setattr(bench, "REPO", tmp_path / "repo")
+    monkeypatch.setattr(bench.cmd, "run", fake_bench_command)
+    with pytest.raises(UsageError, match="symbolic link"):
+        bench.bench("cpu", "venv")
+    assert mine.read_bytes() == MINE
