@@ -4,7 +4,7 @@ The rule every writer follows: it writes only inside a folder it made, was given
 before (a marker file of its own is there), never through a symbolic link below that folder, and it
 replaces or removes only files it wrote itself (the caller says which: a manifest of what it wrote,
 or a name that is its own in its own folder). Anything else is a UsageError (exit 2) naming the
-path, so `OUT=~` or a linked `plots/` costs the user nothing (issue #32, round 3, item 2).
+path, so `OUT=~` or a linked `plots/` costs the user nothing.
 
 Paths are walked one component at a time from the folder's descriptor with O_NOFOLLOW, so what is
 checked is what is written: a link swapped in after a check is still not followed. The folder
