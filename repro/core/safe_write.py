@@ -14,12 +14,14 @@ itself is taken as the user named it (their own link to it is their choice).
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import ParamSpec, TypeVar
 
 from repro.core.errors import UsageError
 from repro.core.smallfile import read_regular
@@ -30,6 +32,29 @@ _NO_LINKS = (
     "this tool writes only inside its output folder, never through a symbolic link (it may lead to "
     "files of yours)"
 )
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _usage_on_oserror(func: Callable[_P, _R]) -> Callable[_P, _R]:
+    """A folder that cannot be written (read-only, full, no such parent) is bad input naming the
+    place, not a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return func(*args, **kwargs)
+        except OSError as exc:
+            where = Path(str(args[0])) / str(args[1]) if len(args) > 1 else Path(str(args[0]))
+            raise UsageError(
+                f"cannot write {where}",
+                why=f"{exc.strerror or exc}",
+                fix="choose a folder you can write (OUT=...)",
+            ) from None
+
+    return wrapper
 
 
 def _parts(rel: str | PurePosixPath) -> tuple[str, ...]:
@@ -142,6 +167,7 @@ def _foreign(path: Path) -> UsageError:
     )
 
 
+@_usage_on_oserror
 def make_folders(root: Path, rel: str | PurePosixPath) -> Path:
     """root/rel made (as `mkdir -p`) without following a link on the way."""
     parts = _parts(rel)
@@ -150,6 +176,7 @@ def make_folders(root: Path, rel: str | PurePosixPath) -> Path:
     return Path(root).joinpath(*parts)
 
 
+@_usage_on_oserror
 def write_file(
     root: Path, rel: str | PurePosixPath, data: bytes, *, replace: bool = False, executable: bool = False
 ) -> Path:
@@ -198,6 +225,7 @@ def write_file(
     return path
 
 
+@_usage_on_oserror
 def append_file(root: Path, rel: str | PurePosixPath, data: bytes) -> Path:
     """Add `data` to the end of root/rel (made when missing), a log this tool keeps; never through
     a link, never to something that is not a regular file."""
@@ -239,6 +267,7 @@ def link_new(tmp: str | Path, name: str | Path, *, dir_fd: int | None = None) ->
         raise FileExistsError(errno.EEXIST, "File exists", str(name)) from None
 
 
+@_usage_on_oserror
 def remove_file(root: Path, rel: str | PurePosixPath) -> bool:
     """Remove root/rel when it is a regular file reached without a link (the caller wrote it);
     anything else there (a link, a folder) is left alone. Returns whether it removed it."""
