@@ -551,3 +551,20 @@ def test_bench_never_appends_through_a_linked_bench_log(
     with pytest.raises(UsageError, match="symbolic link"):
         bench.bench("cpu", "venv")
     assert mine.read_bytes() == MINE
+
+
+def test_a_report_made_before_the_manifest_is_re_rendered_in_place(tmp_path: Path) -> None:
+    folder = results(tmp_path)
+    first = build_report([folder], folder)
+    (folder / ".report-files.json").unlink()  # as a report of an earlier version left it
+    mine = precious(folder, "plots/mine.png")
+    second = build_report([folder], folder)  # its plots are known from its report.json
+    assert [p.name for p in second.plots] == [p.name for p in first.plots] and mine.read_bytes() == MINE
+
+
+def test_a_folder_that_cannot_be_written_is_a_usage_error(tmp_path: Path) -> None:
+    # /proc takes no new entries, even for root (tests may run as root, so no chmod here).
+    with pytest.raises(UsageError, match="cannot write /proc/"):
+        safe_write.write_file(Path("/proc"), "mics-repro-test/x", b"")
+    with pytest.raises(UsageError, match="cannot write"):
+        safe_write.write_file(tmp_path / "missing", "x", b"")
