@@ -85,10 +85,14 @@ def test_a_hostile_slurm_value_is_a_usage_error_before_anything_is_written(
     value = template.format(marker=marker, victim=victim)
     assert main(bisect_argv(tmp_path, flag, value)) == USAGE_EXIT
     err = capsys.readouterr().err
-    make_name = {"--slurm-time": "SLURM_TIME=", "--slurm-partition": "SLURM_PARTITION="}[flag]
-    assert make_name in err and flag in err  # names the option
-    grammar = "HH:MM:SS" if flag == "--slurm-time" else "comma"
-    assert grammar in err  # and its grammar
+    assert flag in err  # names the option
+    if any(ch in value for ch in "\n\r"):
+        # A control character is refused by the front door for every option, before any grammar.
+        assert "newline" in err or "control character" in err
+    else:
+        make_name = {"--slurm-time": "SLURM_TIME=", "--slurm-partition": "SLURM_PARTITION="}[flag]
+        grammar = "HH:MM:SS" if flag == "--slurm-time" else "comma"
+        assert make_name in err and grammar in err  # the make variable and its grammar
     assert "Traceback" not in err
     assert not (tmp_path / "out").exists() and not marker.exists()
     assert victim.read_text() == "two years of work\n"

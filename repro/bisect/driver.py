@@ -34,9 +34,10 @@ from repro.bisect.probe import BadIf, Judge, Observation, ProbeSpec
 from repro.bisect.search import Bisection, Survey, round_bound
 from repro.bisect.source_overlay import SourceOverlay
 from repro.bisect.worktree_layer import WorktreeLayer
+from repro.core import safe_write
 from repro.core.errors import Interrupted, UsageError
 from repro.core.makeline import make_line
-from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
+from repro.core.results import InvocationDir, check_latest, invocation_meta, new_invocation_dir, point_latest
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run.job import inherited_environment
 from repro.run.orchestrate import Request
@@ -138,8 +139,9 @@ class Folder:
                         why="results are never overwritten",
                         fix="choose a new OUT= folder (or leave OUT unset for a fresh one)",
                     )
-            self.out.mkdir(parents=True, exist_ok=True)
-            return self.out, False
+            # New or empty: the walk's folders and files never mix with (or overwrite) the user's.
+            return safe_write.claim_folder(self.out, option="OUT", owned_by=()), False
+        check_latest(self.results_root)  # before the folder is made: results/latest is moved to it
         return new_invocation_dir(self.results_root, [label]), True
 
     def invocation(self, folder: Path, make_command: str) -> InvocationDir:

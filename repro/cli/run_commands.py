@@ -16,7 +16,7 @@ from repro.cli.options import (
     run_target_from_args,
 )
 from repro.cli.registry import command
-from repro.core import console
+from repro.core import console, safe_write
 from repro.core.errors import UsageError
 from repro.core.paths import REPO_ROOT
 from repro.run.usecase import check_fix_outcome, run_request
@@ -171,7 +171,15 @@ def cmd_base_image(args: argparse.Namespace) -> int:
 
 @command("clean", "remove results/ and temporary build folders (not the download/venv cache)")
 def cmd_clean(args: argparse.Namespace) -> int:
-    for path in (DEFAULT_RESULTS_ROOT, REPO_ROOT / "bundles", REPO_ROOT / "test-artifacts"):
+    paths = (DEFAULT_RESULTS_ROOT, REPO_ROOT / "bundles", REPO_ROOT / "test-artifacts")
+    for path in paths:  # all checked before anything is removed
+        if path.is_symlink():
+            # What the link leads to was not made by this tool; removing the link alone would
+            # look like a clean that did not clean.
+            raise safe_write.link_error(
+                path, fix=f"remove the link {path} yourself if it is no longer needed"
+            )
+    for path in paths:
         if path.exists():
             shutil.rmtree(path)
             console.result(f"removed {path}")

@@ -13,13 +13,12 @@ reporter's config: shard 8 on 2 x 8 GPUs), stock and with the fix.
 from __future__ import annotations
 
 import json
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro import __version__
-from repro.core import script_values, templating
+from repro.core import safe_write, script_values, templating
 from repro.core.errors import UsageError
 from repro.workload import ds_config
 from repro.workload import layout as lay
@@ -29,6 +28,8 @@ from repro.workload.suite import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cluster"
 SUMMARY_SOURCE = Path(__file__).resolve().parent / "cluster_summary.py"
 PLATFORMS = ("rocm", "cuda", "cpu")
+# The files `write` wrote into OUT= (so a second run replaces only those).
+MANIFEST = ".cluster-files.json"
 
 
 @dataclass(frozen=True)
@@ -245,14 +246,27 @@ def render(
 
 
 def write(scripts: Sequence[Script], out: Path) -> list[Path]:
-    written = []
-    for script in scripts:
-        path = out / script.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(script.text)
-        if script.executable:
-            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        written.append(path)
+    """The launchers in OUT=: a new or empty folder, or one this command wrote before (its
+    manifest lists the files it may replace or, when the layout no longer has them, remove)."""
+    out = safe_write.claim_folder(Path(out), option="OUT", owned_by=(MANIFEST,))
+    earlier = safe_write.read_manifest(out, MANIFEST)
+    now = [str(script.path) for script in scripts]
+    safe_write.check_writable(out, now, earlier)  # refused before the manifest claims anything
+    # Listed before they are written: a run cut short still names every file it may have left.
+    safe_write.write_manifest(out, MANIFEST, [*earlier, *now])
+    written = [
+        safe_write.write_file(
+            out,
+            str(script.path),
+            script.text.encode(),
+            replace=str(script.path) in earlier,
+            executable=script.executable,
+        )
+        for script in scripts
+    ]
+    for stale in sorted(earlier - set(now)):
+        safe_write.remove_file(out, stale)
+    safe_write.write_manifest(out, MANIFEST, now)
     return written
 
 

@@ -15,13 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.core import templating
+from repro.core import safe_write, templating
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import confined
 from repro.upstream.scrub import Scrubber
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+ISSUE_FILE = "ISSUE.md"
 VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
 
 
@@ -161,6 +162,12 @@ def render(folder: Path, scrubber: Scrubber) -> str:
 
 
 def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:
-    target = out or folder / "ISSUE.md"
-    target.write_text(render(folder, scrubber))
-    return target
+    """ISSUE.md in the bisect/survey folder (replacing the one written there before; never through
+    a link), or OUT= as a new file: a file that is already there may be the user's."""
+    text = render(folder, scrubber).encode()
+    if out is None:
+        return safe_write.write_file(folder, ISSUE_FILE, text, replace=True)
+    out = Path(out)
+    if not out.name or out.name in (".", ".."):
+        raise UsageError(f"OUT={out} is not a file name", fix="pass OUT=<new file>.md")
+    return safe_write.write_file(out.parent, out.name, text, replace=False)
