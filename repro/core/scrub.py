@@ -1,8 +1,10 @@
-"""Keep the host out of what we hand to others: secrets, home paths, host and user names.
+"""Keep the host and secrets out of what the lab hands out: bundles, ISSUE.md, REPORT.md,
+report.html, ISSUE_COMMENT.md, the bundle's README and cluster scripts.
 
-A `Scrubber` is built once from the host (`Scrubber.from_host()`), then rewrites every text that
-goes into a bundle and, as a second line of defence, `leaks()` finds anything that survived.
-Two kinds of rule:
+A `Scrubber` is built once (`Scrubber.from_host()` for what goes to others; `Scrubber.secrets()`
+for a report read on this host, whose paths must keep working). Every text handed out goes through
+one gate, `hand_out()`: scrub, then the leak check (`leaks()`) on the result; a text that still
+holds anything is refused (LeakError), never written. Two kinds of rule:
 - by value, from this host: the value of every environment variable whose name looks secret
   (a `_`-separated part such as PASS, PW, PWD, KEY, TOKEN, SECRET, CREDENTIAL, AUTH, COOKIE, or
   a known compound like PASSWORD, API_KEY, PROXY), whatever its length; the value of any other
@@ -11,9 +13,11 @@ Two kinds of rule:
   cache folder (as path prefixes); the host name and user name as whole words unless generic.
   Other values ("1", "cpu", "/usr/bin/python3") identify nobody, and replacing them everywhere
   would garble the evidence;
-- by shape, whatever the host (VALUE_PATTERNS): AWS access key ids, Hugging Face, GitHub and Slack
-  tokens, private-key blocks, the user:password of a URL. These catch a secret that reached a
-  record or collect_env output from somewhere else, when the bundling shell's environment is clean.
+- by shape, whatever the host (repro.core.secret_shapes.VALUE_PATTERNS): token shapes (JWT, AWS,
+  GitHub, GitLab, OpenAI, Anthropic, Google, Hugging Face, Slack...), private-key blocks, auth
+  headers, URL passwords, and whole values that a name says are secret (`--password X`,
+  `"password": "a b c"`, `NAME=value`). These catch a secret that reached a record, a log or a
+  command from somewhere else, when the bundling shell's environment is clean.
 Longer values are replaced first, so a path inside a longer value is never half-replaced.
 """
 
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import getpass
+import html
 import os
 import re
 import socket
@@ -29,20 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Matched anywhere in the name: compounds that are secret wherever they appear.
-SECRET_NAME = re.compile(
-    r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE|API_?KEY|"
-    r"ACCESS_?KEY|PROXY|WEBHOOK|DSN$",
-    re.IGNORECASE,
-)
-# Matched against whole `_`-separated parts of the name: short words that are secret as a part
-# (DB_PASS, MY_PW, SSH_KEY) but not inside another word (PATH, KEYBOARD, COMPASS, BYPASS_CACHE).
-SECRET_NAME_PARTS = frozenset({"PASS", "PWD", "PW", "KEY", "KEYS", "CREDS", "CRED"})
-# A part that ends in one of these is a secret's name too (SSHPASS, DBPWD, SSHKEY, APIKEY), unless
-# it is an ordinary word that happens to end so.
-SECRET_NAME_ENDINGS = ("PASS", "PWD", "KEY")
-ORDINARY_WORDS = frozenset({"BYPASS", "COMPASS", "SURPASS", "OVERPASS", "MONKEY", "HOCKEY", "TURNKEY"})
-# Variables that hold the current or previous working directory: a path, scrubbed as one.
+from repro.core.errors import LeakError
+from repro.core.secret_shapes import PLACEHOLDER, VALUE_PATTERNS, ValuePattern, secret_name, takes_secret
+
+__all__ = ["Form", "Kind", "Rule", "Scrubber", "ValuePattern", "hand_out", "refuse_leaks", "secret_name"]
+
 CWD_NAMES = frozenset({"PWD", "OLDPWD"})
 TOKEN_LIKE = re.compile(r"^(?=[^/\s]*\d)(?=[^/\s]*[A-Za-z])[A-Za-z0-9_\-+=.~:]{16,}$")
 URL_CREDENTIALS = re.compile(r"://[^/\s:@]+:[^/\s@]+@")
@@ -67,82 +63,11 @@ GENERIC_WORDS = frozenset(
 )
 MIN_SECRET = 4
 MIN_WORD = 3
-
-
-@dataclass(frozen=True)
-class ValuePattern:
-    """A secret recognised by its shape; `group` is the part replaced (0: the whole match);
-    `accept`, when given, decides for each match (a name that says secret)."""
-
-    name: str
-    regex: re.Pattern[str]
-    group: int = 0
-    accept: Callable[[re.Match[str]], bool] | None = None
-
-    def matches(self, text: str) -> bool:
-        return any(self.accept is None or self.accept(m) for m in self.regex.finditer(text))
-
-    @property
-    def placeholder(self) -> str:
-        return f"<{self.name}>"
-
-
-VALUE_PATTERNS = (
-    ValuePattern(
-        "private-key",
-        re.compile(
-            r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----"
-            r"(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|[A-Za-z0-9+/=\s]*)",
-            re.DOTALL,
-        ),
-    ),
-    ValuePattern("aws-access-key-id", re.compile(r"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])")),
-    ValuePattern("hf-token", re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{20,}")),
-    ValuePattern(
-        "github-token",
-        re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
-    ),
-    ValuePattern("slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abprs]-[A-Za-z0-9-]{10,}")),
-    ValuePattern("credentials", re.compile(r"://([^/\s:@<>]+:[^/\s@<>]+)@"), group=1),
-    # SSHPASS=..., Password=... in a connection string, "DB_TOKEN": "..." in a dump; the value
-    # never starts with "<" (a placeholder already put there) and ends at a separator.
-    ValuePattern(
-        "secret",
-        re.compile(
-            r"(?<![A-Za-z0-9_$])[\"']?([A-Za-z_][A-Za-z0-9_]{1,63})[\"']?\s*[=:]\s*[\"']?(?![<\s])([^\s'\";&,]+)"
-        ),
-        group=2,
-        accept=lambda m: _secret_assignment(m),
-    ),
-)
-
-
-def secret_name(name: str) -> bool:
-    """Whether an environment variable's name says its value is a secret."""
-    parts = {p for p in re.split(r"[_\W]+", name.upper()) if p}
-    ends = any(p.endswith(SECRET_NAME_ENDINGS) and p not in ORDINARY_WORDS for p in parts)
-    return bool(SECRET_NAME.search(name)) or bool(parts & SECRET_NAME_PARTS) or ends
-
-
-def _secret_assignment(match: re.Match[str]) -> bool:
-    """`NAME=value` in a text (an env dump, a command line, a connection string's `Password=`)
-    whose name says secret; `PWD=/path` is the working directory, scrubbed as a path."""
-    name, value = match.group(1), match.group(2)
-    return secret_name(name) and not (name.upper() in CWD_NAMES and value.startswith("/"))
-
-
-def _replace_group(pattern: ValuePattern) -> Callable[[re.Match[str]], str]:
-    def sub(match: re.Match[str]) -> str:
-        if pattern.accept is not None and not pattern.accept(match):
-            return match.group(0)
-        if pattern.group == 0:
-            return pattern.placeholder
-        start, end = match.span(pattern.group)
-        whole_start = match.start()
-        text = match.group(0)
-        return text[: start - whole_start] + pattern.placeholder + text[end - whole_start :]
-
-    return sub
+# Values of secret-named variables that are switches, not secrets (HF_HUB_DISABLE_..._TOKEN=true):
+# replacing every "true" of a bundle would hide evidence and protect nothing.
+TRIVIAL_VALUES = frozenset({"true", "false", "none", "null", "yes", "no", "on", "off"})
+# Images embedded in report.html: base64, not text; a token shape inside is chance, not a secret.
+DATA_URI = re.compile(r"data:[\w/+.-]+;base64,[A-Za-z0-9+/=]+")
 
 
 class Kind(enum.Enum):
@@ -179,7 +104,10 @@ class Scrubber:
         hostnames: Iterable[str] | None = None,
         user: str | None = None,
         paths: Mapping[str, str] | None = None,
+        secrets_only: bool = False,
     ) -> Scrubber:
+        """`secrets_only`: the values of secret-named variables and credential URLs, and no
+        paths, host or user names (a report read on this host links to its own files)."""
         env = dict(os.environ if environ is None else environ)
         rules: dict[str, Rule] = {}
 
@@ -187,7 +115,7 @@ class Scrubber:
             value: str, placeholder: str, *, kind: Kind = Kind.LITERAL, minimum: int = MIN_SECRET
         ) -> None:
             value = value.strip()
-            if len(value) < minimum or value in rules:
+            if len(value) < minimum or value in rules or value.lower() in TRIVIAL_VALUES:
                 return
             rules[value] = Rule(value, placeholder, kind)
 
@@ -197,8 +125,10 @@ class Scrubber:
                 cwd.append((value, f"<{name}>"))  # after the named folders: <repo> or ~ reads better
             elif secret_name(name):
                 add(value, f"<{name}>")
-            elif TOKEN_LIKE.match(value.strip()) or URL_CREDENTIALS.search(value):
+            elif URL_CREDENTIALS.search(value) or (TOKEN_LIKE.match(value.strip()) and not secrets_only):
                 add(value, f"<${name}>")
+        if secrets_only:
+            return cls(tuple(sorted(rules.values(), key=lambda r: (-len(r.secret), r.secret))))
         for placeholder, path in sorted((paths or {}).items()):
             add(str(path).rstrip("/"), placeholder, kind=Kind.PATH, minimum=2)
         home_dir = (home if home is not None else str(Path.home())).rstrip("/")
@@ -216,6 +146,11 @@ class Scrubber:
         ordered = sorted(rules.values(), key=lambda r: (-len(r.secret), r.secret))
         return cls(tuple(ordered))
 
+    @classmethod
+    def secrets(cls, environ: Mapping[str, str] | None = None) -> Scrubber:
+        """Secrets only: this host's secret values and every secret shape, no paths or names."""
+        return cls.from_host(environ, secrets_only=True)
+
     def with_paths(self, paths: Mapping[str, str | Path]) -> Scrubber:
         """This scrubber plus folders to replace by a placeholder (e.g. where the bundle is written)."""
         extra = [Rule(str(p).rstrip("/"), name, Kind.PATH) for name, p in paths.items() if len(str(p)) > 1]
@@ -228,25 +163,67 @@ class Scrubber:
             if rule.secret in text:
                 # A function, not a template: placeholders like "<$X>" must not be read as escapes.
                 text = rule.pattern().sub(_constant(rule.placeholder), text)
-        for pattern in VALUE_PATTERNS:
-            text = pattern.regex.sub(_replace_group(pattern), text)
+        for pattern in VALUE_PATTERNS:  # token shapes first: their placeholder names the kind
+            text = pattern.sub(text)
         return text
 
     def data(self, value: Any) -> Any:
-        """Every string inside a JSON-like value, keys included."""
+        """Every string inside a JSON-like value, keys included; in a list (an argv), the
+        argument after `--password` or `--api-key` is its value and replaced whole."""
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, list):
-            return [self.data(v) for v in value]
+            out = [self.data(v) for v in value]
+            for i in range(1, len(out)):
+                prev, item = value[i - 1], out[i]
+                if isinstance(prev, str) and takes_secret(prev) and isinstance(item, str):
+                    if not item.startswith("-") and not PLACEHOLDER.fullmatch(item):
+                        out[i] = "<secret>"
+            return out
         if isinstance(value, dict):
             return {self.text(k) if isinstance(k, str) else k: self.data(v) for k, v in value.items()}
         return value
 
-    def leaks(self, text: str) -> list[str]:
-        """Placeholders of the values and shapes still present in `text` (never the values themselves)."""
-        found = {r.placeholder for r in self.rules if r.secret in text and r.pattern().search(text)}
-        found |= {p.placeholder for p in VALUE_PATTERNS if p.matches(text)}
+    def leaks(self, text: str, form: Form | None = None) -> list[str]:
+        """Placeholders of the values and shapes still present in `text` (never the values
+        themselves); in HTML, also as a reader sees it (entities decoded). Embedded images skipped."""
+        texts = [DATA_URI.sub("", text)]
+        if form is Form.HTML:
+            texts.append(html.unescape(texts[0]))
+        found: set[str] = set()
+        for seen in texts:
+            found |= {r.placeholder for r in self.rules if r.secret in seen and r.pattern().search(seen)}
+            found |= {p.placeholder for p in VALUE_PATTERNS if p.matches(seen)}
         return sorted(found)
+
+
+class Form(enum.Enum):
+    TEXT = "text"  # plain text, Markdown, JSON, shell
+    HTML = "html"  # also checked as a reader sees it: entities decoded (&quot; is a quote)
+
+
+def hand_out(text: str, scrubber: Scrubber, name: str, form: Form = Form.TEXT) -> str:
+    """The gate every text the lab hands out passes: scrubbed, then refused if anything survived.
+    `name` says which text in the error (ISSUE.md, report/report.html...)."""
+    # Scrubbed around embedded images, never inside them (base64 that happens to look like a key).
+    parts, images = DATA_URI.split(text), DATA_URI.findall(text)
+    clean = scrubber.text(parts[0]) + "".join(i + scrubber.text(p) for i, p in zip(images, parts[1:]))
+    refuse_leaks(clean, scrubber, name, form)
+    return clean
+
+
+def refuse_leaks(text: str, scrubber: Scrubber, name: str, form: Form = Form.TEXT) -> None:
+    """Raise LeakError when `text` still holds a value or shape the scrubber knows (the message
+    names the kinds, never the values)."""
+    hits = scrubber.leaks(text, form)
+    if hits:
+        raise LeakError(
+            f"{name} would still hold: {', '.join(hits)}",
+            why="after scrubbing, the leak check still finds these (placeholders, not the values); "
+            "nothing was written",
+            fix="report this as a bug of mics-repro with the kinds above; until it is fixed, remove "
+            "the secret from the results folder, the command line or the environment and run again",
+        )
 
 
 def _constant(value: str) -> Callable[[re.Match[str]], str]:

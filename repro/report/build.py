@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from repro.core.errors import ReproError
+from repro.core.scrub import Form, Scrubber, hand_out
 from repro.report.answers import DEFAULT_GPU_ENV_HINT, answer_all
 from repro.report.merge import load_and_merge
 from repro.report.plots import Plot, env_plots
@@ -84,8 +85,14 @@ def build_report(
     *,
     gpu_env_hint: Sequence[str] | None = None,
     generated_at: str | None = None,
+    scrubber: Scrubber | None = None,
 ) -> ReportPaths:
-    merged = load_and_merge([Path(d) for d in result_dirs])
+    """`scrubber`: what to keep out of the report; by default this host's secrets and every
+    secret's shape, not its paths (a report read here links to the run's logs). The records are
+    scrubbed as they are read and each written text passes `hand_out`: nothing is written when a
+    secret survives (LeakError)."""
+    scrubber = Scrubber.secrets() if scrubber is None else scrubber
+    merged = load_and_merge([Path(d) for d in result_dirs], scrubber.data)
     answers = answer_all(merged, gpu_env_ids() if gpu_env_hint is None else gpu_env_hint)
     table = rows(merged)
     out_dir = Path(out_dir)
@@ -96,8 +103,22 @@ def build_report(
     data = report_data(merged, answers, table, timelines, all_plots)
     stamp = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    html = render_html(merged, answers, table, details, timelines, data, stamp)
-    markdown = render_markdown(merged, answers, table, details, timelines, data, stamp, PLOT_DIR)
+    html = hand_out(
+        render_html(merged, answers, table, details, timelines, data, stamp),
+        scrubber,
+        "report.html",
+        Form.HTML,
+    )
+    markdown = hand_out(
+        render_markdown(merged, answers, table, details, timelines, data, stamp, PLOT_DIR),
+        scrubber,
+        "REPORT.md",
+    )
+    data_text = hand_out(
+        json.dumps(scrubber.data(data), indent=2, sort_keys=True, allow_nan=False) + "\n",
+        scrubber,
+        "report.json",
+    )
     plot_paths = _write_plots(out_dir, all_plots)
     paths = ReportPaths(
         html=out_dir / "report.html",
@@ -105,7 +126,7 @@ def build_report(
         data=out_dir / "report.json",
         plots=plot_paths,
     )
-    _write_atomic(paths.data, (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
+    _write_atomic(paths.data, data_text.encode())
     _write_atomic(paths.markdown, markdown.encode())
     _write_atomic(paths.html, html.encode())
     return paths

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.core.errors import BundleError
+from repro.core.errors import LeakError
 from repro.core.paths import confined
+from repro.core.scrub import Form, Scrubber
 from repro.upstream.bundle_manifest import MANIFEST
-from repro.upstream.scrub import Scrubber
 
 IMAGE_FILE = "image.tar.gz"
 SUMS_FILE = "SHA256SUMS"
@@ -112,20 +112,22 @@ def artifact(folder: Path, env: Mapping[str, Any], name: str) -> str:
 
 
 def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) -> None:
-    """Refuse the bundle if any file still holds a value the scrubber knows, or a secret's shape
-    (scrub.VALUE_PATTERNS, whatever this host's environment holds). The image is skipped: it is
-    gzip (no text to match) and holds only what the build put there (build-only files flattened out)."""
+    """Refuse the bundle (LeakError) if any file still holds a value the scrubber knows, or a
+    secret's shape (secret_shapes.VALUE_PATTERNS, whatever this host's environment holds); HTML
+    also as a reader sees it. The image is skipped: it is gzip (no text to match) and holds only
+    what the build put there (build-only files flattened out)."""
     found = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = path.relative_to(folder).as_posix()
         if rel in skip:
             continue
-        hits = scrubber.leaks(path.read_bytes().decode("latin-1"))
+        form = Form.HTML if path.suffix in (".html", ".htm") else Form.TEXT
+        hits = scrubber.leaks(path.read_bytes().decode("latin-1"), form)
         if hits:
             found.append(f"{rel}: {', '.join(hits)}")
     if found:
-        raise BundleError(
-            "the bundle would contain values from this host",
+        raise LeakError(
+            "the bundle would contain secrets or values from this host",
             why="; ".join(found),
             fix="report this as a bug of mics-repro; the bundle folder was left for inspection",
         )
