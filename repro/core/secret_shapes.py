@@ -15,7 +15,7 @@ shapes below follow its plugins where it has one (GitLab prefixes, JWT, AWS, Sla
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 # Matched anywhere in the name: compounds that are secret wherever they appear.
@@ -69,23 +69,35 @@ class ValuePattern:
                 return match.span(group)
         return match.span()
 
+    def found(self, text: str) -> Iterator[tuple[int, int]]:
+        """The secrets' spans in `text`, left to right. A match that is no secret (a name that
+        is not secret) is stepped over to the end of its name, not skipped whole: `"log": "... \\"password\\":
+        \\"x\\" ..."` holds a secret inside the value of a harmless name."""
+        pos = 0
+        while (match := self.regex.search(text, pos)) is not None:
+            where = self.span(match)
+            if where is None:
+                # A new match cannot start inside a name (each begins after a non-word
+                # character), so the search goes on after it: into the value, never past it.
+                named = match.end("name") if "name" in match.groupdict() else -1
+                pos = max(match.start() + 1, named)
+                continue
+            yield where
+            pos = max(match.end(), match.start() + 1)
+
     def matches(self, text: str) -> bool:
-        return any(self.span(m) is not None for m in self.regex.finditer(text))
+        return next(self.found(text), None) is not None
 
     @property
     def placeholder(self) -> str:
         return f"<{self.name}>"
 
     def sub(self, text: str) -> str:
-        def replace(match: re.Match[str]) -> str:
-            where = self.span(match)
-            if where is None:
-                return match.group(0)
-            start, end = (i - match.start() for i in where)
-            whole = match.group(0)
-            return whole[:start] + self.placeholder + whole[end:]
-
-        return self.regex.sub(replace, text)
+        out, last = [], 0
+        for start, end in self.found(text):
+            out += [text[last:start], self.placeholder]
+            last = end
+        return "".join(out) + text[last:]
 
 
 def _not_placeholder(match: re.Match[str]) -> bool:
@@ -123,10 +135,12 @@ def _secret_option(match: re.Match[str]) -> bool:
 
 
 # The value after a separator, to its end: inside a JSON string (\"...\"), double or single
-# quoted (to the closing quote, spaces included), or bare.
-_ESCAPED = r'\\"(?P<ve>(?:(?!\\")[^\n])*)(?:\\")?'
+# quoted (to the closing quote, spaces included), or bare. An unclosed quote ends at the line's end,
+# or at a bare double quote (the end of the JSON string it is in: an argv element `AUTH='a` of
+# `AUTH='a b'`), so a value never runs on into the next JSON string.
+_ESCAPED = r'\\"(?P<ve>(?:(?!\\")[^\n"])*)(?:\\")?'
 _DOUBLE = r'"(?P<vd>(?:[^"\\\n]|\\.)*)"?'
-_SINGLE = r"'(?P<vs>[^'\n]*)'?"
+_SINGLE = r"""'(?P<vs>[^'\n"]*)'?"""
 _QUOTED = rf"(?:{_ESCAPED}|{_DOUBLE}|{_SINGLE})"
 _NAME = r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]{1,63})"
 _TOKEN_CHARS = r"[A-Za-z0-9_-]"
@@ -194,7 +208,7 @@ VALUE_PATTERNS: tuple[ValuePattern, ...] = (
     ValuePattern(
         "secret",
         re.compile(
-            r"(?<![A-Za-z0-9_-])--?(?P<name>[A-Za-z][A-Za-z0-9_-]*)(?:=|[ \t]+|\\?[\"'][ \t]*,\s*)"
+            rf"(?<![A-Za-z0-9_-])--?(?P<name>[A-Za-z][A-Za-z0-9_-]*)(?:=|[ \t]+|\\?[\"'][ \t]*,\s*)"
             rf"(?:{_QUOTED}|(?P<vu>(?!-)[^\s'\"\\;&,]+))"
         ),
         accept=_secret_option,

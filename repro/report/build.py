@@ -98,7 +98,7 @@ def build_report(
     out_dir = Path(out_dir)
     timelines = load_timelines(out_dir)
     plots = {env_id: env_plots(merged, env_id) for env_id in merged.envs}
-    details = [env_details(a, merged, plots[a.env.id], answers.findings) for a in answers.envs]
+    details = [env_details(a, merged, plots[a.env.id], answers.findings, scrubber.text) for a in answers.envs]
     all_plots = [p for env_plots_ in plots.values() for p in env_plots_]
     data = report_data(merged, answers, table, timelines, all_plots)
     stamp = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
