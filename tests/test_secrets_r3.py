@@ -326,3 +326,24 @@ def test_html_that_hides_a_value_behind_entities_is_refused_not_written(
     out = tmp_path / "report"
     assert main(["report", "--results", str(folder), "--out", str(out)]) == 17
     assert not (out / "report.html").exists() and not (out / "REPORT.md").exists()
+
+
+def test_the_working_directorys_code_still_runs_only_its_literal_secrets_go(tmp_path: Path) -> None:
+    """In source code an unquoted value is an expression (`key: str`, `os.environ[...]`): the bundle's
+    workdir must still run in verify-bundle; a secret written as a literal is replaced."""
+    work = tmp_path / "proj"
+    work.mkdir()
+    code = (
+        "import os\n"
+        "def fetch(key: str, session: str | None = None, retries: int = 3) -> dict[str, str]:\n"
+        "    api_key = os.environ['HF_API_KEY']\n"
+        "    if key == api_key:\n"
+        "        return {key: session for key in ('a', 'b')}\n"
+        "    return {}\n"
+    )
+    (work / "train.py").write_text(code + f"PASSWORD = '{S['json_password']}'\nHUB = '{S['hf']}'\n")
+    copy_workdir(work, tmp_path / "bundle" / "workdir", clean_host())
+    copied = (tmp_path / "bundle" / "workdir" / "train.py").read_text()
+    assert copied.startswith(code)
+    assert survivors(copied) == [] and "PASSWORD = '<secret>'" in copied
+    scan(tmp_path / "bundle", clean_host())

@@ -35,7 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.errors import LeakError
-from repro.core.secret_shapes import PLACEHOLDER, VALUE_PATTERNS, ValuePattern, secret_name, takes_secret
+from repro.core.secret_shapes import (
+    CODE_PATTERNS,
+    PLACEHOLDER,
+    VALUE_PATTERNS,
+    ValuePattern,
+    secret_name,
+    takes_secret,
+)
 
 __all__ = ["Form", "Kind", "Rule", "Scrubber", "ValuePattern", "hand_out", "refuse_leaks", "secret_name"]
 
@@ -158,12 +165,13 @@ class Scrubber:
         rules = [*self.rules, *(r for r in extra if r.secret not in known)]
         return Scrubber(tuple(sorted(rules, key=lambda r: (-len(r.secret), r.secret))))
 
-    def text(self, text: str) -> str:
+    def text(self, text: str, form: Form | None = None) -> str:
+        """`text` scrubbed; `form` Form.CODE: source code, where an unquoted value is code."""
         for rule in self.rules:
             if rule.secret in text:
                 # A function, not a template: placeholders like "<$X>" must not be read as escapes.
                 text = rule.pattern().sub(_constant(rule.placeholder), text)
-        for pattern in VALUE_PATTERNS:  # token shapes first: their placeholder names the kind
+        for pattern in _patterns(form):  # token shapes first: their placeholder names the kind
             text = pattern.sub(text)
         return text
 
@@ -193,13 +201,30 @@ class Scrubber:
         found: set[str] = set()
         for seen in texts:
             found |= {r.placeholder for r in self.rules if r.secret in seen and r.pattern().search(seen)}
-            found |= {p.placeholder for p in VALUE_PATTERNS if p.matches(seen)}
+            found |= {p.placeholder for p in _patterns(form) if p.matches(seen)}
         return sorted(found)
 
 
 class Form(enum.Enum):
     TEXT = "text"  # plain text, Markdown, JSON, shell
     HTML = "html"  # also checked as a reader sees it: entities decoded (&quot; is a quote)
+    CODE = "code"  # source code: `key: str`, `token = os.environ[...]` are code, not secrets
+
+    @classmethod
+    def for_path(cls, path: Path) -> Form:
+        if path.suffix.lower() in (".html", ".htm"):
+            return cls.HTML
+        return cls.CODE if path.suffix.lower() in CODE_SUFFIXES else cls.TEXT
+
+
+# A job's own sources travel in its working directory and must still run in verify-bundle.
+CODE_SUFFIXES = frozenset(
+    {".py", ".pyi", ".c", ".cc", ".cpp", ".h", ".hpp", ".cu", ".js", ".ts", ".rs", ".go"}
+)
+
+
+def _patterns(form: Form | None) -> tuple[ValuePattern, ...]:
+    return CODE_PATTERNS if form is Form.CODE else VALUE_PATTERNS
 
 
 def hand_out(text: str, scrubber: Scrubber, name: str, form: Form = Form.TEXT) -> str:
@@ -207,7 +232,9 @@ def hand_out(text: str, scrubber: Scrubber, name: str, form: Form = Form.TEXT) -
     `name` says which text in the error (ISSUE.md, report/report.html...)."""
     # Scrubbed around embedded images, never inside them (base64 that happens to look like a key).
     parts, images = DATA_URI.split(text), DATA_URI.findall(text)
-    clean = scrubber.text(parts[0]) + "".join(i + scrubber.text(p) for i, p in zip(images, parts[1:]))
+    clean = scrubber.text(parts[0], form) + "".join(
+        i + scrubber.text(p, form) for i, p in zip(images, parts[1:])
+    )
     refuse_leaks(clean, scrubber, name, form)
     return clean
 

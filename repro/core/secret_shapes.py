@@ -142,8 +142,34 @@ _ESCAPED = r'\\"(?P<ve>(?:(?!\\")[^\n"])*)(?:\\")?'
 _DOUBLE = r'"(?P<vd>(?:[^"\\\n]|\\.)*)"?'
 _SINGLE = r"""'(?P<vs>[^'\n"]*)'?"""
 _QUOTED = rf"(?:{_ESCAPED}|{_DOUBLE}|{_SINGLE})"
-_NAME = r"(?P<name>[A-Za-z_][A-Za-z0-9_.-]{1,63})"
+_NAME = r"(?P<name>[A-Za-z_][A-Za-z0-9_-]{1,63})"
 _TOKEN_CHARS = r"[A-Za-z0-9_-]"
+
+
+def _named(*, bare: bool) -> tuple[ValuePattern, ValuePattern]:
+    """`NAME=value` and `name: value` whose name says secret. `bare`: also an unquoted value;
+    in source code one is an expression (`key: str`, `api_key = os.environ[...]`), not a secret."""
+    assign_bare = r"|(?P<vu>[^\s'\"\\;&,]+)" if bare else ""
+    line_bare = r"|(?P<vl>[^\s\"'\\][^\n\"'\\]*?)(?=[ \t]*(?:[\r\n\"'\\]|\Z))" if bare else ""
+    return (
+        # NAME=value (shell, env dumps, connection strings): a bare value ends at a separator;
+        # `==` is a comparison.
+        ValuePattern(
+            "secret",
+            re.compile(
+                rf"(?<![A-Za-z0-9_$-])\\?[\"']?{_NAME}\\?[\"']?[ \t]*=(?!=)[ \t]*(?:{_QUOTED}{assign_bare})"
+            ),
+            accept=_named_secret,
+        ),
+        # name: value (JSON, YAML, logs): a bare value runs to the end of the line (or of the
+        # string it is in), since "password: correct horse battery staple" is one value.
+        ValuePattern(
+            "secret",
+            re.compile(rf"(?<![A-Za-z0-9_$-])\\?[\"']?{_NAME}\\?[\"']?[ \t]*:[ \t]*(?:{_QUOTED}{line_bare})"),
+            accept=_named_secret,
+        ),
+    )
+
 
 VALUE_PATTERNS: tuple[ValuePattern, ...] = (
     ValuePattern(
@@ -213,23 +239,9 @@ VALUE_PATTERNS: tuple[ValuePattern, ...] = (
         ),
         accept=_secret_option,
     ),
-    # NAME=value (shell, env dumps, connection strings): a bare value ends at a separator.
-    ValuePattern(
-        "secret",
-        re.compile(
-            rf"(?<![A-Za-z0-9_$-])\\?[\"']?{_NAME}\\?[\"']?[ \t]*=[ \t]*"
-            rf"(?:{_QUOTED}|(?P<vu>[^\s'\"\\;&,]+))"
-        ),
-        accept=_named_secret,
-    ),
-    # name: value (JSON, YAML, logs): a bare value runs to the end of the line (or of the string
-    # it is in), since "password: correct horse battery staple" is one value.
-    ValuePattern(
-        "secret",
-        re.compile(
-            rf"(?<![A-Za-z0-9_$-])\\?[\"']?{_NAME}\\?[\"']?[ \t]*:[ \t]*"
-            rf"(?:{_QUOTED}|(?P<vl>[^\s\"'\\][^\n\"'\\]*?)(?=[ \t]*(?:[\r\n\"'\\]|\Z)))"
-        ),
-        accept=_named_secret,
-    ),
+    *_named(bare=True),
 )
+
+
+# Source code (a job's working directory): quoted values only for a name that says secret.
+CODE_PATTERNS: tuple[ValuePattern, ...] = (*VALUE_PATTERNS[:-2], *_named(bare=False))

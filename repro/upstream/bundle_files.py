@@ -25,7 +25,7 @@ def copy_scrubbed(src: Path, dst: Path, scrubber: Scrubber) -> None:
     except UnicodeDecodeError:
         text, codec = data.decode("latin-1"), "latin-1"
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(scrubber.text(text).encode(codec))
+    dst.write_bytes(scrubber.text(text, Form.for_path(src)).encode(codec))
 
 
 def copy_results(
@@ -121,8 +121,7 @@ def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) 
         rel = path.relative_to(folder).as_posix()
         if rel in skip:
             continue
-        form = Form.HTML if path.suffix in (".html", ".htm") else Form.TEXT
-        hits = scrubber.leaks(path.read_bytes().decode("latin-1"), form)
+        hits = scrubber.leaks(path.read_bytes().decode("latin-1"), Form.for_path(path))
         if hits:
             found.append(f"{rel}: {', '.join(hits)}")
     if found:
