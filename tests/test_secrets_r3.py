@@ -305,14 +305,14 @@ def test_the_bundle_scan_refuses_a_file_that_escaped_the_scrubber(tmp_path: Path
     with pytest.raises(BundleError) as err:  # LeakError, a kind of BundleError
         scan(tmp_path, clean_host())
     assert "late.txt" in err.value.render() and SECRETS[secret] not in err.value.render()
-    assert err.value.exit_code == 17
+    assert err.value.exit_code == 19
 
 
 def test_html_that_hides_a_value_behind_entities_is_refused_not_written(
     tmp_path: Path, bare_host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A value the scrubber cannot see whole in the escaped HTML (&quot;a b&quot;) is found as a
-    reader would see it; the report is refused with exit 17 and no report.html is written."""
+    reader would see it; the report is refused with exit 19 and no report.html is written."""
     import repro.report.build as build
     from repro.cli.main import main
 
@@ -324,7 +324,7 @@ def test_html_that_hides_a_value_behind_entities_is_refused_not_written(
 
     monkeypatch.setattr(build, "render_html", leaky)
     out = tmp_path / "report"
-    assert main(["report", "--results", str(folder), "--out", str(out)]) == 17
+    assert main(["report", "--results", str(folder), "--out", str(out)]) == 19
     assert not (out / "report.html").exists() and not (out / "REPORT.md").exists()
 
 
@@ -347,3 +347,15 @@ def test_the_working_directorys_code_still_runs_only_its_literal_secrets_go(tmp_
     assert copied.startswith(code)
     assert survivors(copied) == [] and "PASSWORD = '<secret>'" in copied
     scan(tmp_path / "bundle", clean_host())
+
+
+def test_the_leak_exit_code_is_no_other_errors() -> None:
+    import repro.upstream.patchgen
+    import repro.upstream.pr_regression  # noqa: F401 - both define error classes of their own
+    from repro.core.errors import LeakError, ReproError
+
+    def kinds(cls: type[ReproError]) -> list[type[ReproError]]:
+        return [k for sub in cls.__subclasses__() for k in (sub, *kinds(sub))]
+
+    same = [k.__name__ for k in kinds(ReproError) if k.exit_code == 19 and not issubclass(k, LeakError)]
+    assert LeakError.exit_code == 19 and same == []

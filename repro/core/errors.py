@@ -138,7 +138,7 @@ class LeakError(BundleError):
     secret or a host value after scrubbing: refused, never written. A kind of BundleError (the
     bundle's final scan raises it), with its own exit code."""
 
-    exit_code = 17
+    exit_code = 19
 
 
 class FixNotResolvedError(ReproError):
