@@ -359,3 +359,11 @@ def test_the_leak_exit_code_is_no_other_errors() -> None:
 
     same = [k.__name__ for k in kinds(ReproError) if k.exit_code == 19 and not issubclass(k, LeakError)]
     assert LeakError.exit_code == 19 and same == []
+
+
+def test_a_file_named_after_a_token_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "workdir").mkdir()
+    (tmp_path / "workdir" / f"cache-{S['hf']}.txt").write_text("nothing secret inside\n")
+    with pytest.raises(BundleError) as err:
+        scan(tmp_path, clean_host())
+    assert "<hf-token>" in err.value.render() and S["hf"] not in err.value.render()

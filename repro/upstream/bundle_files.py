@@ -121,9 +121,11 @@ def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) 
         rel = path.relative_to(folder).as_posix()
         if rel in skip:
             continue
-        hits = scrubber.leaks(path.read_bytes().decode("latin-1"), Form.for_path(path))
+        # A file's name travels too (a log named after a token): checked like its content.
+        content = scrubber.leaks(path.read_bytes().decode("latin-1"), Form.for_path(path))
+        hits = sorted(set(content) | set(scrubber.leaks(rel)))
         if hits:
-            found.append(f"{rel}: {', '.join(hits)}")
+            found.append(f"{scrubber.text(rel)}: {', '.join(hits)}")  # the message is shown, maybe in CI
     if found:
         raise LeakError(
             "the bundle would contain secrets or values from this host",
