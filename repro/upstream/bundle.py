@@ -343,7 +343,7 @@ def make_bundle(
             )
 
     image = _write_image(request, client, str(raw_env["image_id"]), say)
-    platform = str(env.get("platform") or "cpu")
+    platform = str(raw_env.get("platform") or "cpu")  # decides device flags: as recorded
     layout = replace(cluster.REPORTER if platform != "cpu" else cluster.CPU_TWIN, platform=platform)
     scripts = cluster.render(layout, env_id=request.env_id, image_ref=image["ref"], image_file=IMAGE_FILE)
     cluster.write(
