@@ -133,6 +133,14 @@ class BundleError(ReproError):
     exit_code = 16
 
 
+class LeakError(BundleError):
+    """A text the lab hands out (a bundle file, ISSUE.md, REPORT.md, report.html) still holds a
+    secret or a host value after scrubbing: refused, never written. A kind of BundleError (the
+    bundle's final scan raises it), with its own exit code."""
+
+    exit_code = 19
+
+
 class FixNotResolvedError(ReproError):
     """`check-fix`: the fixed runs did not come out clean."""
 

@@ -11,13 +11,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from repro.core.scrub import Scrubber
     from repro.report.build import ReportPaths
 
 
-def build_report(result_dirs: Sequence[Path], out_dir: Path) -> ReportPaths:
+def build_report(
+    result_dirs: Sequence[Path], out_dir: Path, *, scrubber: Scrubber | None = None
+) -> ReportPaths:
     from repro.report.build import build_report as build
 
-    return build(result_dirs, out_dir)
+    return build(result_dirs, out_dir, scrubber=scrubber)
 
 
 __all__ = ["build_report"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from repro.core import safe_write
 from repro.core.errors import ReproError
+from repro.core.scrub import Form, Scrubber, hand_out
 from repro.report.answers import DEFAULT_GPU_ENV_HINT, answer_all
 from repro.report.merge import load_and_merge
 from repro.report.plots import env_plots
@@ -95,26 +96,46 @@ def build_report(
     *,
     gpu_env_hint: Sequence[str] | None = None,
     generated_at: str | None = None,
+    scrubber: Scrubber | None = None,
 ) -> ReportPaths:
-    merged = load_and_merge([Path(d) for d in result_dirs])
+    """`scrubber`: what to keep out of the report; by default this host's secrets and every
+    secret's shape, not its paths (a report read here links to the run's logs). The records are
+    scrubbed as they are read and each written text passes `hand_out`: nothing is written when a
+    secret survives (LeakError)."""
+    scrubber = Scrubber.secrets() if scrubber is None else scrubber
+    merged = load_and_merge([Path(d) for d in result_dirs], scrubber.data)
     answers = answer_all(merged, gpu_env_ids() if gpu_env_hint is None else gpu_env_hint)
     table = rows(merged)
     out_dir = safe_write.claim_folder(Path(out_dir), option="OUT", owned_by=OWNED_BY)
     timelines = load_timelines(out_dir)
     plots = {env_id: env_plots(merged, env_id) for env_id in merged.envs}
-    details = [env_details(a, merged, plots[a.env.id], answers.findings) for a in answers.envs]
+    details = [env_details(a, merged, plots[a.env.id], answers.findings, scrubber.text) for a in answers.envs]
     all_plots = [p for env_plots_ in plots.values() for p in env_plots_]
     data = report_data(merged, answers, table, timelines, all_plots)
     stamp = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    html = render_html(merged, answers, table, details, timelines, data, stamp)
-    markdown = render_markdown(merged, answers, table, details, timelines, data, stamp, PLOT_DIR)
+    html = hand_out(
+        render_html(merged, answers, table, details, timelines, data, stamp),
+        scrubber,
+        "report.html",
+        Form.HTML,
+    )
+    markdown = hand_out(
+        render_markdown(merged, answers, table, details, timelines, data, stamp, PLOT_DIR),
+        scrubber,
+        "REPORT.md",
+    )
+    data_text = hand_out(
+        json.dumps(scrubber.data(data), indent=2, sort_keys=True, allow_nan=False) + "\n",
+        scrubber,
+        "report.json",
+    )
     plot_files = {f"{PLOT_DIR}/{p.slug}.png": p.png for p in all_plots}
     _write_files(
         out_dir,
         {
             **plot_files,
-            "report.json": (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(),
+            "report.json": data_text.encode(),
             "REPORT.md": markdown.encode(),
             "report.html": html.encode(),
         },

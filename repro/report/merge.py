@@ -13,7 +13,7 @@ Rules (each leaves a note in the report so nothing is dropped silently):
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -145,7 +145,13 @@ def _artifacts(folder: Path, env_id: str, raw: Any, notes: list[str]) -> dict[st
     return out
 
 
-def load_folder(folder: Path) -> ResultsFolder:
+def _same(data: Any) -> Any:
+    return data
+
+
+def load_folder(folder: Path, clean: Callable[[Any], Any] = _same) -> ResultsFolder:
+    """`clean` rewrites the parsed results.json before anything is read from it (the report's
+    scrubber: a secret in a command or a log excerpt never reaches a rendered text)."""
     folder = folder.resolve()
     path = folder / RESULTS_FILE
     if not path.is_file():
@@ -164,6 +170,7 @@ def load_folder(folder: Path) -> ResultsFolder:
         ) from None
     if not isinstance(data, dict):
         raise _damaged(str(path), f"the file holds a JSON {type(data).__name__}, not an object")
+    data = clean(data)
     schema = _require(data, "schema", path)
     if schema != SUPPORTED_SCHEMA:
         raise UsageError(
@@ -288,7 +295,7 @@ def merge(folders: Sequence[ResultsFolder]) -> MergedResults:
     )
 
 
-def load_and_merge(result_dirs: Sequence[Path]) -> MergedResults:
+def load_and_merge(result_dirs: Sequence[Path], clean: Callable[[Any], Any] = _same) -> MergedResults:
     if not result_dirs:
         raise UsageError("no results folder given", fix="pass RESULTS=dir1,dir2 (default: results/latest)")
-    return merge([load_folder(Path(d)) for d in result_dirs])
+    return merge([load_folder(Path(d), clean) for d in result_dirs])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,22 +47,32 @@ class EnvDetails:
         return self.answer.env
 
 
-def _artifact_text(path: Path, root: Path) -> str:
+def _same(text: str) -> str:
+    return text
+
+
+def _artifact_text(path: Path, root: Path, clean: Callable[[str], str] = _same) -> str:
     # merge.load_folder keeps only artifacts inside the folder; checked again where the file is read.
     rel = path.relative_to(root) if path.is_relative_to(root) else None
     if rel is None or confined(root, rel) is None:
         return "(not read: the path leads outside the results folder)"
     if not path.is_file():
         return f"(missing: {path})"
-    text = path.read_text(errors="replace")
+    # Scrubbed whole, before it is cut: half a token no longer has a token's shape.
+    text = clean(path.read_text(errors="replace"))
     if len(text) > ARTIFACT_CHARS:
         return text[:ARTIFACT_CHARS] + f"\n... ({len(text) - ARTIFACT_CHARS} more characters in {path.name})"
     return text
 
 
 def env_details(
-    answer: EnvAnswer, merged: MergedResults, plots: Sequence[Plot], findings: Sequence[Finding]
+    answer: EnvAnswer,
+    merged: MergedResults,
+    plots: Sequence[Plot],
+    findings: Sequence[Finding],
+    clean: Callable[[str], str] = _same,
 ) -> EnvDetails:
+    """`clean`: the report's scrubber, for the artifacts (collect_env, ds_report) read here."""
     env = answer.env
     versions: list[Mapping[str, Any]] = []
     for run in merged.runs_of(env.id):
@@ -75,7 +85,7 @@ def env_details(
             str(path.relative_to(env.invocation.folder.parent))
             if path.is_relative_to(env.invocation.folder.parent)
             else str(path),
-            _artifact_text(path, env.invocation.folder),
+            _artifact_text(path, env.invocation.folder, clean),
         )
         for name, path in sorted(env.artifacts.items())
     )

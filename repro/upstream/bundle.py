@@ -13,8 +13,9 @@
     bundles/<env>.tar               the folder as one archive
 
 Plan as data (`BundleRequest` -> `make_bundle`), Docker behind `repro.upstream.bundle_image`. Every text
-goes through `repro.upstream.scrub` on its way in, and the finished folder is scanned again: a bundle that
-still contains a host value is refused, not shipped.
+goes through `repro.core.scrub` on its way in (the records before anything is rendered from them, each
+written text through `hand_out`), and the finished folder is scanned again: a bundle that still contains
+a host value or a secret's shape is refused (LeakError), not shipped.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from repro.core.evidence import platform_mismatch
 from repro.core.makeline import make_line
 from repro.core.results import ResultsData
 from repro.core.results import load as load_results
+from repro.core.scrub import Scrubber, hand_out
 from repro.upstream import bundle_image, cluster, issue_comment, patchgen, source_refs
 from repro.upstream.bundle_files import (
     IMAGE_FILE,
@@ -46,13 +48,14 @@ from repro.upstream.bundle_files import (
     artifact,
     check_archive_free,
     copy_results,
-    copy_scrubbed,
     copy_workdir,
     scan,
     write_sums,
 )
+from repro.upstream.bundle_files import (
+    copy_scrubbed as copy_scrubbed,  # noqa: F401 - callers and tests use bundle.copy_scrubbed
+)
 from repro.upstream.bundle_manifest import MANIFEST, Expected, Manifest, file_hashes
-from repro.upstream.scrub import Scrubber
 from repro.workload.record import CUSTOM_SCENARIO, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord
 
 REPO_ROOT = paths.REPO_ROOT
@@ -309,16 +312,25 @@ def make_bundle(
         }
     )
 
+    # From here on only scrubbed values: whatever is rendered from them (commands, the comment,
+    # the README) is clean before it is quoted, shell-quoted or escaped, where a scrub of the
+    # finished text could no longer see a value whole. Where the command ran (job_dir) stays raw.
+    raw_env = env  # image id and artifact paths: what this host must find, as recorded
+    env, records = scrubber.data(env), scrubber.data(records)
+    suite_records = [r for r in records if r.get("scenario") != CUSTOM_SCENARIO]
+    custom_records = [r for r in records if r.get("scenario") == CUSTOM_SCENARIO]
+    job = scrubber.data(job)
+    invocation_command = scrubber.text(str(data["invocation"].get("command") or ""))
+
     for skipped in copy_results(request.results, request.env_id, out / "results", scrubber, data):
         say(f"bundle: not copied: {skipped} (it leads outside the results folder)")
     from repro.report import build_report
 
-    build_report([out / "results"], out / "report")
-    for path in sorted(p for p in (out / "report").rglob("*") if p.is_file()):
-        copy_scrubbed(path, path, scrubber)  # the report names the folder it was built from
+    # The report names the folder it was built from: the bundle's scrubber replaces it too.
+    build_report([out / "results"], out / "report", scrubber=scrubber)
     name, text, note = patch_text(version)
     if name:
-        (out / name).write_text(text)
+        (out / name).write_text(hand_out(text, scrubber, name))
 
     job_notes: tuple[str, ...] = ()
     if job is not None and job_dir is not None:
@@ -333,12 +345,12 @@ def make_bundle(
                 f"(the runs had workdir digest {digest})",
             )
 
-    image = _write_image(request, client, str(env["image_id"]), say)
-    platform = str(env.get("platform") or "cpu")
+    image = _write_image(request, client, str(raw_env["image_id"]), say)
+    platform = str(raw_env.get("platform") or "cpu")  # decides device flags: as recorded
     layout = replace(cluster.REPORTER if platform != "cpu" else cluster.CPU_TWIN, platform=platform)
+    scripts = cluster.render(layout, env_id=request.env_id, image_ref=image["ref"], image_file=IMAGE_FILE)
     cluster.write(
-        cluster.render(layout, env_id=request.env_id, image_ref=image["ref"], image_file=IMAGE_FILE),
-        out / "cluster",
+        [replace(s, text=hand_out(s.text, scrubber, f"cluster/{s.path}")) for s in scripts], out / "cluster"
     )
 
     # The env's platform decides the device in the bundle's run too: no silent CPU fallback.
@@ -368,27 +380,25 @@ def make_bundle(
             [("BUNDLE", f"path/to/{out.name}.tar")]
             + ([("ALLOW_PRIVILEGES", "1")] if platform != "cpu" else []),
         ),
-        "reproduce_from_source": str(
-            data["invocation"].get("command") or make_line("repro", [("ENV", request.env_id)])
-        ),
+        "reproduce_from_source": invocation_command or make_line("repro", [("ENV", request.env_id)]),
     }
     expected = tuple(Expected.from_record(r) for r in records)
-    refs = source_refs.find_refs(version, release_sources(version, client, str(env["image_id"]), python))
+    refs = source_refs.find_refs(version, release_sources(version, client, str(raw_env["image_id"]), python))
     comment = issue_comment.render_fitting(
         issue_comment.IssueInput(
             env_id=request.env_id,
             env=scrubber.data({**env, "built_on": image.get("base")}),
-            records=scrubber.data(records),
+            records=records,
             refs=refs,
             patch_name=name,
             patch_text=text,
-            ds_report=scrubber.text(artifact(request.results, env, "ds_report")),
-            collect_env=scrubber.text(artifact(request.results, env, "collect_env")),
+            ds_report=scrubber.text(artifact(request.results, raw_env, "ds_report")),
+            collect_env=scrubber.text(artifact(request.results, raw_env, "collect_env")),
             reproduce=[commands["load"], "mkdir -p out", run_command],
             results_command=commands["reproduce_from_source"],
         )
     )
-    (out / "ISSUE_COMMENT.md").write_text(scrubber.text(comment))
+    (out / "ISSUE_COMMENT.md").write_text(hand_out(comment, scrubber, "ISSUE_COMMENT.md"))
     heads = issue_comment.headlines([issue_comment.RunRow.from_record(r) for r in records])
     versions: dict[str, Any] = next((r["versions"] for r in records if r.get("versions")), {})
     readme = (
@@ -411,7 +421,7 @@ def make_bundle(
             results_command=commands["reproduce_from_source"],
         )
     )
-    (out / "README.md").write_text(scrubber.text(readme))
+    (out / "README.md").write_text(hand_out(readme, scrubber, "README.md"))
 
     manifest = Manifest(
         tool_version=__version__,
@@ -477,7 +487,7 @@ def _seal(out: Path, manifest: Manifest, scrubber: Scrubber) -> Manifest:
     known = {IMAGE_FILE: str(manifest.image["sha256"])}
     write_sums(out, file_hashes(out, known=known))
     sealed = replace(manifest, files=file_hashes(out, known=known))
-    (out / MANIFEST).write_text(scrubber.text(sealed.to_json()))
+    (out / MANIFEST).write_text(hand_out(sealed.to_json(), scrubber, MANIFEST))
     scan(out, scrubber)
     return sealed
 

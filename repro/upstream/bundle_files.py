@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from repro.core import safe_write
-from repro.core.errors import BundleError, UsageError
+from repro.core.errors import LeakError, UsageError
 from repro.core.paths import confined
+from repro.core.scrub import Form, Scrubber
 from repro.upstream.bundle_manifest import MANIFEST
-from repro.upstream.scrub import Scrubber
 
 IMAGE_FILE = "image.tar.gz"
 SUMS_FILE = "SHA256SUMS"
@@ -26,7 +26,7 @@ def copy_scrubbed(src: Path, dst: Path, scrubber: Scrubber) -> None:
     except UnicodeDecodeError:
         text, codec = data.decode("latin-1"), "latin-1"
     dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(scrubber.text(text).encode(codec))
+    dst.write_bytes(scrubber.text(text, Form.for_path(src)).encode(codec))
 
 
 def copy_results(
@@ -113,20 +113,23 @@ def artifact(folder: Path, env: Mapping[str, Any], name: str) -> str:
 
 
 def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) -> None:
-    """Refuse the bundle if any file still holds a value the scrubber knows, or a secret's shape
-    (scrub.VALUE_PATTERNS, whatever this host's environment holds). The image is skipped: it is
-    gzip (no text to match) and holds only what the build put there (build-only files flattened out)."""
+    """Refuse the bundle (LeakError) if any file still holds a value the scrubber knows, or a
+    secret's shape (secret_shapes.VALUE_PATTERNS, whatever this host's environment holds); HTML
+    also as a reader sees it. The image is skipped: it is gzip (no text to match) and holds only
+    what the build put there (build-only files flattened out)."""
     found = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = path.relative_to(folder).as_posix()
         if rel in skip:
             continue
-        hits = scrubber.leaks(path.read_bytes().decode("latin-1"))
+        # A file's name travels too (a log named after a token): checked like its content.
+        content = scrubber.leaks(path.read_bytes().decode("latin-1"), Form.for_path(path))
+        hits = sorted(set(content) | set(scrubber.leaks(rel)))
         if hits:
-            found.append(f"{rel}: {', '.join(hits)}")
+            found.append(f"{scrubber.text(rel)}: {', '.join(hits)}")  # the message is shown, maybe in CI
     if found:
-        raise BundleError(
-            "the bundle would contain values from this host",
+        raise LeakError(
+            "the bundle would contain secrets or values from this host",
             why="; ".join(found),
             fix="report this as a bug of mics-repro; the bundle folder was left for inspection",
         )

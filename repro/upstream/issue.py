@@ -2,15 +2,16 @@
 
 Read from the folder's bisect.json (a release bisect, a commit bisect, or a release bisect with
 its `commits`) or survey.json, and from the first bad probe's record (its stacks when it hung).
-Everything written passes through the bundle's scrubbing (repro.upstream.scrub): no host paths,
-user names, host names or secrets reach the text; the folder's own path is written <results>.
+Everything written passes through the bundle's scrubbing (repro.core.scrub): the folder's data is
+scrubbed as it is read, the finished text passes `hand_out` (refused when a secret survives), so no
+host paths, user names, host names or secrets reach the text; the folder's own path is <results>.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ from repro.core import safe_write, templating
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import confined
-from repro.upstream.scrub import Scrubber
+from repro.core.scrub import Scrubber, hand_out
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ISSUE_FILE = "ISSUE.md"
@@ -61,6 +62,10 @@ def stack_groups(stacks: Mapping[str, str]) -> list[StackGroup]:
     return [StackGroup(tuple(r), where, main_stack(stacks[r[0]])) for where, r in groups.items()]
 
 
+def _same(data: Any) -> Any:
+    return data
+
+
 def _load(folder: Path) -> tuple[str, dict[str, Any]]:
     for kind in ("bisect", "survey"):
         path = folder / f"{kind}.json"
@@ -98,9 +103,10 @@ def _probe_rows(probes: Sequence[Mapping[str, Any]], axis: str) -> list[dict[str
     ]
 
 
-def context(folder: Path) -> dict[str, Any]:
-    """What ISSUE.md says, before scrubbing."""
+def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]:
+    """What ISSUE.md says; `clean` rewrites what is read from the folder (the scrubber's `data`)."""
     kind, data = _load(folder)
+    data = clean(data)
     commits = data.get("commits")
     if isinstance(commits, list):  # a survey's: one commit bisect per change point, the first found
         commits = next((c for c in commits if c.get("status") == "found"), None)
@@ -118,7 +124,7 @@ def context(folder: Path) -> dict[str, Any]:
     if kind == "survey" and changes:
         by_version = {p["version"]: p for p in data.get("probes", [])}
         good, bad = by_version.get(changes[0]["before"]), by_version.get(changes[0]["after"])
-    record = _record(folder, bad)
+    record = clean(_record(folder, bad))
     versions = {k: v for k, v in ((bad or {}).get("versions") or {}).items() if k in VERSION_KEYS and v}
     first_commit = (commit_data or {}).get("first_bad_commit")
     scenario, patch = data.get("scenario"), data.get("patch")
@@ -152,13 +158,13 @@ def context(folder: Path) -> dict[str, Any]:
 
 def render(folder: Path, scrubber: Scrubber) -> str:
     env = templating.environment(TEMPLATES)
-    ctx = context(folder)
-    text = env.get_template("ISSUE.md.j2").render(**ctx)
     paths: dict[str, str | Path] = {"<results>": folder.resolve()}
-    repo = (ctx["commit"] or {}).get("ds_repo")
-    if repo and repo.startswith("/"):  # a local checkout: where it is says nothing to maintainers
+    repo = (context(folder)["commit"] or {}).get("ds_repo")
+    if isinstance(repo, str) and repo.startswith("/"):  # a local checkout: where it is says nothing
         paths["<DS_REPO>"] = repo
-    return scrubber.with_paths(paths).text(text)
+    scrubber = scrubber.with_paths(paths)
+    text = env.get_template("ISSUE.md.j2").render(**context(folder, scrubber.data))
+    return hand_out(text, scrubber, "ISSUE.md")
 
 
 def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:
