@@ -150,14 +150,16 @@ def context(folder: Path) -> dict[str, Any]:
 
 
 def render(folder: Path, scrubber: Scrubber) -> str:
-    env = templating.environment(TEMPLATES)
     ctx = context(folder)
-    text = env.get_template("ISSUE.md.j2").render(**ctx)
     paths: dict[str, str | Path] = {"<results>": folder.resolve()}
     repo = (ctx["commit"] or {}).get("ds_repo")
-    if repo and repo.startswith("/"):  # a local checkout: where it is says nothing to maintainers
+    if repo and isinstance(repo, str) and repo.startswith("/"):  # a local checkout: says nothing to maintainers
         paths["<DS_REPO>"] = repo
-    return scrubber.with_paths(paths).text(text)
+    scrub = scrubber.with_paths(paths)
+    # Each value is scrubbed before it is escaped for Markdown (a secret is matched as recorded,
+    # not in its escaped form); the whole text once more after, for what the template itself holds.
+    env = templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, clean=scrub.text)
+    return scrub.text(env.get_template("ISSUE.md.j2").render(**ctx))
 
 
 def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:
