@@ -34,6 +34,7 @@ from repro.bisect.probe import BadIf, Judge, Observation, ProbeSpec
 from repro.bisect.search import Bisection, Survey, round_bound
 from repro.bisect.source_overlay import SourceOverlay
 from repro.bisect.worktree_layer import WorktreeLayer
+from repro.core import console
 from repro.core.errors import Interrupted, UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
@@ -183,7 +184,7 @@ class Services:
     matrix: Any = None
     engine: Any = None
     index: VersionIndex | None = None
-    say: Callable[[str], None] = print
+    say: Callable[[str], None] = console.result
     repo: Callable[[str], DsRepo] = DsRepo  # the cached clone of DS_REPO
     overlay: rounds.Overlay | None = None  # how a commit is layered over the env (SourceOverlay)
     runner: Callable[..., rounds.RoundRunner] | None = None  # tests: replaces the round runner

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.bisect.probe import Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
-from repro.core import cmd, templating
+from repro.core import cmd, console, templating
 from repro.core.errors import MissingToolError, RunError
 
 if TYPE_CHECKING:
@@ -230,7 +230,7 @@ class Slurm:
         slots: int,
         options: SlurmOptions = SlurmOptions(),
         launch: Callable[..., cmd.CmdResult] = cmd.run,
-        say: Callable[[str], None] = print,
+        say: Callable[[str], None] = console.result,
     ) -> None:
         self.results, self.command, self.slots = results, command, slots
         self.options, self.launch, self.say = options, launch, say

@@ -133,6 +133,8 @@ def html_text(value: object) -> Markup:
     text = printable(one_line(str(value)))
     # Element content, never an attribute: quotes stay as they are (they read better in a stack).
     text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    # Brackets as entities as in md_inline: inert here, and no `](javascript:` for a scan to find.
+    text = text.replace("[", "&#91;").replace("]", "&#93;")
     return Markup(_MENTION.sub("<code>@</code>", text))
 
 

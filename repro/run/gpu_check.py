@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro import __version__
+from repro.core import console
 from repro.core.errors import DeviceUnavailableError, ReproError, UsageError
 from repro.core.results import RESULTS_FILE, utc_now
 from repro.matrix import compat
@@ -161,7 +162,7 @@ def gpu_check(
     device: Device,
     matrix: Matrix,
     env_id: str | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = console.result,
 ) -> GpuCheck:
     folder.mkdir(parents=True, exist_ok=True)
     facts = device.host_facts()

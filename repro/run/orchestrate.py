@@ -256,7 +256,10 @@ def _world_size(suite_args: Sequence[str]) -> int | None:
 
 
 def execute(
-    steps: Sequence[Step], engine: Engine, invocation: InvocationDir, say: Callable[[str], None] = print
+    steps: Sequence[Step],
+    engine: Engine,
+    invocation: InvocationDir,
+    say: Callable[[str], None] = console.result,
 ) -> list[RunRecord]:
     """Prepare and run every step; record each env's runs as soon as its suite ends."""
     for step in steps:

@@ -32,7 +32,7 @@ from typing import Any
 import jinja2
 
 from repro import __version__
-from repro.core import paths, templating
+from repro.core import console, paths, templating
 from repro.core.errors import BundleError, ReproError
 from repro.core.evidence import platform_mismatch
 from repro.core.makeline import make_line
@@ -268,7 +268,7 @@ def _templates() -> jinja2.Environment:
 
 
 def make_bundle(
-    request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None] = print
+    request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None] = console.result
 ) -> BundleResult:
     out = request.out
     if out.exists() and any(out.iterdir()):

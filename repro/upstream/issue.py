@@ -153,7 +153,9 @@ def render(folder: Path, scrubber: Scrubber) -> str:
     ctx = context(folder)
     paths: dict[str, str | Path] = {"<results>": folder.resolve()}
     repo = (ctx["commit"] or {}).get("ds_repo")
-    if repo and isinstance(repo, str) and repo.startswith("/"):  # a local checkout: says nothing to maintainers
+    if (
+        repo and isinstance(repo, str) and repo.startswith("/")
+    ):  # a local checkout: says nothing to maintainers
         paths["<DS_REPO>"] = repo
     scrub = scrubber.with_paths(paths)
     # Each value is scrubbed before it is escaped for Markdown (a secret is matched as recorded,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.core import console
 from repro.core.errors import BundleError, UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import confined
@@ -250,7 +251,7 @@ def verify(
     *,
     argv: Sequence[str] = (),
     engine_factory: Callable[[Any], Any] | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = console.result,
     connect: Callable[[], Any] | None = None,
     allow_privileges: bool = False,
     host: GpuHost | None = None,
