@@ -15,7 +15,6 @@ the driver's Judge from outcome and signature, not by the child.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import sys
@@ -27,8 +26,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.bisect.probe import Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
-from repro.core import cmd, console, templating
-from repro.core.errors import MissingToolError, RunError
+from repro.core import cmd, console, records, shapes, templating
+from repro.core.errors import MissingToolError, RunError, UsageError
 
 if TYPE_CHECKING:
     from repro.bisect.commits import DsRepo
@@ -132,8 +131,8 @@ def read_observation(folder: Path, spec: ProbeSpec, results: Path, why_missing: 
     """The probe's observation from its probe.json; a probe that left none is unknown (env-error)."""
     path = folder / "probe.json"
     try:
-        row = json.loads(path.read_text())["probes"][0]
-    except (OSError, ValueError, KeyError, IndexError):
+        row = records.load(path, shapes.WALK, "probe file")["probes"][0]
+    except (UsageError, KeyError, IndexError, TypeError):
         return Observation(spec.label, "env-error", "none", why_missing, 0.0, spec.env_id)
     record = row.get("record")
     rel = folder.relative_to(results)

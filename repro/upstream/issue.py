@@ -8,14 +8,13 @@ user names, host names or secrets reach the text; the folder's own path is writt
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.core import templating
+from repro.core import records, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import confined
@@ -23,6 +22,7 @@ from repro.upstream.scrub import Scrubber
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
+_STACKS = records.Shape((dict,), fields={"stacks": records.STR_MAP})
 
 
 @dataclass(frozen=True)
@@ -63,8 +63,9 @@ def stack_groups(stacks: Mapping[str, str]) -> list[StackGroup]:
 def _load(folder: Path) -> tuple[str, dict[str, Any]]:
     for kind in ("bisect", "survey"):
         path = folder / f"{kind}.json"
-        if path.is_file():
-            return kind, json.loads(path.read_text())
+        if path.exists():
+            data: dict[str, Any] = records.load(path, shapes.WALK, f"{kind} file")
+            return kind, data
     raise UsageError(
         f"{folder} holds neither bisect.json nor survey.json",
         fix="pass RESULTS= of a `make bisect` or `make survey` folder",
@@ -76,9 +77,10 @@ def _record(folder: Path, probe: Mapping[str, Any] | None) -> dict[str, Any]:
     path = confined(folder, rel) if rel else None
     if path is None or not path.is_file():
         return {}
+    # The record only adds the hung ranks' stacks: a damaged one is left out, not fatal.
     try:
-        data = json.loads(path.read_text())
-    except ValueError:
+        data = records.check(records.read(path, "run record"), _STACKS, path)
+    except UsageError:
         return {}
     return data if isinstance(data, dict) else {}
 
