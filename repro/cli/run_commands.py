@@ -143,13 +143,14 @@ def _report_options(p: argparse.ArgumentParser) -> None:
 
 @command("report", "write report.html and REPORT.md from one or more results folders", _report_options)
 def cmd_report(args: argparse.Namespace) -> int:
+    from repro.core.paths import output_folder
     from repro.core.results import resolve_results_dir
     from repro.report import build_report
 
     root = Path(args.results_root)
     given = [s for s in (args.results or "").split(",") if s.strip()]
     folders = [resolve_results_dir(root, g) for g in given] or [resolve_results_dir(root, None)]
-    out = Path(args.out) if args.out else folders[0]
+    out = output_folder(Path(args.out)) if args.out else folders[0]
     paths = build_report(folders, out)
     for path in (getattr(paths, "html", None), getattr(paths, "markdown", None)):
         if path:

@@ -59,8 +59,21 @@ def new_invocation_dir(root: Path, env_ids: list[str]) -> Path:
             folder = Path(f"{base}-{n}")
 
 
+def check_latest(root: Path) -> None:
+    """results/latest is the tool's link (or absent): a real folder or file there cannot be
+    replaced by one, and is someone's data, so it is a UsageError, never overwritten."""
+    link = root / LATEST
+    if link.exists() and not link.is_symlink():
+        raise UsageError(
+            f"{link} is a {'folder' if link.is_dir() else 'file'}, not the link this tool keeps there",
+            why="results/latest points to the newest results folder; it is replaced at every run",
+            fix=f"move it away (mv {link} {link}.old), or pass OUT= for this run",
+        )
+
+
 def point_latest(root: Path, folder: Path) -> None:
     """results/latest -> folder, replaced atomically (symlink to a temp name, then rename)."""
+    check_latest(root)
     link = root / LATEST
     tmp = root / f".{LATEST}.{os.getpid()}"
     if tmp.is_symlink() or tmp.exists():
@@ -75,6 +88,8 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
     A place that cannot hold results is a UsageError naming it, not an OSError traceback."""
     where = f"OUT={out}" if out is not None else f"the results root {root}"
     made = out is None or not out.exists()
+    if out is None:  # results/latest will point here: refuse now, before a folder is made
+        check_latest(root)
     try:
         if out is None:
             folder = new_invocation_dir(root, env_ids)

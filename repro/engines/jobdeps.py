@@ -99,14 +99,28 @@ def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = 
                 f"REQUIREMENTS={requirements} is not a file",
                 fix="give a requirements file (one package a line, as for pip install -r)",
             )
-        for number, raw in enumerate(path.read_text().splitlines(), 1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise UsageError(
+                f"REQUIREMENTS={requirements} is not UTF-8 text",
+                why=f"byte {exc.start} cannot be decoded; pip reads requirements files as UTF-8",
+                fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or give PACKAGES= instead",
+            ) from None
+        for number, raw in enumerate(text.splitlines(), 1):
             line = raw.split(" #", 1)[0].strip()
             if line and not line.startswith("#"):
                 found.append(_requested(line, path.resolve().parent, f"{requirements}:{number}"))
         given_file = str(path.resolve())  # absolute: a reproduce line works from any folder
-    listed = [
-        _requested(word, (cwd or Path.cwd()).resolve(), "PACKAGES=") for word in shlex.split(packages or "")
-    ]
+    try:
+        words = shlex.split(packages or "")
+    except ValueError as exc:  # an unclosed quote: `PACKAGES="'six"`
+        raise UsageError(
+            f"PACKAGES={packages} cannot be split into packages",
+            why=f"{exc} (it is split like a shell command line)",
+            fix='close the quote, or drop it: PACKAGES="six numpy==1.26"',
+        ) from None
+    listed = [_requested(word, (cwd or Path.cwd()).resolve(), "PACKAGES=") for word in words]
     found += listed
     if not found:
         raise UsageError(

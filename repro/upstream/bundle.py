@@ -270,7 +270,7 @@ def _templates() -> jinja2.Environment:
 def make_bundle(
     request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None] = console.result
 ) -> BundleResult:
-    out = request.out
+    out = paths.check_output_folder(request.out)
     if out.exists() and any(out.iterdir()):
         raise BundleError(
             f"{out} already exists and is not empty",

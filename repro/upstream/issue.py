@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from repro.core import records, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
-from repro.core.paths import confined
+from repro.core.paths import confined, output_file
 from repro.upstream.scrub import Scrubber
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -163,10 +165,24 @@ def render(folder: Path, scrubber: Scrubber) -> str:
     # Each value is scrubbed before it is escaped for Markdown (a secret is matched as recorded,
     # not in its escaped form); the whole text once more after, for what the template itself holds.
     env = templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, clean=scrub.text)
-    return scrub.text(env.get_template("ISSUE.md.j2").render(**ctx))
+    try:
+        text = env.get_template("ISSUE.md.j2").render(**ctx)
+    except jinja2.UndefinedError as exc:  # a key the shape leaves optional, yet ISSUE.md needs it
+        raise UsageError(
+            f"{folder / (ctx['kind'] + '.json')} lacks a field ISSUE.md needs",
+            why=str(exc),
+            fix="write it again with `make bisect` / `make survey` of this tool version",
+        ) from None
+    return scrub.text(text)
 
 
 def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:
-    target = out or folder / "ISSUE.md"
-    target.write_text(render(folder, scrubber))
+    target = output_file(out) if out else folder / "ISSUE.md"
+    text = render(folder, scrubber)
+    try:
+        target.write_text(text)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot write {target}", why=exc.strerror or str(exc), fix="pass OUT= a file you can write"
+        ) from None
     return target
