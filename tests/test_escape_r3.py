@@ -271,3 +271,43 @@ def test_bisect_and_job_output_go_through_the_console() -> None:
     from repro.bisect.driver import Services
 
     assert Services().say is console.result
+
+
+# ---- ISSUE_COMMENT.md (the bundle's comment for the upstream issue) --------------------------------
+
+
+def test_issue_comment_shows_hostile_record_values_inert(tmp_path: Path) -> None:
+    from repro.upstream import issue_comment, source_refs
+
+    b = ResultsBuilder(tmp_path, "r")
+    b.env("cpu")
+    standard_env(b, "cpu")
+    data = json.loads(b.write().joinpath("results.json").read_text())
+    env = {**data["envs"]["cpu"], "derived_from": HOSTILE, "image_id": HOSTILE, "built_on": HOSTILE}
+    env["pins"] = {**env["pins"], "base_image": HOSTILE, "deepspeed": "0.13.1) [x](javascript:alert(1)"}
+    for run in data["runs"]:
+        run.update(run_name=f"{run['run_name']}{HOSTILE}", reason=HOSTILE)
+        run["versions"] = {**run["versions"], "torch": HOSTILE}
+    ref = source_refs.SourceRef("comm.return", source_refs.COMM, 12, 14, HOSTILE)
+    refs = source_refs.Refs("0.13.1) [x](javascript:alert(1)", (ref,), (HOSTILE,))
+    text = issue_comment.render_fitting(
+        issue_comment.IssueInput(
+            ENV_ID,
+            env,
+            data["runs"],
+            refs,
+            HOSTILE,
+            f"diff\n```\n{HOSTILE}",
+            HOSTILE,
+            HOSTILE,
+            [f"make {HOSTILE}"],
+            f"make repro {HOSTILE}",
+        )
+    )
+    assert_inert(text)
+
+
+def test_prose_keeps_the_tools_code_spans_and_escapes_the_rest() -> None:
+    text = str(templating.prose("returns `reqs[-1]` on torch >= 2.1 <b>x</b> @team"))
+    assert text.startswith("returns `reqs[-1]` on torch &gt;= 2.1 &lt;b&gt;")
+    assert "@team" not in text

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import jinja2
 from markupsafe import Markup
@@ -115,6 +116,23 @@ def md_inline(value: object) -> str:
     return _MENTION.sub("`@`", text)
 
 
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1(?!`)")
+
+
+def prose(value: object) -> Markup:
+    """The tool's own sentences that quote names as code spans (`x`): each span stays a code span
+    (its content shown literally), everything between is escaped like any value."""
+    text, parts, at = printable(one_line(str(value))), [], 0
+    for match in _CODE_SPAN.finditer(text):
+        parts += [
+            md_inline(text[at : match.start()]) if at < match.start() else "",
+            code_span(match.group(2)),
+        ]
+        at = match.end()
+    parts.append(md_inline(text[at:]) if at < len(text) else "")
+    return Markup("".join(parts))
+
+
 def code_span(value: object, *, cell: bool = False) -> Markup:
     """A whole inline code span: its content is shown literally (no HTML, no Markdown, no
     mention), with a fence of backticks longer than any run inside it and no line breaks. In a
@@ -138,6 +156,15 @@ def html_text(value: object) -> Markup:
     return Markup(_MENTION.sub("<code>@</code>", text))
 
 
+def link_target(value: object) -> Markup:
+    """A link's destination: http(s) only (a `javascript:` or `data:` URL becomes `#`), and
+    percent-encoded so that no `)`, space or `<` can end it early."""
+    text = str(value)
+    if not re.match(r"https?://", text, re.IGNORECASE):
+        return Markup("#")
+    return Markup(quote(printable(text), safe=":/#?&=%+,;@!$*'~._-"))
+
+
 def _md_finalize(value: Any, clean: Clean) -> str:
     if isinstance(value, Markup):  # made safe for its context by a filter
         return str(value)
@@ -149,6 +176,8 @@ def _markdown_filters(clean: Clean) -> dict[str, Callable[..., Any]]:
         "md": lambda value: Markup(md_inline(clean(str(value)))),
         "code": lambda value, cell=False: code_span(clean(str(value)), cell=cell),
         "html": lambda value: html_text(clean(str(value))),
+        "url": lambda value: link_target(clean(str(value))),
+        "prose": lambda value: prose(clean(str(value))),
         # The body of a fenced block: shown literally; the template puts `|fence` of the same value
         # around it, longer than any backtick run inside, so the value cannot close it.
         "verbatim": lambda value: Markup(printable(clean(str(value)), keep_newlines=True)),

@@ -264,7 +264,7 @@ def patch_text(version: str) -> tuple[str, str, str]:
 
 
 def _templates() -> jinja2.Environment:
-    return templating.environment(issue_comment.TEMPLATES)
+    return templating.environment(issue_comment.TEMPLATES, target=templating.Target.MARKDOWN)
 
 
 def make_bundle(
