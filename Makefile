@@ -6,7 +6,36 @@
 # Only Python 3.9-3.11 is needed: the first run sets up the host side in a project-local venv,
 # .venv/ (made with BOOTSTRAP_PYTHON, default python3, and `pip install -e .[dev]`), reused while
 # pyproject.toml is unchanged. PYTHON=/path/to/python uses that interpreter as it is instead.
-#
+
+# The variables this Makefile reads from the user (tests/test_makefile_controls_r3.py keeps the
+# list complete). None may hold a newline or other control character: a newline in a value splits
+# the recipe line it is pasted into, and the second line runs as a command (`make list
+# MATRIX=$'x\ntouch /tmp/p #'`). Checked before anything else, on the raw text ($(value) expands
+# nothing), and only these: the environment itself legitimately holds multi-line variables.
+USER_VARIABLES := ALLOW_PRIVILEGES AXIS BAD BAD_IF BOOTSTRAP_PYTHON BUNDLE CMD COMMITS CONFIG \
+	DEEPSPEED DEEPSPEED_COMMIT DEEPSPEED_SRC DEVICES DRY_RUN DS_REPO DTYPE ENGINE ENV EVERY FORCE FROM \
+	GOOD GZIP_LEVEL IMAGE JOBS LAUNCHER LAYOUT LOSS_REGEX MATRIX NETWORK NO_SYNC_PROOF OUT PACKAGES \
+	PARALLEL PATCH PRERELEASES PYTEST_ARGS PYTHON PYTHON_VENV QUIET REFERENCE REFRESH_VERSIONS \
+	REQUIREMENTS RESULTS RESUME RUNNER SCENARIO SCENARIOS SLURM_GPUS_PER_TASK SLURM_PARTITION \
+	SLURM_TIME STALL_TIMEOUT STEPS TIMEOUT TO TORCH TRANSPORT VERBOSE VERSIONS WORKDIR WORLD_SIZE
+define _newline
+
+
+endef
+# Make splits words at tab, VT, FF and CR too, so those four (and newline) are looked for one by
+# one; the other C0 controls, DEL and the C1 controls (UTF-8) are a word list.
+_tab := $(shell printf '\011')
+_vt := $(shell printf '\013')
+_ff := $(shell printf '\014')
+_cr := $(shell printf '\015')
+_controls := $(shell printf '\001 \002 \003 \004 \005 \006 \007 \010 \016 \017 \020 \021 \022 \023 \024 \025 \026 \027 \030 \031 \032 \033 \034 \035 \036 \037 \177 \302\200 \302\201 \302\202 \302\203 \302\204 \302\205 \302\206 \302\207 \302\210 \302\211 \302\212 \302\213 \302\214 \302\215 \302\216 \302\217 \302\220 \302\221 \302\222 \302\223 \302\224 \302\225 \302\226 \302\227 \302\230 \302\231 \302\232 \302\233 \302\234 \302\235 \302\236 \302\237')
+_has = $(if $(findstring $(1),$(value $(2))),x)
+_control_in = $(strip $(call _has,$(_newline),$(1)) $(call _has,$(_tab),$(1)) $(call _has,$(_vt),$(1)) \
+	$(call _has,$(_ff),$(1)) $(call _has,$(_cr),$(1)) $(foreach c,$(_controls),$(call _has,$(c),$(1))))
+$(foreach v,$(USER_VARIABLES),$(if $(filter command line environment,$(origin $(v))),$(if \
+	$(call _control_in,$(v)),$(error $(v)= holds a newline or another control character; values are \
+	one line of text: give $(v) without it (several commands: put them in a script and run that)))))
+
 # Values from the command line and the environment are data, never make code: each is made a
 # simple variable holding its literal text (so `$(shell ...)` in a file name is not run when a
 # recipe references or exports it), and stays exported as before.
@@ -54,8 +83,43 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 	@touch $@
 	@echo "== host-side Python ready: $(VENV)/bin/python"
 
+# `make help` prints the header above (up to its first bare `#` line), then these lines, one per
+# target (tests/test_make_help_r3.py checks that every target of this file has one), then the CLI's.
+#> Targets (variables in CAPS; docs/ and `python -m repro COMMAND --help` have the details):
+#>   make help            this text, then the command-line tool's own help
+#>   make venv            set up the host-side Python in .venv/ (every target does it when needed)
+#>   make list            the envs of the matrix and whether this host can run them [MATRIX=]
+#>   make build           build (or reuse) an env's image or venv [ENV= ENGINE=docker|venv]
+#>   make repro           control + MiCS scenarios, stock and fixed, and the verdict [ENV= ENGINE= DRY_RUN=1]
+#>   make check-fix       the fixed MiCS scenarios only; fails unless all are clean [ENV=]
+#>   make matrix          the reproduction in every env this host can run
+#>   make report          report.html and REPORT.md from results folders [RESULTS= OUT=]
+#>   make base-image      the local CPU base image, made with debootstrap [FORCE=1]
+#>   make gpu-check       prove a GPU host end to end, a verdict per step [ENV= OUT=]
+#>   make run             YOUR command in an env, stock and fixed [CMD= ENV= WORKDIR= REQUIREMENTS= PACKAGES=]
+#>   make shell           an interactive shell in an env with the hook active [ENV= PATCH=fixed]
+#>   make bisect          adjacent releases where MiCS turns bad [AXIS= GOOD= BAD= BAD_IF=]
+#>   make survey          every change of outcome across releases [AXIS= FROM= TO= EVERY=1 CMD=]
+#>   make probe           one candidate, for `git bisect run`: exit 0 good, 1 bad, 125 unknown
+#>   make issue           ISSUE.md for the upstream tracker from a bisect/survey folder [RESULTS=]
+#>   make bundle          an env's image, results, report, fix and issue text for maintainers [ENV=]
+#>   make verify-bundle   load a bundle and rerun it offline against its manifest [BUNDLE=]
+#>   make cluster         Slurm/Apptainer and torchrun launchers for a multi-node run [OUT= LAYOUT=]
+#>   make pr-regression   the PR's regression test: fails on stock, passes patched
+#>   make bench           time one env warm: suite under torchrun and prefork, a probe, reuse
+#>   make test            every test tier this host can run [PYTEST_ARGS=]
+#>   make test-unit       the fast tier only (fakes, no Docker, no torch)
+#>   make lint            ruff, ruff format --check, mypy (strict) and the import contracts
+#>   make clean           remove results/ and temporary build folders (not the venv/download cache)
+#>   make ci-fresh        the CI script on a fresh clone with an empty cache, timed
 help:
-	@sed -n '1,/^PYTHON/p' Makefile | sed -n 's/^# \{0,1\}//p' | sed '$$d'
+	@sed -n '/^$$/q; /^#$$/q; s/^# \{0,1\}//p' Makefile
+	@echo
+	@sed -n 's/^#> \{0,1\}//p' Makefile
+	@echo
+	@echo "Read more (docs/, by task):"
+	@sed -n 's/^| \[docs\/\([a-z-]*\.md\)\](docs\/[a-z-]*\.md) | \(.*\) |$$/  docs\/\1  \2/p' README.md
+	@echo
 	@$(REPRO) --help
 
 list:
@@ -93,7 +157,7 @@ test:
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 test-unit:
-	$(PYTHON) -m pytest -m "not integration and not docker and not browser and not bootstrap and not slurm" $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -m unit $(PYTEST_ARGS)
 
 # Static checks, run by CI before the tests: ruff, mypy (strict, pyproject.toml) and the import
 # contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload
@@ -112,7 +176,7 @@ bench:
 	$(REPRO) bench $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,DS_REPO,ds-repo) \
 		$(call flag,DEEPSPEED_COMMIT,deepspeed-commit)
 
-# Bisection and surveys over releases (repro/cli/bisect_commands.py; README "Bisecting releases").
+# Bisection and surveys over releases (repro/cli/bisect_commands.py; docs/bisect.md).
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
 #   make survey AXIS=deepspeed FROM=0.12.6 TO=0.19.8 TORCH=2.1.0 [EVERY=1]
 #   make probe ENV=cpu TORCH=2.1.0 [DEEPSPEED_SRC=~/DeepSpeed]   exit 0 good / 1 bad / 125 unknown
@@ -162,7 +226,7 @@ cluster:
 pr-regression:
 	$(REPRO) pr-regression $(call flag,PYTHON_VENV,python) $(call flag,TRANSPORT,transport)
 
-# Your own command in an env, stock and fixed, judged from its own output (README "Your own job";
+# Your own command in an env, stock and fixed, judged from its own output (docs/own-job.md;
 # repro/cli/job_commands.py). CMD (and LOSS_REGEX) are passed as written, in single quotes: it may
 # hold double quotes, and $VARS in it expand in the job's shell, not in make.
 #   make run ENV=cpu WORKDIR=~/proj CMD="torchrun --nproc_per_node 2 train.py" [PATCH=stock,fixed]

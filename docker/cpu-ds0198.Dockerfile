@@ -6,7 +6,7 @@
 # not a fix.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/cpu-ds0198.Dockerfile -t mics-repro:cpu-ds0198-df67a8cbca5a .
+#   docker build -f docker/cpu-ds0198.Dockerfile -t mics-repro:cpu-ds0198-1cb444ac7270 .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -56,7 +56,7 @@ RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.13.0 numpy==2.4.6
+        torch==2.13.0+cpu numpy==2.4.6
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==3.1.0 \
@@ -67,7 +67,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.19.8
 
 # Fail the build unless every pin (and, with STRICT=1, the Python/ROCm/CUDA stack) is what the
@@ -90,10 +90,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro cpu-ds0198" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.13.0, DeepSpeed 0.19.8" \
-      org.opencontainers.image.version="cpu-ds0198-df67a8cbca5a" \
+      org.opencontainers.image.version="cpu-ds0198-1cb444ac7270" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="cpu-ds0198" \
-      mics-repro.pins-key="df67a8cbca5a" \
+      mics-repro.pins-key="1cb444ac7270" \
       mics-repro.annotated-types="0.8.0" \
       mics-repro.base-image="python:3.11-slim-bookworm" \
       mics-repro.deepspeed="0.19.8" \
@@ -110,7 +110,7 @@ LABEL org.opencontainers.image.title="mics-repro cpu-ds0198" \
       mics-repro.pydantic="2.14.4" \
       mics-repro.pydantic-core="2.50.5" \
       mics-repro.python="3.11" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.13.0" \
       mics-repro.torch-index="https://download.pytorch.org/whl/cpu" \

@@ -7,7 +7,7 @@
 # crashes with RuntimeError; plain ZeRO-3 and the fixed runs are clean.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/cpu.Dockerfile -t mics-repro:cpu-c9fb58610122 .
+#   docker build -f docker/cpu.Dockerfile -t mics-repro:cpu-3bbbd6131f81 .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -55,7 +55,7 @@ ENV VIRTUAL_ENV=/opt/venv \
 RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0.48.0
 
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
-RUN python -m pip install torch==2.1.0 numpy==1.26.4
+RUN python -m pip install torch===2.1.0 numpy==1.26.4
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 ninja==1.13.2 \
@@ -66,7 +66,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 ninja==1
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.13.1
 
 # Fail the build unless every pin (and, with STRICT=1, the Python/ROCm/CUDA stack) is what the
@@ -89,10 +89,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro cpu" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.1.0, DeepSpeed 0.13.1" \
-      org.opencontainers.image.version="cpu-c9fb58610122" \
+      org.opencontainers.image.version="cpu-3bbbd6131f81" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="cpu" \
-      mics-repro.pins-key="c9fb58610122" \
+      mics-repro.pins-key="3bbbd6131f81" \
       mics-repro.annotated-types="0.8.0" \
       mics-repro.base-image="python:3.11-slim-bookworm" \
       mics-repro.deepspeed="0.13.1" \
@@ -109,7 +109,7 @@ LABEL org.opencontainers.image.title="mics-repro cpu" \
       mics-repro.pydantic-core="2.50.5" \
       mics-repro.pynvml="13.0.1" \
       mics-repro.python="3.11" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.1.0" \
       mics-repro.torch-index="https://pypi.org/simple" \

@@ -9,7 +9,7 @@
 # 12.1 devel image (docker/README.md). Expected: as on rocm56.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/cuda.Dockerfile -t mics-repro:cuda-3529ba138216 .
+#   docker build -f docker/cuda.Dockerfile -t mics-repro:cuda-a8eda843d3ba .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=ubuntu:22.04
@@ -63,7 +63,7 @@ RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu121
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.1.0 numpy==1.26.4
+        torch==2.1.0+cu121 numpy==1.26.4
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 ninja==1.13.2 \
@@ -74,7 +74,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 ninja==1
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.13.1
 
 # Fail the build unless every pin (and, with STRICT=1, the Python/ROCm/CUDA stack) is what the
@@ -97,10 +97,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro cuda" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.1.0, DeepSpeed 0.13.1" \
-      org.opencontainers.image.version="cuda-3529ba138216" \
+      org.opencontainers.image.version="cuda-a8eda843d3ba" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="cuda" \
-      mics-repro.pins-key="3529ba138216" \
+      mics-repro.pins-key="a8eda843d3ba" \
       mics-repro.annotated-types="0.8.0" \
       mics-repro.base-image="ubuntu:22.04" \
       mics-repro.cuda="12.1" \
@@ -118,7 +118,7 @@ LABEL org.opencontainers.image.title="mics-repro cuda" \
       mics-repro.pydantic-core="2.50.5" \
       mics-repro.pynvml="13.0.1" \
       mics-repro.python="3.10" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.1.0" \
       mics-repro.torch-index="https://download.pytorch.org/whl/cu121" \

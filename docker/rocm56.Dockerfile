@@ -11,7 +11,7 @@
 # JIT ops are built for gfx908 and gfx90a (PYTORCH_ROCM_ARCH).
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/rocm56.Dockerfile -t mics-repro:rocm56-63ad0a05d129 .
+#   docker build -f docker/rocm56.Dockerfile -t mics-repro:rocm56-adbed02c3b29 .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=rocm/dev-ubuntu-20.04:5.6
@@ -69,7 +69,7 @@ RUN python -m pip install packaging==26.3 pip==26.0.1 setuptools==80.10.2 wheel=
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.6
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.1.0 numpy==1.26.4
+        torch==2.1.0+rocm5.6 numpy==1.26.4
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.7.0 hjson==3.1.0 ninja==1.13.2 \
@@ -79,7 +79,7 @@ RUN python -m pip install --no-deps annotated-types==0.7.0 hjson==3.1.0 ninja==1
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.13.1
 
 # The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200
@@ -107,10 +107,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro rocm56" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.1.0, DeepSpeed 0.13.1" \
-      org.opencontainers.image.version="rocm56-63ad0a05d129" \
+      org.opencontainers.image.version="rocm56-adbed02c3b29" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="rocm56" \
-      mics-repro.pins-key="63ad0a05d129" \
+      mics-repro.pins-key="adbed02c3b29" \
       mics-repro.annotated-types="0.7.0" \
       mics-repro.base-image="rocm/dev-ubuntu-20.04:5.6" \
       mics-repro.deepspeed="0.13.1" \
@@ -125,7 +125,7 @@ LABEL org.opencontainers.image.title="mics-repro rocm56" \
       mics-repro.pydantic="2.13.5" \
       mics-repro.pydantic-core="2.46.5" \
       mics-repro.python="3.9" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.rocm="5.6" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.1.0" \

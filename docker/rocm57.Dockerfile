@@ -7,7 +7,7 @@
 # with ValueError.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/rocm57.Dockerfile -t mics-repro:rocm57-3b3a2478ff0b .
+#   docker build -f docker/rocm57.Dockerfile -t mics-repro:rocm57-82b2396f0971 .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=rocm/dev-ubuntu-22.04:5.7
@@ -61,7 +61,7 @@ RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.7
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.2.2 numpy==1.26.4
+        torch==2.2.2+rocm5.7 numpy==1.26.4
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 ninja==1.13.2 \
@@ -71,7 +71,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 ninja==1
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.14.5
 
 # The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200
@@ -99,10 +99,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro rocm57" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.2.2, DeepSpeed 0.14.5" \
-      org.opencontainers.image.version="rocm57-3b3a2478ff0b" \
+      org.opencontainers.image.version="rocm57-82b2396f0971" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="rocm57" \
-      mics-repro.pins-key="3b3a2478ff0b" \
+      mics-repro.pins-key="82b2396f0971" \
       mics-repro.annotated-types="0.8.0" \
       mics-repro.base-image="rocm/dev-ubuntu-22.04:5.7" \
       mics-repro.deepspeed="0.14.5" \
@@ -117,7 +117,7 @@ LABEL org.opencontainers.image.title="mics-repro rocm57" \
       mics-repro.pydantic="2.14.4" \
       mics-repro.pydantic-core="2.50.5" \
       mics-repro.python="3.10" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.rocm="5.7" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.2.2" \

@@ -7,7 +7,7 @@
 # DeepSpeed code as on 5.x).
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/rocm61.Dockerfile -t mics-repro:rocm61-a81e56cb5000 .
+#   docker build -f docker/rocm61.Dockerfile -t mics-repro:rocm61-184e942a72e1 .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=rocm/dev-ubuntu-22.04:6.1.2
@@ -61,7 +61,7 @@ RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.1
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.4.1 numpy==2.2.6
+        torch==2.4.1+rocm6.1 numpy==2.2.6
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 msgpack==1.2.4 \
@@ -71,7 +71,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 hjson==3.1.0 msgpack=
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.15.4
 
 # The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200
@@ -99,10 +99,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro rocm61" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.4.1, DeepSpeed 0.15.4" \
-      org.opencontainers.image.version="rocm61-a81e56cb5000" \
+      org.opencontainers.image.version="rocm61-184e942a72e1" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="rocm61" \
-      mics-repro.pins-key="a81e56cb5000" \
+      mics-repro.pins-key="184e942a72e1" \
       mics-repro.annotated-types="0.8.0" \
       mics-repro.base-image="rocm/dev-ubuntu-22.04:6.1.2" \
       mics-repro.deepspeed="0.15.4" \
@@ -118,7 +118,7 @@ LABEL org.opencontainers.image.title="mics-repro rocm61" \
       mics-repro.pydantic="2.14.4" \
       mics-repro.pydantic-core="2.50.5" \
       mics-repro.python="3.10" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.rocm="6.1" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.4.1" \

@@ -6,7 +6,7 @@
 # ValueError.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/rocm62.Dockerfile -t mics-repro:rocm62-6f25915ad158 .
+#   docker build -f docker/rocm62.Dockerfile -t mics-repro:rocm62-54c3aa9448c0 .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=rocm/dev-ubuntu-22.04:6.2
@@ -60,7 +60,7 @@ RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.2
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.5.1 numpy==2.2.6
+        torch==2.5.1+rocm6.2 numpy==2.2.6
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==3.1.0 \
@@ -71,7 +71,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.16.9
 
 # The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200
@@ -99,10 +99,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro rocm62" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.5.1, DeepSpeed 0.16.9" \
-      org.opencontainers.image.version="rocm62-6f25915ad158" \
+      org.opencontainers.image.version="rocm62-54c3aa9448c0" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="rocm62" \
-      mics-repro.pins-key="6f25915ad158" \
+      mics-repro.pins-key="54c3aa9448c0" \
       mics-repro.annotated-types="0.8.0" \
       mics-repro.base-image="rocm/dev-ubuntu-22.04:6.2" \
       mics-repro.deepspeed="0.16.9" \
@@ -119,7 +119,7 @@ LABEL org.opencontainers.image.title="mics-repro rocm62" \
       mics-repro.pydantic="2.14.4" \
       mics-repro.pydantic-core="2.50.5" \
       mics-repro.python="3.10" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.rocm="6.2" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.5.1" \

@@ -5,7 +5,7 @@
 # same bug; DeepSpeed 0.19.6 logs the IllegalWork message only with its logger at INFO.
 #
 # Build from the repository root (plain `docker build`, no BuildKit needed):
-#   docker build -f docker/rocm64.Dockerfile -t mics-repro:rocm64-6868fce671ca .
+#   docker build -f docker/rocm64.Dockerfile -t mics-repro:rocm64-e2464b44191b .
 # Build arguments, stand-in builds and how to run it (GPU devices): docker/README.md.
 
 ARG BASE_IMAGE=rocm/dev-ubuntu-22.04:6.4
@@ -59,7 +59,7 @@ RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.4
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.9.1 numpy==2.2.6
+        torch==2.9.1+rocm6.4 numpy==2.2.6
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==3.1.0 \
@@ -70,7 +70,7 @@ RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==
 
 # DeepSpeed's setup.py imports torch (no build isolation); its ops are JIT-compiled on use. GPUs
 # hidden: on a GPU it runs nvcc / reads ROCM_HOME (harmless here, where a build sees none).
-RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
+RUN DS_BUILD_OPS=0 CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' ROCR_VISIBLE_DEVICES='' python -m pip install --no-deps --no-build-isolation \
         deepspeed==0.19.6
 
 # The GPU architectures DeepSpeed's JIT-compiled ops (FusedAdam...) are built for: MI100, MI200
@@ -98,10 +98,10 @@ WORKDIR /results
 
 LABEL org.opencontainers.image.title="mics-repro rocm64" \
       org.opencontainers.image.description="DeepSpeed MiCS + torch _IllegalWork reproduction: torch 2.9.1, DeepSpeed 0.19.6" \
-      org.opencontainers.image.version="rocm64-6868fce671ca" \
+      org.opencontainers.image.version="rocm64-e2464b44191b" \
       org.opencontainers.image.base.name="${BASE_IMAGE}" \
       mics-repro.env="rocm64" \
-      mics-repro.pins-key="6868fce671ca" \
+      mics-repro.pins-key="e2464b44191b" \
       mics-repro.annotated-types="0.8.0" \
       mics-repro.base-image="rocm/dev-ubuntu-22.04:6.4" \
       mics-repro.deepspeed="0.19.6" \
@@ -118,7 +118,7 @@ LABEL org.opencontainers.image.title="mics-repro rocm64" \
       mics-repro.pydantic="2.14.4" \
       mics-repro.pydantic-core="2.50.5" \
       mics-repro.python="3.10" \
-      mics-repro.recipe="1" \
+      mics-repro.recipe="2" \
       mics-repro.rocm="6.4" \
       mics-repro.setuptools="80.10.2" \
       mics-repro.torch="2.9.1" \

@@ -15,7 +15,60 @@ from typing import Any
 
 import pytest
 
-_EXEMPT_MARKERS = ("integration", "docker", "browser", "bootstrap", "slurm")
+# THE tier list (pyproject.toml and the Makefile take it from here): a test with one of these
+# markers needs what its description says; a test with none is the default `unit` tier, which
+# `make test-unit` runs (`-m unit`, added at collection).
+TIERS = {
+    "integration": "runs real torch + DeepSpeed releases under torchrun (needs the env's venv; slow)",
+    "docker": "needs a real Docker engine",
+    "browser": "needs Debian's chromium",
+    "bootstrap": "a fresh clone and a bare Python run the README commands (needs git, make and PyPI)",
+    "slurm": "needs a Slurm controller answering on this host (.ci/start-slurm.sh starts one)",
+}
+UNIT = "unit"
+_EXEMPT_MARKERS = tuple(TIERS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, what in TIERS.items():
+        config.addinivalue_line("markers", f"{name}: {what}")
+    config.addinivalue_line(
+        "markers", f"{UNIT}: the default tier: fakes only (added to every test without a tier)"
+    )
+    config.addinivalue_line(
+        "markers",
+        "optional: an opt-in test of a real tier that may skip even in CI (e.g. a slow stand-in build)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not any(item.get_closest_marker(m) for m in TIERS):
+            item.add_marker(UNIT)
+
+
+def _tier(item_keywords: Any) -> str:
+    return next((name for name in TIERS if name in item_keywords), UNIT)
+
+
+_tier_seconds: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Each tier's cost stays in sight (CI prints it with pytest's slowest tests).
+    entry = _tier_seconds.setdefault(_tier(report.keywords), [0.0, 0.0])
+    entry[1] += report.duration
+    if report.when == "call" or (report.when == "setup" and report.outcome == "skipped"):
+        entry[0] += 1
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not _tier_seconds:
+        return
+    terminalreporter.section("time per tier (setup + call + teardown)")
+    for name, (count, seconds) in sorted(_tier_seconds.items(), key=lambda kv: -kv[1][1]):
+        terminalreporter.write_line(f"{name:<12} {int(count):>5} tests {seconds:>9.1f} s")
 
 
 class _RefusedCall(AssertionError):
@@ -80,3 +133,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
     ):
         report.outcome = "failed"
         report.longrepr = f"tier required in CI but skipped: {report.longrepr}"
+
+
+# Real evidence made once per test session and shared by every module that asserts on it
+# (tests/fixtures/; STYLE.md 15): registered here so any test module can ask for it by name.
+from tests.fixtures.classifier_job import classifier_project, classifier_run  # noqa: E402, F401
+from tests.fixtures.docker_repro import docker_cpu_repro  # noqa: E402, F401
+from tests.fixtures.fake_bundle_docker import host  # noqa: E402, F401 - the bundle tests' host

@@ -3,11 +3,10 @@ driven end to end through the real orchestration with a fake matrix and a fake e
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.bisect.driver import WalkRequest
 from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
 from repro.bisect.search import Bisection, BisectStatus, ProbeVerdict, Survey, bisect, survey
 from repro.cli import bisect_commands as bisect_cli
-from repro.core.errors import BuildError, Interrupted, UsageError
-from repro.engines.base import EngineKind, Prepared, SuiteRun
-from repro.workload.record import empty_record, write_json_atomic
+from repro.core.errors import Interrupted, UsageError
 
 G, B, U = ProbeVerdict.GOOD, ProbeVerdict.BAD, ProbeVerdict.UNKNOWN
 
@@ -286,136 +282,14 @@ def test_judge_takes_its_reference_from_the_first_decisive_probe() -> None:
 
 
 # -- the commands, through the real orchestration ------------------------------------------------
-@dataclass(frozen=True)
-class FakePlatform:
-    value: str = "cpu"
-
-
-@dataclass(frozen=True)
-class FakeEnv:
-    id: str
-    torch: str
-    deepspeed: str
-    python: str = "3.11"
-    torch_index: str | None = None
-    derived_from: str | None = None
-    platform: FakePlatform = field(default_factory=FakePlatform)
-
-    def pins(self) -> dict[str, str]:
-        return {"torch": self.torch, "deepspeed": self.deepspeed}
-
-    def pins_key(self) -> str:
-        return f"{self.torch}-{self.deepspeed}"
-
-
-class FakeMatrix:
-    default_id = "cpu"
-
-    def __init__(self, unpairable: Sequence[str] = ()) -> None:
-        self.base = FakeEnv("cpu", "2.1.0", "0.13.1")
-        self.unpairable = set(unpairable)
-
-    def get(self, env_id: str) -> FakeEnv:
-        assert env_id == "cpu"
-        return self.base
-
-    def derive(self, env_id: str, torch: str | None = None, deepspeed: str | None = None) -> FakeEnv:
-        env = self.get(env_id)
-        t, d = torch or env.torch, deepspeed or env.deepspeed
-        if t in self.unpairable:
-            raise UsageError(f"no wheel index is known for torch {t}")
-        return replace(env, id=f"cpu+torch{t}+ds{d}", torch=t, deepspeed=d, derived_from=env_id)
-
-
-Behaviour = Callable[[FakeEnv], tuple[str, str]]
-
-
-class FakeEngine:
-    """Caches by pins like the real engines; `behaviour` decides each env's MiCS outcome."""
-
-    kind = EngineKind.VENV
-
-    def __init__(
-        self, behaviour: Behaviour, broken: Sequence[str] = (), interrupt_at: int | None = None
-    ) -> None:
-        self.behaviour, self.broken, self.interrupt_at = behaviour, set(broken), interrupt_at
-        self.built: set[str] = set()
-        self.prepares = 0
-        self.envs: dict[str, FakeEnv] = {}
-
-    def describe(self) -> str:
-        return "fake engine"
-
-    def preflight(self, env: FakeEnv) -> None:
-        pass
-
-    def prepare(self, env: FakeEnv) -> Prepared:
-        self.prepares += 1
-        if self.interrupt_at is not None and self.prepares == self.interrupt_at:
-            raise KeyboardInterrupt
-        if env.pins_key() in self.broken:
-            raise BuildError(f"pip could not install {env.pins_key()}", why="no matching distribution")
-        reused = env.pins_key() in self.built
-        self.built.add(env.pins_key())
-        self.envs[env.id] = env
-        # Like the venv engine: a DeepSpeed-only probe env is layered on the base env's venv.
-        layered = {"layered_on": "/venvs/base"} if env.torch == "2.1.0" and env.deepspeed != "0.13.1" else {}
-        return Prepared(EngineKind.VENV, env.id, f"/venvs/{env.pins_key()}", env.pins_key(), reused, layered)
-
-    def run_suite(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
-    ) -> SuiteRun:
-        argv = list(args)
-        scenario = argv[argv.index("--scenarios") + 1]
-        patch = argv[argv.index("--patches") + 1]
-        env = self.envs[prepared.env_id]
-        runs = [self._record(env, "zero3", "stock", ("clean", "none"))]
-        if scenario != "zero3":
-            runs.append(self._record(env, scenario, patch, self.behaviour(env)))
-        write_json_atomic(str(out_dir / "suite.json"), {"runs": runs, "artifacts": {}})
-        return SuiteRun(0, False, 1.0, out_dir, None)
-
-    @staticmethod
-    def _record(env: FakeEnv, scenario: str, patch: str, result: tuple[str, str]) -> dict[str, Any]:
-        name = f"{scenario}-{patch}-fp32-async-w4"
-        return empty_record(
-            env=env.id,
-            scenario=scenario,
-            patch=patch,
-            transport="async",
-            dtype="fp32",
-            world_size=4,
-            shard_size=None if scenario == "zero3" else 4,
-            hierarchical=False,
-            run_name=name,
-            outcome=result[0],
-            signature=result[1],
-            reason=f"{result[0]} because {env.torch}",
-            logs={"launcher": f"runs/{name}/launcher.log"},
-            versions={"torch": env.torch, "deepspeed": env.deepspeed},
-        )
-
-
-def torch_behaviour(env: FakeEnv) -> tuple[str, str]:
-    from packaging.version import Version
-
-    return (
-        ("clean", "none")
-        if Version(env.torch) < Version("2.1")
-        else ("reproduced", "illegal-work-divergence")
-    )
-
-
-def parse(command: str, argv: list[str]) -> WalkRequest:
-    """The command's options as the driver's typed request (what the CLI hands it)."""
-    parser = argparse.ArgumentParser()
-    {"bisect": bisect_cli._bisect_options, "survey": bisect_cli._survey_options}[command](parser)
-    args = parser.parse_args(argv)
-    args.argv = [command, *argv]
-    return bisect_cli.walk_request(args)
-
-
-TORCHES = "2.0.0,2.0.1,2.1.0,2.1.1,2.1.2,2.2.0,2.2.1,2.3.0"
+from tests.fixtures.fake_bisect import (  # noqa: E402 - the fakes the commands below run on
+    TORCHES,
+    FakeEngine,
+    FakeEnv,
+    FakeMatrix,
+    parse,
+    torch_behaviour,
+)
 
 
 def run_bisect(

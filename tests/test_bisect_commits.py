@@ -26,7 +26,7 @@ from repro.core.errors import BuildError, UsageError
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.workload.record import write_json_atomic
 from tests.fixtures.ds_git import FakeDeepSpeed, git, make_fake_deepspeed
-from tests.test_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
+from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
 
 pytestmark = pytest.mark.usefixtures("real_subprocess")
 

@@ -20,10 +20,17 @@ from repro.cli import bisect_commands as bisect_cli
 from repro.core.cmd import CmdResult
 from repro.core.errors import MissingToolError, RunError
 from tests.fixtures.ds_git import FakeDeepSpeed, make_fake_deepspeed
-from tests.test_bisect import FakeEngine, FakeMatrix, parse
+from tests.fixtures.fake_bisect import FakeEngine, FakeMatrix, parse
 
 ENTRY = "tests.fixtures.probe_entry"
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests choose PARALLEL themselves: the host's cores (driver.bounded_parallel) must not
+    lower it on a small CI machine."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
 
 
 @pytest.fixture
@@ -148,7 +155,7 @@ def test_slurm_rounds_for_real(tmp_path: Path, ds: FakeDeepSpeed) -> None:
 
 
 def test_a_survey_probes_k_candidates_a_round(tmp_path: Path) -> None:
-    from tests.test_bisect import TORCHES, torch_behaviour
+    from tests.fixtures.fake_bisect import TORCHES, torch_behaviour
 
     batches: list[list[str]] = []
 

@@ -12,7 +12,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -26,34 +25,15 @@ from repro.upstream import bundle, bundle_image, issue_comment, patchgen, source
 from repro.upstream.bundle_manifest import Manifest, check_files
 from repro.upstream.scrub import Scrubber
 from repro.workload import suite as workload_suite
-from tests.fixtures.fake_bundle_docker import COMM_SOURCE, MICS_SOURCE, FakeClient
+from tests.fixtures.fake_bundle_docker import (
+    COMM_SOURCE,
+    MICS_SOURCE,
+    SECRET,
+    SOURCE_ID,
+    SOURCE_TAG,
+    FakeClient,
+)
 from tests.fixtures.report_records import ResultsBuilder, standard_env
-
-SOURCE_ID = "sha256:" + "5" * 64
-SOURCE_TAG = "mics-repro:cpu-9666647e987b"
-SECRET = "tok-3f9a1c77e2b54d0c"
-HOSTNAME = "build-node-4711.corp.example"
-USER = "alice-tester"
-
-
-@pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
-    """This 'host' has a secret in its environment, a home folder, a host name and a user name."""
-    import matplotlib
-
-    # The report's plots: matplotlib keeps its font cache under HOME, which this fixture moves.
-    monkeypatch.setenv("MPLCONFIGDIR", matplotlib.get_cachedir())
-    home = tmp_path / "home" / USER
-    home.mkdir(parents=True)
-    monkeypatch.setenv("SECRET_TOKEN", SECRET)
-    monkeypatch.setenv("HOME", str(home))
-    monkeypatch.setenv("LOGNAME", USER)
-    monkeypatch.setenv("USER", USER)
-    monkeypatch.setattr(socket, "gethostname", lambda: HOSTNAME)
-    monkeypatch.setattr(socket, "getfqdn", lambda *a: HOSTNAME)
-    # No sdist: the release's files are read out of the image (the fake's bug-shaped sources).
-    monkeypatch.setattr(patchgen, "default_wheelhouse", lambda: tmp_path / "no-wheelhouse")
-    return {"secret": SECRET, "home": str(home), "host": HOSTNAME, "user": USER}
 
 
 def make_results(root: Path, host: dict[str, str]) -> Path:
@@ -881,7 +861,9 @@ def test_issue_comment_fits_a_github_comment(tmp_path: Path) -> None:
 
 
 @pytest.mark.docker
-def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> None:
+def test_real_bundle_reproduces_after_the_image_is_removed(
+    docker_cpu_repro: tuple[Path, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     """make bundle ENV=cpu, remove the image, make verify-bundle: same outcomes from the loaded image."""
     docker = pytest.importorskip("docker")
     from repro.engines.docker.engine import daemon_status
@@ -891,7 +873,7 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
     if not up:
         pytest.skip(f"no Docker daemon: {why}")
     client = docker.from_env(timeout=600)
-    env = load_matrix().get(os.environ.get("MICS_REPRO_BUNDLE_TEST_ENV", "cpu"))
+    env = load_matrix().get("cpu")  # the env of the shared run
     try:
         client.images.get(env.image_tag())
     except docker.errors.ImageNotFound:
@@ -899,29 +881,9 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
     results = tmp_path / "results"
     from repro.cli.main import main
 
-    # A short suite: the flat and hierarchical MiCS scenarios, stock and fixed, 2 ranks, 3 steps.
-    assert (
-        main(
-            [
-                "repro",
-                "--env",
-                env.id,
-                "--engine",
-                "docker",
-                "--scenarios",
-                "mics,mics-hier",
-                "--world-size",
-                "2",
-                "--steps",
-                "3",
-                "--out",
-                str(results / "run"),
-                "--results-root",
-                str(results),
-            ]
-        )
-        == 0
-    )
+    # The session's short suite in the image (tests/fixtures/docker_repro.py): flat and
+    # hierarchical MiCS, stock and fixed, 2 ranks, 4 steps.
+    repro_out, _runs = docker_cpu_repro
     out = tmp_path / "bundles" / env.id
     assert (
         main(
@@ -930,7 +892,7 @@ def test_real_bundle_reproduces_after_the_image_is_removed(tmp_path: Path) -> No
                 "--env",
                 env.id,
                 "--results",
-                str(results / "run"),
+                str(repro_out),
                 "--out",
                 str(out),
                 "--results-root",

@@ -26,8 +26,7 @@ from repro.run.job import JobRequest, execute_job
 from repro.upstream import bundle, bundle_files, verify_bundle
 from repro.upstream.bundle_manifest import MANIFEST, Manifest, manifest_problems
 from repro.upstream.scrub import Scrubber
-from tests.fixtures.fake_bundle_docker import FakeClient
-from tests.test_bundle import SOURCE_ID, SOURCE_TAG, host  # noqa: F401 - `host` is a fixture
+from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
 
 COMMAND = "torchrun --nproc_per_node 2 train.py --lr 0.1"
 STOCK_LOG = (

@@ -463,6 +463,7 @@ def test_cpu_twin_runs_in_the_image_through_launch_node(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.slurm  # and the slurm tier: CI requires a Slurm controller for it
 def test_cpu_twin_through_a_real_sbatch(tmp_path: Path) -> None:
     """Needs a Slurm controller and node on this host: CI starts one (.ci/start-slurm.sh)."""
     python = _venv_python()

@@ -178,7 +178,7 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
         Rule.BASE_IMAGE,
     ),
     ("latest tag", "cpu", replace_once("python:3.11-slim-bookworm\n", "python:latest\n"), Rule.FLOATING_TAG),
-    ("unpinned torch", "cpu", replace_once("torch==2.1.0 numpy", "torch numpy"), Rule.UNPINNED),
+    ("unpinned torch", "cpu", replace_once("torch===2.1.0 numpy", "torch numpy"), Rule.UNPINNED),
     ("range pin", "cpu", replace_once("numpy==1.26.4", "numpy<2"), Rule.UNPINNED),
     (
         "requirements file",
@@ -186,7 +186,8 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
         replace_once("install --no-deps", "install -r req.txt --no-deps"),
         Rule.UNPINNED,
     ),
-    ("wrong torch", "cpu", replace_once("torch==2.1.0 numpy", "torch==2.1.1 numpy"), Rule.PINS),
+    ("wrong torch", "cpu", replace_once("torch===2.1.0 numpy", "torch===2.1.1 numpy"), Rule.PINS),
+    ("torch of any build", "rocm56", replace_once("torch==2.1.0+rocm5.6 ", "torch==2.1.0 "), Rule.PINS),
     ("extra package", "cpu", replace_once("hjson==3.1.0", "hjson==3.1.0 rich==13.7.1"), Rule.PINS),
     ("dropped dep", "cpu", replace_once(" tqdm==4.70.1", ""), Rule.PINS),
     (

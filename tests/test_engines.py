@@ -11,15 +11,12 @@ import json
 import os
 import sys
 import tarfile
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import docker.errors
 import pytest
-import requests
 
 from repro.core import cmd
 from repro.core.cmd import CmdResult
@@ -157,177 +154,17 @@ def test_cpu_has_no_devices_but_a_large_shm() -> None:
 
 
 # -- a fake docker client ----------------------------------------------------------------------------
-def _tar_of(files: dict[str, bytes], root: str = "results") -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(f"{root}/{name}" if not name.startswith("/") else name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-@dataclass
-class Script:
-    exit_code: int = 0
-    hangs: bool = False  # wait(timeout) times out until a signal arrives
-    interrupt_on_wait: bool = False  # the first wait raises KeyboardInterrupt (Ctrl-C)
-    logs: tuple[bytes, ...] = (b"hello\n",)
-    results: dict[str, bytes] | None = field(default_factory=lambda: {"suite.json": b'{"runs": []}'})
-
-
-class FakeContainer:
-    def __init__(self, client: FakeClient, name: str, kwargs: dict[str, Any], script: Script) -> None:
-        self.client, self.name, self.kwargs, self.script = client, name, kwargs, script
-        self.status = "created"
-        self.signals: list[str] = []
-        self.stopped_with: int | None = None
-        self.waits = 0
-
-    def start(self) -> None:
-        self.status = "running"
-
-    @property
-    def labels(self) -> dict[str, str]:
-        return dict(self.kwargs.get("labels") or {})
-
-    def reload(self) -> None:
-        pass
-
-    def wait(self, timeout: float | None = None) -> dict[str, int]:
-        self.waits += 1
-        if self.script.interrupt_on_wait and self.waits == 1:
-            raise KeyboardInterrupt
-        if self.status == "running" and self.script.hangs:
-            raise requests.exceptions.ReadTimeout("timed out")
-        self.status = "exited"
-        return {"StatusCode": self.script.exit_code}
-
-    def kill(self, signal: str | None = None) -> None:
-        self.signals.append(signal or "SIGKILL")
-        self.status = "exited"
-
-    def stop(self, timeout: int | None = None) -> None:
-        self.stopped_with = timeout
-        self.status = "exited"
-
-    def remove(self, force: bool = False) -> None:
-        self.client.live.pop(self.name, None)
-        self.client.removed.append(self.name)
-
-    def logs(self, stream: bool = False, follow: bool = False) -> Iterator[bytes]:
-        return iter(self.script.logs)
-
-    def get_archive(self, path: str) -> tuple[Iterator[bytes], dict[str, Any]]:
-        if self.script.results is None:
-            raise docker.errors.NotFound("no such path")
-        return iter([_tar_of(self.script.results)]), {}
-
-
-@dataclass
-class FakeImage:
-    id: str
-    labels: dict[str, str]
-
-
-class FakeClient:
-    def __init__(self, script: Script | None = None) -> None:
-        self.script = script or Script()
-        self.live: dict[str, FakeContainer] = {}
-        self.created: list[FakeContainer] = []
-        self.removed: list[str] = []
-        self.image_store: dict[str, FakeImage] = {}
-        self.builds: list[dict[str, Any]] = []
-        self.build_chunks: list[dict[str, Any]] | None = None
-        self.served_listing = ""
-        self.imports: list[dict[str, Any]] = []
-        self.info_data: dict[str, Any] = {"Runtimes": {"runc": {}}}
-        outer = self
-
-        class Containers:
-            def create(self, image: str, command: list[str], **kwargs: Any) -> FakeContainer:
-                if image not in outer.image_store and not image.startswith("sha256:"):
-                    raise docker.errors.ImageNotFound(f"no such image: {image}")
-                box = FakeContainer(
-                    outer, kwargs["name"], {"image": image, "command": command, **kwargs}, outer.script
-                )
-                outer.live[box.name] = box
-                outer.created.append(box)
-                return box
-
-            def list(self, all: bool = False, filters: dict[str, Any] | None = None) -> list[FakeContainer]:
-                key = (filters or {}).get("label")  # only "has this label" (what sweep_stale asks)
-                return [c for c in outer.live.values() if key is None or key in c.labels]
-
-        class Images:
-            def get(self, ref: str) -> FakeImage:
-                if ref not in outer.image_store:
-                    raise docker.errors.ImageNotFound(ref)
-                return outer.image_store[ref]
-
-        class Api:
-            def build(self, **kwargs: Any) -> Iterator[dict[str, Any]]:
-                outer.builds.append(kwargs)
-                url = kwargs["buildargs"]["PIP_FIND_LINKS"]
-                with urllib.request.urlopen(url) as page:  # the wheelhouse is served during the build
-                    outer.served_listing = page.read().decode()
-                if outer.build_chunks is not None:
-                    return iter(outer.build_chunks)
-                outer.image_store[kwargs["tag"]] = FakeImage("sha256:" + "b" * 64, dict(kwargs["labels"]))
-                return iter([{"stream": "Step 1/1 : FROM base\n"}, {"aux": {"ID": "sha256:" + "b" * 64}}])
-
-            def import_image_from_file(self, filename: str, **kwargs: Any) -> None:
-                outer.imports.append({"filename": filename, **kwargs})
-                ref = f"{kwargs['repository']}:{kwargs['tag']}"
-                outer.image_store[ref] = FakeImage("sha256:" + "c" * 64, {})
-
-        self.containers, self.images, self.api = Containers(), Images(), Api()
-
-    def ping(self) -> bool:
-        return True
-
-    def info(self) -> dict[str, Any]:
-        return self.info_data
-
-    def version(self) -> dict[str, str]:
-        return {"Version": "fake", "ApiVersion": "1.41"}
-
-
-FAKE_DOCKERFILE = """ARG BASE_IMAGE=python:3.11-slim-bookworm
-FROM ${BASE_IMAGE}
-COPY docker/certs/ /opt/mics-repro/certs/
-COPY --chown=0:0 docker/verify_image.py /opt/mics-repro/verify_image.py
-COPY --from=other /x /y
-COPY repro/__init__.py \\
-     /opt/mics-repro/src/repro/__init__.py
-COPY ["repro/workload/", "/opt/mics-repro/src/repro/workload/"]
-"""
-
-
-def _fake_repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    (repo / "docker").mkdir(parents=True)
-    (repo / "docker" / "cpu.Dockerfile").write_text(FAKE_DOCKERFILE)
-    (repo / "docker" / "verify_image.py").write_text("print('ok')\n")
-    (repo / "repro" / "workload" / "__pycache__").mkdir(parents=True)
-    (repo / "repro" / "__init__.py").write_text("")
-    (repo / "repro" / "workload" / "suite.py").write_text("print('suite')\n")
-    (repo / "repro" / "workload" / "__pycache__" / "suite.cpython-311.pyc").write_bytes(b"x")
-    (repo / "repro" / "cli.py").write_text("# host side: must not be in the image\n")
-    return repo
-
-
-class FakeWheelhouse(Wheelhouse):
-    def __init__(self, path: Path, complete: bool = True) -> None:
-        super().__init__(path, offline=False)
-        self.ensured: list[str] = []
-        self.ensured_for: list[str | None] = []  # the Python each ensure() fetched wheels for
-        self.complete = complete
-
-    def ensure(self, env: Any, python: str | None = None) -> bool:
-        self.ensured.append(env.id)
-        self.ensured_for.append(python)
-        return self.complete
+from tests.fixtures.fake_docker_engine import (  # noqa: E402
+    FAKE_DOCKERFILE,
+    FakeClient,
+    FakeContainer,
+    FakeImage,
+    FakeWheelhouse,
+    Script,
+    _fake_repo,
+    _prepared,
+    _tar_of,
+)
 
 
 @pytest.fixture
@@ -342,8 +179,6 @@ def docker_engine(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 # -- docker: containers are always removed ---------------------------------------------------------
-def _prepared(image: str = "sha256:" + "a" * 64, platform: str = "cpu") -> Prepared:
-    return Prepared(EngineKind.DOCKER, "cpu", image, "mics-repro:cpu-x", False, {"platform": platform})
 
 
 def test_run_suite_runs_offline_copies_results_and_removes(
@@ -654,7 +489,10 @@ def test_daemon_status_never_raises() -> None:
 
 # -- venv engine -------------------------------------------------------------------------------------
 def _venv_handler(
-    python_version: str = "3.11.7", fail_on: str | None = None, versions: str = "2.1.0 0.13.1"
+    python_version: str = "3.11.7",
+    fail_on: str | None = None,
+    versions: str = "2.1.0 0.13.1",
+    build: str = "2.1.0 - 12.1",  # torch.__version__, .hip, .cuda: PyPI's (CUDA) build
 ) -> Any:
     def handle(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
         if fail_on and any(fail_on in a for a in argv):
@@ -669,7 +507,7 @@ def _venv_handler(
         if argv[1] == "-c" and "sys.version_info" in argv[2]:
             return CmdResult(argv, 0, stdout=python_version + "\n")
         if argv[1] == "-c" and "importlib.metadata" in argv[2]:
-            return CmdResult(argv, 0, stdout=versions + "\n")
+            return CmdResult(argv, 0, stdout=f"{versions}\n{build}\n")
         if argv[1:4] == ("-m", "pip", "install"):
             install_pins(Path(argv[0]).parent.parent / "lib" / "python3.11" / "site-packages", list(argv))
         return CmdResult(argv, 0)
@@ -701,9 +539,10 @@ def test_venv_is_built_atomically_with_a_marker_and_relocated(
         "DS_BUILD_OPS": "0",
         "CUDA_VISIBLE_DEVICES": "",
         "HIP_VISIBLE_DEVICES": "",
+        "ROCR_VISIBLE_DEVICES": "",
     }
-    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
-    assert torch_call.index("torch==2.1.0") > torch_call.index("--find-links")
+    torch_call = next(c for c in fake_cmd.calls if "torch===2.1.0" in c)
+    assert torch_call.index("torch===2.1.0") > torch_call.index("--find-links")
     assert "--no-index" in torch_call  # the wheelhouse was completed first
     assert fake_cmd.calls.index(torch_call) < fake_cmd.calls.index(ds_call)
 
@@ -745,7 +584,7 @@ def test_a_damaged_venv_is_rebuilt_saying_why(
     fake_cmd.calls.clear()
     again = venv_engine.prepare(env)
     assert not again.reused
-    assert any("torch==2.1.0" in c for c in fake_cmd.calls)  # reinstalled
+    assert any("torch===2.1.0" in c for c in fake_cmd.calls)  # reinstalled
     assert "damaged: torch/__init__.py of torch is missing" in capsys.readouterr().out
     assert init.is_file()
 
@@ -910,15 +749,17 @@ def test_offline_installs_use_no_index(venv_engine: VenvEngine, fake_cmd: FakeCm
     venv_engine.wheelhouse.complete = False  # type: ignore[attr-defined]
     venv_engine.wheelhouse.offline = True
     venv_engine.prepare(StubEnv())
-    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
+    torch_call = next(c for c in fake_cmd.calls if "torch===2.1.0" in c)
     assert "--no-index" in torch_call
 
 
 def test_torch_index_is_the_primary_index(venv_engine: VenvEngine, fake_cmd: FakeCmd) -> None:
-    fake_cmd.handler = _venv_handler()
+    fake_cmd.handler = _venv_handler(build="2.1.0+rocm5.6 5.6.31061 -")
     venv_engine.wheelhouse.complete = False  # type: ignore[attr-defined]
-    venv_engine.prepare(StubEnv(torch_index="https://download.pytorch.org/whl/rocm5.6"))
-    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0" in c)
+    venv_engine.prepare(
+        StubEnv(platform=Platform.ROCM, torch_index="https://download.pytorch.org/whl/rocm5.6")
+    )
+    torch_call = next(c for c in fake_cmd.calls if "torch==2.1.0+rocm5.6" in c)
     assert torch_call[torch_call.index("--index-url") + 1] == "https://download.pytorch.org/whl/rocm5.6"
     assert "--no-index" not in torch_call
 
@@ -986,7 +827,7 @@ def test_ensure_downloads_once_then_is_a_no_op(tmp_path: Path, fake_cmd: FakeCmd
     def download(argv: tuple[str, ...], kw: dict[str, Any]) -> CmdResult:
         dest = Path(argv[argv.index("-d") + 1])
         names = {
-            "torch==2.1.0": "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl",
+            "torch===2.1.0": "torch-2.1.0-cp311-cp311-manylinux1_x86_64.whl",
             "hjson==3.1.0": "hjson-3.1.0-py3-none-any.whl",
             "pip==26.3": "pip-26.3-py3-none-any.whl",
             "numpy==1.26.4": "numpy-1.26.4-cp311-cp311-manylinux1_x86_64.whl",
@@ -1002,7 +843,7 @@ def test_ensure_downloads_once_then_is_a_no_op(tmp_path: Path, fake_cmd: FakeCmd
     assert wh.ensure(env) is True
     assert len(fake_cmd.calls) == 2
     reqs_call, ds_call = fake_cmd.calls
-    assert "torch==2.1.0" in reqs_call and "deepspeed==0.13.1" not in reqs_call
+    assert "torch===2.1.0" in reqs_call and "deepspeed==0.13.1" not in reqs_call
     assert "--no-deps" in ds_call and ds_call[-1] == "deepspeed==0.13.1"
     wh.ensure(env)
     assert len(fake_cmd.calls) == 2  # stamp + files present: nothing ran
@@ -1019,7 +860,7 @@ def test_ensure_cross_downloads_for_another_python(tmp_path: Path, fake_cmd: Fak
 def test_offline_ensure_with_missing_files_says_what_to_copy(tmp_path: Path, fake_cmd: FakeCmd) -> None:
     with pytest.raises(BuildError) as err:
         Wheelhouse(tmp_path, offline=True).ensure(StubEnv())
-    assert "torch==2.1.0" in err.value.what and fake_cmd.calls == []
+    assert "torch===2.1.0" in err.value.what and fake_cmd.calls == []
 
 
 def test_download_plan_keys_differ_by_pin() -> None:

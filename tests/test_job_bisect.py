@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from packaging.version import Version
-from test_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
 
 from repro.cli import bisect_commands as bisect_cli
 from repro.engines.base import Prepared, SuiteRun
+from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
 
 CLEAN_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
 BAD_LOG = "[Rank 0] Error message: Illegal to call wait on IllegalWork object\n" + CLEAN_LOG

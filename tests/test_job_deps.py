@@ -53,6 +53,24 @@ def test_requirements_file_and_packages_are_read_as_pip_would(tmp_path: Path) ->
     assert jobdeps.parse(None, "  ") is None
 
 
+def test_a_layer_is_named_by_the_wheels_bytes_not_its_folder(tmp_path: Path) -> None:
+    # The same wheel built in two folders (a fresh temp dir each test run, another checkout):
+    # byte-identical, and one layer name, so the layer or job image is reused, not rebuilt.
+    digests, blobs = [], []
+    for folder in ("one", "two"):
+        wheel = build_wheel(tmp_path / folder, "their_pkg", "0.3", "X = 1\n")
+        blobs.append(wheel.read_bytes())
+        (tmp_path / folder / "requirements.txt").write_text(f"{wheel}\ntransformers==4.36.2\n")
+        deps = jobdeps.parse(str(tmp_path / folder / "requirements.txt"), None, cwd=tmp_path)
+        assert deps is not None
+        digests.append(deps.digest())
+    assert blobs[0] == blobs[1] and digests[0] == digests[1]
+    other = build_wheel(tmp_path / "three", "their_pkg", "0.3", "X = 2\n")
+    (tmp_path / "three" / "requirements.txt").write_text(f"{other}\ntransformers==4.36.2\n")
+    changed = jobdeps.parse(str(tmp_path / "three" / "requirements.txt"), None, cwd=tmp_path)
+    assert changed is not None and changed.digest() != digests[0]
+
+
 @pytest.mark.parametrize(
     "text",
     ["--index-url https://example.org/simple", "-e .", "not a requirement!", "missing-0.1-py3-none-any.whl"],

@@ -17,21 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from envpython import env_python
-from test_job_integration import TRAIN, _make
 
 from repro.engines.venv.joblayer import layer_freeze
 from repro.workload.fix import FIX_ID
+from tests.envpython import env_python
+from tests.fixtures.classifier_job import JOB_WITH_PACKAGE as JOB
+from tests.fixtures.classifier_job import make
 from tests.fixtures.own_job import repro_run
 from tests.fixtures.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 COMMAND = "torchrun --nproc_per_node 2 train_classifier.py"
-# The job's own package decides the seed: without it the job cannot start.
-JOB = "import mics_repro_testdep\n" + TRAIN.replace(
-    "torch.manual_seed(7)", "torch.manual_seed(mics_repro_testdep.seed())"
-)
 
 
 def _runs(out: Path) -> dict[str, dict[str, Any]]:
@@ -55,7 +52,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def with_requirements(project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("req") / "results"
-    done = _make(
+    done = make(
         "run",
         "ENV=cpu",
         f"WORKDIR={project}",
@@ -140,7 +137,7 @@ def test_a_job_with_its_own_pythonpath_next_to_another_torchrun_still_gets_the_f
 ) -> None:
     out = tmp_path / "out"
     deps = project.parent / "deps"
-    done = _make(
+    done = make(
         "run",
         "ENV=cpu",
         f"WORKDIR={project}",

@@ -9,8 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_job_integration import TRAIN
 
+from tests.fixtures.classifier_job import TRAIN
 from tests.fixtures.own_job import docker_job
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]

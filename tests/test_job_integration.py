@@ -7,8 +7,6 @@ it running on CPU/gloo and applies the fix in the fixed run; the judge reads its
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,89 +14,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from envpython import env_python
 
 from repro.workload.fix import FIX_ID
 from repro.workload.job import alive
 from repro.workload.record import RECORD_KEYS
+from tests.envpython import env_python
+from tests.fixtures.classifier_job import make
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
-TRAIN = textwrap.dedent("""\
-    import deepspeed
-    import torch
-    from torch.utils.data import DataLoader, TensorDataset
+
+@pytest.fixture
+def project(classifier_project: Path) -> Path:
+    return classifier_project
 
 
-    class Classifier(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = torch.nn.Linear(12, 48)
-            self.head = torch.nn.Linear(48, 3)
-
-        def forward(self, x):
-            return self.head(torch.tanh(self.embed(x)))
-
-
-    config = {
-        "train_micro_batch_size_per_gpu": 4,
-        "optimizer": {"type": "Adam", "params": {"lr": 0.01, "torch_adam": True}},  # no JIT build
-        "zero_allow_untested_optimizer": True,
-        "zero_optimization": {"stage": 3, "mics_shard_size": 2, "mics_hierarchical_params_gather": False},
-        "steps_per_print": 100,
-    }
-    deepspeed.init_distributed()
-    torch.manual_seed(7)
-    with deepspeed.zero.MiCS_Init(config_dict_or_path=config):
-        model = Classifier()
-    engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
-    g = torch.Generator().manual_seed(3)
-    data = TensorDataset(torch.randn(24, 12, generator=g), torch.randint(0, 3, (24,), generator=g))
-    for it, (x, y) in enumerate(DataLoader(data, batch_size=4, shuffle=False)):
-        loss = torch.nn.functional.cross_entropy(engine(x), y)
-        engine.backward(loss)
-        engine.step()
-        if torch.distributed.get_rank() == 0:
-            print(f"iter {it} | loss {loss.item():.6f}", flush=True)
-""")
-
-
-def _make(*args: str) -> subprocess.CompletedProcess[str]:
-    make = shutil.which("make")
-    if make is None:
-        pytest.skip("no make on PATH")
-    return subprocess.run(
-        [make, "--no-print-directory", f"PYTHON={sys.executable}", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, ENGINE="venv"),
-    )
-
-
-@pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    env_python("cpu")  # skips (or fails in CI) when the env's venv is not built
-    work = tmp_path_factory.mktemp("their-project")
-    (work / "train_classifier.py").write_text(TRAIN)
-    return work
-
-
-@pytest.fixture(scope="module")
-def custom_run(project: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    work = project
-    out = tmp_path_factory.mktemp("custom") / "results"
-    done = _make(
-        "run",
-        "ENV=cpu",
-        f"WORKDIR={work}",
-        f"OUT={out}",
-        "STALL_TIMEOUT=240",
-        "CMD=torchrun --nproc_per_node 2 train_classifier.py",
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    return out, json.loads((out / "results.json").read_text())
+@pytest.fixture
+def custom_run(classifier_run: tuple[Path, str, dict[str, Any]]) -> tuple[Path, dict[str, Any]]:
+    out, _stdout, results = classifier_run
+    return out, results
 
 
 def test_stock_reproduces_and_fixed_is_clean(custom_run: tuple[Path, dict[str, Any]]) -> None:
@@ -125,7 +60,7 @@ def test_stock_reproduces_and_fixed_is_clean(custom_run: tuple[Path, dict[str, A
 
 def test_both_records_are_in_the_report(custom_run: tuple[Path, dict[str, Any]]) -> None:
     out, _ = custom_run
-    done = _make("report", f"RESULTS={out}")
+    done = make("report", f"RESULTS={out}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = (out / "REPORT.md").read_text()
     # The scenario column names the job (`custom <job id>`): two jobs of one env are two rows.
@@ -189,7 +124,7 @@ def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(tmp_path: Pat
     work.mkdir()
     (work / "deadlock.py").write_text(DEADLOCK)
     out = tmp_path / "out"
-    done = _make(
+    done = make(
         "run",
         "ENV=cpu",
         "PATCH=stock",
@@ -214,7 +149,7 @@ def test_deepspeed_launcher_on_cpu(project: Path, tmp_path: Path) -> None:
     ranks (numactl on CPU, absent here): the hook gives the launcher one per core, the ranks their
     own count, and the stock run reproduces."""
     out = tmp_path / "out"
-    done = _make(
+    done = make(
         "run",
         "ENV=cpu",
         "PATCH=stock",

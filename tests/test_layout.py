@@ -1,5 +1,5 @@
 """The layout planner (repro/workload/layout.py): every GPU count from 1 to 16 and two real nodes,
-the reporter's 8-GPU node, CPU unchanged, and the README's table generated from the code."""
+the reporter's 8-GPU node, CPU unchanged, and the docs' table generated from the code."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from repro.workload import layout as lay
 from repro.workload.record import SCENARIOS
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+LAYOUT_DOC = Path(__file__).resolve().parents[1] / "docs" / "how-it-works.md"
 
 
 def _check_layout(layout: lay.Layout, ranks: int, nodes: int) -> None:
@@ -116,12 +116,12 @@ def test_cpu_keeps_the_layout_it_always_had() -> None:
     assert two.get("mics-hier").devices_per_node == 1 and two.get("mics-replica").shard_size == 1
 
 
-def test_readme_table_is_generated_from_the_code() -> None:
-    text = README.read_text()
+def test_docs_table_is_generated_from_the_code() -> None:
+    text = LAYOUT_DOC.read_text()
     found = re.search(r"<!-- layout-table:start[^>]*-->\n(.*?)\n<!-- layout-table:end -->", text, re.S)
-    assert found, "README.md lacks the generated layout table markers"
+    assert found, "docs/how-it-works.md lacks the generated layout table markers"
     assert found.group(1).strip() == lay.render_table().strip(), (
-        "README's layout table is stale: regenerate it with `python -m repro.workload.layout`"
+        "docs/how-it-works.md's layout table is stale: regenerate it with `python -m repro.workload.layout`"
     )
     rows = lay.render_table().splitlines()[2:]
     assert [r.split(" | ")[0].strip("| ") for r in rows] == [c[0] for c in lay.TABLE_CASES]

@@ -249,6 +249,7 @@ def test_overlay_layers_the_checkout_over_the_cached_venv(tmp_path: Path, checko
         "DS_BUILD_STRING": "+abc1234",
         "CUDA_VISIBLE_DEVICES": "",
         "HIP_VISIBLE_DEVICES": "",
+        "ROCR_VISIBLE_DEVICES": "",
     }
     assert runner.staged == ["deepspeed", "setup.py"]  # no .git, no stale build/
     pth = overlay / "site" / "_mics_repro_base.pth"

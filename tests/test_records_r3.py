@@ -232,17 +232,13 @@ def _results_ok(tmp_path: Path) -> Path:
     return b.write()
 
 
-def test_issue_out_a_folder_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, err = _front_door(
-        ["issue", "--results", str(_walk_folder(tmp_path)), "--out", str(tmp_path)], capsys
-    )
-    assert code == 2 and "is a folder" in err
-
-
-def test_issue_out_in_a_missing_folder_is_made(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "new" / "deeper" / "ISSUE.md"
-    code, _ = _front_door(["issue", "--results", str(_walk_folder(tmp_path)), "--out", str(out)], capsys)
-    assert code == 0 and out.is_file()
+def test_issue_out_a_folder_or_in_a_missing_folder_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    walk = _walk_folder(tmp_path)
+    for out in (tmp_path, tmp_path / "new" / "deeper" / "ISSUE.md"):
+        code, err = _front_door(["issue", "--results", str(walk), "--out", str(out)], capsys)
+        assert code == 2 and str(tmp_path) in err
 
 
 @pytest.mark.usefixtures("no_execution")

@@ -139,7 +139,7 @@ def test_make_run_stopped_during_its_fixed_run_resumes_with_the_printed_command(
     import shlex
     import shutil
 
-    from test_job_integration import TRAIN
+    from tests.fixtures.classifier_job import TRAIN
 
     make = shutil.which("make")
     if make is None:

@@ -195,7 +195,7 @@ def test_host_handler_keeps_a_signal_the_parent_ignored() -> None:
 def test_interrupted_container_keeps_the_suites_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from test_engines import FakeClient, FakeWheelhouse, Script, _fake_repo, _prepared
+    from tests.fixtures.fake_docker_engine import FakeClient, FakeWheelhouse, Script, _fake_repo, _prepared
 
     monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("MICS_REPRO_CA_BUNDLE", "none")

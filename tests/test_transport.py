@@ -28,11 +28,15 @@ PYTHON = os.environ.get("MICS_TEST_PYTHON", DEFAULT_PYTHON)
 WORLD = 2
 N = 4  # elements each rank contributes
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists(PYTHON),
-    reason=f"no torch venv python at {PYTHON!r}: set MICS_TEST_PYTHON or run "
-    "`python -m repro venv-python --env cpu`",
-)
+# Real torch in a child process: the integration tier (CI requires it, so a missing venv fails there).
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not os.path.exists(PYTHON),
+        reason=f"no torch venv python at {PYTHON!r}: set MICS_TEST_PYTHON or run "
+        "`python -m repro venv-python --env cpu`",
+    ),
+]
 
 _CHILD = r'''
 import contextlib, inspect, json, os, sys

@@ -108,7 +108,7 @@ class FakeRun:
         elif "sysconfig" in argv[-1]:
             out = str(Path(argv[0]).parent.parent / "lib" / "site-packages") + "\n"
         elif "importlib.metadata" in argv[-1]:
-            out = "2.1.0 0.14.0\n"
+            out = "2.1.0 0.14.0\n2.1.0 - 12.1\n"  # the second line: torch's build (PyPI's)
         elif argv[2:4] == ["pip", "install"]:
             install_pins(Path(argv[0]).parent.parent / "lib" / "site-packages", argv)
         return CmdResult(tuple(argv), 0, out, "")

@@ -16,29 +16,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_job_integration import _make
-from test_job_integration import project as project  # noqa: F401 - a fixture
 
 from repro.core.verdict import FixVerdict, Reproduces, Subject, check_fix, env_verdicts
+from tests.fixtures.classifier_job import COMMAND, make, run_job
 
 pytestmark = pytest.mark.integration
 
-COMMAND = "torchrun --nproc_per_node 2 train_classifier.py"
-
 
 def _run(project: Path, out: Path, command: str = COMMAND) -> tuple[str, list[dict[str, Any]]]:
-    done = _make("run", "ENV=cpu", f"WORKDIR={project}", f"OUT={out}", "STALL_TIMEOUT=240", f"CMD={command}")
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    return done.stdout, json.loads((out / "results.json").read_text())["runs"]
+    stdout, results = run_job(project, out, command)
+    return stdout, results["runs"]
 
 
-@pytest.fixture(scope="module")
-def first_job(
-    project: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, str, list[dict[str, Any]]]:  # noqa: F811
-    out = tmp_path_factory.mktemp("job-a") / "results"
-    stdout, runs = _run(project, out)
-    return out, stdout, runs
+@pytest.fixture
+def first_job(classifier_run: tuple[Path, str, dict[str, Any]]) -> tuple[Path, str, list[dict[str, Any]]]:
+    # The same `make run` as test_job_integration's: made once per session (tests/fixtures).
+    out, stdout, results = classifier_run
+    return out, stdout, results["runs"]
 
 
 def test_summary_check_fix_report_and_issue_comment_agree(
@@ -61,7 +55,7 @@ def test_summary_check_fix_report_and_issue_comment_agree(
     # 2. check-fix: the same verdict's answer and exit code
     assert check_fix(runs).exit_code == 0
     # 3. the report
-    done = _make("report", f"RESULTS={out}")
+    done = make("report", f"RESULTS={out}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [answer] = json.loads((out / "report.json").read_text())["headline"]
     assert (answer["reproduces"], answer["fixed"], answer["headline"]) == ("yes", "yes", headline)
@@ -71,11 +65,9 @@ def test_summary_check_fix_report_and_issue_comment_agree(
 
 
 def _bundle_comment(results: Path, tmp_path: Path) -> str:
-    from fixtures.fake_bundle_docker import FakeClient
-    from test_bundle import SOURCE_ID, SOURCE_TAG
-
     from repro.upstream import bundle
     from repro.upstream.scrub import Scrubber
+    from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient
 
     folder = tmp_path / "as-docker"
     shutil.copytree(results, folder)
@@ -91,14 +83,14 @@ def _bundle_comment(results: Path, tmp_path: Path) -> str:
 
 def test_merging_two_folders_of_two_jobs_reports_both(
     first_job: tuple[Path, str, list[dict[str, Any]]],
-    project: Path,  # noqa: F811
+    classifier_project: Path,
     tmp_path: Path,
 ) -> None:
     first, _stdout, _runs = first_job
     second = tmp_path / "b"
-    _run(project, second, COMMAND + " --second-job")  # the script ignores its arguments
+    _run(classifier_project, second, COMMAND + " --second-job")  # the script ignores its arguments
     out = tmp_path / "report"
-    done = _make("report", f"RESULTS={first},{second}", f"OUT={out}")
+    done = make("report", f"RESULTS={first},{second}", f"OUT={out}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     data = json.loads((out / "report.json").read_text())
     jobs = [row for row in data["table"] if row["scenario"] == "custom"]

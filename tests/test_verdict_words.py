@@ -45,6 +45,7 @@ READERS = (
 def verdict_phrases() -> list[str]:
     phrases = [reproduces_words(r) for r in Reproduces] + [fix_words(f) for f in FixVerdict]
     phrases.append(verdict.NO_STOCK_RUN_WORDS)
+    phrases.append(verdict.TOO_FEW_DEVICES_FIX_WORDS)
     return phrases
 
 

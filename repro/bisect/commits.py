@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -52,14 +53,73 @@ def pr_number(subject: str) -> int | None:
     return int(match.group(1) or match.group(2)) if match else None
 
 
+# The transports DS_REPO may name. Not `ext::`/`fd::` (they run commands), not plain http (no TLS).
+URL_SCHEMES = ("https", "ssh", "git", "file")
+# scp-like ssh, `[user@]host:path` (git's rule: a colon before the first slash); a host starting
+# with '-' would reach ssh as an option.
+_SCP = re.compile(r"^(?:[A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9.-]*:[^\s:]")
+
+
 def is_url(spec: str) -> bool:
-    return "://" in spec or spec.startswith("git@")
+    return "://" in spec or (":" in spec.split("/", 1)[0] and "::" not in spec)
+
+
+def check_source(spec: str) -> str:
+    """DS_REPO as git may take it: a URL of URL_SCHEMES, `[user@]host:path`, or a local folder.
+    Refused with what is wrong with the value before git sees it: git reads a value starting
+    with '-' as an option (`--upload-pack=...` runs a command), runs `ext::` transports, and
+    reports a URL it cannot use as a failure to reach it."""
+    fix = f"give a DeepSpeed checkout (DS_REPO=~/DeepSpeed) or a git URL such as {UPSTREAM_URL}"
+    if not spec.strip():
+        raise UsageError("DS_REPO= is empty", fix=fix)
+    if spec.startswith("-"):
+        raise UsageError(
+            f"DS_REPO={spec} starts with '-'",
+            why="git would read it as one of its own options, not as a repository",
+            fix=fix,
+        )
+    if "::" in spec.split("/", 1)[0]:  # git's transport helpers (`ext::sh -c ...`) run commands
+        raise UsageError(
+            f"DS_REPO={spec} names a git transport helper",
+            why=f"only {', '.join(URL_SCHEMES)} URLs, ssh addresses (user@host:path) and folders are taken",
+            fix=fix,
+        )
+    if "://" in spec:
+        url = urllib.parse.urlsplit(spec)
+        if url.scheme.lower() not in URL_SCHEMES:
+            raise UsageError(
+                f"DS_REPO={spec} is a {url.scheme or 'scheme-less'}:// URL",
+                why=f"only {', '.join(URL_SCHEMES)} URLs are taken (plain http has no TLS)",
+                fix=fix,
+            )
+        host = url.hostname or ""
+        if url.scheme.lower() != "file" and (not host or host.startswith("-")):
+            raise UsageError(f"DS_REPO={spec} names no valid host", fix=fix)
+        return spec
+    if is_url(spec):
+        if not _SCP.match(spec):
+            raise UsageError(
+                f"DS_REPO={spec} is not a valid ssh address",
+                why="a colon before the first '/' makes it user@host:path to git",
+                fix=fix + " (a local folder whose name holds ':' is written ./name)",
+            )
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_dir():
+        raise UsageError(
+            f"DS_REPO={spec} is not a git repository "
+            + ("(a file, not a folder)" if path.exists() else "(no such folder on this machine)"),
+            why="a DS_REPO without a URL scheme is a local checkout",
+            fix=fix,
+        )
+    return spec
 
 
 class DsRepo:
     """The cached mirror of one DS_REPO and its probe work trees."""
 
     def __init__(self, source: str, root: Path | None = None, runner: Callable[..., cmd.CmdResult] = cmd.run):
+        check_source(source)
         self.source = source if is_url(source) else str(Path(source).expanduser().resolve())
         digest = hashlib.sha256(self.source.encode()).hexdigest()[:10]
         name = re.sub(r"[^A-Za-z0-9_.-]", "_", self.source.rstrip("/").rsplit("/", 1)[-1])[:40]
@@ -81,27 +141,40 @@ class DsRepo:
             )
         return str(result.stdout)
 
-    def sync(self, fetch: bool = True) -> None:
-        """Clone the mirror once; later uses fetch what changed (a local checkout is cheap)."""
+    def check(self) -> None:
+        """What can be known without the network: a local DS_REPO must be a git repository."""
         if not is_url(self.source) and not (Path(self.source) / ".git").exists():
             if not (Path(self.source) / "HEAD").is_file():  # neither a checkout nor a bare repository
                 raise UsageError(
                     f"DS_REPO={self.source} is not a git repository",
                     fix="pass a DeepSpeed git checkout, or a URL such as " + UPSTREAM_URL,
                 )
+
+    def sync(self, fetch: bool = True) -> None:
+        """Clone the mirror once; later uses fetch what changed (a local checkout is cheap)."""
+        self.check()
         if not (self.mirror / "HEAD").is_file():
             self.mirror.parent.mkdir(parents=True, exist_ok=True)
-            result = self.runner(["git", "clone", "--mirror", "--quiet", self.source, str(self.mirror)])
+            # `--`: whatever DS_REPO holds, git takes it as the repository, never as an option.
+            clone = ["git", "clone", "--mirror", "--quiet", "--", self.source, str(self.mirror)]
+            result = self.runner(clone, capture=True)
             if not result.ok:
                 raise UsageError(
                     f"DS_REPO={self.source} cannot be cloned (git exit {result.returncode})",
-                    why="the repository is not reachable from this machine (no network, or a wrong URL)",
-                    fix="clone DeepSpeed somewhere this machine can read and pass that folder as DS_REPO=",
+                    why=result.tail(5) or "git printed nothing",
+                    fix="check the URL (and the network, for a remote one), or clone DeepSpeed somewhere "
+                    "this machine can read and pass that folder as DS_REPO=",
                 )
         elif fetch:
             self._git("fetch", "--prune", "--quiet", "origin", what="fetching new commits")
 
     def resolve(self, ref: str) -> str:
+        if not ref.strip() or ref.startswith("-"):  # git would read it as an option
+            raise UsageError(
+                f"{ref!r} is not a git ref",
+                why="a ref (GOOD=, BAD=, FROM=, TO=, DEEPSPEED_COMMIT=) names a tag, branch or commit",
+                fix="give a tag (v0.19.2), a branch or a commit SHA",
+            )
         return self._git(
             "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", what=f"resolving {ref}"
         ).strip()
@@ -111,6 +184,20 @@ class DsRepo:
         lo, hi = self.resolve(good), self.resolve(bad)
         listed = self._git("rev-list", "--first-parent", "--reverse", f"{lo}..{hi}", what="listing commits")
         return [lo, *listed.split()]
+
+    def is_ancestor(self, older: str, newer: str) -> bool:
+        """Whether commit `older` is in the history of `newer` (both resolved SHAs)."""
+        where = ["--git-dir", str(self.mirror)]
+        args = ["git", *where, "merge-base", "--is-ancestor", older, newer]
+        result = self.runner(args, capture=True, echo=False)
+        if result.returncode not in (0, 1):  # 1: not an ancestor; else git itself failed
+            raise UsageError(
+                f"DS_REPO={self.source}: comparing {older[:12]} and {newer[:12]} failed "
+                f"(git exit {result.returncode})",
+                why=result.tail(5) or "git printed nothing",
+                fix="check DS_REPO= and the refs given",
+            )
+        return result.returncode == 0
 
     def describe(self, shas: list[str]) -> dict[str, CommitInfo]:
         if not shas:

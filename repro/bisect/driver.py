@@ -34,10 +34,10 @@ from repro.bisect.probe import BadIf, Judge, Observation, ProbeSpec
 from repro.bisect.search import Bisection, Survey, round_bound
 from repro.bisect.source_overlay import SourceOverlay
 from repro.bisect.worktree_layer import WorktreeLayer
-from repro.core import console
+from repro.core import console, safe_write
 from repro.core.errors import Interrupted, UsageError
 from repro.core.makeline import make_line
-from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir, point_latest
+from repro.core.results import InvocationDir, check_latest, invocation_meta, new_invocation_dir, point_latest
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run.job import inherited_environment
 from repro.run.orchestrate import Request
@@ -139,8 +139,9 @@ class Folder:
                         why="results are never overwritten",
                         fix="choose a new OUT= folder (or leave OUT unset for a fresh one)",
                     )
-            self.out.mkdir(parents=True, exist_ok=True)
-            return self.out, False
+            # New or empty: the walk's folders and files never mix with (or overwrite) the user's.
+            return safe_write.claim_folder(self.out, option="OUT", owned_by=()), False
+        check_latest(self.results_root)  # before the folder is made: results/latest is moved to it
         return new_invocation_dir(self.results_root, [label]), True
 
     def invocation(self, folder: Path, make_command: str) -> InvocationDir:
@@ -314,7 +315,18 @@ def resolve_commits(
         raise UsageError("--deepspeed pins the axis being walked", fix="drop it; --torch may stay")
     repo = services.repo(req.ds_repo)
     repo.sync()
-    shas = repo.first_parent_range(start, end or "HEAD")
+    good, bad = repo.resolve(start), repo.resolve(end or "HEAD")
+    if good == bad or not repo.is_ancestor(good, bad):
+        # `rev-list GOOD..BAD` of a reversed pair is empty: the "range" would be GOOD alone, and
+        # the bisection would answer without a probe that could tell anything.
+        same = good == bad
+        raise UsageError(
+            f"GOOD={start} and BAD={end or 'HEAD'} "
+            + ("are the same commit" if same else "are not in order: GOOD is not an ancestor of BAD"),
+            why="the commit axis walks the first-parent commits from GOOD (older) to BAD (newer)",
+            fix="give two different commits" if same else "swap them (GOOD= the older), or check the refs",
+        )
+    shas = repo.first_parent_range(good, bad)
     infos = repo.describe(shas)
     commits = {infos[sha].short: infos[sha] for sha in shas}
     base = ProbeSpec(
@@ -546,6 +558,28 @@ def auto_parallel(
     return replace(req, parallel=max(1, (cores or os.cpu_count() or 1) // per_cpu))
 
 
+# PARALLEL= is capped here whatever the host: each probe of a round is a process (and, on the
+# commit axis, a work tree of the clone) of its own.
+MAX_PARALLEL = 64
+
+
+def bounded_parallel(
+    req: WalkRequest, candidates: int, say: Callable[[str], None], cores: int | None = None
+) -> WalkRequest:
+    """PARALLEL=k, at most: the candidates (a round never probes more), this host's cores for
+    local probes (Slurm's nodes are the scheduler's), and MAX_PARALLEL. The preamble says so."""
+    limits = [(candidates, f"{candidates} candidates"), (MAX_PARALLEL, f"at most {MAX_PARALLEL}")]
+    if req.runner != "slurm":
+        host = cores or os.cpu_count() or 1
+        limits.append((host, f"{host} cores here"))
+    k = max(1, min([req.parallel, *(n for n, _ in limits)]))
+    if k >= req.parallel:
+        return req
+    why = ", ".join(text for n, text in limits if n == k)
+    say(f"PARALLEL={req.parallel}: {k} probes a round ({why})")
+    return replace(req, parallel=k)
+
+
 def walk_rounds(
     mode: Mode, walk: Walk, runner: rounds.RoundRunner, log: ProbeLog, save: Callable[..., Any], k: int
 ) -> int:
@@ -573,7 +607,16 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
             f"PARALLEL=auto: {req.parallel} probes a round"
             + (f" on devices {req.devices}" if req.devices else "")
         )
+    if req.commits and req.axis == "deepspeed":
+        # COMMITS=1: a DS_REPO that cannot serve the commit stage is refused before the first
+        # release probe (a dry run checks what needs no network), not after all of them.
+        repo = services.repo(req.ds_repo or UPSTREAM_URL)
+        if req.dry_run:
+            repo.check()
+        else:
+            repo.sync()
     walk = resolve_walk(req, services, matrix)
+    asked, req = req, bounded_parallel(req, len(walk.candidates), say)
     mode = mode_of(req, walk)
     say(mode.headline(walk))
     if req.dry_run:
@@ -600,7 +643,10 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
         counted["rounds"] = walk_rounds(mode, walk, runner, log, save, req.parallel)
         data = save(done=True)
         if req.commits:
-            chain_all(req, services, matrix, engine, inv, data, chained, save)
+            # the commit stage caps PARALLEL= by its own candidates, not by the releases'
+            chain_all(
+                replace(req, parallel=asked.parallel), services, matrix, engine, inv, data, chained, save
+            )
     except (KeyboardInterrupt, Interrupted):
         save(done=False, interrupted=True)
         raise mode.interrupted(folder, len(log.rows)) from None
@@ -681,6 +727,7 @@ def chain_commits(
         ds_repo=req.ds_repo or UPSTREAM_URL,
     )
     walk = resolve_walk(sub, services, matrix)
+    sub = bounded_parallel(sub, len(walk.candidates), services.say)
     mode = BisectMode(sub, walk)
     services.say(mode.headline(walk))
     runner = make_runner(sub, services, matrix, engine, inv, walk)

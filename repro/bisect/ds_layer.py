@@ -10,6 +10,7 @@ the layer's own site-packages, first on sys.path, shadows the release.
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ from repro.core import cmd
 from repro.core.errors import BuildError, UsageError
 from repro.engines.base import EngineKind, Prepared
 from repro.engines.venv.layer import PURELIB, link_base
+from repro.engines.venv.layer_env import base_interpreter as interpreter_of
+from repro.engines.venv.layer_env import carry_scripts, venv_argv
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -92,16 +95,17 @@ class DeepSpeedLayer:
         digest = hashlib.sha256(str(self.src).encode()).hexdigest()[:10]
         path = base_dir.with_name(f"{base_dir.name}+{self.suffix}-{digest}")
         python = path / "bin" / "python"
+        if python.exists() and interpreter_of(path) != interpreter_of(base_dir):
+            # Made by an older version of this tool, on another Python than the env's: remade.
+            shutil.rmtree(path)
         if not python.exists():
-            pip = [] if with_pip else ["--without-pip"]
-            self.out(
-                [str(base_dir / "bin" / "python"), "-m", "venv", *pip, str(path)],
-                "creating the layer venv",
-                env.id,
-            )
+            self.out(venv_argv(base_dir, path, with_pip=with_pip), "creating the layer venv", env.id)
         site = Path(self.out([str(python), "-c", PURELIB], "locating site-packages", env.id))
         base_site = self.out(
             [str(base_dir / "bin" / "python"), "-c", PURELIB], "locating site-packages", env.id
         )
         link_base(site, base_site)
+        # The env's commands (torchrun, deepspeed...) run the layer's DeepSpeed; a checkout's own
+        # scripts, installed into the layer by pip later, replace the copies.
+        carry_scripts(base_dir, path)
         return LayerVenv(base, base_dir, path, python, site, base_site)

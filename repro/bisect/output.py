@@ -190,22 +190,40 @@ def survey_summary(data: Mapping[str, Any]) -> list[str]:
     for seg in data["segments"]:
         span = seg["from"] if seg["from"] == seg["to"] else f"{seg['from']} .. {seg['to']}"
         lines.append(f"  {span:<22} {seg['outcome']:<12} {seg['signature']}")
-    if not data["change_points"]:
+    unknown = list(data["unknown"])
+    if not data["change_points"] and not unknown:
         lines.append("  no change of outcome or signature between the probed releases")
+    elif not data["change_points"]:
+        # Unknown is not "the same": say how little ran, so "no change" is never read as an answer.
+        ran = len(data["candidates"]) - len(unknown)
+        lines.append(
+            f"  no change among the {ran} of {len(data['candidates'])} releases that ran; "
+            f"nothing is known of the {len(unknown)} that did not (below)"
+        )
     for c in data["change_points"]:
         gap = f" (unknown between: {', '.join(c['unknown_between'])})" if c["unknown_between"] else ""
         lines.append(
             f"  change {c['before']} -> {c['after']}: {c['outcome_before']}/{c['signature_before']}"
             f" -> {c['outcome_after']}/{c['signature_after']}{gap}"
         )
-    if data["unknown"]:
-        lines.append(f"  unknown (env could not run): {', '.join(data['unknown'])}")
+    if unknown:
+        lines.append(f"  unknown (env could not run): {', '.join(unknown)}")
+        lines += [f"    {', '.join(names)}: {reason}" for reason, names in _unknown_reasons(data, unknown)]
     if not data["every"]:
         lines.append(
             "  between two probes with the same result every release is assumed the same; "
             "EVERY=1 checks them all"
         )
     return lines
+
+
+def _unknown_reasons(data: Mapping[str, Any], unknown: list[str]) -> list[tuple[str, list[str]]]:
+    """Why the unknown releases did not run, one line per distinct reason (the last probe of each)."""
+    last = {row["version"]: row.get("reason") or "no reason recorded" for row in data["probes"]}
+    by_reason: dict[str, list[str]] = {}
+    for name in unknown:
+        by_reason.setdefault(str(last.get(name, "not probed")), []).append(name)
+    return list(by_reason.items())
 
 
 def commit_fields(

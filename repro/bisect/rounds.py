@@ -7,18 +7,22 @@ candidates at once and a runner answers one Observation per candidate, in the sa
   OUT/probes/, each pinned to its own devices (CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES subsets
   on a GPU host) and its own DeepSpeed work tree (--slot).
 - Slurm: one array job of k tasks per round, each a `python -m repro probe` (inside the env's
-  Apptainer image when IMAGE= is given); `sbatch --wait` until the array is done. A task that
-  left no probe.json (cancelled, failed, timed out) is `unknown`.
+  Apptainer image when IMAGE= is given), watched with squeue until the array is done, and
+  cancelled (scancel) when the round is interrupted or fails. A task that left no probe.json
+  (cancelled, failed, timed out) is `unknown`.
 Both process runners read each probe's OUT/probes/<n>-<label>/probe.json; the verdict is made by
 the driver's Judge from outcome and signature, not by the child.
 """
 
 from __future__ import annotations
 
+import getpass
 import re
+import secrets
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.bisect.probe import Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
-from repro.core import cmd, console, records, shapes, templating
+from repro.core import cmd, console, records, script_values, shapes, templating
 from repro.core.errors import MissingToolError, RunError, UsageError
 
 if TYPE_CHECKING:
@@ -218,9 +222,35 @@ class SlurmOptions:
     image: str | None = None  # an Apptainer image (.sif) each probe runs in
     extra: tuple[str, ...] = ()  # more #SBATCH lines' options, e.g. --account=...
 
+    def check(self) -> SlurmOptions:
+        """These options, or a UsageError naming the one that would not be a single #SBATCH value
+        (the template refuses them too; this says so before anything is built)."""
+        script_values.slurm_time(self.time_limit)
+        if self.partition:
+            script_values.slurm_partition(self.partition)
+        script_values.positive(self.gpus_per_task, "SLURM_GPUS_PER_TASK= (--slurm-gpus-per-task)")
+        for option in self.extra:
+            script_values.sbatch_option(option)
+        return self
+
+
+# How often the array job is looked at while it runs: soon at first (a round of quick probes),
+# then less often, but never more than 5 s apart: a probe takes 20-70 s, so a longer gap would add
+# a large share to every round; `squeue` for one job is cheap. And how many failed looks in a row
+# end the wait.
+POLL_FIRST_S = 1.0
+POLL_MAX_S = 5.0
+POLL_FAILURES = 10
+
 
 class Slurm:
-    """One Slurm array job per round, k tasks, each a child probe; waits on the scheduler."""
+    """One Slurm array job per round, k tasks, each a child probe; waits on the scheduler.
+
+    The job is submitted without `--wait` so that its id is known before anything can interrupt
+    the wait: Ctrl-C, SIGTERM (repro/core/signals.py) or an error while the round runs cancels
+    exactly the jobs this runner submitted (`scancel <id>`), as local probes are stopped, instead
+    of leaving the array running. Ids are kept in `submitted` and in OUT/slurm/round-NN.job.
+    """
 
     def __init__(
         self,
@@ -228,28 +258,41 @@ class Slurm:
         command: ProbeCommand,
         slots: int,
         options: SlurmOptions = SlurmOptions(),
-        launch: Callable[..., cmd.CmdResult] = cmd.run,
+        launch: Callable[..., cmd.CmdResult] | None = None,
         say: Callable[[str], None] = console.result,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.results, self.command, self.slots = results, command, slots
-        self.options, self.launch, self.say = options, launch, say
+        self.options, self.say, self.sleep = options.check(), say, sleep
+        # Looked up at call time: tests fake the one subprocess door, repro.core.cmd.run.
+        self.launch: Callable[..., cmd.CmdResult] = launch or (lambda *a, **kw: cmd.run(*a, **kw))
         self.count = 0
         self.rounds = 0
+        # A random part makes the job name this run's own: if Ctrl-C comes while sbatch is still
+        # submitting (no id printed yet), only a job of this name can be the one it submitted.
+        self.token = secrets.token_hex(4)
+        self.submitted: list[str] = []  # every array job this runner submitted, in order
+        self.live: str | None = None  # the one still running (this round's), until it ended
+
+    @property
+    def job_name(self) -> str:
+        return f"mics-probe-{self.token}-r{self.rounds}"
 
     def script(self, specs: Sequence[ProbeSpec], folders: Sequence[Path]) -> str:
-        lines = []
+        commands = []
         for slot, (spec, folder) in enumerate(zip(specs, folders)):
             argv = self.command.argv(spec, folder, slot)
             if self.options.image:
                 argv = ["apptainer", "exec", "--nv", "--cleanenv", self.options.image, *argv]
-            lines.append(shlex.join(argv))
-        env = templating.environment(TEMPLATES)
+            commands.append(argv)
+        env = templating.environment(TEMPLATES, filters=script_values.script_filters())
+        slurm_dir = script_values.slurm_filename(self.results / "slurm")
         return env.get_template("probe-array.sbatch.j2").render(
-            commands=lines,
+            commands=commands,
             options=self.options,
-            job_name=f"mics-probe-r{self.rounds}",
-            log_pattern=str(self.results / "slurm" / f"round-{self.rounds:02d}-%a.out"),
-            workdir=shlex.quote(str(Path.cwd())),
+            job_name=self.job_name,
+            log_pattern=f"{slurm_dir}/round-{self.rounds:02d}-%a.out",
+            workdir=str(Path.cwd()),
         )
 
     def __call__(self, specs: Sequence[ProbeSpec]) -> list[Observation]:
@@ -262,16 +305,16 @@ class Slurm:
         (self.results / "probes").mkdir(parents=True, exist_ok=True)
         path = self.results / "slurm" / f"round-{self.rounds:02d}.sbatch"
         path.write_text(self.script(specs, folders))
-        # --wait: returns when every task has ended; its exit code is the worst task's (a bad
-        # verdict exits 1), so only a missing job id means the submission itself failed.
-        result = self.launch(["sbatch", "--parsable", "--wait", str(path)], capture=True)
-        job = str(result.stdout).strip().split(";")[0]
-        if not job.isdigit():
-            raise MissingToolError(
-                f"sbatch did not accept {path} (exit {result.returncode})",
-                why=result.tail(5) or "no job id printed",
-                fix="check that a Slurm controller answers (sinfo) and the #SBATCH options fit the cluster",
-            )
+        self.live = None
+        try:
+            job = self.submit(path)
+            self.wait(job)
+        except BaseException:
+            # Ctrl-C, SIGTERM or an error: the array must not go on running without us.
+            if self.live is not None:
+                self.cancel(["scancel", self.live], f"array job {self.live}")
+            raise
+        self.live = None
         self.say(f"slurm: round {self.rounds}: array job {job} of {len(specs)} probes done")
         return [
             read_observation(
@@ -282,6 +325,73 @@ class Slurm:
             )
             for slot, (spec, folder) in enumerate(zip(specs, folders))
         ]
+
+    def submit(self, path: Path) -> str:
+        """Submit the round's script; its job id, recorded before anything else happens."""
+        try:
+            result = self.launch(["sbatch", "--parsable", str(path)], capture=True)
+            job = str(result.stdout).strip().split(";")[0]
+            if result.ok and job.isdigit():
+                self.live = job
+        except KeyboardInterrupt:
+            if self.live is None:
+                # sbatch was stopped mid-submission: a job may exist whose id we never saw. Its
+                # name carries this runner's random token, so cancelling by name is still exact.
+                mine = [f"--user={user}"] if (user := _user()) else []
+                self.cancel(["scancel", f"--name={self.job_name}", *mine], f"any job named {self.job_name}")
+            raise
+        if self.live is None:
+            raise MissingToolError(
+                f"sbatch did not accept {path} (exit {result.returncode})",
+                why=result.tail(5) or "no job id printed",
+                fix="check that a Slurm controller answers (sinfo) and the #SBATCH options fit the cluster",
+            )
+        self.submitted.append(job)
+        path.with_suffix(".job").write_text(job + "\n")
+        return job
+
+    def wait(self, job: str) -> None:
+        """Until no task of `job` is pending or running (squeue lists none, or no longer knows
+        the job: Slurm forgets ended jobs after MinJobAge)."""
+        delay, failures = POLL_FIRST_S, 0
+        while True:
+            result = self.launch(
+                ["squeue", "--noheader", "--jobs", job, "--format", "%i %T"], capture=True, echo=False
+            )
+            if result.ok and not result.stdout.strip():
+                return
+            if not result.ok and "invalid job id" in result.stderr.lower():
+                return
+            failures = 0 if result.ok else failures + 1
+            if failures >= POLL_FAILURES:
+                raise MissingToolError(
+                    f"squeue failed {failures} times in a row while array job {job} ran",
+                    why=result.tail(5) or f"exit {result.returncode}",
+                    fix="check that the Slurm controller answers (sinfo); the job was cancelled",
+                )
+            self.sleep(delay)
+            delay = min(delay * 2, POLL_MAX_S)
+
+    def cancel(self, argv: list[str], what: str) -> None:
+        """scancel, best effort: a failure is reported with the command to run by hand, and never
+        hides the interrupt or error that led here."""
+        try:
+            result = self.launch(argv, capture=True)
+        except Exception as exc:  # noqa: BLE001 - the original exception is what must propagate
+            why = str(exc)
+        else:
+            if result.ok:
+                self.say(f"slurm: cancelled {what}")
+                return
+            why = result.tail(3) or f"exit {result.returncode}"
+        console.warn(f"! could not cancel {what} ({why}); cancel it by hand: {shlex.join(argv)}")
+
+
+def _user() -> str | None:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no login name and no passwd entry (some containers)
+        return None
 
 
 def data_of(runner: Any) -> dict[str, Any]:

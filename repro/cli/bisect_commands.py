@@ -14,6 +14,7 @@ results.json, so `make report RESULTS=OUT` shows the probes' runs and the timeli
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 from collections.abc import Sequence
 from dataclasses import replace
@@ -38,6 +39,7 @@ from repro.cli.options import DEFAULT_RESULTS_ROOT
 from repro.cli.registry import command
 from repro.core.errors import UsageError
 from repro.core.results import point_latest
+from repro.engines import jobdeps
 from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES, write_json_atomic
 
 __all__ = ["EXIT_ABORT", "Services", "probe_main", "run_bisect", "run_survey", "walk_request"]
@@ -62,7 +64,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="results folder (default: a new one under results/)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
-    p.add_argument("--cmd", default=None, help="probe YOUR command (README 'Your own job'), not --scenario")
+    p.add_argument("--cmd", default=None, help="probe YOUR command (docs/own-job.md), not --scenario")
     p.add_argument("--workdir", default=None, help="folder --cmd runs in (default .)")
     p.add_argument("--loss-regex", default=None, help="loss pattern of --cmd's output (group `loss`)")
     p.add_argument("--requirements", default=None, help="--cmd's own packages (a requirements file)")
@@ -149,6 +151,8 @@ def probe_options(args: argparse.Namespace) -> ProbeOptions:
             "REQUIREMENTS=/PACKAGES= are the packages of your own command",
             fix='give CMD="..." too, or drop them (our scenarios need nothing beyond the env)',
         )
+    # Read once here, so a bad file stops the command instead of making every probe unknown.
+    jobdeps.parse(args.requirements, args.packages)
     return ProbeOptions(
         env=args.env,
         scenario=args.scenario,
@@ -162,7 +166,8 @@ def probe_options(args: argparse.Namespace) -> ProbeOptions:
         command=args.cmd,
         workdir=str(Path(args.workdir).resolve()) if args.workdir else None,
         loss_regex=args.loss_regex,
-        requirements=str(Path(args.requirements).resolve()) if args.requirements else None,
+        # absolute, but not resolved: REQUIREMENTS= that is a link is judged as a link (jobdeps)
+        requirements=os.path.abspath(os.path.expanduser(args.requirements)) if args.requirements else None,
         packages=args.packages,
     )
 
@@ -195,12 +200,13 @@ def walk_request(args: argparse.Namespace) -> WalkRequest:
         parallel=args.parallel,
         runner=args.runner,
         devices=tuple(d.strip() for d in (args.devices or "").split(",") if d.strip()),
+        # Checked here, before anything is built: each value becomes an #SBATCH line.
         slurm=SlurmOptions(
-            partition=args.slurm_partition,
+            partition=args.slurm_partition or None,
             time_limit=args.slurm_time,
             gpus_per_task=args.slurm_gpus_per_task,
             image=args.image,
-        ),
+        ).check(),
     )
 
 

@@ -26,7 +26,6 @@ def _options(p: argparse.ArgumentParser) -> None:
     "gpu-check", "prove this GPU host end to end (GPUs, venv, torch, DeepSpeed, repro, check-fix)", _options
 )
 def cmd_gpu_check(args: argparse.Namespace) -> int:
-    from repro.core.paths import output_folder
     from repro.core.results import utc_now
     from repro.matrix.schema import load_matrix
     from repro.run.gpu_check import gpu_check
@@ -34,7 +33,7 @@ def cmd_gpu_check(args: argparse.Namespace) -> int:
 
     matrix = load_matrix(args.matrix) if args.matrix else load_matrix()
     stamp = utc_now().replace(":", "").replace("-", "")[:15]
-    folder = output_folder(Path(args.out) if args.out else Path(args.results_root) / f"gpu-check-{stamp}")
+    folder = Path(args.out) if args.out else Path(args.results_root) / f"gpu-check-{stamp}"
     check = gpu_check(folder, HostDevice(), matrix, args.env, say=console.info)
     console.result(check.text())
     console.result(f"details: {folder / 'gpu-check.json'}")

@@ -1,5 +1,5 @@
 """`run` (a user's own command in an env, stock and fixed, judged from its output) and `shell`
-(an interactive shell in an env with the same interpreter-start hook). README "Your own job"."""
+(an interactive shell in an env with the same interpreter-start hook). docs/own-job.md."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option, csv
 from repro.cli.registry import command
 from repro.core import console
 from repro.core.errors import UsageError
+from repro.core.flags import env_bool
 from repro.workload.record import PATCHES, TRANSPORT_MODES
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     line = reproduce_line(request)
     # `make run RESUME=1`: make hands its command-line variables to the recipe's environment
-    resumed = _resumable(root, out, args.resume or os.environ.get("RESUME", "") not in ("", "0"))
+    resumed = _resumable(root, out, args.resume or env_bool("RESUME", os.environ))
     if resumed is not None:
         folder, made = resumed, False
         invocation = InvocationDir.reopen(folder)

@@ -1,7 +1,7 @@
 """`python -m repro COMMAND`: the one front door (the Makefile, CI and the docs all call it).
 
 Every error of the tool is a `ReproError`, caught once here: its message says what, why and
-what to do, and its exit code tells the kind (the table is in README.md, "Exit codes"; the
+what to do, and its exit code tells the kind (the table is in docs/options.md, "Exit codes"; the
 codes are defined in repro/core/errors.py). Subcommands live in thin handler modules that
 register themselves with `repro.cli.registry.command`.
 """
@@ -17,7 +17,7 @@ from repro.core import console
 from repro.core.errors import Interrupted, ReproError, UsageError
 from repro.core.signals import install_stop_handlers
 
-# Exit codes that are not a ReproError's own (see README.md, "Exit codes").
+# Exit codes that are not a ReproError's own (see docs/options.md, "Exit codes").
 EXIT_USAGE = UsageError.exit_code
 EXIT_INTERRUPTED = Interrupted.exit_code
 
@@ -75,6 +75,11 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
     chosen = next((a for a in args_list if a in SPECS), None)
     error_exit = SPECS[chosen].error_exit if chosen else None
     try:
+        refuse_control_characters(args_list)
+    except UsageError as exc:
+        console.error(exc.render())
+        return error_exit or EXIT_USAGE
+    try:
         args = parser.parse_args(args_list)
     except _BadOptions as bad:
         bad.parser.print_usage(sys.stderr)
@@ -96,6 +101,37 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
         return error_exit or exc.exit_code
     finally:
         console.close()  # a live display (repro/core/progress.py) leaves the terminal as it found it
+
+
+def _control_character(text: str) -> str | None:
+    """How to name the first control character in `text` (C0, DEL or C1), or None."""
+    names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
+    for ch in text:
+        if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
+            return names.get(ch, f"the control character U+{ord(ch):04X}")
+    return None
+
+
+def refuse_control_characters(argv: Sequence[str]) -> None:
+    """No argument may hold a control character. Every value is a name, number, path or command
+    line; a newline in one splits make recipes and the shell lines the tool prints to reproduce a
+    run, and an escape sequence rewrites the terminal. UsageError naming the option, not the value."""
+    for i, arg in enumerate(argv):
+        found = _control_character(arg)
+        if found is None:
+            continue
+        if arg.startswith("--") and "=" in arg:
+            option = arg.split("=", 1)[0]
+        elif i > 0 and argv[i - 1].startswith("-") and not arg.startswith("-"):
+            option = argv[i - 1]
+        else:
+            option = f"argument {i + 1}"
+        raise UsageError(
+            f"the value of {option} holds {found}",
+            why="values are names, numbers, paths or one-line commands; a control character in one "
+            "would split the make and shell lines the tool runs and prints",
+            fix=f"give {option} without it (several commands: put them in a script and run that)",
+        )
 
 
 def _load_commands() -> None:

@@ -6,7 +6,7 @@
     python -m repro bench [--env cpu] [--engine venv]         warm speed figures (results/bench.jsonl)
 
 Thin handlers: the work is in repro.engines.docker.{dockerfiles,lint}, repro.upstream.patchgen and
-repro.run.bench. A check that finds problems exits 1 (2 and up are errors, see README "Exit codes").
+repro.run.bench. A check that finds problems exits 1 (2 and up are errors, see docs/options.md "Exit codes").
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from repro.core import paths
 from repro.core.errors import UsageError
+from repro.core.flags import env_bool
 from repro.core.makeline import make_line
 from repro.run.orchestrate import Request
 from repro.run.usecase import RunTarget as RunTarget  # the CLI builds it; the use case owns it
@@ -142,5 +143,5 @@ def run_target_from_args(args: argparse.Namespace) -> RunTarget:
         argv=tuple(args.argv),
         make_command=run_make_line(args.command, args),
         # `make repro RESUME=1`: make hands its command-line variables to the recipe's environment
-        resume=bool(getattr(args, "resume", False)) or os.environ.get("RESUME", "") not in ("", "0"),
+        resume=bool(getattr(args, "resume", False)) or env_bool("RESUME", os.environ),
     )

@@ -16,7 +16,7 @@ from repro.cli.options import (
     run_target_from_args,
 )
 from repro.cli.registry import command
-from repro.core import console
+from repro.core import console, safe_write
 from repro.core.errors import UsageError
 from repro.core.paths import REPO_ROOT
 from repro.run.usecase import check_fix_outcome, run_request
@@ -143,14 +143,13 @@ def _report_options(p: argparse.ArgumentParser) -> None:
 
 @command("report", "write report.html and REPORT.md from one or more results folders", _report_options)
 def cmd_report(args: argparse.Namespace) -> int:
-    from repro.core.paths import output_folder
     from repro.core.results import resolve_results_dir
     from repro.report import build_report
 
     root = Path(args.results_root)
     given = [s for s in (args.results or "").split(",") if s.strip()]
     folders = [resolve_results_dir(root, g) for g in given] or [resolve_results_dir(root, None)]
-    out = output_folder(Path(args.out)) if args.out else folders[0]
+    out = Path(args.out) if args.out else folders[0]
     paths = build_report(folders, out)
     for path in (getattr(paths, "html", None), getattr(paths, "markdown", None)):
         if path:
@@ -172,11 +171,32 @@ def cmd_base_image(args: argparse.Namespace) -> int:
 
 @command("clean", "remove results/ and temporary build folders (not the download/venv cache)")
 def cmd_clean(args: argparse.Namespace) -> int:
-    for path in (DEFAULT_RESULTS_ROOT, REPO_ROOT / "bundles", REPO_ROOT / "test-artifacts"):
+    paths = (DEFAULT_RESULTS_ROOT, REPO_ROOT / "bundles", REPO_ROOT / "test-artifacts")
+    for path in paths:  # all checked before anything is removed
+        if path.is_symlink():
+            # What the link leads to was not made by this tool; removing the link alone would
+            # look like a clean that did not clean.
+            raise safe_write.link_error(
+                path, fix=f"remove the link {path} yourself if it is no longer needed"
+            )
+    for path in paths:
         if path.exists():
             shutil.rmtree(path)
             console.result(f"removed {path}")
+    _remove_stand_in_images()
     return 0
+
+
+def _remove_stand_in_images() -> None:
+    # The test suite's stand-in GPU images (repro/engines/docker/standin.py), when Docker answers.
+    from repro.engines.docker.standin import remove_stand_ins, stand_in_client
+
+    try:
+        client = stand_in_client()
+    except Exception:  # no docker-py, no daemon: nothing of ours can be there to remove
+        return
+    for tag in remove_stand_ins(client):
+        console.result(f"removed image {tag}")
 
 
 def _venv_python_options(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from repro.cli.options import DEFAULT_RESULTS_ROOT, RunTarget, add_matrix_option
 from repro.cli.registry import command
-from repro.core import console
+from repro.core import console, safe_write, script_values
 from repro.core.errors import DockerUnavailableError, UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import REPO_ROOT
@@ -214,6 +214,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
         if value is not None
     }
     layout = replace(cluster.LAYOUTS[args.layout], **overrides)
+    # Both are written into the job script and its launcher: refused here, before anything is written.
+    script_values.name(args.env, "ENV= (--env)")
+    if args.image_ref is not None:
+        script_values.image_ref(args.image_ref, "--image-ref")
     scripts = cluster.render(
         layout, env_id=args.env, image_ref=args.image_ref or f"mics-repro-bundle:{args.env}"
     )
@@ -248,7 +252,12 @@ def cmd_pr_regression(args: argparse.Namespace) -> int:
         raise UsageError(
             "no venv python given", fix="pass --python (PYTHON_VENV= with make) or set MICS_TEST_PYTHON_T21"
         )
-    work = args.work or Path(tempfile.mkdtemp(prefix="mics-pr-"))
+    # --work new or empty: the patched copy and the pytest reports never mix with the user's files.
+    work = (
+        safe_write.claim_folder(args.work, option="--work", owned_by=())
+        if args.work
+        else Path(tempfile.mkdtemp(prefix="mics-pr-"))
+    )
     variants = [Variant.STOCK, Variant.PATCHED] if args.variant == "both" else [Variant(args.variant)]
     runs = [run_variant(python, v, work / v.value, args.transport) for v in variants]
     console.result(summary(runs))

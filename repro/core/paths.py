@@ -57,29 +57,3 @@ def check_output_folder(out: Path, option: str = "OUT") -> Path:
             fix=f"choose an {option}= whose parent folders are folders",
         )
     return out
-
-
-def output_folder(out: Path, option: str = "OUT") -> Path:
-    """`out` made (with its parents) as a folder to write into; a UsageError when it cannot be."""
-    check_output_folder(out, option)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot make {option}={out}",
-            why=f"{exc.strerror or exc} ({exc.filename})",
-            fix=f"choose an {option}= folder you can write",
-        ) from None
-    return out
-
-
-def output_file(out: Path, option: str = "OUT") -> Path:
-    """`out` is a file that can be written: not a folder; its folder is made when missing."""
-    if out.is_dir():
-        raise UsageError(
-            f"{option}={out} is a folder",
-            why="this command writes one file",
-            fix=f"name the file, e.g. {option}={out / 'ISSUE.md'}",
-        )
-    output_folder(out.parent, f"the folder of {option}")
-    return out

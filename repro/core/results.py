@@ -15,12 +15,13 @@ import os
 import platform
 import re
 import shlex
+import stat
 import sys
 from pathlib import Path
 from typing import Any, TypedDict
 
 from repro import __version__
-from repro.core import records, shapes
+from repro.core import records, safe_write, shapes
 from repro.core.errors import Interrupted, UsageError
 from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
 
@@ -60,26 +61,37 @@ def new_invocation_dir(root: Path, env_ids: list[str]) -> Path:
 
 
 def check_latest(root: Path) -> None:
-    """results/latest is the tool's link (or absent): a real folder or file there cannot be
-    replaced by one, and is someone's data, so it is a UsageError, never overwritten."""
+    """results/latest may be replaced only when it is the link this tool keeps (or is not there):
+    a file or folder of that name is someone's, and is refused with its path (exit 2)."""
     link = root / LATEST
-    if link.exists() and not link.is_symlink():
+    try:
+        mode = os.lstat(link).st_mode
+    except OSError:
+        return  # not there, or no root to look in: making the folder says what is wrong
+    if not stat.S_ISLNK(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a file"
         raise UsageError(
-            f"{link} is a {'folder' if link.is_dir() else 'file'}, not the link this tool keeps there",
-            why="results/latest points to the newest results folder; it is replaced at every run",
-            fix=f"move it away (mv {link} {link}.old), or pass OUT= for this run",
+            f"{link} is {kind}, not the link to the newest results this tool keeps there",
+            why="this tool replaces only what it wrote; that one may be yours",
+            fix=f"move {link} away, or pass OUT=<folder> (or another RESULTS_ROOT)",
         )
 
 
 def point_latest(root: Path, folder: Path) -> None:
     """results/latest -> folder, replaced atomically (symlink to a temp name, then rename)."""
     check_latest(root)
-    link = root / LATEST
-    tmp = root / f".{LATEST}.{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    tmp.symlink_to(folder.name)
-    os.replace(tmp, link)
+    _swap_latest(root, folder.name)
+
+
+def _swap_latest(root: Path, target: str) -> None:
+    # A fresh temp name (symlink_to never replaces), so no file of that name is ever removed.
+    tmp = root / f".{LATEST}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp.symlink_to(target)
+    try:
+        os.replace(tmp, root / LATEST)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tuple[Path, bool]:
@@ -88,10 +100,9 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
     A place that cannot hold results is a UsageError naming it, not an OSError traceback."""
     where = f"OUT={out}" if out is not None else f"the results root {root}"
     made = out is None or not out.exists()
-    if out is None:  # results/latest will point here: refuse now, before a folder is made
-        check_latest(root)
     try:
         if out is None:
+            check_latest(root)  # before the folder is made: results/latest is moved to it
             folder = new_invocation_dir(root, env_ids)
         else:
             if out.exists() and not out.is_dir():
@@ -152,10 +163,7 @@ def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | 
         if previous_latest is None:
             link.unlink()
         else:
-            tmp = root / f".{LATEST}.{os.getpid()}"
-            tmp.unlink(missing_ok=True)
-            tmp.symlink_to(previous_latest)
-            os.replace(tmp, link)
+            _swap_latest(root, previous_latest)
     return True
 
 
@@ -230,9 +238,16 @@ class InvocationDir:
         self.save()
 
     def env_dir(self, env_id: str) -> Path:
-        path = self.folder / env_id
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        # Made without following a link: an env folder that leads elsewhere (RESUME=1 on a folder
+        # someone linked into) would have the suite clear and write runs there.
+        return safe_write.make_folders(self.folder, env_id)
+
+    def check_env_paths(self, env_id: str, *below: str) -> None:
+        """UsageError (exit 2) when the env's folder, or one of `below` in it, is a symbolic link:
+        RESUME=1 reads, clears and writes there, only inside this folder."""
+        safe_write.check_inside(self.folder, env_id)
+        for rel in below:
+            safe_write.check_inside(self.folder, f"{env_id}/{rel}")
 
     def add_env(self, env_id: str, info: dict[str, Any]) -> None:
         self.data["envs"][env_id] = info

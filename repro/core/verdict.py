@@ -39,6 +39,7 @@ from repro.core.fix_pairs import (
     stock_attempts,
 )
 from repro.core.runs import RunView, describe, run_label, shows_bug
+from repro.workload import layout as lay
 from repro.workload.classify import first_divergent_step
 from repro.workload.closed import assert_never
 from repro.workload.record import Outcome
@@ -48,6 +49,8 @@ class Reproduces(str, enum.Enum):
     YES = "yes"  # a stock MiCS run shows the IllegalWork bug
     NO = "no"  # the reporter's MiCS configurations ran clean
     UNSUPPORTED = "unsupported"  # MiCS is not available in this install (removed, or config rejected)
+    # Every stock MiCS run had too few GPUs (ranks) to form a shard group: says nothing about MiCS.
+    TOO_FEW_DEVICES = "too-few-devices"
     INCONCLUSIVE = "inconclusive"  # runs failed in other ways (hang, env-error, interrupted)
     NOT_TESTED = "not-tested"  # no stock MiCS run in the results
 
@@ -76,6 +79,50 @@ class Evidence:
 REPORTER_SCENARIOS = ("mics", "mics-hier")
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    """Why MiCS did not run: the layout had `have` devices, the smallest MiCS scenario asked for
+    needs `needs` (repro/workload/layout.py)."""
+
+    have: int
+    needs: int
+    on_gpus: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"have": self.have, "needs": self.needs, "on_gpus": self.on_gpus}
+
+
+def devices_needed(run: RunView) -> int | None:
+    """The GPUs (ranks on CPU) this unsupported run needed, when its layout had too few: the suite
+    records such a run without launching it, with no shard size (repro/workload/suite.py `_skip`).
+    Derived from the record's scenario, world size and backend, so older records read the same."""
+    if run.outcome is not Outcome.UNSUPPORTED or run.scenario not in lay.MIN_GPU_RANKS:
+        return None
+    key = run.key
+    if key.shard_size is not None or key.world_size < 1:
+        return None  # a MiCS layout that ran out of MiCS (no MiCS in this DeepSpeed), not of GPUs
+    on_cpu = run.record.get("backend") == "gloo"
+    need = (
+        lay.cpu_layout(key.scenario, key.world_size)
+        if on_cpu
+        else lay.gpu_layout(key.scenario, key.world_size, 1)
+    ).needs
+    return need or None
+
+
+def shortfall(runs: Sequence[RunView]) -> Shortfall | None:
+    """The shortfall shared by every stock MiCS attempt, or None when any of them had what it needed."""
+    stock = stock_attempts(runs)
+    needs = [devices_needed(r) for r in stock]
+    if not stock or None in needs:
+        return None
+    return Shortfall(
+        have=max(r.key.world_size for r in stock),
+        needs=min(n for n in needs if n is not None),
+        on_gpus=any(r.record.get("backend") != "gloo" for r in stock),
+    )
+
+
 def reproduces(runs: Sequence[RunView]) -> tuple[Reproduces, list[Evidence]]:
     stock = stock_attempts(runs)
     if not stock:
@@ -83,6 +130,11 @@ def reproduces(runs: Sequence[RunView]) -> tuple[Reproduces, list[Evidence]]:
     bug = [r for r in stock if shows_bug(r)]
     if bug:
         return Reproduces.YES, [Evidence(describe(r), (r.ident,)) for r in bug]
+    if shortfall(runs) is not None:
+        return Reproduces.TOO_FEW_DEVICES, [
+            Evidence(f"{run_label(r)}: {r.reason or 'unsupported: too few devices'}", (r.ident,))
+            for r in stock
+        ]
     if all(r.outcome is Outcome.UNSUPPORTED for r in stock):
         return Reproduces.UNSUPPORTED, [
             Evidence(f"{run_label(r)}: {r.reason or 'unsupported'}", (r.ident,)) for r in stock
@@ -242,6 +294,8 @@ def reproduces_words(reproduces: Reproduces) -> str:
         return "not reproduced"
     if reproduces is Reproduces.UNSUPPORTED:
         return "no evidence (MiCS unsupported here)"
+    if reproduces is Reproduces.TOO_FEW_DEVICES:
+        return "no evidence (too few GPUs here for MiCS to run)"
     if reproduces is Reproduces.INCONCLUSIVE:
         return "no evidence"
     if reproduces is Reproduces.NOT_TESTED:
@@ -266,6 +320,22 @@ def fix_words(fixed: FixVerdict) -> str:
 
 
 NO_STOCK_RUN_WORDS = "fix not evaluated (no stock run to compare with)"  # check-fix runs only fixed ones
+TOO_FEW_DEVICES_FIX_WORDS = "fix not evaluated (MiCS could not run here)"  # with Reproduces.TOO_FEW_DEVICES
+
+
+def shortfall_words(short: Shortfall) -> str:
+    """TOO_FEW_DEVICES with its numbers: the cause is the host, and the smallest one that can test it."""
+    if short.on_gpus:
+        gpus = "GPU" if short.have == 1 else "GPUs"
+        return (
+            f"no evidence ({short.have} {gpus} here, too few for MiCS: its shard group needs at least "
+            f"{short.needs} GPUs, one rank each; run on a host with {short.needs} or more GPUs)"
+        )
+    ranks = "rank" if short.have == 1 else "ranks"
+    return (
+        f"no evidence ({short.have} {ranks} here, too few for MiCS: its shard group needs at least "
+        f"{short.needs} ranks; run with WORLD_SIZE={short.needs} or more)"
+    )
 
 
 @dataclass(frozen=True)
@@ -288,6 +358,7 @@ class EnvVerdict:
     verified: tuple[str, ...]  # fixed runs (idents) that ran steps and matched a clean control
     unverified_reason: str  # why `verified` is empty; "" when it is not
     subject: Subject = Subject.SUITE
+    shortfall: Shortfall | None = None  # set with Reproduces.TOO_FEW_DEVICES
 
     @property
     def nothing_verified(self) -> bool:
@@ -303,12 +374,16 @@ class EnvVerdict:
     def reproduces_text(self) -> str:
         if self.reproduces is Reproduces.NOT_TESTED and self.subject is Subject.OWN_JOB:
             return "no evidence (no stock run of your command)"
+        if self.reproduces is Reproduces.TOO_FEW_DEVICES and self.shortfall is not None:
+            return shortfall_words(self.shortfall)
         return reproduces_words(self.reproduces)
 
     @property
     def fix_text(self) -> str:
         if self.reproduces is Reproduces.NOT_TESTED and self.fixed is FixVerdict.NOT_APPLICABLE:
             return NO_STOCK_RUN_WORDS
+        if self.reproduces is Reproduces.TOO_FEW_DEVICES and self.fixed is FixVerdict.NOT_APPLICABLE:
+            return TOO_FEW_DEVICES_FIX_WORDS
         return fix_words(self.fixed)
 
     @property
@@ -348,6 +423,7 @@ class EnvVerdict:
             "fix_failures": [e.to_dict() for e in self.fix_failures],
             "verified": list(self.verified),
             "unverified_reason": self.unverified_reason,
+            "shortfall": None if self.shortfall is None else self.shortfall.to_dict(),
             "notes": self.notes(),
         }
 
@@ -377,6 +453,7 @@ def env_verdict(env: str, runs: Sequence[RunView]) -> EnvVerdict:
         verified=verified,
         unverified_reason=unverified_reason,
         subject=subject_of(mine),
+        shortfall=shortfall(mine) if repro is Reproduces.TOO_FEW_DEVICES else None,
     )
 
 

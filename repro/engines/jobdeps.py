@@ -26,6 +26,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from repro.core.errors import UsageError
+from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 
 CONSTRAINT_LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
 
@@ -58,9 +59,11 @@ class JobDeps:
         return tuple(r.wheel for r in self.requested if r.wheel)
 
     def digest(self) -> str:
-        """Names the layer: the sorted lines, and the bytes of every local wheel."""
+        """Names the layer: the sorted lines, and the bytes of every local wheel. A local wheel's
+        line counts by its file name, not its folder: the same wheel from another folder (a
+        fresh checkout, a temp dir) installs the same layer, so it is reused, not rebuilt."""
         h = hashlib.sha256()
-        for line in sorted(self.lines):
+        for line in sorted(Path(r.wheel).name if r.wheel else r.line for r in self.requested):
             h.update(line.encode() + b"\0")
         for wheel in sorted(self.wheels):
             h.update(hashlib.sha256(Path(wheel).read_bytes()).digest())
@@ -94,23 +97,11 @@ def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = 
     given_file = None
     if requirements:
         path = Path(requirements).expanduser()
-        if not path.is_file():
-            raise UsageError(
-                f"REQUIREMENTS={requirements} is not a file",
-                fix="give a requirements file (one package a line, as for pip install -r)",
-            )
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise UsageError(
-                f"REQUIREMENTS={requirements} is not UTF-8 text",
-                why=f"byte {exc.start} cannot be decoded; pip reads requirements files as UTF-8",
-                fix="save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8), or give PACKAGES= instead",
-            ) from None
-        for number, raw in enumerate(text.splitlines(), 1):
+        for number, raw in enumerate(read_requirements(requirements).splitlines(), 1):
             line = raw.split(" #", 1)[0].strip()
             if line and not line.startswith("#"):
-                found.append(_requested(line, path.resolve().parent, f"{requirements}:{number}"))
+                where = f"REQUIREMENTS={requirements}, line {number}"
+                found.append(_requested(line, path.resolve().parent, where, quote=False))
         given_file = str(path.resolve())  # absolute: a reproduce line works from any folder
     try:
         words = shlex.split(packages or "")
@@ -133,10 +124,54 @@ def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = 
     )
 
 
-def _requested(text: str, base: Path, where: str) -> Requested:
+# A requirements file is a few hundred bytes; REQUIREMENTS=/dev/zero or a 200 MB file is a mistake.
+REQUIREMENTS_LIMIT = 1 << 20
+_FILE_FIX = "give a requirements file (one package a line, as for pip install -r)"
+
+
+def read_requirements(given: str) -> str:
+    """The text of REQUIREMENTS=: a regular file of at most REQUIREMENTS_LIMIT bytes, read with
+    that cap, and not a link that leads out of its own folder (a link planted in a project as
+    `requirements.txt -> /etc/shadow` would otherwise reach pip and the error messages). Errors
+    name the file and what is wrong with it, never what it holds."""
+    path = Path(given).expanduser()
+    if path.is_symlink():
+        target, home = path.resolve(), path.parent.resolve()
+        if not target.is_relative_to(home):
+            raise UsageError(
+                f"REQUIREMENTS={given} is a link to a file outside its folder",
+                why="a requirements file that leads elsewhere is not read (it may be planted)",
+                fix="give the file it points to by its own path, or copy it next to the link",
+            )
+    try:
+        data = read_regular(path, REQUIREMENTS_LIMIT)
+    except FileNotFoundError:
+        raise UsageError(f"REQUIREMENTS={given} does not exist", fix=_FILE_FIX) from None
+    except NotRegularFile:
+        raise UsageError(
+            f"REQUIREMENTS={given} is not a regular file (a folder, FIFO, device or socket)", fix=_FILE_FIX
+        ) from None
+    except FileTooLarge:
+        raise UsageError(
+            f"REQUIREMENTS={given} is larger than {REQUIREMENTS_LIMIT // 1024} KiB",
+            why="a requirements file lists packages, one a line",
+            fix=_FILE_FIX,
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"REQUIREMENTS={given} cannot be read: {exc.strerror}", fix=_FILE_FIX) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"REQUIREMENTS={given} is not UTF-8 text", fix=_FILE_FIX) from None
+
+
+def _requested(text: str, base: Path, where: str, *, quote: bool = True) -> Requested:
+    """One requirement. `quote`: the text may be shown in errors (PACKAGES=, which the user typed);
+    a file's lines are named by their number only (see read_requirements)."""
+    shown = f" {text!r}" if quote else ""
     if text.startswith("-"):
         raise UsageError(
-            f"{where}: {text!r}: pip options are not taken here",
+            f"{where}:{shown} pip options are not taken here",
             why="packages come from PyPI and the lab's wheelhouse, with the env's packages as constraints",
             fix="list packages only (name, name==version, or a path to a .whl file); "
             "put a local wheel's path on its own line",
@@ -147,18 +182,21 @@ def _requested(text: str, base: Path, where: str) -> Requested:
             name, version, _, _ = parse_wheel_filename(wheel.name)
         except InvalidWheelFilename as exc:
             raise UsageError(
-                f"{where}: {text}: {exc}", fix="give a wheel file named as pip names them"
+                f"{where}:{shown} {exc if quote else 'not a wheel file name'}",
+                fix="give a wheel file named as pip names them",
             ) from None
         if not wheel.is_file():
             raise UsageError(
-                f"{where}: the wheel {wheel} does not exist", fix="build it first, or fix the path"
+                f"{where}: the wheel{f' {wheel}' if quote else ''} does not exist",
+                fix="build it first, or fix the path",
             )
         return Requested(str(wheel), str(name), f"=={version}", wheel=str(wheel))
     try:
         req = Requirement(text)
     except InvalidRequirement as exc:
         raise UsageError(
-            f"{where}: {text!r} is not a requirement: {exc}", fix="e.g. transformers==4.36.2"
+            f"{where}:{shown} is not a requirement" + (f": {exc}" if quote else ""),
+            fix="e.g. transformers==4.36.2" + ("" if quote else " (open the file at that line)"),
         ) from None
     return Requested(text, canonicalize_name(req.name), str(req.specifier), url=bool(req.url))
 

@@ -36,6 +36,7 @@ from packaging.version import Version
 from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.core.paths import cache_root
+from repro.matrix.compat import torch_build as torch_build  # its home moved; callers import it here
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
@@ -127,18 +128,6 @@ def _runs_on(tags: frozenset[Tag] | None, python: str | None) -> bool:
         if tag.abi == "abi3" and tag.interpreter.startswith("cp3") and int(tag.interpreter[3:]) <= minor:
             return True
     return False
-
-
-# PyTorch's own indexes name the build in the last URL segment and in the wheels' local version
-# label (".../whl/rocm5.6" -> "2.1.0+rocm5.6"); PyPI's torch of the same version is another build.
-_TORCH_BUILD = re.compile(r"^(cpu|cu\d+|rocm\d+(\.\d+)*)$")
-
-
-def torch_build(index_url: str | None) -> str | None:
-    if not index_url:
-        return None
-    last = index_url.rstrip("/").rsplit("/", 1)[-1]
-    return last if _TORCH_BUILD.match(last) else None
 
 
 class Wheelhouse:

@@ -10,6 +10,7 @@ envs that use them say so in their notes.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 
 from packaging.specifiers import SpecifierSet
@@ -103,6 +104,47 @@ TORCH_PYTHONS: dict[str, tuple[str, str]] = {
     "2.14": ("3.10", "3.14"),
     "2.15": ("3.11", "3.15"),
 }
+
+
+# PyTorch's own indexes name the build in the last URL segment and in the wheels' local version
+# label (".../whl/rocm5.6" -> "2.1.0+rocm5.6"); PyPI's torch of the same version is another build.
+_TORCH_BUILD = re.compile(r"^(cpu|cu\d+|rocm\d+(\.\d+)*)$")
+
+
+def torch_build(index_url: str | None) -> str | None:
+    """The local version label of the torch wheels on `index_url` ("rocm5.6"), or None (PyPI, or
+    an index whose URL does not name a build)."""
+    if not index_url:
+        return None
+    last = index_url.rstrip("/").rsplit("/", 1)[-1]
+    return last if _TORCH_BUILD.match(last) else None
+
+
+def torch_spec(torch: str, index_url: str | None) -> str:
+    """The pip requirement that takes exactly the env's torch build.
+
+    `torch==2.1.0` matches every local label (PEP 440), and pip prefers the highest: with the
+    shared wheelhouse on --find-links, a host that fetched the ROCm build once would give it to
+    every later env of that version (+rocm5.6 sorts over +cu121 over none). A PyTorch index's
+    build is pinned with its label; PyPI's (no label at all) with `===`, which compares the whole
+    version string, so no labelled build passes. Another index keeps the plain pin."""
+    public = Version(torch).public
+    build = torch_build(index_url)
+    if build is not None:
+        return f"torch=={public}+{build}"
+    if not index_url:
+        return f"torch==={public}"
+    return f"torch=={public}"
+
+
+def split_pin(spec: str) -> tuple[str, str]:
+    """("torch", "2.1.0") for "torch==2.1.0", "torch==2.1.0+rocm5.6" and "torch===2.1.0": the
+    name and the public version a pin installs."""
+    name, sep, version = spec.partition("==")
+    if not sep:
+        return spec, ""
+    version = version.removeprefix("=")
+    return name, Version(version).public if version[:1].isdigit() else version
 
 
 def minor(version: str) -> str:

@@ -20,6 +20,7 @@ from repro.core import paths
 from repro.core.errors import PythonVersionError, UnknownEnvError, UsageError
 from repro.matrix import compat
 from repro.matrix.compat import Platform
+from repro.workload.device import HIDE_GPUS
 
 __all__ = [
     "DEFAULT_MATRIX",
@@ -37,15 +38,15 @@ DEFAULT_MATRIX = paths.DEFAULT_MATRIX
 PYPI_INDEX = "https://pypi.org/simple"
 # Revision of the install recipe (the steps below and the Dockerfile template). Part of pins(), so a
 # change to how envs are built changes every pins_key and no stale image or venv is reused.
-RECIPE = "1"
+RECIPE = "2"  # 2: torch pinned with its build's local label; GPUs hidden with ROCR_VISIBLE_DEVICES too
 DERIVED_DOCKERFILE_DIR = "build/docker"
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 TOOLING = ("pip", "setuptools", "wheel")  # installed first, into the fresh venv
 # DeepSpeed's setup.py (0.13.x) runs `nvcc` whenever torch sees a CUDA GPU and builds a path from
 # ROCM_HOME (None without /opt/rocm: TypeError) on a ROCm torch that sees one; DS_BUILD_OPS=0 does not
 # skip either. A host with only a driver must therefore hide its GPUs from the install step
-# (venv engine, Dockerfiles, source overlays alike); `docker build` sees none anyway.
-HIDE_GPUS = (("CUDA_VISIBLE_DEVICES", ""), ("HIP_VISIBLE_DEVICES", ""))
+# (venv engine, Dockerfiles, source overlays alike); `docker build` sees none anyway. HIDE_GPUS
+# (repro/workload/device.py) says why it takes three variables.
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,13 @@ class Env:
         return self.derived_from is not None
 
     def torch_requirements(self) -> list[str]:
-        return [f"torch=={self.torch}", *self.extra_pins]
+        return [compat.torch_spec(self.torch, self.torch_index), *self.extra_pins]
+
+    def torch_version(self) -> str | None:
+        """The exact torch.__version__ the pin installs ("2.1.0+rocm5.6", PyPI's "2.1.0"); None
+        when the index does not say which build it serves (only the public version is known)."""
+        spec = compat.torch_spec(self.torch, self.torch_index)
+        return spec.partition("==")[2].removeprefix("=") if "+" in spec or "===" in spec else None
 
     def requirements(self) -> list[str]:
         """pip specs for torch and everything DeepSpeed needs (not pip/setuptools nor DeepSpeed)."""
@@ -151,7 +158,7 @@ class Env:
         out: dict[str, str] = {}
         for step in self.install_steps():
             for spec in step.specs:
-                name, _, version = spec.partition("==")
+                name, version = compat.split_pin(spec)
                 out[name] = version
         return out
 

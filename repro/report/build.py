@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from repro.core import safe_write
 from repro.core.errors import ReproError
 from repro.report.answers import DEFAULT_GPU_ENV_HINT, answer_all
 from repro.report.merge import load_and_merge
-from repro.report.plots import Plot, env_plots
+from repro.report.plots import env_plots
 from repro.report.render import env_details, render_html, render_markdown, report_data
 from repro.report.tables import rows
 from repro.report.timeline import load_timelines
@@ -46,36 +46,47 @@ def gpu_env_ids() -> tuple[str, ...]:
     return ids or DEFAULT_GPU_ENV_HINT
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Readers (a browser, CI) never see half a report."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Not mkstemp (0600): the report is for sharing; the umask decides, as for any file written.
-    tmp = str(path.parent / f".tmp-{os.getpid()}-{os.urandom(6).hex()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+REPORT_FILES = ("report.html", "REPORT.md", "report.json")
+# What the report wrote last time (its plots above all), so a re-render removes only those.
+MANIFEST = ".report-files.json"
+# A folder the report may write into besides a new or empty one: one this tool wrote (a results,
+# bisect or survey folder, or an earlier report's).
+OWNED_BY = ("results.json", "bisect.json", "survey.json", MANIFEST)
+
+
+def _earlier_files(out_dir: Path) -> frozenset[str]:
+    """The files an earlier report wrote into out_dir: its manifest, else (a report made before
+    there was one) the plots its report.json names and the report files themselves."""
+    listed = safe_write.read_manifest(out_dir, MANIFEST)
+    if listed or (out_dir / MANIFEST).exists():
+        return listed
+    data = out_dir / "report.json"
+    if data.is_symlink() or not data.is_file():
+        return frozenset()
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+        plots = json.loads(data.read_text()).get("plots", [])
+        slugs = [p["slug"] for p in plots if isinstance(p, dict) and isinstance(p.get("slug"), str)]
+    except (OSError, ValueError, AttributeError, TypeError):
+        return frozenset()
+    return frozenset(
+        f"{PLOT_DIR}/{slug}.png" for slug in slugs if "/" not in slug and slug not in ("", ".", "..")
+    )
 
 
-def _write_plots(out_dir: Path, plots: Sequence[Plot]) -> tuple[Path, ...]:
-    folder = out_dir / PLOT_DIR
-    wanted = {f"{p.slug}.png" for p in plots}
-    if folder.is_dir():
-        # The folder belongs to the report: drop plots of envs that are no longer in it.
-        for stale in folder.glob("*.png"):
-            if stale.name not in wanted:
-                stale.unlink()
-    written = []
-    for plot in plots:
-        path = folder / f"{plot.slug}.png"
-        _write_atomic(path, plot.png)
-        written.append(path)
-    return tuple(written)
+def _write_files(out_dir: Path, files: dict[str, bytes]) -> None:
+    """Write the report's files; remove the plots of an earlier report that are not among them
+    (an env no longer in it). Only files this tool wrote are replaced or removed: the report's
+    own names in its own folder, and what the last report listed in its manifest."""
+    earlier = _earlier_files(out_dir)
+    ours = earlier | set(REPORT_FILES)
+    safe_write.check_writable(out_dir, files, ours)  # refused before the manifest claims anything
+    for stale in sorted(earlier - set(files)):
+        if stale.startswith(f"{PLOT_DIR}/"):
+            safe_write.remove_file(out_dir, stale)
+    # The manifest first: a report cut short still lists every file it may have left.
+    safe_write.write_manifest(out_dir, MANIFEST, files)
+    for rel, data in files.items():
+        safe_write.write_file(out_dir, rel, data, replace=rel in ours)
 
 
 def build_report(
@@ -88,7 +99,7 @@ def build_report(
     merged = load_and_merge([Path(d) for d in result_dirs])
     answers = answer_all(merged, gpu_env_ids() if gpu_env_hint is None else gpu_env_hint)
     table = rows(merged)
-    out_dir = Path(out_dir)
+    out_dir = safe_write.claim_folder(Path(out_dir), option="OUT", owned_by=OWNED_BY)
     timelines = load_timelines(out_dir)
     plots = {env_id: env_plots(merged, env_id) for env_id in merged.envs}
     details = [env_details(a, merged, plots[a.env.id], answers.findings) for a in answers.envs]
@@ -98,14 +109,19 @@ def build_report(
 
     html = render_html(merged, answers, table, details, timelines, data, stamp)
     markdown = render_markdown(merged, answers, table, details, timelines, data, stamp, PLOT_DIR)
-    plot_paths = _write_plots(out_dir, all_plots)
-    paths = ReportPaths(
+    plot_files = {f"{PLOT_DIR}/{p.slug}.png": p.png for p in all_plots}
+    _write_files(
+        out_dir,
+        {
+            **plot_files,
+            "report.json": (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode(),
+            "REPORT.md": markdown.encode(),
+            "report.html": html.encode(),
+        },
+    )
+    return ReportPaths(
         html=out_dir / "report.html",
         markdown=out_dir / "REPORT.md",
         data=out_dir / "report.json",
-        plots=plot_paths,
+        plots=tuple(out_dir / rel for rel in plot_files),
     )
-    _write_atomic(paths.data, (json.dumps(data, indent=2, sort_keys=True, allow_nan=False) + "\n").encode())
-    _write_atomic(paths.markdown, markdown.encode())
-    _write_atomic(paths.html, html.encode())
-    return paths

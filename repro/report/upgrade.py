@@ -97,7 +97,7 @@ def upgrade_outcome(reproduces: Reproduces) -> UpgradeOutcome:
         return UpgradeOutcome.STILL_REPRODUCES
     if reproduces is Reproduces.UNSUPPORTED:
         return UpgradeOutcome.MICS_REMOVED
-    if reproduces is Reproduces.INCONCLUSIVE:
+    if reproduces is Reproduces.INCONCLUSIVE or reproduces is Reproduces.TOO_FEW_DEVICES:
         return UpgradeOutcome.INCONCLUSIVE
     if reproduces is Reproduces.NOT_TESTED:
         return UpgradeOutcome.NOT_TESTED

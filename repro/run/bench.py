@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from repro.core import cmd, console, paths
+from repro.core import cmd, console, paths, safe_write
 from repro.core.results import host_info, utc_now
 
 REPO = paths.REPO_ROOT
@@ -109,10 +109,9 @@ def bench(
         "suites": suites,
         "host": host_info(),
     }
-    out = REPO / "results" / "bench.jsonl"
-    out.parent.mkdir(exist_ok=True)
-    with out.open("a") as fh:
-        fh.write(json.dumps(figure) + "\n")
+    # One line per bench, appended to the tool's own log; never through a link below results/.
+    (REPO / "results").mkdir(exist_ok=True)
+    safe_write.append_file(REPO / "results", "bench.jsonl", (json.dumps(figure) + "\n").encode())
     console.result(_table(figure))
     failed = next((s["exit_code"] for s in suites.values() if s["exit_code"]), 0)
     failed = failed or next((code for _, code in commit_runs if code >= 128), 0)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro import __version__
-from repro.core import console, shapes
+from repro.core import console, safe_write, shapes
 from repro.core import records as rec_files
 from repro.core.errors import DeviceUnavailableError, ReproError, UsageError
 from repro.core.results import RESULTS_FILE, utc_now
@@ -138,9 +138,11 @@ class _Runner:
         records: dict[str, Any] = {}
         codes: dict[str, int] = {}
         for patch in ("stock", "fixed"):
-            run_dir = self.folder / f"mics-smoke-{patch}"
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "ds_config.json").write_text(json.dumps(config, indent=2) + "\n")
+            run_dir = safe_write.make_folders(self.folder, f"mics-smoke-{patch}")
+            text = json.dumps(config, indent=2) + "\n"
+            safe_write.write_file(
+                self.folder, f"mics-smoke-{patch}/ds_config.json", text.encode(), replace=True
+            )
             argv = [
                 "--run-dir",
                 str(run_dir),
@@ -168,7 +170,8 @@ def gpu_check(
     env_id: str | None = None,
     say: Callable[[str], None] = console.result,
 ) -> GpuCheck:
-    folder.mkdir(parents=True, exist_ok=True)
+    # OUT= new, empty or an earlier gpu-check's: its files never mix with (or overwrite) the user's.
+    folder = safe_write.claim_folder(folder, option="OUT", owned_by=(RESULT_FILE,))
     facts = device.host_facts()
     env = choose_env(facts, matrix, env_id)
     gpus = int(facts.get("visible") or 0)
@@ -205,6 +208,7 @@ def gpu_check(
         "ok": check.ok,
         "steps": [r.to_dict() for r in check.results],
     }
-    (folder / RESULT_FILE).write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    (folder / TEXT_FILE).write_text(check.text() + "\n")
+    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
+    safe_write.write_file(folder, RESULT_FILE, text.encode(), replace=True)
+    safe_write.write_file(folder, TEXT_FILE, (check.text() + "\n").encode(), replace=True)
     return check

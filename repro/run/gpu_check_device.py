@@ -18,6 +18,7 @@ from repro.core import cmd
 from repro.core.errors import MissingToolError
 from repro.engines.gpu_host import CUDA_VISIBILITY, ROCM_VISIBILITY, GpuHost, visible_count
 from repro.engines.venv.engine import VenvEngine
+from repro.workload.device import hide_gpus_env
 
 if TYPE_CHECKING:
     from repro.engines.base import Prepared
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 
 PROBE_MODULE = "repro.workload.gpucheck"
 TRAIN_MODULE = "repro.workload.train"
-HIDE_ALL = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+HIDE_ALL = hide_gpus_env()
 ROCM_VERSION_FILE = "opt/rocm/.info/version"
 
 

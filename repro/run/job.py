@@ -389,6 +389,7 @@ def execute_job(
     env_dir = invocation.folder / env.id  # made once the env is ready (nothing left if it is not)
     workdir = str(request.workdir.resolve())
     todo = list(request.patches)
+    job_resume.check_run_folders(invocation, env.id, request.patches)
     if resume:  # RESUME=1: the runs that finished are kept (repro/run/job_resume.py)
         todo = job_resume.unfinished_patches(env_dir, request.patches, request.command, workdir)
         invocation.forget_runs(env.id)  # rebuilt below from every run's files

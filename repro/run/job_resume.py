@@ -14,10 +14,13 @@ import json
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repro.core.errors import UsageError
 from repro.core.smallfile import read_regular
+
+if TYPE_CHECKING:
+    from repro.core.results import InvocationDir
 
 JOB_JSON = "job.json"
 MAX_JOB_JSON_BYTES = 64 << 20
@@ -46,6 +49,12 @@ def read_job(folder: Path) -> dict[str, Any] | None:
 def unfinished_patches(env_dir: Path, patches: Sequence[str], command: str, workdir: str) -> list[str]:
     """The patches whose run did not finish, in the order given."""
     return [p for p in patches if not finished(read_job(run_folder(env_dir, p)), p, command, workdir)]
+
+
+def check_run_folders(invocation: InvocationDir, env_id: str, patches: Sequence[str]) -> None:
+    """UsageError (exit 2) when the env's folder or a run's folder is a symbolic link: RESUME=1
+    reads, removes and writes them, and must do so only inside the results folder."""
+    invocation.check_env_paths(env_id, *(run_folder(Path(), p).name for p in patches))
 
 
 def clear_unfinished(env_dir: Path, patch: str) -> None:

@@ -107,6 +107,8 @@ def run_request(
         folder, made = resumed, False
         invocation = InvocationDir.reopen(folder)
         todo = unfinished_envs(invocation, steps)
+        for env_id in todo:  # the suite clears its unfinished runs there: never through a link
+            invocation.check_env_paths(env_id, "runs")
         for env_id in todo:
             invocation.forget_env(env_id)
         # Only the unfinished envs are prepared again, and their suites rerun only the runs that

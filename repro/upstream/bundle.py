@@ -44,6 +44,7 @@ from repro.upstream.bundle_files import (
     WORKDIR_DIR,
     archive,
     artifact,
+    check_archive_free,
     copy_results,
     copy_scrubbed,
     copy_workdir,
@@ -277,6 +278,8 @@ def make_bundle(
             why="bundles are never overwritten",
             fix="remove it, or pass another OUT=",
         )
+    if request.archive:
+        check_archive_free(out)  # before the image is flattened and saved: that takes minutes
     data = load_results(request.results)
     env, records = env_records(data, request.env_id)
     if env.get("engine") != "docker" or not env.get("image_id"):

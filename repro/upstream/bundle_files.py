@@ -9,7 +9,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.core.errors import BundleError
+from repro.core import safe_write
+from repro.core.errors import BundleError, UsageError
 from repro.core.paths import confined
 from repro.upstream.bundle_manifest import MANIFEST
 from repro.upstream.scrub import Scrubber
@@ -136,13 +137,43 @@ def write_sums(folder: Path, hashes: Mapping[str, str]) -> None:
     (folder / SUMS_FILE).write_text("\n".join(lines) + "\n")
 
 
+def archive_path(folder: Path) -> Path:
+    return folder.with_name(folder.name + ".tar")
+
+
+def check_archive_free(folder: Path) -> None:
+    """The archive goes next to the bundle folder, as a new file: one already there (a link, or a
+    file of the user's that happens to have that name) is refused before any work is done."""
+    target = archive_path(folder)
+    if os.path.lexists(target):
+        raise UsageError(
+            f"{target} already exists",
+            why="the bundle's archive is written next to its folder and never replaces a file",
+            fix="move it away, pass another OUT=, or --no-archive",
+        )
+
+
 def archive(folder: Path) -> Path:
-    """<folder>.tar next to the folder: uncompressed (the image inside is already gzipped)."""
-    target = folder.with_name(folder.name + ".tar")
-    tmp = target.with_name(target.name + ".part")
-    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
-        tar.add(folder, arcname=folder.name, filter=_normalise)
-    tmp.replace(target)
+    """<folder>.tar next to the folder: uncompressed (the image inside is already gzipped).
+    Written to a new temp file and linked in place without replacing anything (never through a
+    link at either name)."""
+    check_archive_free(folder)
+    target = archive_path(folder)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}-{os.urandom(4).hex()}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    try:
+        with (
+            os.fdopen(fd, "wb") as sink,
+            tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar,
+        ):
+            tar.add(folder, arcname=folder.name, filter=_normalise)
+        safe_write.link_new(tmp, target)
+    except FileExistsError:
+        raise UsageError(
+            f"{target} appeared while the archive was written", fix="move it away and run again"
+        ) from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return target
 
 

@@ -13,13 +13,12 @@ reporter's config: shard 8 on 2 x 8 GPUs), stock and with the fix.
 from __future__ import annotations
 
 import json
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from repro import __version__
-from repro.core import templating
+from repro.core import safe_write, script_values, templating
 from repro.core.errors import UsageError
 from repro.workload import ds_config
 from repro.workload import layout as lay
@@ -29,6 +28,8 @@ from repro.workload.suite import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
 TEMPLATES = Path(__file__).resolve().parent / "templates" / "cluster"
 SUMMARY_SOURCE = Path(__file__).resolve().parent / "cluster_summary.py"
 PLATFORMS = ("rocm", "cuda", "cpu")
+# The files `write` wrote into OUT= (so a second run replaces only those).
+MANIFEST = ".cluster-files.json"
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ RUNS = (
     ClusterRun("mics-hier-fixed", "mics-hier", "fixed"),
     ClusterRun("mics-stock", "mics", "stock"),
     ClusterRun("mics-fixed", "mics", "fixed"),
-    # The reporter's own config on 2 x 8 GPUs (shard 8, two replica groups; README's layout table).
+    # The reporter's own config on 2 x 8 GPUs (shard 8, two replica groups; docs/how-it-works.md layouts).
     ClusterRun("mics-replica-stock", "mics-replica", "stock"),
     ClusterRun("mics-replica-fixed", "mics-replica", "fixed"),
 )
@@ -201,7 +202,14 @@ def render(
     """`timeout_s`/`stall_s`: each run's limits (the suite's defaults); `time_limit`: the job's, by
     default enough for every run to use its whole limit."""
     layout.check()
-    env = templating.environment(TEMPLATES)
+    # Each of these is written into the scripts (job name, image paths, #SBATCH --time): checked
+    # against its grammar here, and quoted or refused again by the templates' filters.
+    script_values.name(env_id, "the env id (ENV=, --env)")
+    script_values.image_ref(image_ref, "the image reference (--image-ref)")
+    script_values.name(image_file, "the image file name")
+    if time_limit is not None:
+        script_values.slurm_time(time_limit, "the job's time limit")
+    env = templating.environment(TEMPLATES, filters=script_values.script_filters())
     sbatch_name = f"mics-{'cpu-twin' if layout.device == 'cpu' else 'hier'}.sbatch"
     # launch-node.sh passes --ipc host itself.
     device_pairs = [pair for pair in docker_cli_pairs(layout.platform) if pair[0] != "--ipc"]
@@ -223,7 +231,7 @@ def render(
         stall_s=f"{stall_s:g}",
         passthrough_pattern=passthrough_pattern(),
         passthrough_doc="*_VISIBLE_DEVICES, NCCL_*, RCCL_*, HSA_*, MIOPEN_*",
-        docker_device_flags=[" ".join(f'"{x}"' for x in pair) for pair in device_pairs],
+        docker_device_flags=device_pairs,
     )
     scripts = [
         Script(sbatch_name, env.get_template("job.sbatch.j2").render(**context), executable=True),
@@ -238,14 +246,27 @@ def render(
 
 
 def write(scripts: Sequence[Script], out: Path) -> list[Path]:
-    written = []
-    for script in scripts:
-        path = out / script.path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(script.text)
-        if script.executable:
-            path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-        written.append(path)
+    """The launchers in OUT=: a new or empty folder, or one this command wrote before (its
+    manifest lists the files it may replace or, when the layout no longer has them, remove)."""
+    out = safe_write.claim_folder(Path(out), option="OUT", owned_by=(MANIFEST,))
+    earlier = safe_write.read_manifest(out, MANIFEST)
+    now = [str(script.path) for script in scripts]
+    safe_write.check_writable(out, now, earlier)  # refused before the manifest claims anything
+    # Listed before they are written: a run cut short still names every file it may have left.
+    safe_write.write_manifest(out, MANIFEST, [*earlier, *now])
+    written = [
+        safe_write.write_file(
+            out,
+            str(script.path),
+            script.text.encode(),
+            replace=str(script.path) in earlier,
+            executable=script.executable,
+        )
+        for script in scripts
+    ]
+    for stale in sorted(earlier - set(now)):
+        safe_write.remove_file(out, stale)
+    safe_write.write_manifest(out, MANIFEST, now)
     return written
 
 

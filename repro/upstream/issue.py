@@ -16,13 +16,14 @@ from typing import Any
 
 import jinja2
 
-from repro.core import records, shapes, templating
+from repro.core import records, safe_write, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
-from repro.core.paths import confined, output_file
+from repro.core.paths import confined
 from repro.upstream.scrub import Scrubber
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+ISSUE_FILE = "ISSUE.md"
 VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
 _STACKS = records.Shape((dict,), fields={"stacks": records.STR_MAP})
 
@@ -177,12 +178,12 @@ def render(folder: Path, scrubber: Scrubber) -> str:
 
 
 def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:
-    target = output_file(out) if out else folder / "ISSUE.md"
-    text = render(folder, scrubber)
-    try:
-        target.write_text(text)
-    except OSError as exc:
-        raise UsageError(
-            f"cannot write {target}", why=exc.strerror or str(exc), fix="pass OUT= a file you can write"
-        ) from None
-    return target
+    """ISSUE.md in the bisect/survey folder (replacing the one written there before; never through
+    a link), or OUT= as a new file: a file that is already there may be the user's."""
+    text = render(folder, scrubber).encode()
+    if out is None:
+        return safe_write.write_file(folder, ISSUE_FILE, text, replace=True)
+    out = Path(out)
+    if not out.name or out.name in (".", ".."):
+        raise UsageError(f"OUT={out} is not a file name", fix="pass OUT=<new file>.md")
+    return safe_write.write_file(out.parent, out.name, text, replace=False)

@@ -21,6 +21,20 @@ from typing import Any
 
 REQUESTS = ("auto", "cpu", "gpu", "rocm", "cuda")
 
+# What hides every GPU from a process (CPU runs, DeepSpeed's install, gpu-check's hidden step). All
+# three: HIP honours CUDA_VISIBLE_DEVICES, but an empty HIP_VISIBLE_DEVICES did not hide AMD GPUs on
+# ROCm 5.2 (ROCm/hip#3001) while an empty ROCR_VISIBLE_DEVICES, applied below HIP, did.
+HIDE_GPUS: tuple[tuple[str, str], ...] = (
+    ("CUDA_VISIBLE_DEVICES", ""),
+    ("HIP_VISIBLE_DEVICES", ""),
+    ("ROCR_VISIBLE_DEVICES", ""),
+)
+
+
+def hide_gpus_env() -> dict[str, str]:
+    """HIDE_GPUS as a fresh dict, for `env.update(...)` / `extra_env=`."""
+    return dict(HIDE_GPUS)
+
 
 @dataclass(frozen=True)
 class TorchView:

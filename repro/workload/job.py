@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 from repro.workload import hookpth
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
+from repro.workload.device import hide_gpus_env
 from repro.workload.parentwatch import follow_tool
 from repro.workload.record import TRANSPORT_MODES, write_json_atomic
 from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
@@ -69,8 +70,7 @@ def hook_environment(
         env["MICS_REPRO_JOB_DIR"] = job_dir
     if device == "cpu":
         env.setdefault("OMP_NUM_THREADS", "1")  # ranks share few cores; oversubscription stalls gloo
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env["HIP_VISIBLE_DEVICES"] = ""
+        env.update(hide_gpus_env())
     return env
 
 

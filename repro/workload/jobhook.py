@@ -77,6 +77,7 @@ def _arm_stack_dump(job_dir: str) -> None:
 def _prepare_cpu_env() -> None:
     """The parts of the CPU shims that must precede `import deepspeed` and import nothing heavy."""
     from repro.workload.cpu import shims
+    from repro.workload.device import HIDE_GPUS
 
     os.environ["DS_ACCELERATOR"] = "cpu"
     # The CPU accelerator counts devices with numactl unless LOCAL_SIZE is set. A torchrun rank
@@ -91,7 +92,8 @@ def _prepare_cpu_env() -> None:
         env.setdefault("LOCAL_SIZE", env["LOCAL_WORLD_SIZE"])
     elif "LOCAL_SIZE" not in env and shutil.which("numactl") is None:
         env["LOCAL_SIZE"] = env["MICS_REPRO_LAUNCHER_LOCAL_SIZE"] = str(os.cpu_count() or 1)
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    for name, value in HIDE_GPUS:
+        os.environ.setdefault(name, value)
     _REPORT["placeholders"] = shims.install_placeholders(shims.deepspeed_version())
 
 

@@ -58,6 +58,16 @@ OVERFLOW_PATTERNS: dict[str, str] = {
 _PREFIX = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s?|worker-\d+:\s?|\d+:\s(?=\S))")
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(?P<message>.*)$")
 _MISSING = re.compile(r"No module named '(?P<name>torch|deepspeed)'")
+# How the job's shell says a program cannot start (exit 127/126): bash ("bash: line 1: torchrun:
+# command not found", "bash: ./x: No such file or directory", "bash: ./x: Permission denied",
+# "... /usr/bin/python9: bad interpreter: ...") and dash ("sh: 1: torchrun: not found"); a shell
+# script of the job says it with its own name ("./run.sh: line 3: torchrun: command not found").
+_NOT_STARTED = re.compile(
+    r"^(?:(?:\S*/)?(?:ba)?sh: (?:line )?(?:\d+: )?|\S+: (?:line )?\d+: )"
+    r"(?P<program>[^\s:][^:]{0,199}): (?:(?P<interp>/[^:]{0,200}): )?"
+    r"(?P<why>command not found|not found|No such file or directory|Permission denied"
+    r"|bad interpreter: [^\n]{0,200}|cannot execute[^\n]{0,100})\s*$"
+)
 # DeepSpeed's own log tag, module paths in tracebacks and log records, its launcher's lines.
 _DEEPSPEED_SIGN = re.compile(
     r"(?i)[/\\]deepspeed[/\\]|\[deepspeed\]|\bds_accelerator\b|DeepSpeed info:"
@@ -82,6 +92,8 @@ class Parsed:
     overflow_patterns: list[str] = field(default_factory=list)
     exception: dict[str, Any] | None = None
     missing_module: str | None = None
+    missing_program: str | None = None  # what the job's shell could not start (exit 127/126)
+    missing_program_why: str | None = None  # the shell's words: "command not found", "bad interpreter: ..."
     mentions_deepspeed: bool = False  # the log shows DeepSpeed at work (hooked or not)
     address_in_use: str | None = None  # the line saying the rendezvous port was taken
     illegal_work_in_log: int = 0  # what the log alone shows, before the hook's count is merged in
@@ -196,6 +208,10 @@ def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
     out.exception = _exception(lines)
     m = next((m for m in map(_MISSING.search, lines) if m), None)
     out.missing_module = m["name"] if m else None
+    gone = next((g for g in map(_NOT_STARTED.match, lines) if g), None)
+    if gone:
+        why = f"{gone['interp']}: {gone['why']}" if gone["interp"] else gone["why"]
+        out.missing_program, out.missing_program_why = gone["program"].strip(), why
     out.mentions_deepspeed = any(_DEEPSPEED_SIGN.search(line) for line in lines)
     out.address_in_use = next((line.strip()[:300] for line in lines if _ADDRESS_IN_USE.search(line)), None)
     out.illegal_work_in_log = out.illegal_work_messages
@@ -276,6 +292,24 @@ class Judgement:
     notes: tuple[str, ...] = ()
 
 
+def not_started_reason(own: Parsed, exit_code: int) -> str:
+    """Why a job exited 127/126 before running: the program its shell could not start, and what
+    to do (an env-error: it says nothing about the bug, so a probe of it is unknown)."""
+    program, why = own.missing_program, own.missing_program_why or "not found"
+    if why in ("command not found", "not found"):
+        fix = (
+            "the job runs with the env's bin/ first on PATH (its python, torchrun, deepspeed and "
+            "the other console scripts of the env's packages): install the package that provides "
+            f"{program!r} into the env (PACKAGES=/REQUIREMENTS=), or call it by its full path or "
+            "as `python -m <module>` (torchrun: `python -m torch.distributed.run`)"
+        )
+    elif "bad interpreter" in why:
+        fix = "its first line names an interpreter that does not exist here: run it as `python <script>`"
+    else:
+        fix = "check the path in the command (relative to WORKDIR) and that the file is executable"
+    return f"the command could not run in this env: {program!r}: {why} (exit {exit_code}); {fix}"
+
+
 def first_parting_step(a: list[float | None], b: list[float | None]) -> int | None:
     """First index where two loss series part (a null never matches a number); None: they agree
     on every index both have."""
@@ -314,6 +348,8 @@ def judge(
     if patch == "fixed" and fix_error:
         return Judgement("unsupported", "none", f"the fix cannot patch this DeepSpeed: {fix_error}", None)
     exc = own.exception
+    if exit_code in (126, 127) and own.missing_program:
+        return Judgement("env-error", "none", not_started_reason(own, exit_code), None)
     if exit_code in (126, 127) or own.missing_module:
         what = f"no module named {own.missing_module!r}" if own.missing_module else f"exit {exit_code}"
         return Judgement("env-error", "none", f"the command could not run in this env: {what}", None)

@@ -2,7 +2,7 @@
 
 One rank per GPU on GPUs; on CPU the ranks are processes and WORLD_SIZE chooses their number
 (default 4, the layout this lab has always used there). The suite plans its runs from here, the
-README's table of layouts is rendered from here (`python -m repro.workload.layout`), and the
+table of layouts in docs/how-it-works.md is rendered from here (`python -m repro.workload.layout`), and the
 cluster scripts can ask for several real nodes.
 
 Rules on GPUs (N visible on each of `nodes` nodes):
@@ -120,7 +120,7 @@ def check_world_size(requested: int | None, gpus: int) -> str | None:
 
 
 def cpu_layout(scenario: str, world: int) -> Layout:
-    """CPU: the layout this lab has always used (README "Scenarios"); WORLD_SIZE chooses `world`."""
+    """CPU: the layout this lab has always used (docs/how-it-works.md); WORLD_SIZE chooses `world`."""
     if world < 2 and scenario in MIN_GPU_RANKS and scenario != "zero3":  # one rank: nothing to gather
         return Layout(scenario, world, None, scenario == "mics-hier", 1, needs=2)
     if scenario == "zero3":
@@ -193,8 +193,8 @@ def plan_layouts(
     return LayoutPlan("gpu", total, per_node * nodes, layouts, tuple(notes))
 
 
-# -- the README's table -------------------------------------------------------------------------
-# (label, GPUs per node, nodes): the cases the README shows.
+# -- the docs' table -------------------------------------------------------------------------------
+# (label, GPUs per node, nodes): the cases docs/how-it-works.md shows.
 TABLE_CASES = (
     ("1 GPU", 1, 1),
     ("2 GPUs", 2, 1),
@@ -216,7 +216,9 @@ def render_table(cases: Sequence[tuple[str, int, int]] = TABLE_CASES) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m repro.workload.layout", description=__doc__.splitlines()[0])
-    p.add_argument("--gpus", type=int, help="GPUs per node (default: print the README's table)")
+    p.add_argument(
+        "--gpus", type=int, help="GPUs per node (default: print the table of docs/how-it-works.md)"
+    )
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--world-size", type=int)
     args = p.parse_args(argv)

@@ -110,6 +110,8 @@ def clear_stale(out: str, names: Sequence[str]) -> list[str]:
     name, or that name with the time suffix a second attempt gets), so the run's new record and
     its evidence are the only ones. Returns what was removed."""
     runs_dir = os.path.join(out, "runs")
+    if os.path.islink(out) or os.path.islink(runs_dir):
+        return []  # never clear through a link: what is there is not this suite's (the host refuses it too)
     try:
         entries = sorted(os.listdir(runs_dir))
     except OSError:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from repro.workload import record as rec
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
+from repro.workload.device import hide_gpus_env
 from repro.workload.prefork import PreforkServer, PreforkUnavailable
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -106,8 +107,7 @@ def base_env(device: str) -> dict[str, str]:
         env["DS_ACCELERATOR"] = "cpu"
         env.setdefault("OMP_NUM_THREADS", "1")  # 2-4 ranks share few cores; oversubscription stalls gloo
         # A CPU run never touches a GPU, also on a GPU host (PyPI's torch is a CUDA build).
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        env["HIP_VISIBLE_DEVICES"] = ""
+        env.update(hide_gpus_env())
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
     return env

@@ -20,9 +20,12 @@ from pathlib import Path
 
 from repro.engines import jobdeps
 from repro.engines.docker.build_context import BuildContext
+from repro.workload.device import HIDE_GPUS
 
 JOB_DIR = "/opt/mics-repro-job"
 ADDED = f"{JOB_DIR}/added.json"
+# A job's setup.py may probe GPUs as DeepSpeed's does (repro.matrix.model says why they are hidden).
+_HIDDEN = " ".join(f"{name}='{value}'" for name, value in HIDE_GPUS)
 DOCKERFILE = "Dockerfile.job"
 
 # Run by the image's Python: the packages it imports (first on sys.path wins, as for imports), as
@@ -58,7 +61,7 @@ ARG PIP_NO_INDEX=0
 ARG PIP_TRUSTED_HOST=
 COPY job/ {JOB_DIR}/
 RUN python {JOB_DIR}/packages.py > {JOB_DIR}/constraints.txt \\
- && CUDA_VISIBLE_DEVICES='' HIP_VISIBLE_DEVICES='' python -m pip install --no-cache-dir \\
+ && {_HIDDEN} python -m pip install --no-cache-dir \\
     --disable-pip-version-check -c {JOB_DIR}/constraints.txt -r {JOB_DIR}/requirements.txt \\
  && python {JOB_DIR}/packages.py --compare {JOB_DIR}/constraints.txt > {ADDED}
 """

@@ -131,11 +131,16 @@ class _Lint:
                     self.add(ins.line, Rule.UNPINNED, f"'{spec}' is not an exact pin name==version")
                     continue
                 name = match["name"].lower()
-                if name in seen and seen[name][0] != match["version"]:
+                version = compat.split_pin(spec)[1]
+                if name in seen and seen[name][0] != version:
+                    self.add(ins.line, Rule.PINS, f"{name} pinned twice: {seen[name][0]} and {version}")
+                seen[name] = (version, ins.line)
+                torch_spec = self.env.torch_requirements()[0]
+                if name == "torch" and spec != torch_spec:
+                    # `torch==X` admits every local label: pip would take the wheelhouse's highest.
                     self.add(
-                        ins.line, Rule.PINS, f"{name} pinned twice: {seen[name][0]} and {match['version']}"
+                        ins.line, Rule.PINS, f"'{spec}' does not name the env's torch build: {torch_spec}"
                     )
-                seen[name] = (match["version"], ins.line)
         want = self.env.package_pins()
         for name, version in sorted(want.items()):
             if name not in seen:

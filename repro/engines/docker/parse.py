@@ -77,7 +77,8 @@ _PIP_VALUE_OPTIONS = {
     "--no-binary",
 }
 PIP_UNVERIFIABLE = {"-r", "--requirement", "-c", "--constraint", "-e", "--editable"}
-EXACT_PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[0-9][A-Za-z0-9.+!-]*)$")
+# `===` too: PyPI's torch is pinned by its whole version string (repro.matrix.compat.torch_spec).
+EXACT_PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)===?(?P<version>[0-9][A-Za-z0-9.+!-]*)$")
 _PIP_EXE = re.compile(r"(^|/)pip(\d+(\.\d+)?)?$")
 _SEPARATORS = {"&&", "||", ";", "|", "&", "(", ")", ";;"}
 _SHELL_WORDS = {"if", "then", "else", "elif", "do", "while", "until", "!", "{"}

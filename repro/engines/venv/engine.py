@@ -29,6 +29,8 @@ from repro.core.paths import cache_root
 from repro.engines import jobdeps, preflight
 from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
 from repro.engines.passthrough import run_environment
+from repro.engines.torch_check import PROBE as TORCH_PROBE
+from repro.engines.torch_check import build_problem
 from repro.engines.venv import intact, joblayer
 from repro.engines.venv.layer import (
     PURELIB,
@@ -39,6 +41,7 @@ from repro.engines.venv.layer import (
     layering_disabled,
     link_base,
 )
+from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, venv_argv
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 
 if TYPE_CHECKING:
@@ -199,7 +202,7 @@ class VenvEngine:
                 why = (
                     f"damaged: {damaged}"
                     if damaged
-                    else "its base venv changed or is gone"
+                    else "its base venv changed or is gone, or the layer is of an older format"
                     if not base_ok
                     else "pins or Python differ"
                     if have
@@ -275,6 +278,8 @@ class VenvEngine:
             have is not None
             and dict(have.pins) == dict(marker.layered_on.get("pins") or {})
             and (base / "bin" / "python").exists()
+            # An older layer runs another interpreter and lacks the env's commands: rebuilt.
+            and marker.layered_on.get("format") == LAYER_FORMAT
         )
 
     def _build_layer(
@@ -293,6 +298,7 @@ class VenvEngine:
                 "pins": dict(base_marker.pins),
                 "installed": list(plan.install),
                 "unused": list(plan.unused),
+                "format": LAYER_FORMAT,
             },
         )
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
@@ -300,14 +306,13 @@ class VenvEngine:
         try:
             with build_lock(self.root / f".{base.name}.lock"):
                 what = f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})"
+                if str(base_interpreter(base)) != interp.path:
+                    console.info(f"venv: the layer runs the env venv's Python, {base_interpreter(base)}")
                 with console.task(what):
                     # No pip of its own: the base's pip (the same pinned version) runs from the layer's
-                    # interpreter, so it installs into the layer.
-                    self._check(
-                        cmd.run([interp.path, "-m", "venv", "--without-pip", str(tmp)]),
-                        env,
-                        "creating the layer venv",
-                    )
+                    # interpreter, so it installs into the layer. Made by the base's interpreter, not
+                    # this tool's (`interp`): the layer is the env (repro/engines/venv/layer_env.py).
+                    self._check(cmd.run(venv_argv(base, tmp)), env, "creating the layer venv")
                     py = str(tmp / "bin" / "python")
                     layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
                     base_py = str(base / "bin" / "python")
@@ -329,6 +334,7 @@ class VenvEngine:
                         argv = [py, "-m", "pip", install, *self._sources(False), *rest]
                         with console.task(f"venv: {step.name} (layer): {' '.join(specs)}"):
                             self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                    carry_scripts(base, tmp)  # after pip: the layer's own DeepSpeed scripts win
                     self._install_finished(env, py, tmp, final, marker)
             console.info(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}")
             return marker
@@ -390,19 +396,24 @@ class VenvEngine:
         return [*base, "--no-index"] if wheelhouse_only or self.wheelhouse.offline else base
 
     def _verify(self, env: Env, py: str) -> None:
-        probe = (
-            "import torch, importlib.metadata as m; "
-            "print(torch.__version__.split('+')[0], m.version('deepspeed'))"
-        )
-        result = cmd.run([py, "-c", probe], capture=True)
+        result = cmd.run([py, "-c", TORCH_PROBE], capture=True)
         self._check(result, env, "importing torch")
-        got = result.stdout.split()
+        lines = result.stdout.splitlines()
+        got = lines[0].split() if lines else []
         if got != [env.torch.split("+")[0], env.deepspeed]:
             raise BuildError(
                 f"the venv for {env.id} holds torch/deepspeed {' '.join(got)}, "
                 f"not {env.torch} / {env.deepspeed}",
                 why="pip resolved different versions than the env pins",
                 fix="check the wheelhouse and the torch index in env_matrix/envs.toml",
+            )
+        wrong_build = build_problem(env, lines[1] if len(lines) > 1 else "")
+        if wrong_build:
+            raise BuildError(
+                f"the venv for {env.id} does not hold the torch build the env pins",
+                why=wrong_build,
+                fix=f"remove the wrong torch wheel from the wheelhouse ({self.wheelhouse.path}) and "
+                "build again; the torch index is set in env_matrix/envs.toml",
             )
 
     def _pip(

@@ -4,9 +4,10 @@ The same layering as the DeepSpeed probe layers (repro/engines/venv/layer.py): a
 whose site-packages has a .pth that adds the env venv's site-packages after its own. The job's
 packages are installed into the layer by the env's own pip with every package the env holds
 (`pip freeze --all`) as a constraint, so the env's torch, DeepSpeed and numpy are what the job
-imports; the env venv itself is never written to. The env's console scripts (torchrun, deepspeed,
-ds_report) get a copy in the layer's bin/ that starts the layer's interpreter, so the ranks a
-launcher starts see the job's packages too.
+imports; the env venv itself is never written to. The layer is made by the env venv's own
+interpreter, and the env's console scripts (torchrun, deepspeed, ds_report, pip) get a copy in the
+layer's bin/ that starts the layer's interpreter, so the ranks a launcher starts see the job's
+packages too (repro/engines/venv/layer_env.py).
 
 Layers are cached by (env venv, requirements digest) next to the env venvs and reused while their
 base still holds the pins it had; a marker (the venv engine's, with `layered_on`, so no probe ever
@@ -32,6 +33,7 @@ from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.engines import jobdeps
 from repro.engines.venv.layer import PURELIB, build_lock, link_base
+from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, venv_argv
 from repro.matrix.model import HIDE_GPUS
 
 JOB_MARKER = "mics-repro-job.json"
@@ -72,7 +74,12 @@ def ensure_layer(
         # The refusal comes before anything is installed: the env's pins, then all it holds.
         jobdeps.check_pins(deps, base_pins, env_id=env_id)
         info = _read(final)
-        if info is not None and info.get("base_pins") == base_pins and (final / "bin" / "python").exists():
+        if (
+            info is not None
+            and info.get("base_pins") == base_pins
+            and info.get("format") == LAYER_FORMAT  # older layers: another Python, no env commands
+            and (final / "bin" / "python").exists()
+        ):
             console.info(f"venv: reusing the job layer {final} ({deps.describe()})")
             return JobLayer(final, base, dict(info.get("added") or {}), True)
         return _build(base, final, deps, base_pins, env_id, sources, wheelhouse, offline)
@@ -93,11 +100,8 @@ def _build(
     env = _pip_env()
     try:
         console.step(f"venv: the job's packages as a layer over {base}: {deps.describe()}")
-        _check(
-            cmd.run([str(base / "bin" / "python"), "-m", "venv", "--without-pip", str(tmp)], env=env),
-            env_id,
-            "creating the job layer",
-        )
+        # The base's interpreter, not this tool's: the layer is the env (repro/engines/venv/layer_env.py).
+        _check(cmd.run(venv_argv(base, tmp), env=env), env_id, "creating the job layer")
         py = str(tmp / "bin" / "python")
         layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False, env=env)
         base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False, env=env)
@@ -146,9 +150,15 @@ def _build(
         added = jobdeps.new_packages(base_pins, after)
         if not offline and added:
             _to_wheelhouse(py, added, wheelhouse, env)
-        _copy_scripts(base, tmp)
+        carry_scripts(base, tmp)
         _relocate(tmp, final)
-        info = {"base": str(base), "base_pins": dict(base_pins), "added": added, **deps.record()}
+        info = {
+            "base": str(base),
+            "base_pins": dict(base_pins),
+            "added": added,
+            "format": LAYER_FORMAT,
+            **deps.record(),
+        }
         (tmp / JOB_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
         python = ".".join(_python_version(py, env_id).split(".")[:2])
         marker = {
@@ -230,24 +240,6 @@ def _to_wheelhouse(py: str, added: Mapping[str, str], wheelhouse: Path, env: Map
     ]
     if not cmd.run(argv, env=env, capture=True).ok:  # the layer works anyway; only offline reuse is lost
         console.warn(f"warning: could not copy the job's packages into the wheelhouse {wheelhouse}")
-
-
-def _copy_scripts(base: Path, layer: Path) -> None:
-    """The env's console scripts, started by the layer's interpreter (a launcher's ranks run
-    `sys.executable`, which must be the layer's for them to see the job's packages)."""
-    old = f"#!{base}/bin/python".encode()
-    for script in sorted((base / "bin").iterdir()):
-        target = layer / "bin" / script.name
-        if target.exists() or script.is_symlink() or not script.is_file() or script.stat().st_size > 1 << 20:
-            continue
-        data = script.read_bytes()
-        if not data.startswith(old):
-            continue  # activate scripts, python itself: the layer has its own
-        first, _, rest = data.partition(b"\n")
-        target.write_bytes(
-            f"#!{layer}/bin/python".encode() + first[len(old) :].lstrip(b"0123456789.") + b"\n" + rest
-        )
-        target.chmod(script.stat().st_mode)
 
 
 def _relocate(tmp: Path, final: Path) -> None:

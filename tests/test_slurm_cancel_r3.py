@@ -1,0 +1,308 @@
+"""Issue #32, round 3, item 5: Ctrl-C (or SIGTERM, or any error) during a RUNNER=slurm round
+cancels the array job the run submitted, and only that one.
+
+The subprocess seam (repro.core.cmd.run, or the runner's `launch`) is faked: sbatch answers a job
+id, squeue says the array still runs or raises what the user pressed, scancel is recorded. The
+`slurm`-marked test at the end does the same with a real controller (.ci/start-slurm.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.bisect import rounds
+from repro.bisect.probe import ProbeSpec
+from repro.cli import bisect_commands as bisect_cli
+from repro.cli.main import main
+from repro.core import cmd, signals
+from repro.core.cmd import CmdResult
+from repro.core.errors import MissingToolError, RunError
+from tests.test_bisect import TORCHES, FakeEngine, FakeMatrix, torch_behaviour
+
+INTERRUPTED = 130
+
+
+class FakeSlurm:
+    """The Slurm commands as the runner sees them through its one subprocess door. Job ids count
+    up from 4242; squeue answers `running` for `polls` looks, then whatever `on_wait` does."""
+
+    def __init__(self, on_wait: Callable[[], CmdResult] | None = None, polls: int = 1) -> None:
+        self.calls: list[list[str]] = []
+        self.next_id = 4242
+        self.on_wait, self.polls = on_wait, polls
+        self.looks = 0
+
+    def __call__(self, argv: list[str], **kw: Any) -> CmdResult:
+        argv = [str(a) for a in argv]
+        self.calls.append(argv)
+        if argv[0] == "sbatch":
+            if "--wait" in argv and self.on_wait is not None:
+                # An sbatch that waits: the array job runs meanwhile, and that is where Ctrl-C lands.
+                self.next_id += 1
+                return self.on_wait()
+            self.next_id += 1
+            return CmdResult(tuple(argv), 0, f"{self.next_id - 1}\n")
+        if argv[0] == "squeue":
+            return self.wait_answer(argv)
+        if argv[0] == "scancel":
+            return CmdResult(tuple(argv), 0)
+        raise AssertionError(f"unexpected command {argv}")
+
+    def wait_answer(self, argv: list[str]) -> CmdResult:
+        self.looks += 1
+        if self.looks <= self.polls:
+            return CmdResult(tuple(argv), 0, f"{self.next_id - 1}_0 RUNNING\n")
+        if self.on_wait is not None:
+            return self.on_wait()
+        return CmdResult(tuple(argv), 0, "")  # nothing left: the array ended
+
+    @property
+    def submitted(self) -> list[str]:
+        return [str(i) for i in range(4242, self.next_id)]
+
+    @property
+    def cancels(self) -> list[list[str]]:
+        return [call[1:] for call in self.calls if call[0] == "scancel"]
+
+
+def interrupt() -> CmdResult:
+    raise KeyboardInterrupt
+
+
+def bisect_argv(tmp_path: Path) -> list[str]:
+    return ["bisect", "--axis", "torch", "--versions", TORCHES, "--good", "2.0.0", "--bad", "2.3.0",
+            "--runner", "slurm", "--parallel", "2", "--out", str(tmp_path / "out"),
+            "--results-root", str(tmp_path / "results")]  # fmt: skip
+
+
+def services(lines: list[str], runner: Any = None) -> bisect_cli.Services:
+    return bisect_cli.Services(
+        matrix=FakeMatrix(), engine=FakeEngine(torch_behaviour), say=lines.append, runner=runner
+    )
+
+
+def run_front_door(tmp_path: Path, svc: bisect_cli.Services) -> int:
+    """`python -m repro bisect ...` as a user types it, with the fakes as its services."""
+    return main(
+        bisect_argv(tmp_path),
+        handler=lambda args: bisect_cli.run_bisect(bisect_cli.walk_request(args), svc),
+    )
+
+
+@pytest.fixture
+def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue is asked again at once (the runner sleeps 0 s between looks)."""
+    monkeypatch.setattr(rounds, "POLL_FIRST_S", 0.0, raising=False)
+    monkeypatch.setattr(rounds, "POLL_MAX_S", 0.0, raising=False)
+
+
+def test_ctrl_c_while_the_array_runs_cancels_that_job_and_exits_130(
+    tmp_path: Path, no_sleep: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    slurm = FakeSlurm(on_wait=interrupt)
+
+    def make(**kw: Any) -> rounds.Slurm:
+        return rounds.Slurm(kw["invocation"].folder, rounds.ProbeCommand(), 2, launch=slurm)
+
+    assert run_front_door(tmp_path, services([], make)) == INTERRUPTED
+    assert slurm.submitted == ["4242"]
+    assert slurm.cancels == [["4242"]]  # exactly the job this run submitted
+    data = json.loads((tmp_path / "out" / "bisect.json").read_text())
+    assert data["interrupted"] is True
+
+
+def test_the_real_wiring_cancels_through_the_one_subprocess_door(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, no_sleep: None
+) -> None:
+    """No runner injected: the driver builds the Slurm runner from the command line, and every
+    Slurm command goes through repro.core.cmd.run."""
+    slurm = FakeSlurm(on_wait=interrupt, polls=3)
+    monkeypatch.setattr(cmd, "run", slurm)
+    lines: list[str] = []
+    assert run_front_door(tmp_path, services(lines)) == INTERRUPTED
+    assert [c[0] for c in slurm.calls] == ["sbatch", "squeue", "squeue", "squeue", "squeue", "scancel"]
+    assert slurm.cancels == [["4242"]]
+    assert (tmp_path / "out" / "slurm" / "round-01.job").read_text() == "4242\n"
+    assert "slurm: cancelled array job 4242" in lines
+
+
+def test_sigterm_cancels_like_ctrl_c(tmp_path: Path, no_sleep: None) -> None:
+    """A CI cancel or `timeout` sends SIGTERM: the stop handlers (repro/core/signals.py) turn it
+    into the same interrupt, and the array is cancelled."""
+    previous = {sig: signal.getsignal(sig) for sig in signals.STOP_SIGNALS}
+    signals.install_stop_handlers()
+
+    def sigterm() -> CmdResult:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises in this frame long before
+        raise AssertionError("SIGTERM did not interrupt")
+
+    slurm = FakeSlurm(on_wait=sigterm)
+    try:
+        runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            runner([ProbeSpec("cpu", label="a"), ProbeSpec("cpu", label="b")])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert slurm.cancels == [["4242"]]
+
+
+def test_any_error_leaving_the_round_cancels_the_job(tmp_path: Path, no_sleep: None) -> None:
+    def broken() -> CmdResult:
+        raise RunError("the disk is full")
+
+    slurm = FakeSlurm(on_wait=broken)
+    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
+    with pytest.raises(RunError, match="disk is full"):
+        runner([ProbeSpec("cpu", label="a")])
+    assert slurm.cancels == [["4242"]]
+
+
+def test_a_controller_that_stops_answering_ends_the_wait_and_cancels(tmp_path: Path, no_sleep: None) -> None:
+    def down() -> CmdResult:
+        return CmdResult(("squeue",), 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+
+    slurm = FakeSlurm(on_wait=down)
+    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
+    with pytest.raises(MissingToolError, match="squeue failed"):
+        runner([ProbeSpec("cpu", label="a")])
+    assert slurm.cancels == [["4242"]]
+
+
+def test_only_the_running_round_is_cancelled(tmp_path: Path, no_sleep: None) -> None:
+    """Round 1's job ended on its own; Ctrl-C in round 2 cancels round 2's job, not round 1's, and
+    never anything by user or partition."""
+    slurm = FakeSlurm()
+    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
+    runner([ProbeSpec("cpu", label="a"), ProbeSpec("cpu", label="b")])
+    assert slurm.cancels == [] and runner.submitted == ["4242"]
+    slurm.looks, slurm.on_wait = 0, interrupt
+    with pytest.raises(KeyboardInterrupt):
+        runner([ProbeSpec("cpu", label="c")])
+    assert runner.submitted == ["4242", "4243"] and slurm.cancels == [["4243"]]
+
+
+def test_a_finished_round_reads_its_probes_and_cancels_nothing(tmp_path: Path, no_sleep: None) -> None:
+    forgotten = FakeSlurm(
+        on_wait=lambda: CmdResult(("squeue",), 1, "", "slurm_load_jobs error: Invalid job id specified")
+    )
+    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=forgotten, say=lambda _: None)
+    (obs,) = runner([ProbeSpec("cpu", label="a")])
+    assert obs.outcome == "env-error" and "Slurm array task 4242_0 left no probe.json" in obs.reason
+    assert forgotten.cancels == [] and [c[0] for c in forgotten.calls] == ["sbatch", "squeue", "squeue"]
+
+
+def test_ctrl_c_while_sbatch_submits_cancels_by_this_runs_job_name_only(tmp_path: Path) -> None:
+    """Interrupted before sbatch printed an id: a job may exist that we cannot name by id, so it
+    is cancelled by its name, which carries this runner's random token (and the user's name)."""
+    calls: list[list[str]] = []
+
+    def launch(argv: list[str], **kw: Any) -> CmdResult:
+        calls.append([str(a) for a in argv])
+        if argv[0] == "sbatch":
+            raise KeyboardInterrupt
+        return CmdResult(tuple(argv), 0)
+
+    one = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
+    other = rounds.Slurm(tmp_path / "b", rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
+    with pytest.raises(KeyboardInterrupt):
+        one([ProbeSpec("cpu", label="a")])
+    cancel = calls[-1]
+    assert cancel[:2] == ["scancel", f"--name={one.job_name}"] and one.token in cancel[1]
+    assert one.job_name != other.job_name
+    assert all(arg.startswith(("--name=", "--user=")) for arg in cancel[1:])
+    script = (tmp_path / "slurm" / "round-01.sbatch").read_text()
+    assert f"#SBATCH --job-name={one.job_name}\n" in script
+
+
+def test_a_failed_scancel_does_not_hide_the_interrupt(
+    tmp_path: Path, no_sleep: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def launch(argv: list[str], **kw: Any) -> CmdResult:
+        if argv[0] == "sbatch":
+            return CmdResult(tuple(argv), 0, "4242\n")
+        if argv[0] == "squeue":
+            raise KeyboardInterrupt
+        raise MissingToolError("`scancel` is not installed or not on PATH")
+
+    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
+    with pytest.raises(KeyboardInterrupt):
+        runner([ProbeSpec("cpu", label="a")])
+    assert "scancel 4242" in capsys.readouterr().err  # what to run by hand
+
+
+# -- a real controller ---------------------------------------------------------------------------
+def slurm_answers() -> bool:
+    if not all(shutil.which(tool) for tool in ("sbatch", "sinfo", "squeue", "scancel")):
+        return False
+    return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
+
+
+def squeue(job: str) -> list[str]:
+    out = subprocess.run(
+        ["squeue", "--noheader", "--jobs", job, "--format", "%i %T"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return out.stdout.split("\n") if out.returncode == 0 and out.stdout.strip() else []
+
+
+@pytest.fixture
+def sleeping_probe(tmp_path: Path) -> Iterator[rounds.ProbeCommand]:
+    """A probe that sleeps until it is cancelled (the task would write a marker when it ends)."""
+    stand_in = tmp_path / "stand_in" / "sleeper.py"
+    stand_in.parent.mkdir()
+    stand_in.write_text(
+        "import pathlib, sys, time\n"
+        "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
+        "time.sleep(300)\n"
+        "out.mkdir(parents=True, exist_ok=True)\n"
+        "(out / 'finished').write_text('the task was not cancelled')\n"
+    )
+    yield rounds.ProbeCommand(python=sys.executable, module="sleeper")
+
+
+@pytest.mark.slurm
+def test_a_real_array_job_is_cancelled_on_ctrl_c(
+    tmp_path: Path, sleeping_probe: rounds.ProbeCommand, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not slurm_answers():
+        pytest.skip("no Slurm controller answers (run .ci/start-slurm.sh)")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "stand_in"))
+    lines: list[str] = []
+    runner = rounds.Slurm(
+        tmp_path / "out", sleeping_probe, 2, rounds.SlurmOptions(time_limit="0:10:00"), say=lines.append
+    )
+
+    # Ctrl-C once both tasks run, sent to the main thread as a terminal's reaches it (raise_signal
+    # from this thread would not wake the main thread out of a blocking call).
+    def press_ctrl_c_when_running() -> None:
+        while not runner.submitted or len([r for r in squeue(runner.submitted[0]) if "RUNNING" in r]) < 2:
+            time.sleep(0.5)
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    presser = threading.Thread(target=press_ctrl_c_when_running, daemon=True)
+    presser.start()
+    with pytest.raises(KeyboardInterrupt):
+        runner([ProbeSpec("cpu", label="a"), ProbeSpec("cpu", label="b")])
+    (job,) = runner.submitted
+    assert f"slurm: cancelled array job {job}" in lines
+    # scancel is asynchronous: wait until the array is gone. Not cancelled, its tasks would still
+    # end (after their sleep) and leave their `finished` markers, which fails the test below.
+    while squeue(job):
+        time.sleep(1)
+    assert not list((tmp_path / "out").glob("probes/*/finished")), "the tasks ran to their end"
