@@ -9,14 +9,15 @@ host paths, user names, host names or secrets reach the text; the folder's own p
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.core import safe_write, templating
+import jinja2
+
+from repro.core import records, safe_write, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import confined
@@ -25,6 +26,7 @@ from repro.core.scrub import Scrubber, hand_out
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ISSUE_FILE = "ISSUE.md"
 VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
+_STACKS = records.Shape((dict,), fields={"stacks": records.STR_MAP})
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,9 @@ def _same(data: Any) -> Any:
 def _load(folder: Path) -> tuple[str, dict[str, Any]]:
     for kind in ("bisect", "survey"):
         path = folder / f"{kind}.json"
-        if path.is_file():
-            return kind, json.loads(path.read_text())
+        if path.exists():
+            data: dict[str, Any] = records.load(path, shapes.WALK, f"{kind} file")
+            return kind, data
     raise UsageError(
         f"{folder} holds neither bisect.json nor survey.json",
         fix="pass RESULTS= of a `make bisect` or `make survey` folder",
@@ -82,9 +85,10 @@ def _record(folder: Path, probe: Mapping[str, Any] | None) -> dict[str, Any]:
     path = confined(folder, rel) if rel else None
     if path is None or not path.is_file():
         return {}
+    # The record only adds the hung ranks' stacks: a damaged one is left out, not fatal.
     try:
-        data = json.loads(path.read_text())
-    except ValueError:
+        data = records.check(records.read(path, "run record"), _STACKS, path)
+    except UsageError:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -157,14 +161,25 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
 
 
 def render(folder: Path, scrubber: Scrubber) -> str:
-    env = templating.environment(TEMPLATES)
     paths: dict[str, str | Path] = {"<results>": folder.resolve()}
     repo = (context(folder)["commit"] or {}).get("ds_repo")
     if isinstance(repo, str) and repo.startswith("/"):  # a local checkout: where it is says nothing
         paths["<DS_REPO>"] = repo
-    scrubber = scrubber.with_paths(paths)
-    text = env.get_template("ISSUE.md.j2").render(**context(folder, scrubber.data))
-    return hand_out(text, scrubber, "ISSUE.md")
+    scrub = scrubber.with_paths(paths)
+    # The records are scrubbed as they are read, each value again before it is escaped for
+    # Markdown (a secret is matched as recorded, not in its escaped form), and the whole text
+    # passes the hand-out gate after, for what the template itself holds.
+    ctx = context(folder, scrub.data)
+    env = templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, clean=scrub.text)
+    try:
+        text = env.get_template("ISSUE.md.j2").render(**ctx)
+    except jinja2.UndefinedError as exc:  # a key the shape leaves optional, yet ISSUE.md needs it
+        raise UsageError(
+            f"{folder / (ctx['kind'] + '.json')} lacks a field ISSUE.md needs",
+            why=str(exc),
+            fix="write it again with `make bisect` / `make survey` of this tool version",
+        ) from None
+    return hand_out(text, scrub, "ISSUE.md")
 
 
 def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:
