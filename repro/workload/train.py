@@ -260,6 +260,10 @@ def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any])
 
     counter = logcount.install()
     device = start_distributed(args, dtype, out)
+    from repro.workload import collectives
+
+    # Record only (calls pass through unchanged): the runner's hang watcher reads these files.
+    collectives.install(os.path.join(args.run_dir, collectives.FOLDER))
     import deepspeed
     import torch.distributed as dist
     from deepspeed.accelerator import get_accelerator
