@@ -156,7 +156,7 @@ def test_a_rank_outside_any_collective_is_not_blocked(tmp_path: Path) -> None:
 
 def test_record_passes_calls_through_and_counts_positions_per_group(tmp_path: Path) -> None:
     seen: list[tuple[Any, ...]] = []
-    world, shard = object(), object()
+    shard = object()
     groups = {None: ("0", (0, 1, 2, 3)), shard: ("3", (0, 1))}
     rec = Recorder(str(tmp_path / "r.json"), lambda g: groups.get(g, groups[None]), lambda: (0, 4))
 

@@ -40,7 +40,8 @@ import json
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Iterator
+from typing import Any, Callable
 
 FORMAT = 1
 FOLDER = "collectives"  # in a run's folder (ours) or a job's folder (users' jobs)

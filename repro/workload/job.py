@@ -9,8 +9,9 @@ A hang is a result, as for our own ranks (repro/workload/runner.py): when the pr
 collective records (the hook records every torch.distributed collective, repro/workload/
 collectives.py) prove a deadlock or show every rank stuck in a collective for longer than the job's
 own steps explain (repro/workload/hangwatch.py), when the job prints nothing and no DeepSpeed step
-touches the heartbeat for --stall-timeout seconds, or when the --timeout is reached, every hooked Python process dumps its stack (SIGUSR1), then the process group and every
-process the hook saw are interrupted, terminated, killed. OUT/job.json says how it ended, with
+touches the heartbeat for --stall-timeout seconds, or when the --timeout is reached, every
+hooked Python process dumps its stack (SIGUSR1), then the process group and every process the
+hook saw are interrupted, terminated, killed. OUT/job.json says how it ended, with
 the stacks, the processes that survived (none, normally) and the hook's reports; the host judges
 it (repro/workload/judge.py).
 """
@@ -307,13 +308,14 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
             views = hangwatch.read_views(os.path.join(job_dir, collectives.FOLDER), alive)
             found = watch.observe(time.monotonic(), views, beat or None, tee.last_output)
             if time.monotonic() - start > args.timeout or quiet > args.stall_timeout or found is not None:
-                detail = (
-                    found.reason
-                    if found is not None
-                    else f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
-                    if quiet > args.stall_timeout
-                    else f"exceeded the {args.timeout:g} s time limit"
-                )
+                if found is not None:
+                    detail = found.reason
+                elif quiet > args.stall_timeout:
+                    detail = (
+                        f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
+                    )
+                else:
+                    detail = f"exceeded the {args.timeout:g} s time limit"
                 status = "hung"
                 stacks = dump_stacks(job_dir)
                 spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), env.get("PATH"))

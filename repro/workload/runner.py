@@ -318,13 +318,14 @@ def launch(
                 views = hangwatch.read_views(collectives_dir(spec.run_dir), alive)
                 found = watch.observe(now, views, beat if beat > wall_start else None)
                 if now - start > spec.timeout_s or stalled or found is not None:
-                    detail = (
-                        found.reason
-                        if found is not None
-                        else f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
-                        if stalled
-                        else f"exceeded the {spec.timeout_s:g} s time limit"
-                    )
+                    if found is not None:
+                        detail = found.reason
+                    elif stalled:
+                        detail = (
+                            f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
+                        )
+                    else:
+                        detail = f"exceeded the {spec.timeout_s:g} s time limit"
                     stacks = _dump_stacks(spec.run_dir)
                     _stop_group(proc, spec.run_dir)
                     return ended("hung", stacks, detail)
