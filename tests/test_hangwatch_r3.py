@@ -232,3 +232,44 @@ def test_records_of_ended_processes_do_not_count(tmp_path: Path) -> None:
     _call(ranks[0], "all_reduce")
     _call(ranks[1], "all_reduce")
     assert len(hangwatch.read_views(str(tmp_path), lambda pid: False)) == 0
+
+
+def _replica_hang(folder: Path, rank3_collective: str = "reduce_scatter_tensor") -> list[Recorder]:
+    """The records of DeepSpeed 0.19.3's replica-group hang (world 4, shard 2), as the CPU twin
+    wrote them: after six agreed world-group reductions, ranks 0,1 enter all_reduce_coalesced on
+    their replica groups [0,2] and [1,3]; ranks 2,3 skip it and enter the world's seventh."""
+    groups = {None: ("0", (0, 1, 2, 3)), "r02": ("3", (0, 2)), "r13": ("4", (1, 3))}
+    ranks = _ranks(folder, groups=groups)
+    for _ in range(6):
+        for rank in ranks:
+            _call(rank, "reduce_scatter_tensor")
+    ranks[0].enter("all_reduce_coalesced", "r02", [Tensor()], False)
+    ranks[1].enter("all_reduce_coalesced", "r13", [Tensor()], False)
+    ranks[2].enter("reduce_scatter_tensor", None, [Tensor()], False)
+    ranks[3].enter(rank3_collective, None, [Tensor()], False)
+    return ranks
+
+
+def test_every_rank_waiting_for_a_rank_blocked_elsewhere_is_a_deadlock(tmp_path: Path) -> None:
+    _replica_hang(tmp_path)
+    watch = HangWatch(stall_s=60.0)
+    assert watch.observe(0.0, _views(tmp_path)) is None
+    hang = watch.observe(hangwatch.CONFIRM_S, _views(tmp_path))
+    assert hang is not None and hang.kind is HangKind.DEADLOCK
+    assert hang.reason == (
+        "deadlock: ranks 0,1 in all_reduce_coalesced on groups [0,2] #1, [1,3] #1 and ranks 2,3 in"
+        " reduce_scatter_tensor on group [0,1,2,3] #7; each waits for a rank blocked in another collective"
+    )
+    assert hang.evidence["issued"]["0"] == {"0": 6, "3": 1}
+    assert hang.evidence["calls"]["2"]["group_ranks"] == [0, 1, 2, 3]
+
+
+def test_a_blocked_rank_whose_call_can_still_complete_is_no_deadlock(tmp_path: Path) -> None:
+    """Rank 1 already issued (asynchronously) what rank 0 waits in: that call can finish."""
+    groups = {None: ("0", (0, 1)), "side": ("1", (0, 1))}
+    ranks = _ranks(tmp_path, world=2, groups=groups)
+    ranks[1].leave(ranks[1].enter("all_reduce", None, [Tensor()], True))  # async: returned at once
+    ranks[0].enter("all_reduce", None, [Tensor()], False)
+    ranks[1].enter("barrier", "side", [], False)  # and now waits on another group
+    assert hangwatch.find_blocked(_views(tmp_path)) is None
+    assert hangwatch.find_mismatch(_views(tmp_path)) is None

@@ -4,8 +4,12 @@ Two kinds of evidence, both read from files, so the suite's runner (repro/worklo
 the job runner (repro/workload/job.py) and a GPU host use the same decision:
 
 - DEADLOCK, proven: every member of one group has issued its collective number N on that group,
-  and they are not all the same collective (ranks 0,1 in all_reduce_coalesced, ranks 2,3 in
-  reduce_scatter_tensor). Those calls can never meet. The watcher waits only until nothing has
+  and they are not all the same collective (ranks 0,1 in all_reduce, ranks 2,3 in broadcast).
+  Those calls can never meet. Or: every rank of the world is inside a collective and none of
+  them can complete, because some member of each call's group has not issued that position of
+  it and is blocked elsewhere (DeepSpeed 0.19.3's replica-group hang: ranks 0,1 in
+  all_reduce_coalesced on their replica groups, ranks 2,3 in the world group's next
+  reduce_scatter_tensor). The watcher waits only until nothing has
   moved for CONFIRM_S (no rank recorded anything), so a mismatch that a backend would still
   report as an error is given its chance to, and says `hung` at once after that, whatever the
   stall limit. The same mismatch is what torch's TORCH_DISTRIBUTED_DEBUG=DETAIL check raises on;
@@ -162,6 +166,44 @@ def find_mismatch(views: list[RankView]) -> Hang | None:
     return None
 
 
+def _can_complete(call: Call, by_rank: Mapping[int, RankView]) -> bool:
+    """Every member of the call's group has issued this position of it with the same collective
+    (one that has moved past it is taken to have): only then can it finish."""
+    for rank in call.ranks:
+        member = by_rank.get(rank)
+        last = member.last.get(call.group) if member is not None else None
+        if last is None or last.seq < call.seq or (last.seq == call.seq and last.op != call.op):
+            return False
+    return True
+
+
+def find_blocked(views: list[RankView]) -> Hang | None:
+    """Every rank of the world is inside a collective and none of those can complete: each waits
+    for a rank that is blocked in another one (the replica-group hang of DeepSpeed 0.19.3: ranks
+    0,1 in all_reduce_coalesced on their replica groups, ranks 2,3 in the world group's next
+    reduce_scatter_tensor, which ranks 0,1 have not reached)."""
+    if not all_blocked(views):
+        return None
+    by_rank = {v.rank: v for v in views}
+    current = {v.rank: v.current for v in views if v.current is not None}
+    if any(_can_complete(call, by_rank) for call in current.values()):
+        return None
+    by_op: dict[str, list[int]] = {}
+    for rank, call in sorted(current.items()):
+        by_op.setdefault(call.op, []).append(rank)
+    parts = []
+    for op, ranks in by_op.items():
+        places = sorted({(current[r].ranks, current[r].seq) for r in ranks})
+        where = ", ".join(f"[{','.join(map(str, g))}] #{seq}" for g, seq in places)
+        parts.append(f"{_ranks_text(ranks)} in {op} on group{'s' if len(places) > 1 else ''} {where}")
+    reason = f"deadlock: {' and '.join(parts)}; each waits for a rank blocked in another collective"
+    evidence = {
+        "calls": {str(r): {**_describe(c), "group_ranks": list(c.ranks)} for r, c in sorted(current.items())},
+        "issued": {str(v.rank): {n: c.seq for n, c in sorted(v.last.items())} for v in views},
+    }
+    return Hang(HangKind.DEADLOCK, reason, evidence)
+
+
 def _describe(call: Call) -> dict[str, Any]:
     return {"op": call.op, "seq": call.seq, "sizes": list(call.sizes), "dtype": call.dtype}
 
@@ -215,7 +257,7 @@ class HangWatch:
         if state != self.state or self.moved_at is None:
             self.state, self.moved_at = state, now
         still = now - self.moved_at
-        mismatch = find_mismatch(views)
+        mismatch = find_mismatch(views) or find_blocked(views)
         if mismatch is not None and still >= self.confirm_s:
             return mismatch
         limit = self.limit()
