@@ -154,8 +154,11 @@ gpu-check:
 # docker (real engine), browser (headless chromium), bootstrap (a fresh clone and a bare Python
 # run `make repro DRY_RUN=1` and `make test`). Tiers whose tools are missing skip with a
 # reason, except under MICS_REPRO_REQUIRE_TIERS=1 (CI), where a skip is a failure.
+# Two workers when pytest-xdist is there (make venv installs it): the real tiers run in order on one
+# (tests/conftest.py groups them), the unit tier on the other.
+XDIST = $$($(PYTHON) -c 'import xdist' 2>/dev/null && printf '%s' '-n 2 --dist loadgroup')
 test:
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit:
 	$(PYTHON) -m pytest -m unit $(PYTEST_ARGS)
