@@ -268,6 +268,7 @@ def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> En
         dockerfile=named_dockerfile(env_id),
         tooling=tooling,
         deepspeed_deps=deps,
+        tables=tables,
     )
 
 
