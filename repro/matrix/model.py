@@ -134,7 +134,9 @@ class PythonChoice:
         if self.python == self.image_python:
             return text + ": the env's own Python, its pins as listed"
         if not self.changed:
-            return text + f"; the env's image uses {self.image_python}, and its pins hold for {self.python} too"
+            return (
+                text + f"; the env's image uses {self.image_python}, and its pins hold for {self.python} too"
+            )
         moves = ", ".join(f"{name} {old} -> {new}" for name, old, new in self.changed)
         return (
             text + f"; the env's image uses {self.image_python}, so the pins are chosen for {self.python}: "
@@ -210,7 +212,9 @@ class Env:
         if self.tables is None or python == self.python:
             return self  # no tables (an Env made by hand): its pins stay as given
         own = tuple(p for p in self.extra_pins if not p.startswith("numpy=="))
-        tooling, extra, deps = compute_pins(self.tables, self.platform, python, self.torch, self.deepspeed, own)
+        tooling, extra, deps = compute_pins(
+            self.tables, self.platform, python, self.torch, self.deepspeed, own
+        )
         return replace(self, python=python, tooling=tooling, extra_pins=extra, deepspeed_deps=deps)
 
     def torch_requirements(self) -> list[str]:
@@ -279,7 +283,9 @@ def no_usable_python(env: Env, found: str) -> PythonVersionError:
     accepted = env.pythons() or ()
     want = env.python_to_install()
     span = compat.torch_pythons(env.torch)
-    torch_range = f"torch {compat.minor(env.torch)} has wheels for CPython {span[0]} to {span[1]}" if span else ""
+    torch_range = (
+        f"torch {compat.minor(env.torch)} has wheels for CPython {span[0]} to {span[1]}" if span else ""
+    )
     oldest = env.tables.oldest_python() if env.tables else None
     pins_range = f"the pins in env_matrix/envs.toml start at Python {oldest}" if oldest else ""
     return PythonVersionError(

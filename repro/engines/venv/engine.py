@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
 MARKER = "mics-repro-venv.json"
 SUITE_LOG = "engine.log"
+_VERSION = re.compile(r"^3\.\d+\.\d+\S*$")
 _VERSION_PROBE = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 
 
@@ -573,7 +574,14 @@ def _probe(path: str) -> Interpreter:
     result = cmd.run([path, "-c", _VERSION_PROBE], capture=True, echo=False)
     if not result.ok:
         raise PythonVersionError(f"could not run {path}", why=result.tail())
-    return Interpreter(path, result.stdout.strip())
+    version = result.stdout.strip()
+    if not _VERSION.match(version):  # a wrapper script or another program: its pins cannot be chosen
+        raise PythonVersionError(
+            f"{path} is not a CPython interpreter this tool can use",
+            why=f"asked for its version, it printed {version[:80]!r}",
+            fix="pass the path of a CPython 3 interpreter with --python or MICS_REPRO_PYTHON",
+        )
+    return Interpreter(path, version)
 
 
 def _relocate(tmp: Path, final: Path) -> None:
