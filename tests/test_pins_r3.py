@@ -8,8 +8,8 @@ host (Python 3.12) is described without either being installed.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

@@ -43,7 +43,6 @@ from repro.engines.venv.layer import (
 )
 from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, venv_argv
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
-
 from repro.matrix.model import no_usable_python
 
 if TYPE_CHECKING:
