@@ -24,7 +24,7 @@ from repro.engines.venv import engine as engine_venv
 from repro.engines.venv.engine import VenvEngine, VenvMarker
 from repro.engines.wheelhouse import DownloadPlan, Wheelhouse
 from repro.matrix.model import Env, Matrix
-from repro.matrix.schema import load_matrix
+from repro.matrix.schema import MatrixProblemsError, load_matrix
 from repro.run.orchestrate import Step, describe
 
 ROCKY9_PYTHON = "/usr/bin/python3.9"  # RHEL / Rocky 9's own Python
@@ -134,8 +134,9 @@ def test_the_venv_and_its_wheelhouse_are_built_with_the_39_pins(
 ) -> None:
     calls = host(monkeypatch, {ROCKY9_PYTHON: "3.9.18"}, this=ROCKY9_PYTHON)
     env = matrix.get("cuda")
-    engine.prepare(env)
+    prepared = engine.prepare(env)
     for_39 = matrix.tables.pins_for_python["3.9"]
+    assert prepared.details["python_choice"].startswith("Python 3.9")  # gpu-check's build step shows it
     wheelhouse = engine.wheelhouse
     assert isinstance(wheelhouse, RecordingWheelhouse)
     [plan] = wheelhouse.plans
@@ -258,3 +259,14 @@ def test_every_env_accepts_its_images_python_and_the_table_lists_each_env(matrix
         assert any(line.startswith(f"| `{env_id}` |") and ", ".join(accepted) in line for line in table)
     assert matrix.get("cuda").pythons() == ("3.9", "3.10", "3.11")
     assert "3.12" in (matrix.get("rocm61").pythons() or ())
+
+
+def test_an_env_whose_image_python_the_pins_do_not_cover_is_a_matrix_problem(tmp_path: Path) -> None:
+    # torch 2.1 has Python 3.8 wheels, but no [pins_for_python."3.8"] says which pip etc. install there.
+    text = load_matrix().path.read_text()
+    edited = tmp_path / "envs.toml"
+    edited.write_text(text.replace('python = "3.9"\ntorch = "2.1.0"', 'python = "3.8"\ntorch = "2.1.0"', 1))
+    assert edited.read_text() != text
+    with pytest.raises(MatrixProblemsError) as err:
+        load_matrix(edited)
+    assert [(p.env, p.key) for p in err.value.problems] == [("rocm56", "python")]

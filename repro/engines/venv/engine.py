@@ -241,6 +241,8 @@ class VenvEngine:
 
     def _prepared(self, env: Env, venv: Path, *, reused: bool, marker: VenvMarker | None = None) -> Prepared:
         details = {"python": str(venv / "bin" / "python"), "platform": env.platform.value}
+        if env.python_choice is not None:  # gpu-check's build step records which Python and why
+            details["python_choice"] = env.python_choice.describe()
         label = str(venv)
         if marker is not None and marker.layered_on:
             details["layered_on"] = str(marker.layered_on["venv"])
