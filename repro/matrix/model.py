@@ -289,7 +289,7 @@ def no_usable_python(env: Env, found: str) -> PythonVersionError:
     oldest = env.tables.oldest_python() if env.tables else None
     pins_range = f"the pins in env_matrix/envs.toml start at Python {oldest}" if oldest else ""
     return PythonVersionError(
-        f"no usable Python for env {env.id}: {found} cannot hold torch {env.torch} with its pins",
+        f"no usable Python for env {env.id} (torch {env.torch} and its pins): {found}",
         why="; ".join(p for p in (torch_range, pins_range) if p)
         + (f"; accepted: {', '.join(accepted)}" if accepted else ""),
         fix=f"install Python {want} (`uv python install {want}`, or your distribution's python{want}) and "

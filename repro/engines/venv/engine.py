@@ -531,7 +531,11 @@ def dry_run_text(env: Env, engine: VenvEngine | None = None) -> str:
     try:
         built = (engine or VenvEngine(probe=_probe_known_first)).resolve_env(env)
     except PythonVersionError as exc:
-        return f"venv (ENGINE=venv): {exc.what}\n  why: {exc.why}\n  fix: {exc.fix}"
+        lines = [
+            f"venv (ENGINE=venv): {exc.what}",
+            *(f"  {k}: {v}" for k, v in (("why", exc.why), ("fix", exc.fix)) if v),
+        ]
+        return "\n".join(lines)
     assert built.python_choice is not None
     return f"venv (ENGINE=venv): {built.python_choice.describe()}"
 
