@@ -44,7 +44,7 @@ class RecordingWheelhouse(Wheelhouse):
 
 
 def host(
-    monkeypatch: pytest.MonkeyPatch, interpreters: Mapping[str, str], this: str
+    monkeypatch: pytest.MonkeyPatch, interpreters: Mapping[str, str], this: str, torch: str = "2.1.0+cu121"
 ) -> list[tuple[str, ...]]:
     """A host whose PATH holds `interpreters` (path -> version); this tool runs on `this`.
     Returns the recorded commands; pip and venv succeed and leave what the engine checks."""
@@ -73,7 +73,8 @@ def host(
     def run_logged(argv: Any, log: Path, what: str, **kw: Any) -> tuple[CmdResult, str]:
         return run(argv), ""
 
-    torch_of, deepspeed_of, build_of = ["2.1.0"], ["0.13.1"], ["2.1.0+cu121 - 12.1"]
+    # What the built venv's torch probe answers: torch.__version__, .hip, .cuda (PyPI's 2.1.0: CUDA 12.1).
+    torch_of, deepspeed_of, build_of = ["2.1.0"], ["0.13.1"], [f"{torch} - 12.1"]
     monkeypatch.setattr(engine_venv.shutil, "which", which)
     monkeypatch.setattr(cmd, "run", run)
     monkeypatch.setattr(cmd, "run_logged", run_logged)
@@ -270,3 +271,27 @@ def test_an_env_whose_image_python_the_pins_do_not_cover_is_a_matrix_problem(tmp
     with pytest.raises(MatrixProblemsError) as err:
         load_matrix(edited)
     assert [(p.env, p.key) for p in err.value.problems] == [("rocm56", "python")]
+
+
+def test_make_repro_records_the_pins_the_venv_holds_and_says_why(
+    tmp_path: Path, engine: VenvEngine, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the use case: the preamble and results.json carry the venv's pins, not the image's."""
+    import json
+
+    from repro.core.errors import SuiteFailedError
+    from repro.run.orchestrate import Request
+    from repro.run.usecase import RunTarget, run_request
+
+    host(monkeypatch, {ROCKY9_PYTHON: "3.9.18"}, this=ROCKY9_PYTHON, torch="2.1.0")
+    matrix = load_matrix()
+    target = RunTarget(engine="venv", results_root=tmp_path / "results", out=tmp_path / "out")
+    # The faked suite records no run, so the use case ends with its "incomplete" error; what it
+    # recorded about the env is the point here.
+    with pytest.raises(SuiteFailedError):
+        run_request(Request(env_ids=("cpu",)), target, matrix, engine_for=lambda _: engine)
+    recorded = json.loads((tmp_path / "out" / "results.json").read_text())["envs"]["cpu"]["pins"]
+    for_39 = matrix.tables.pins_for_python["3.9"]
+    assert recorded["python"] == "3.9" and recorded["pip"] == for_39["pip"] != matrix.tables.pins["pip"]
+    said = capsys.readouterr()
+    assert f"cpu: Python 3.9 ({ROCKY9_PYTHON}" in said.out + said.err
