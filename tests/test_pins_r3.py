@@ -240,6 +240,24 @@ def test_an_interpreter_that_prints_no_cpython_version_is_a_typed_error(
     assert "/opt/odd/python3" in err.value.what
 
 
+def test_a_broken_python3x_on_path_does_not_hide_a_working_one(
+    matrix: Matrix, engine: VenvEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 3.12 host whose python3.11 is a leftover wrapper that prints nonsense, and a good python3.10.
+    interpreters = {
+        NOBLE_PYTHON: "3.12.3",
+        "/usr/local/bin/python3.11": "oops",
+        "/usr/bin/python3.10": "3.10.14",
+    }
+    host(monkeypatch, interpreters, this=NOBLE_PYTHON)
+    assert engine.resolve_env(matrix.get("rocm56")).python == "3.10"
+    del interpreters["/usr/bin/python3.10"]
+    host(monkeypatch, interpreters, this=NOBLE_PYTHON)
+    with pytest.raises(PythonVersionError) as err:
+        engine.resolve_env(matrix.get("rocm56"))
+    assert "/usr/local/bin/python3.11" in err.value.what and "uv python install 3.9" in err.value.fix
+
+
 def test_a_hand_made_env_keeps_its_pins_on_any_python() -> None:
     env = load_matrix().get("cpu")
     bare: Env = replace(env, tables=None)

@@ -150,12 +150,19 @@ class VenvEngine:
         default = [sys.executable, *(f"python{p}" for p in (image, *others))]
         candidates = [self.python_override] if self.python_override else default
         seen: list[Interpreter] = []
+        broken: list[str] = []
         for name in candidates:
             assert name is not None
             path = shutil.which(name)
             if path is None or any(s.path == path for s in seen):
                 continue
-            found = self.probe(path)
+            try:
+                found = self.probe(path)
+            except PythonVersionError as exc:
+                if self.python_override:
+                    raise
+                broken.append(f"{path} did not answer as a CPython 3 ({exc.why or exc.what})")
+                continue  # a broken python3.X on PATH must not hide a working one after it
             if self.python_override or accepted is None or found.minor in accepted:
                 if self.python_override:
                     why = "given by --python/MICS_REPRO_PYTHON"
@@ -173,7 +180,7 @@ class VenvEngine:
                 f"the Python given by --python/MICS_REPRO_PYTHON ({self.python_override}) was not found",
                 fix="pass the path of an installed interpreter",
             )
-        raise no_usable_python(env, _found_text(seen, accepted or ()))
+        raise no_usable_python(env, _found_text(seen, accepted or (), broken))
 
     def resolve_env(self, env: Env) -> Env:
         """`env` as its venv here holds it: pins for the interpreter the venv is made with, and
@@ -552,11 +559,11 @@ def pip_error(text: str, lines: int = 20) -> str:
     return f"{tail}\n{cause}" if cause else (tail or "see the output above")
 
 
-def _found_text(seen: Sequence[Interpreter], accepted: Sequence[str]) -> str:
+def _found_text(seen: Sequence[Interpreter], accepted: Sequence[str], broken: Sequence[str] = ()) -> str:
     """What the search found, for the error that says which Python to install instead."""
-    if not seen:
+    if not seen and not broken:
         return "no python" + "/".join(accepted) + " on PATH"
-    parts = []
+    parts = list(broken)
     for interp in seen:
         direction = "too new" if accepted and _pair(interp.minor) > _pair(accepted[-1]) else "too old"
         parts.append(f"{interp.path} is Python {interp.version}, {direction}")
