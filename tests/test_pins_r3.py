@@ -258,6 +258,18 @@ def test_a_broken_python3x_on_path_does_not_hide_a_working_one(
     assert "/usr/local/bin/python3.11" in err.value.what and "uv python install 3.9" in err.value.fix
 
 
+def test_a_torch_outside_the_python_table_still_needs_a_python_the_pins_cover(
+    matrix: Matrix, engine: VenvEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    future = matrix.derive("cpu", torch="2.99.0")  # torch's Python range unknown: left to pip
+    assert future.pythons() is None
+    host(monkeypatch, {"/usr/bin/python3.8": "3.8.10"}, this="/usr/bin/python3.8")
+    with pytest.raises(PythonVersionError):
+        engine.resolve_env(future)
+    host(monkeypatch, {ROCKY9_PYTHON: "3.9.18"}, this=ROCKY9_PYTHON)
+    assert engine.resolve_env(future).package_pins()["pip"] == matrix.tables.pins_for_python["3.9"]["pip"]
+
+
 def test_a_hand_made_env_keeps_its_pins_on_any_python() -> None:
     env = load_matrix().get("cpu")
     bare: Env = replace(env, tables=None)

@@ -119,8 +119,8 @@ def _py_tuple(python: str) -> tuple[int, ...]:
 
 @dataclass(frozen=True)
 class PythonChoice:
-    """The Python a venv of an env is made with, when it is not the env's image Python, and the
-    pins that differ for it (chosen from [pins_for_python], never asked of the network)."""
+    """The Python a venv of an env is made with, why, and the pins that differ from the image's
+    for it (chosen from [pins_for_python], never asked of the network)."""
 
     python: str  # major.minor the pins are for
     image_python: str  # the env's `python` in envs.toml (its Docker image's)
@@ -186,6 +186,14 @@ class Env:
         minors = (f"{low[0]}.{m}" for m in range(low[1], high[1] + 1))
         return tuple(p for p in minors if self.tables is None or self.tables.serves(p))
 
+    def accepts(self, python: str) -> bool:
+        """Whether a venv of this env may be made with CPython `python` (see pythons()); with
+        torch's range unknown, only the pin tables decide."""
+        accepted = self.pythons()
+        if accepted is not None:
+            return python in accepted
+        return self.tables is None or self.tables.serves(python)
+
     def python_to_install(self) -> str:
         """The Python to suggest when the host has none of pythons(): the image's, the one the
         pins were made and checked with, unless it is not accepted (then the newest that is)."""
@@ -198,10 +206,8 @@ class Env:
         """This env for a venv made with CPython `python` ("3.9"): the same torch and DeepSpeed,
         every other pin chosen for that Python from the tables. `why` says which interpreter."""
         image = self.image_python
-        if python != self.python:
-            accepted = self.pythons()
-            if self.tables is not None and accepted is not None and python not in accepted:
-                raise no_usable_python(self, f"Python {python}{f' ({why})' if why else ''}")
+        if python != self.python and self.tables is not None and not self.accepts(python):
+            raise no_usable_python(self, f"Python {python}{f' ({why})' if why else ''}")
         moved = self._repinned(python)
         base = moved if python == image else self._repinned(image)
         mine, theirs = moved.package_pins(), base.package_pins()

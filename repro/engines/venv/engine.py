@@ -163,7 +163,7 @@ class VenvEngine:
                     raise
                 broken.append(f"{path} did not answer as a CPython 3 ({exc.why or exc.what})")
                 continue  # a broken python3.X on PATH must not hide a working one after it
-            if self.python_override or accepted is None or found.minor in accepted:
+            if self.python_override or env.accepts(found.minor):
                 if self.python_override:
                     why = "given by --python/MICS_REPRO_PYTHON"
                 elif seen:
