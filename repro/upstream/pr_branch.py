@@ -174,7 +174,7 @@ def commit_args(ident: Identity, message: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def make_pr(request: PrRequest, runner: Runner = cmd.run) -> PrRecord:
+def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
     checkout = Checkout(request.ds_repo, runner)
     checkout.preflight()
     sha = checkout.resolve(request.ref)

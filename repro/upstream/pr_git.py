@@ -78,7 +78,7 @@ def check_ref_text(ref: str) -> str:
 class Checkout:
     """A local DeepSpeed repository (work tree or bare) and the git calls `make pr` makes in it."""
 
-    def __init__(self, spec: str, runner: Runner = cmd.run) -> None:
+    def __init__(self, spec: str, runner: Runner | None = None) -> None:
         check_source(spec)
         if is_url(spec):
             raise UsageError(
@@ -88,7 +88,7 @@ class Checkout:
             )
         self.spec = spec
         self.path = Path(spec).expanduser().resolve()
-        self.runner = runner
+        self.runner = runner or cmd.run  # looked up now, so a test's stand-in for cmd.run is used
 
     def git(
         self,
@@ -111,7 +111,10 @@ class Checkout:
         self, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None, echo: bool = False
     ) -> cmd.CmdResult:
         where = str(cwd or self.path)
-        return self.runner(["git", "-C", where, *args], capture=True, echo=echo, extra_env=env)
+        # Hooks are the checkout's code (post-checkout on `worktree add`, DeepSpeed's pre-commit on
+        # commit): none runs for any call.
+        argv = ["git", "-C", where, "-c", "core.hooksPath=/dev/null", *args]
+        return self.runner(argv, capture=True, echo=echo, extra_env=env)
 
     # -- what the checkout is ---------------------------------------------------------------------
     def preflight(self) -> bool:
