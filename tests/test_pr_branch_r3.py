@@ -54,7 +54,9 @@ def state(repo: Path) -> dict[str, str]:
     }
 
 
-def test_branch_patch_and_description_made_and_checkout_untouched(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:
+def test_branch_patch_and_description_made_and_checkout_untouched(
+    ds: FakeDeepSpeedPr, tmp_path: Path
+) -> None:
     notes = ds.path / "my-notes.txt"  # the user's untracked file: must survive as it is
     notes.write_text("mine\n")
     before = state(ds.path)
@@ -114,20 +116,28 @@ def test_keep_leaves_the_work_tree_on_the_branch(ds: FakeDeepSpeedPr, tmp_path: 
     assert git(ds.path, "status", "--porcelain") == ""
 
 
-def test_author_from_options_wins_and_global_identity_is_never_taken(tmp_path: Path, real_subprocess: None,
-                                                                     global_identity: Path) -> None:  # fmt: skip
+def test_author_from_options_wins_and_global_identity_is_never_taken(
+    tmp_path: Path, real_subprocess: None, global_identity: Path
+) -> None:
     ds = make_fake_deepspeed_pr(tmp_path / "src", identity=False)
     with pytest.raises(UsageError, match="no author for the commit"):
         make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "a"))
     assert git(ds.path, "branch", "--list", BRANCH) == ""
     make_pr(
-        PrRequest(ds_repo=str(ds.path), out=tmp_path / "b", author_name="Ann Opt", author_email="ann@example.invalid")
+        PrRequest(
+            ds_repo=str(ds.path),
+            out=tmp_path / "b",
+            author_name="Ann Opt",
+            author_email="ann@example.invalid",
+        )
     )
     assert git(ds.path, "log", "-1", "--format=%an <%ae>", BRANCH) == "Ann Opt <ann@example.invalid>"
 
 
 # -- refusals: each with its exit code, and no branch, work tree or OUT left behind ---------------------
-def _refused(ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str]:
+def _refused(
+    ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, str]:
     out = tmp_path / "refused-out"
     refs = git(ds.path, "for-each-ref")
     code = cli.main(["pr", "--ds-repo", str(ds.path), "--out", str(out), *extra])
@@ -138,14 +148,18 @@ def _refused(ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[
     return code, err
 
 
-def test_refuses_a_dirty_checkout(ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_refuses_a_dirty_checkout(
+    ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     (ds.path / "deepspeed/comm/comm.py").write_text("# my local edit\n")
     code, err = _refused(ds, tmp_path, capsys)
     assert code == UsageError.exit_code and "uncommitted changes" in err
     assert (ds.path / "deepspeed/comm/comm.py").read_text() == "# my local edit\n"
 
 
-def test_refuses_a_shallow_checkout(ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_refuses_a_shallow_checkout(
+    ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     shallow = tmp_path / "shallow"
     git(tmp_path, "clone", "-q", "--depth", "1", f"file://{ds.path}", str(shallow))
     git(shallow, "config", "user.name", "Pat")
@@ -169,7 +183,9 @@ def test_a_missing_ref_exits_2_at_the_front_door(
     assert code == UsageError.exit_code and "REF=v9.9.9 is not a commit" in err
 
 
-def test_refuses_an_existing_branch(ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_refuses_an_existing_branch(
+    ds: FakeDeepSpeedPr, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     git(ds.path, "branch", BRANCH, ds.early)
     code, err = _refused(ds, tmp_path, capsys)
     assert code == UsageError.exit_code and f"already has a branch {BRANCH}" in err
@@ -207,14 +223,20 @@ def test_refuses_out_inside_the_checkout(ds: FakeDeepSpeedPr, tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("spec", "words"),
     [
-        ("https://github.com/deepspeedai/DeepSpeed", "is a URL"),
+        ("https://github.com/deepspeedai/DeepSpeed", "is not a folder on this machine"),
         ("--upload-pack=sh", "starts with '-'"),
         ("ext::sh -c touch% /tmp/pwned", "transport helper"),
+        ("git@github.com:deepspeedai/DeepSpeed", "is not a folder on this machine"),
     ],
 )
-def test_refuses_a_ds_repo_that_is_not_a_local_checkout(spec: str, words: str, tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match=words):
-        make_pr(PrRequest(ds_repo=spec, out=tmp_path / "out"))
+def test_refuses_a_ds_repo_that_is_not_a_local_checkout(
+    spec: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the front door: DS_REPO passes the one checker (repro.bisect.commits.check_source),
+    then make pr's own rule (a folder on this machine); git is never asked."""
+    code = cli.main(["pr", f"--ds-repo={spec}", "--out", str(tmp_path / "out")])
+    assert code == UsageError.exit_code and words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_refuses_a_folder_that_is_not_a_repository(
@@ -227,9 +249,12 @@ def test_refuses_a_folder_that_is_not_a_repository(
 
 
 @pytest.mark.parametrize(
-    ("name", "email"), [("Eve <x@y>", "e@example.invalid"), ("Eve\nX", "e@example.invalid"), ("Eve", "not-an-address")]
+    ("name", "email"),
+    [("Eve <x@y>", "e@example.invalid"), ("Eve\nX", "e@example.invalid"), ("Eve", "not-an-address")],
 )
-def test_refuses_an_author_that_cannot_go_into_a_commit(ds: FakeDeepSpeedPr, tmp_path: Path, name: str, email: str) -> None:
+def test_refuses_an_author_that_cannot_go_into_a_commit(
+    ds: FakeDeepSpeedPr, tmp_path: Path, name: str, email: str
+) -> None:
     with pytest.raises(UsageError, match="author"):
         make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "o", author_name=name, author_email=email))
     assert git(ds.path, "branch", "--list", BRANCH) == ""
@@ -245,7 +270,9 @@ def test_hooks_of_the_checkout_do_not_run(ds: FakeDeepSpeedPr, tmp_path: Path) -
     assert not marker.exists()
 
 
-def test_git_is_only_run_through_the_one_door(ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_git_is_only_run_through_the_one_door(
+    ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every git call of `make pr` goes through repro.core.cmd.run (the seam the tests fake)."""
     real_popen = subprocess.Popen
     seen: list[list[str]] = []

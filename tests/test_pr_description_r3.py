@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from repro.upstream import pr_fix
-from repro.upstream.pr_branch import FileStat, PrRecord
 from repro.upstream.pr_description import TORCH_REFS, code, render
 from repro.upstream.pr_fix import Caller, CallerKind
+from repro.upstream.pr_record import FileStat, PrRecord
 from tests.fixtures.ds_pr_git import MICS, MICS_EARLY, TORCH
 
 SHA = "edaa7221267243c7be7fb49c5d5f5c4fb97b4641"
@@ -16,17 +16,17 @@ SHA = "edaa7221267243c7be7fb49c5d5f5c4fb97b4641"
 GREP = "\n".join(
     f"{SHA}:{line}"
     for line in (
-        "deepspeed/comm/comm.py:637:def all_gather_coalesced(output_tensors, input_tensors, group=None, async_op=False):",
-        "deepspeed/comm/comm.py:641:    return cdb.all_gather_coalesced(output_tensors, input_tensors, group=group)",
-        "deepspeed/comm/torch.py:287:    def all_gather_coalesced(self, output_tensors, input_tensors, group=None):",
-        "deepspeed/runtime/zero/mics.py:181:        # record existing all_gather_coalesced implementation",
-        "deepspeed/runtime/zero/mics.py:183:        old_all_gather_coalesced = param.all_gather_coalesced",
-        "deepspeed/runtime/zero/mics.py:240:        all_gather_handle = dist.all_gather_coalesced(output_tensors,",
-        "deepspeed/runtime/zero/mics.py:286:        dist.all_gather_coalesced(inter_outputs, inter_inputs, async_op=False)",
-        "deepspeed/runtime/zero/mics.py:308:        all_gather_handle = dist.all_gather_coalesced(intra_outputs,",
-        "deepspeed/runtime/zero/partition_parameters.py:1512:        def all_gather_coalesced(params: Iterable[Parameter],",
-        "deepspeed/runtime/zero/partition_parameters.py:1527:                    all_gather_coalesced(group_params, safe_mode=safe_mode)",
-        "deepspeed/runtime/zero/partitioned_param_coordinator.py:609:    h = param_group[0].all_gather_coalesced(param_group)",
+        "deepspeed/comm/comm.py:637:def all_gather_coalesced(outs, ins, group=None):",
+        "deepspeed/comm/comm.py:641:    return cdb.all_gather_coalesced(outs, ins, group=group)",
+        "deepspeed/comm/torch.py:287:    def all_gather_coalesced(self, outs, ins, group=None):",
+        "deepspeed/runtime/zero/mics.py:181:    # record existing all_gather_coalesced implementation",
+        "deepspeed/runtime/zero/mics.py:183:    old_all_gather_coalesced = param.all_gather_coalesced",
+        "deepspeed/runtime/zero/mics.py:240:    handle = dist.all_gather_coalesced(outs,",
+        "deepspeed/runtime/zero/mics.py:286:    dist.all_gather_coalesced(outs, ins, async_op=False)",
+        "deepspeed/runtime/zero/mics.py:308:    handle = dist.all_gather_coalesced(intra_outputs,",
+        "deepspeed/runtime/zero/partition_parameters.py:1512:    def all_gather_coalesced(params,",
+        "deepspeed/runtime/zero/partition_parameters.py:1527:        all_gather_coalesced(group_params)",
+        "deepspeed/runtime/zero/partitioned_param_coordinator.py:609:    h = p[0].all_gather_coalesced(g)",
     )
 )
 
@@ -56,7 +56,9 @@ def test_a_bare_call_counts_where_the_file_imports_it_from_deepspeed_comm() -> N
 def test_the_fix_that_does_not_apply_is_named_with_file_and_line() -> None:
     with pytest.raises(pr_fix.FixDoesNotApplyError) as err:
         pr_fix.changed_files({"deepspeed/comm/torch.py": TORCH, "deepspeed/runtime/zero/mics.py": MICS_EARLY})
-    assert "deepspeed/runtime/zero/mics.py" in err.value.why and "MiCS_AllGatherCoalescedHandle" in err.value.why
+    assert (
+        "deepspeed/runtime/zero/mics.py" in err.value.why and "MiCS_AllGatherCoalescedHandle" in err.value.why
+    )
     broken = TORCH.replace("class TorchBackend:", "class TorchBackend(:")
     with pytest.raises(pr_fix.FixDoesNotApplyError) as err:
         pr_fix.changed_files({"deepspeed/comm/torch.py": broken, "deepspeed/runtime/zero/mics.py": None})
@@ -101,9 +103,9 @@ def test_the_description_answers_each_upstream_point_from_the_record() -> None:
     for ref in TORCH_REFS:
         assert ref.url() in text
     assert "2 files, +24 -14" in text
-    for heading in ("**Fix shape.**", "**gloo without coalescing.**", "**AVAILABLE after a failed collective.**",
-                    "**Non-MiCS jobs.**"):  # fmt: skip
-        assert heading in text
+    points = ("Fix shape", "gloo without coalescing", "AVAILABLE after a failed collective", "Non-MiCS jobs")
+    for point in points:
+        assert f"**{point}.**" in text
     assert "3 call site(s)" in text and "Jobs that do\nnot use MiCS do not reach the changed code" in text
     assert "removes that `try`" in text
     assert "pytest tests/unit/runtime/zero/test_mics_coalesced_wait.py" in text

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from repro.core import cmd, console, safe_write
+from repro.core import console, safe_write
 from repro.core.errors import UsageError
 from repro.upstream import pr_fix
+from repro.upstream.pr_description import render
 from repro.upstream.pr_git import Checkout, Identity, Runner, check_identity
+from repro.upstream.pr_record import FileStat, PrRecord
 from repro.workload import fix
 
 DEFAULT_BRANCH = "mics-coalesced-wait"
@@ -66,39 +67,6 @@ class PrRequest:
     keep: bool = False
     author_name: str | None = None
     author_email: str | None = None
-
-
-@dataclass(frozen=True)
-class FileStat:
-    path: str
-    added: int
-    removed: int
-
-
-@dataclass(frozen=True)
-class PrRecord:
-    """What `make pr` made; pr.json holds it and PR_DESCRIPTION.md is rendered from it alone."""
-
-    ref: str
-    ref_sha: str
-    branch: str
-    commit: str
-    subject: str
-    author: str
-    fix_id: str
-    changed: tuple[str, ...]  # qualnames of the replaced methods
-    files: tuple[FileStat, ...]
-    test_path: str
-    patch_file: str
-    swallowed_before: bool  # REF's MiCS handle caught the failed wait (the AVAILABLE point)
-    callers: tuple[pr_fix.Caller, ...]
-    worktree: str | None  # kept work tree (KEEP=1), else None
-    checkout_untouched: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["callers"] = [{**asdict(c), "kind": c.kind.value} for c in self.callers]
-        return data
 
 
 def identity(request: PrRequest, checkout: Checkout) -> Identity:
@@ -161,7 +129,9 @@ def _numstat(text: str) -> tuple[FileStat, ...]:
     for line in text.splitlines():
         added, removed, path = (line.split("\t", 2) + ["", ""])[:3]
         if path:
-            stats.append(FileStat(path, int(added) if added.isdigit() else 0, int(removed) if removed.isdigit() else 0))
+            stats.append(
+                FileStat(path, int(added) if added.isdigit() else 0, int(removed) if removed.isdigit() else 0)
+            )
     return tuple(stats)
 
 
@@ -206,11 +176,20 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
             out, "COMMIT_MSG.txt", f"{SUBJECT}\n\n{BODY.format(test=pr_fix.TEST_REL)}".encode()
         )
         checkout.git("add", "--", *changed, str(pr_fix.TEST_REL), cwd=worktree, what="git add")
-        checkout.git(*commit_args(ident, message), cwd=worktree, env=ident.env(), what="git commit", echo=True)
+        checkout.git(
+            *commit_args(ident, message), cwd=worktree, env=ident.env(), what="git commit", echo=True
+        )
         commit = checkout.git("rev-parse", "--verify", "HEAD", cwd=worktree, what="git rev-parse").strip()
         files = _numstat(checkout.git("diff", "--numstat", sha, commit, "--", cwd=worktree, what="git diff"))
         patch = checkout.git(
-            "format-patch", "--no-signature", "-o", str(out), "-1", commit, cwd=worktree, what="git format-patch",
+            "format-patch",
+            "--no-signature",
+            "-o",
+            str(out),
+            "-1",
+            commit,
+            cwd=worktree,
+            what="git format-patch",
             echo=True,
         ).strip()
         grep = checkout.try_git("grep", "-n", "-w", pr_fix.FUNCTION, sha, "--", GREP_PATHS)
@@ -221,7 +200,9 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
             kept = True
     finally:
         if not kept and not checkout.remove_worktree(worktree):
-            console.warn(f"pr: could not remove the work tree {worktree}; `git -C {checkout.path} worktree prune`")
+            console.warn(
+                f"pr: could not remove the work tree {worktree}; `git -C {checkout.path} worktree prune`"
+            )
     after = checkout.snapshot()
     record = PrRecord(
         ref=request.ref,
@@ -241,9 +222,9 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
         checkout_untouched=untouched(before, after, request.branch, commit),
     )
     if not record.checkout_untouched:
-        console.warn("pr: the checkout's refs or status changed beyond the new branch; check `git status` there")
-    from repro.upstream.pr_description import render
-
+        console.warn(
+            "pr: the checkout's refs or status changed beyond the new branch; check `git status` there"
+        )
     safe_write.write_file(out, "pr.json", (json.dumps(record.to_dict(), indent=2) + "\n").encode())
     safe_write.write_file(out, "PR_DESCRIPTION.md", render(record).encode())
     return record

@@ -8,13 +8,14 @@ the DeepSpeed commit (its files, the diff stat, the callers) comes from the reco
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from repro.core import templating
 from repro.upstream import pr_fix
-from repro.upstream.pr_branch import PrRecord
+from repro.upstream.pr_record import PrRecord
 
-TEMPLATES = pr_fix.REPO_ROOT / "repro" / "upstream" / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 TORCH_TAG = "v2.1.0"
 TORCH_FILE = "torch/distributed/distributed_c10d.py"
 
@@ -31,9 +32,19 @@ class TorchRef:
 
 
 TORCH_REFS = (
-    TorchRef("_IllegalWork", 1647, 1650, "the placeholder a collective returns inside the manager; every attribute raises"),
+    TorchRef(
+        "_IllegalWork",
+        1647,
+        1650,
+        "the placeholder a collective returns inside the manager; every attribute raises",
+    ),
     TorchRef("_CoalescingManager", 1653, 1663, "holds the real work (`works`) and waits on it (`wait()`)"),
-    TorchRef("_coalescing_manager", 1666, 1752, "issues the recorded collectives on exit and yields the `_CoalescingManager`"),
+    TorchRef(
+        "_coalescing_manager",
+        1666,
+        1752,
+        "issues the recorded collectives on exit and yields the `_CoalescingManager`",
+    ),
 )
 
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from repro.bisect.commits import check_source, is_url
 from repro.core import cmd
 from repro.core.errors import UsageError
 
@@ -79,12 +78,18 @@ class Checkout:
     """A local DeepSpeed repository (work tree or bare) and the git calls `make pr` makes in it."""
 
     def __init__(self, spec: str, runner: Runner | None = None) -> None:
-        check_source(spec)
-        if is_url(spec):
+        # The CLI has already run DS_REPO through repro.bisect.commits.check_source (the one
+        # checker); this use case takes only a folder on this machine, and says so.
+        if spec.startswith("-") or "://" in spec or ":" in spec.split("/", 1)[0]:
             raise UsageError(
-                f"DS_REPO={spec} is a URL",
-                why="`make pr` adds a branch to a repository on this machine; it never clones or pushes",
-                fix="clone DeepSpeed first (git clone https://github.com/deepspeedai/DeepSpeed) and give that folder",
+                f"DS_REPO={spec} is not a folder on this machine",
+                why="`make pr` adds a branch to a local clone; it never clones, fetches or pushes",
+                fix="clone it first (git clone https://github.com/deepspeedai/DeepSpeed), give that folder",
+            )
+        if not Path(spec).expanduser().is_dir():
+            raise UsageError(
+                f"DS_REPO={spec} is not a git repository (no such folder)",
+                fix="give the folder of a DeepSpeed clone",
             )
         self.spec = spec
         self.path = Path(spec).expanduser().resolve()
@@ -161,7 +166,9 @@ class Checkout:
     def check_new_branch(self, branch: str) -> None:
         check_branch_name(branch)
         if not self.try_git("check-ref-format", "--branch", branch).ok:
-            raise UsageError(f"BRANCH={branch} is not a valid git branch name", fix="use e.g. mics-coalesced-wait")
+            raise UsageError(
+                f"BRANCH={branch} is not a valid git branch name", fix="use e.g. mics-coalesced-wait"
+            )
         if self.try_git("show-ref", "--verify", "--quiet", f"refs/heads/{branch}").ok:
             raise UsageError(
                 f"DS_REPO={self.spec} already has a branch {branch}",
@@ -186,7 +193,17 @@ class Checkout:
         # No checkout: only the index is set to the commit (trees, not blobs), and only the files we
         # change are written. A DeepSpeed tree is thousands of files, its blogs hold large images
         # (absent from partial clones), and a checkout would run the repository's smudge filters.
-        self.git("worktree", "add", "--no-checkout", "--detach", "--", str(where), sha, what="git worktree add", echo=True)
+        self.git(
+            "worktree",
+            "add",
+            "--no-checkout",
+            "--detach",
+            "--",
+            str(where),
+            sha,
+            what="git worktree add",
+            echo=True,
+        )
         self.git("reset", "--quiet", "--mixed", sha, "--", cwd=where, what="git reset (index only)")
 
     def remove_worktree(self, where: Path) -> bool:
@@ -195,5 +212,13 @@ class Checkout:
     def create_branch(self, branch: str, sha: str) -> None:
         # An empty old value: git refuses if the ref appeared since the preflight looked.
         self.git(
-            "update-ref", "-m", "make pr", "--", f"refs/heads/{branch}", sha, "", what="git update-ref", echo=True
+            "update-ref",
+            "-m",
+            "make pr",
+            "--",
+            f"refs/heads/{branch}",
+            sha,
+            "",
+            what="git update-ref",
+            echo=True,
         )
