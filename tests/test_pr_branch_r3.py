@@ -294,3 +294,36 @@ def test_git_is_only_run_through_the_one_door(
     monkeypatch.setattr(cmd, "run", counted)
     make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out"))
     assert len(seen) == len(calls) > 5
+
+
+@pytest.mark.parametrize("stop", [UsageError("update-ref refused"), KeyboardInterrupt()])
+def test_a_failure_after_the_work_tree_was_added_leaves_no_branch_and_no_work_tree(
+    ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: BaseException
+) -> None:
+    """Ctrl-C or an error between `worktree add` and the branch: the work tree is removed again
+    and no branch exists, so the next `make pr` starts from the same place."""
+    from repro.upstream.pr_git import Checkout
+
+    def fail(self: Checkout, branch: str, sha: str) -> None:
+        raise stop
+
+    before = state(ds.path)
+    monkeypatch.setattr(Checkout, "create_branch", fail)
+    with pytest.raises(type(stop)):
+        make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out", keep=True))
+    assert state(ds.path) == before
+    assert not (tmp_path / "out" / "worktree").exists()
+
+
+def test_a_target_file_that_is_a_link_at_ref_is_refused(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:
+    """A checkout whose comm/torch.py is a symbolic link (to a file outside it): nothing is read
+    through the link or written through it; the refusal names the file."""
+    secret = tmp_path / "outside.py"
+    secret.write_text(TORCH)
+    torch_py = ds.path / "deepspeed/comm/torch.py"
+    torch_py.unlink()
+    torch_py.symlink_to(secret)
+    git(ds.path, "commit", "-qam", "Link the backend")
+    with pytest.raises(pr_fix.FixDoesNotApplyError, match="deepspeed/comm/torch.py is a symbolic link"):
+        make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out"))
+    assert secret.read_text() == TORCH and git(ds.path, "branch", "--list", BRANCH) == ""

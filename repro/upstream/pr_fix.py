@@ -72,7 +72,8 @@ def changed_files(read: Mapping[str, str | None]) -> dict[str, str]:
             cls = next((t.cls for t in targets if t.cls in exc.reason), targets[0].cls)
             line = _class_line(source, cls)
             where = f"class {cls} (line {line})" if line else f"no class {cls}"
-            problems.append(Where(path, line, f"{exc.reason}; {where}"))
+            reason = exc.reason.replace(f"{path} ", "", 1)  # the label names the file already
+            problems.append(Where(path, line, f"{reason}; {where}"))
             continue
         for splice in splices:
             if splice.unchanged:
