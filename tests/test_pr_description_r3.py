@@ -39,6 +39,8 @@ def test_only_the_mics_lines_call_deepspeed_comms_function() -> None:
     assert kinds[("deepspeed/comm/comm.py", 641)] is CallerKind.FORWARD
     # ZeRO-3's own function of that name calling itself is not a caller of deepspeed.comm's.
     assert kinds[("deepspeed/runtime/zero/partition_parameters.py", 1527)] is CallerKind.SAME_NAME
+    assert kinds[("deepspeed/runtime/zero/partition_parameters.py", 1512)] is CallerKind.SAME_NAME
+    assert kinds[("deepspeed/comm/torch.py", 287)] is CallerKind.DEFINITION
     assert pr_fix.callers_outside_mics(callers) == ()
 
 

@@ -118,15 +118,15 @@ class CallerKind(enum.Enum):
     @property
     def words(self) -> str:
         if self is CallerKind.DEFINITION:
-            return "defines it"
+            return "defines it (deepspeed.comm or its backend)"
         if self is CallerKind.FORWARD:
             return "deepspeed.comm forwards to the backend"
         if self is CallerKind.CALL:
-            return "calls it"
+            return "calls deepspeed.comm.all_gather_coalesced"
         if self is CallerKind.IMPORT:
             return "imports it from deepspeed.comm"
         if self is CallerKind.SAME_NAME:
-            return "another function of the same name, or a comment"
+            return "not this function: another of the same name (ZeRO-3's parameter method), or a comment"
         assert_never(self)
 
 
@@ -152,7 +152,9 @@ def classify(path: str, text: str, imported: bool = False) -> CallerKind:
     if text.strip().startswith("#"):
         return CallerKind.SAME_NAME
     if _DEF.match(text):
-        return CallerKind.DEFINITION
+        # Only deepspeed.comm's and its backends' are the changed function; ZeRO-3's parameter
+        # method of the same name (partition_parameters.py) is another one.
+        return CallerKind.DEFINITION if path.startswith("deepspeed/comm/") else CallerKind.SAME_NAME
     if _IMPORT.match(text):
         return CallerKind.IMPORT
     if path.startswith("deepspeed/comm/") and _FORWARD.search(text):
@@ -174,7 +176,7 @@ def parse_grep(output: str, sha: str) -> tuple[Caller, ...]:
         if line.isdigit():
             rows.append((path, int(line), text.rstrip()))
     importing = {path for path, _, text in rows if _IMPORT.match(text)}
-    defining = {path for path, _, text in rows if _DEF.match(text)}
+    defining = {path for path, _, text in rows if _DEF.match(text)}  # a local function shadows the import
     return tuple(
         Caller(path, line, text, classify(path, text, path in importing and path not in defining))
         for path, line, text in rows
