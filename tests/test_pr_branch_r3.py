@@ -327,3 +327,19 @@ def test_a_target_file_that_is_a_link_at_ref_is_refused(ds: FakeDeepSpeedPr, tmp
     with pytest.raises(pr_fix.FixDoesNotApplyError, match="deepspeed/comm/torch.py is a symbolic link"):
         make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out"))
     assert secret.read_text() == TORCH and git(ds.path, "branch", "--list", BRANCH) == ""
+
+
+def test_git_location_variables_in_the_users_shell_are_ignored(
+    ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GIT_DIR or GIT_INDEX_FILE left exported would point git at another repository or index."""
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    monkeypatch.setenv("GIT_DIR", str(other / ".git"))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(tmp_path / "stray-index"))
+    make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out"))
+    monkeypatch.delenv("GIT_DIR")
+    monkeypatch.delenv("GIT_INDEX_FILE")
+    assert git(ds.path, "rev-parse", f"{BRANCH}^") == ds.master
+    assert git(other, "for-each-ref") == "" and not (tmp_path / "stray-index").exists()

@@ -9,6 +9,7 @@ new branch ref created with `update-ref <ref> <sha> ""`, which git refuses if th
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +21,16 @@ from repro.core.errors import UsageError
 Runner = Callable[..., cmd.CmdResult]
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _EMAIL = re.compile(r"^[^\s<>@]+@[^\s<>@]+$")
+# Variables that point git at another repository, index or object store than `-C` names: one left
+# exported in the user's shell (GIT_DIR from a hook, GIT_INDEX_FILE from a script) would make
+# `make pr` read or write there. Dropped for every call.
+GIT_LOCATION_VARS = frozenset(
+    {
+        "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES",
+        "GIT_DISCOVERY_ACROSS_FILESYSTEM", "GIT_PREFIX",
+    }
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,8 @@ class Checkout:
         # Hooks are the checkout's code (post-checkout on `worktree add`, DeepSpeed's pre-commit on
         # commit): none runs for any call.
         argv = ["git", "-C", where, "-c", "core.hooksPath=/dev/null", *args]
-        return self.runner(argv, capture=True, echo=echo, extra_env=env)
+        clean = {k: v for k, v in os.environ.items() if k not in GIT_LOCATION_VARS}
+        return self.runner(argv, env=clean, capture=True, echo=echo, extra_env=env)
 
     # -- what the checkout is ---------------------------------------------------------------------
     def preflight(self) -> bool:
