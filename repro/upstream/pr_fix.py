@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from repro.core.errors import ReproError
+from repro.core.errors import (
+    FixDoesNotApplyError as FixDoesNotApplyError,  # re-exported: callers name it here
+)
 from repro.core.paths import REPO_ROOT
 from repro.workload import fix
 from repro.workload.closed import assert_never
@@ -24,12 +26,6 @@ TEST_REL = PurePosixPath("tests/unit/runtime/zero/test_mics_coalesced_wait.py")
 TEST_SOURCE = REPO_ROOT / "patches" / "pr" / TEST_REL
 FUNCTION = "all_gather_coalesced"
 MICS = "deepspeed/runtime/zero/mics.py"
-
-
-class FixDoesNotApplyError(ReproError):
-    """`make pr`: the fix cannot be spliced into DeepSpeed at REF (names the file and line)."""
-
-    exit_code = 23
 
 
 @dataclass(frozen=True)
