@@ -327,18 +327,19 @@ def test_make_repro_records_the_pins_the_venv_holds_and_says_why(
     assert f"cpu: Python 3.9 ({ROCKY9_PYTHON}" in said.out + said.err
 
 
-def test_the_readme_table_once_integrated_is_the_generated_one(matrix: Matrix) -> None:
-    """README.md's "On your GPU machine" table sits between pythons-table markers once the docs
-    take it in; from then on it must be what `python -m repro.matrix.pythons` prints."""
+def test_the_docs_python_table_is_the_generated_one(matrix: Matrix) -> None:
+    """docs/gpu-hosts.md ("Which Python a host needs") holds the table between pythons-table
+    markers; it must be what `python -m repro.matrix.pythons` prints."""
     import re
 
     from repro.core import paths
     from repro.matrix import pythons
 
-    text = (paths.REPO_ROOT / "README.md").read_text()
+    text = (paths.REPO_ROOT / "docs" / "gpu-hosts.md").read_text()
     found = re.search(r"<!-- pythons-table:start[^>]*-->\n(.*?)\n<!-- pythons-table:end -->", text, re.S)
-    if found is None:
-        pytest.skip("README.md has no pythons-table markers yet (text in /tmp/README-pins.md)")
+    assert found is not None, (
+        "docs/gpu-hosts.md lost its pythons-table markers (see `python -m repro.matrix.pythons`)"
+    )
     assert found.group(1).strip() == pythons.render_table(matrix).strip(), (
-        "README.md's Python table is stale: regenerate it with `python -m repro.matrix.pythons`"
+        "docs/gpu-hosts.md's Python table is stale: regenerate it with `python -m repro.matrix.pythons`"
     )
