@@ -68,8 +68,10 @@ RUN python -m pip install packaging==26.3 pip==26.0.1 setuptools==80.10.2 wheel=
 
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm5.6
+ARG TORCH_SPEC=torch==2.1.0+rocm5.6
+# hadolint ignore=DL3013
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.1.0+rocm5.6 numpy==1.26.4
+        "$TORCH_SPEC" numpy==1.26.4
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.7.0 hjson==3.1.0 ninja==1.13.2 \

@@ -58,8 +58,10 @@ RUN python -m pip install packaging==26.4 pip==26.3 setuptools==80.10.2 wheel==0
 
 # torch: the heaviest layer; it is reused as long as torch and numpy stay the same.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/rocm6.4
+ARG TORCH_SPEC=torch==2.9.1+rocm6.4
+# hadolint ignore=DL3013
 RUN python -m pip install --index-url "$TORCH_INDEX_URL" --extra-index-url "$PIP_INDEX_URL" \
-        torch==2.9.1+rocm6.4 numpy==2.2.6
+        "$TORCH_SPEC" numpy==2.2.6
 
 # DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.
 RUN python -m pip install --no-deps annotated-types==0.8.0 einops==0.8.2 hjson==3.1.0 \

@@ -350,7 +350,9 @@ def test_gpu_dockerfile_builds_on_a_stand_in_base(client: Any, tmp_path: Path) -
     from repro.matrix.schema import load_matrix
 
     env = load_matrix().get(os.environ["MICS_REPRO_TEST_STANDIN"])
-    args = {**STAND_IN_ARGS, **parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", ""))}
+    # PyPI has no labelled torch builds: the stand-in names PyPI's own build of the env's release.
+    standin = {**STAND_IN_ARGS, "TORCH_SPEC": f"torch=={env.torch}"}
+    args = {**standin, **parse_build_args(os.environ.get("MICS_REPRO_BUILD_ARGS", ""))}
     # The GPU wheel index is unreachable, so nothing is pre-fetched for it; the build still gets
     # every wheel the wheelhouse has over 127.0.0.1.
     engine = DockerEngine(

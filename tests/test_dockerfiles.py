@@ -187,7 +187,12 @@ MUTATIONS: list[tuple[str, str, Callable[[str], str], Rule]] = [
         Rule.UNPINNED,
     ),
     ("wrong torch", "cpu", replace_once("torch===2.1.0 numpy", "torch===2.1.1 numpy"), Rule.PINS),
-    ("torch of any build", "rocm56", replace_once("torch==2.1.0+rocm5.6 ", "torch==2.1.0 "), Rule.PINS),
+    (
+        "torch of any build",
+        "rocm56",
+        replace_once("ARG TORCH_SPEC=torch==2.1.0+rocm5.6", "ARG TORCH_SPEC=torch==2.1.0"),
+        Rule.PINS,
+    ),
     ("extra package", "cpu", replace_once("hjson==3.1.0", "hjson==3.1.0 rich==13.7.1"), Rule.PINS),
     ("dropped dep", "cpu", replace_once(" tqdm==4.70.1", ""), Rule.PINS),
     (

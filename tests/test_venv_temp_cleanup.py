@@ -94,6 +94,9 @@ def test_prepare_cleans_up_before_building(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(engine, "interpreter", lambda env: interp)
     monkeypatch.setattr(venv_engine.preflight, "check_python", lambda *a: None)
     env = SimpleNamespace(id="cpu", pins=lambda: {"torch": "2.1.0"}, pins_key=lambda: "k")
+    # The engine first takes the env's pins for its interpreter (Env.for_python): the same env here.
+    env.python_choice = SimpleNamespace(describe=lambda: "the stand-in interpreter")
+    env.for_python = lambda minor, why: env
     with pytest.raises(RuntimeError, match="stop after the clean-up"):
         engine.prepare(env)  # type: ignore[arg-type]
     assert seen == [tmp_path / "venvs"]

@@ -12,6 +12,7 @@ vary (base image, wheel sources, CA certificates, strictness of the stack check)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import shlex
 import textwrap
@@ -279,13 +280,23 @@ def _installs(env: Env) -> list[str]:
         else []
     )
     index = [f"ARG TORCH_INDEX_URL={env.torch_index}"] if env.torch_index else []
+    torch_step = steps["torch"]
+    if env.torch_index:
+        # The build's torch (with its local label, e.g. +rocm5.6) as an ARG, so a stand-in build on
+        # another base (TORCH_INDEX_URL=PyPI, which has no labelled builds) can name PyPI's own.
+        spec = env.torch_requirements()[0]
+        # hadolint cannot see the pin through the ARG (our own lint expands it: MR rules).
+        index += [f"ARG TORCH_SPEC={spec}", "# hadolint ignore=DL3013"]
+        torch_step = dataclasses.replace(
+            torch_step, specs=tuple('"$TORCH_SPEC"' if s == spec else s for s in torch_step.specs)
+        )
     return [
         "# pip, setuptools, wheel: pinned.",
         *_run(_pip(steps["tooling"])),
         "",
         "# torch: the heaviest layer; it is reused as long as torch and numpy stay the same.",
         *index,
-        *_run(_pip(steps["torch"])),
+        *_run(_pip(torch_step)),
         "",
         "# DeepSpeed's runtime deps, all pinned, no resolver; `pip check` proves the set complete.",
         *_run(_pip(steps["deepspeed-deps"])),

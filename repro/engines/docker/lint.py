@@ -10,6 +10,7 @@ describes. Each finding names the file, the line and the rule; exit status 1 whe
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import importlib
 import io
@@ -81,7 +82,13 @@ class _Lint:
                 name, eq, value = ins.value.partition("=")
                 if eq and name.strip() not in self.args:
                     self.args[name.strip()] = shlex.split(value)[0] if value.strip() else ""
-        self.pips = [(ins, pip) for ins in instructions if ins.keyword == "RUN" for pip in pip_installs(ins)]
+        # A spec may come from a build ARG (`"$TORCH_SPEC"`): checked as its default value.
+        self.pips = [
+            (ins, dataclasses.replace(pip, specs=tuple(self.expand(s) for s in pip.specs)))
+            for ins in instructions
+            if ins.keyword == "RUN"
+            for pip in pip_installs(ins)
+        ]
 
     def add(self, line: int, rule: Rule, message: str) -> None:
         self.findings.append(Finding(self.path, line, rule, message))
