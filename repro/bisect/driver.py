@@ -36,8 +36,8 @@ from repro.bisect.search import Bisection, BisectStatus, Survey, round_bound
 from repro.bisect.source_overlay import SourceOverlay
 from repro.bisect.worktree_layer import WorktreeLayer
 from repro.core import safe_write
-from repro.core.jobname import job_identity, walk_subject
 from repro.core.errors import Interrupted, UsageError
+from repro.core.jobname import job_identity, walk_subject
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir, check_latest, invocation_meta, new_invocation_dir, point_latest
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
