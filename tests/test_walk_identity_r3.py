@@ -80,3 +80,23 @@ def test_a_bisect_with_both_ends_good_says_what_to_run_next(tmp_path: Path) -> N
     assert data["status"] == "no-transition"
     assert "newer than 0.12.6" in data["next"]["why"]
     assert data["next"]["lines"][0].startswith("make bisect AXIS=deepspeed FROM=0.12.6 TO=0.13.1 ")
+
+
+def test_a_probe_of_the_users_command_names_it(tmp_path: Path) -> None:
+    import argparse
+
+    work = tmp_path / "proj"
+    work.mkdir()
+    parser = argparse.ArgumentParser()
+    bisect_cli._probe_options(parser)
+    argv = ["--env", "cpu", "--deepspeed", "0.13.1", "--cmd", CMD, "--workdir", str(work)]
+    argv += ["--out", str(tmp_path / "out"), "--results-root", str(tmp_path / "results")]
+    args = parser.parse_args(argv)
+    args.argv = ["probe", *argv]
+    lines: list[str] = []
+    services = bisect_cli.Services(matrix=FakeMatrix(), engine=FakeJobEngine(), say=lines.append)
+    bisect_cli.run_probe(args, services)
+    data = json.loads((tmp_path / "out" / "probe.json").read_text())
+    assert data["scenario"] == "custom" and data["job"]["command"] == CMD
+    said = [line for line in lines if line.startswith("probe: ")]
+    assert said and f"custom {data['job']['label']}/stock" in said[0]
