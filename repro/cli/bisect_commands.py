@@ -341,7 +341,8 @@ def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate |
         "job": job_identity(options.command, options.workdir) if options.command else None,
     }
     say(
-        f"probe: {obs.label}{' ' + walk_subject(what) if options.command else ''} {obs.outcome} ({obs.signature}) -> {verdict.value} "
+        f"probe: {obs.label}{' ' + walk_subject(what) if options.command else ''} {obs.outcome} "
+        f"({obs.signature}) -> {verdict.value} "
         f"[BAD_IF={args.bad_if}] in {obs.seconds:.0f} s: {obs.reason}"
     )
     if folder is not None:
