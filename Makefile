@@ -65,10 +65,10 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 	$(call flag,LAUNCHER,launcher) \
 	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(value DRY_RUN),--dry-run)
 
-.PHONY: help list build repro check-fix matrix report base-image test test-unit lint bench clean venv
+.PHONY: help list build repro check-fix matrix report base-image test test-unit test-fast lint bench clean venv
 
 # Every target that runs Python needs the host side set up first (nothing to do with PYTHON=).
-help list build repro check-fix matrix report base-image test test-unit lint bench clean: $(HOST_PYTHON_READY)
+help list build repro check-fix matrix report base-image test test-unit test-fast lint bench clean: $(HOST_PYTHON_READY)
 gpu-check: $(HOST_PYTHON_READY)
 bisect survey probe bundle verify-bundle cluster pr-regression issue: $(HOST_PYTHON_READY)
 run shell: $(HOST_PYTHON_READY)
@@ -109,6 +109,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 #>   make bench           time one env warm: suite under torchrun and prefork, a probe, reuse
 #>   make test            every test tier this host can run [PYTEST_ARGS=]
 #>   make test-unit       the fast tier only (fakes, no Docker, no torch)
+#>   make test-fast       the inner loop: lint, the unit tier in 2 workers, one real make run
 #>   make lint            ruff, ruff format --check, mypy (strict) and the import contracts
 #>   make clean           remove results/ and temporary build folders (not the venv/download cache)
 #>   make ci-fresh        the CI script on a fresh clone with an empty cache, timed
@@ -153,11 +154,23 @@ gpu-check:
 # docker (real engine), browser (headless chromium), bootstrap (a fresh clone and a bare Python
 # run `make repro DRY_RUN=1` and `make test`). Tiers whose tools are missing skip with a
 # reason, except under MICS_REPRO_REQUIRE_TIERS=1 (CI), where a skip is a failure.
+# Two workers when pytest-xdist is there (make venv installs it): the real tiers run in order on one
+# (tests/conftest.py groups them), the unit tier on the other.
+XDIST = $$($(PYTHON) -c 'import xdist' 2>/dev/null && printf '%s' '-n 2 --dist loadgroup')
 test:
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-unit:
 	$(PYTHON) -m pytest -m unit $(PYTEST_ARGS)
+
+# The inner loop of a change (docs/developing.md): lint, the unit tier in two workers, and one real
+# run (a small DeepSpeed job of "a user's own" through make run on the CPU twin, stock and fixed,
+# read back by the summary, check-fix, the report and a bundle's comment). Needs the cpu env's venv
+# (`python -m repro venv-python --env cpu`, built once).
+FAST_INTEGRATION = tests/test_verdict_integration.py::test_summary_check_fix_report_and_issue_comment_agree
+test-fast: lint
+	$(PYTHON) -m pytest -m unit -n 2 -q $(PYTEST_ARGS)
+	MICS_REPRO_REQUIRE_TIERS=1 $(PYTHON) -m pytest -q $(FAST_INTEGRATION) $(PYTEST_ARGS)
 
 # Static checks, run by CI before the tests: ruff, mypy (strict, pyproject.toml) and the import
 # contracts (lint-imports; [tool.importlinter] in pyproject.toml: layers, no cycles, the workload

@@ -41,10 +41,19 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+# Under pytest-xdist (`make test`: two workers, --dist loadgroup) every test of a real tier is in one
+# group, so one worker runs them one after another, in file order, while the other works through the
+# unit tier: real runs never compete with each other for the two cores, and Docker, Slurm and
+# signal tests stay serial.
+REAL_RUNS_GROUP = "real-runs"
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if not any(item.get_closest_marker(m) for m in TIERS):
+        if any(item.get_closest_marker(m) for m in TIERS):
+            item.add_marker(pytest.mark.xdist_group(REAL_RUNS_GROUP))
+        else:
             item.add_marker(UNIT)
 
 

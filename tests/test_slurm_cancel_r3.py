@@ -29,7 +29,7 @@ from repro.cli.main import main
 from repro.core import cmd, signals
 from repro.core.cmd import CmdResult
 from repro.core.errors import MissingToolError, RunError
-from tests.test_bisect import TORCHES, FakeEngine, FakeMatrix, torch_behaviour
+from tests.fixtures.fake_bisect import TORCHES, FakeEngine, FakeMatrix, torch_behaviour
 
 INTERRUPTED = 130
 

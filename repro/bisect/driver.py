@@ -35,7 +35,7 @@ from repro.bisect.probe import BadIf, Judge, Observation, ProbeSpec
 from repro.bisect.search import Bisection, BisectStatus, Survey, round_bound
 from repro.bisect.source_overlay import SourceOverlay
 from repro.bisect.worktree_layer import WorktreeLayer
-from repro.core import safe_write
+from repro.core import console, safe_write
 from repro.core.errors import Interrupted, UsageError
 from repro.core.jobname import job_identity, walk_subject
 from repro.core.makeline import make_line
@@ -190,7 +190,7 @@ class Services:
     matrix: Any = None
     engine: Any = None
     index: VersionIndex | None = None
-    say: Callable[[str], None] = print
+    say: Callable[[str], None] = console.result
     repo: Callable[[str], DsRepo] = DsRepo  # the cached clone of DS_REPO
     overlay: rounds.Overlay | None = None  # how a commit is layered over the env (SourceOverlay)
     runner: Callable[..., rounds.RoundRunner] | None = None  # tests: replaces the round runner

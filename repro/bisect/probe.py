@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.bisect.search import ProbeVerdict
+from repro.core import console
 from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
 from repro.core.evidence import as_evidence
 from repro.core.makeline import make_line
@@ -282,7 +283,11 @@ class OrchestratedProbe:
     """The real evaluator: `plan` + `execute` into one shared results folder."""
 
     def __init__(
-        self, matrix: Matrix, engine: Engine, invocation: InvocationDir, say: Callable[[str], None] = print
+        self,
+        matrix: Matrix,
+        engine: Engine,
+        invocation: InvocationDir,
+        say: Callable[[str], None] = console.result,
     ) -> None:
         self.matrix, self.engine, self.invocation, self.say = matrix, engine, invocation, say
 

@@ -17,7 +17,6 @@ the driver's Judge from outcome and signature, not by the child.
 from __future__ import annotations
 
 import getpass
-import json
 import re
 import secrets
 import shlex
@@ -31,8 +30,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.bisect.probe import Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
-from repro.core import cmd, console, script_values, templating
-from repro.core.errors import MissingToolError, RunError
+from repro.core import cmd, console, records, script_values, shapes, templating
+from repro.core.errors import MissingToolError, RunError, UsageError
 
 if TYPE_CHECKING:
     from repro.bisect.commits import DsRepo
@@ -136,8 +135,8 @@ def read_observation(folder: Path, spec: ProbeSpec, results: Path, why_missing: 
     """The probe's observation from its probe.json; a probe that left none is unknown (env-error)."""
     path = folder / "probe.json"
     try:
-        row = json.loads(path.read_text())["probes"][0]
-    except (OSError, ValueError, KeyError, IndexError):
+        row = records.load(path, shapes.WALK, "probe file")["probes"][0]
+    except (UsageError, KeyError, IndexError, TypeError):
         return Observation(spec.label, "env-error", "none", why_missing, 0.0, spec.env_id)
     record = row.get("record")
     rel = folder.relative_to(results)
@@ -260,7 +259,7 @@ class Slurm:
         slots: int,
         options: SlurmOptions = SlurmOptions(),
         launch: Callable[..., cmd.CmdResult] | None = None,
-        say: Callable[[str], None] = print,
+        say: Callable[[str], None] = console.result,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.results, self.command, self.slots = results, command, slots

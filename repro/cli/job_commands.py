@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option, csv
 from repro.cli.registry import command
+from repro.core import console
 from repro.core.errors import UsageError
 from repro.core.flags import env_bool
 from repro.workload.record import PATCHES, TRANSPORT_MODES
@@ -133,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         folder, made = resumed, False
         invocation = InvocationDir.reopen(folder)
         check_same_job(invocation.data["envs"], env.id, request.command, folder)
-        print(f"resume: {folder}")
+        console.result(f"resume: {folder}")
     else:
         folder, made = open_invocation_dir(root, out, [env.id])
         invocation = InvocationDir(folder, invocation_meta(list(args.argv), line))
@@ -141,20 +142,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     previous_latest = latest_target(root)
     if out is None and resumed is None:
         point_latest(root, folder)
-    print(describe(request, engine.describe()))
-    print(f"results: {folder}")
+    console.result(describe(request, engine.describe()))
+    console.result(f"results: {folder}")
     try:
         runs = execute_job(request, env, engine, invocation, resume=resumed is not None)
     except BaseException:
         # Nothing ran (the env could not be prepared): no results folder, latest stays where it was.
         if not invocation.data["envs"] and discard_unused(folder, made, root, previous_latest):
-            print(f"nothing was recorded; removed {folder}")
+            console.result(f"nothing was recorded; removed {folder}")
         raise
-    print()
-    print(render(runs, str(folder)))
-    print("\ncustom command:")
-    print("\n".join(f"  {text}" for text in custom_lines(runs)))
-    print(f"\nreproduce: {line}")
+    console.result("")
+    console.result(render(runs, str(folder)))
+    console.result("\ncustom command:")
+    console.result("\n".join(f"  {text}" for text in custom_lines(runs)))
+    console.result(f"\nreproduce: {line}")
     return 0
 
 

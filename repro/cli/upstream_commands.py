@@ -89,6 +89,7 @@ def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Pat
     _bundle_options,
 )
 def cmd_bundle(args: argparse.Namespace) -> int:
+    from repro.core.paths import check_output_folder
     from repro.core.results import resolve_results_dir
     from repro.matrix.schema import load_matrix
     from repro.upstream.bundle import BundleRequest, default_out, make_bundle, summary
@@ -98,6 +99,8 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     env_id = args.env or matrix.default_id
     if "+" not in env_id:
         matrix.get(env_id)  # an unknown id fails here with the list of valid ones
+    if args.out:  # before anything is built: a file in the way is a usage error, not a traceback
+        check_output_folder(Path(args.out))
     client = _docker_client()
     root = Path(args.results_root)
     results = (

@@ -11,8 +11,11 @@
 
 Every line goes through one progress reporter (repro/core/progress.py): plain lines, or rich's
 live display where a person watches a terminal (only at the normal level: --quiet and --verbose
-print plain lines). Texts are printed as given (callers keep their own `docker:`/`venv:`/
-`warning:` prefixes, which tests and users grep for). Every line is flushed at once so that it
+print plain lines). Texts are printed as given, except that control characters, ESC sequences
+and bidi overrides in them are shown escaped (`\\x1b`, `\\u202e`): lines quote records, commit
+subjects and CMD=, which must not clear the screen or reorder what is read
+(repro/core/printable.py). Callers keep their own `docker:`/`venv:`/`warning:` prefixes, which
+tests and users grep for. Every line is flushed at once so that it
 interleaves correctly with the output of the subprocesses we start. The level is process-wide:
 the CLI sets it once from --quiet/--verbose (`set_level`), tests read and restore it. Streams are
 looked up at call time, so pytest's capsys sees everything.
@@ -25,6 +28,7 @@ import enum
 from collections.abc import Iterator
 
 from repro.core import progress
+from repro.core.printable import printable
 
 
 class Level(enum.IntEnum):
@@ -74,13 +78,17 @@ def shows(level: Level) -> bool:
     return _level >= level
 
 
+def _shown(text: str) -> str:
+    return printable(text, keep_newlines=True)
+
+
 def result(text: str) -> None:
-    reporter().line(text)
+    reporter().line(_shown(text))
 
 
 def step(text: str) -> None:
     if shows(Level.NORMAL):
-        reporter().line(text)
+        reporter().line(_shown(text))
 
 
 @contextlib.contextmanager
@@ -92,7 +100,7 @@ def task(text: str, *, plain: bool = True) -> Iterator[None]:
         yield
         return
     shown = reporter()
-    handle = shown.begin(text, plain=plain)
+    handle = shown.begin(_shown(text), plain=plain)
     try:
         yield
     except KeyboardInterrupt:
@@ -106,26 +114,26 @@ def task(text: str, *, plain: bool = True) -> Iterator[None]:
 
 def info(text: str) -> None:
     if shows(Level.NORMAL):
-        reporter().line(text)
+        reporter().line(_shown(text))
 
 
 def detail(text: str) -> None:
     if shows(Level.VERBOSE):
-        reporter().line(text)
+        reporter().line(_shown(text))
 
 
 def warn(text: str) -> None:
-    reporter().line(text, err=True)
+    reporter().line(_shown(text), err=True)
 
 
 def error(text: str) -> None:
     # An error ends the step that runs: the live display stops first, so the message is not drawn over.
-    reporter().failed(text, "")
+    reporter().failed(_shown(text), "")
 
 
 def failed(header: str, log: str) -> None:
     """A step failed: `header`, then its whole output (`log`), on stderr; shown at every level."""
-    reporter().failed(header, log)
+    reporter().failed(_shown(header), log)
 
 
 def stream(data: bytes) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from repro.core.errors import UsageError
+
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 REPO_ROOT = PACKAGE_ROOT.parent
 DEFAULT_RESULTS_ROOT = REPO_ROOT / "results"
@@ -34,3 +36,24 @@ def confined(root: Path, relpath: str | Path) -> Path | None:
     base = Path(root).resolve()
     target = (base / text).resolve()
     return target if target == base or base in target.parents else None
+
+
+def check_output_folder(out: Path, option: str = "OUT") -> Path:
+    """`out` can be made (or is) a folder: it is not a file, and the nearest part of it that exists
+    is a folder. Nothing is made here; a UsageError names the file in the way."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(
+            f"{option}={out} is a file, not a folder",
+            why="this command writes a folder of files there",
+            fix=f"choose a new {option}= folder (it is made with its parents)",
+        )
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(
+            f"{option}={out} cannot be made: {parent} is a file",
+            why="a folder cannot be made inside a file",
+            fix=f"choose an {option}= whose parent folders are folders",
+        )
+    return out

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from repro import __version__
-from repro.core import safe_write
+from repro.core import records, safe_write, shapes
 from repro.core.errors import Interrupted, UsageError
-from repro.workload.record import SCHEMA_VERSION, RunRecord, read_json, write_json_atomic
+from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
 
 RESULTS_FILE = "results.json"
 
@@ -299,7 +299,15 @@ def resolve_results_dir(root: Path, given: str | None) -> Path:
 
 
 def load(folder: Path) -> ResultsData:
-    data: ResultsData = read_json(str(folder / RESULTS_FILE))
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION or "runs" not in data:
-        raise UsageError(f"{folder / RESULTS_FILE} is not a results file of schema {SCHEMA_VERSION}")
-    return data
+    """results.json of `folder`, its fields of the types the tool reads (repro.core.shapes.RESULTS);
+    a UsageError naming the file and the field when it is not."""
+    path = folder / RESULTS_FILE
+    data = records.read(path, "results file")
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
+        raise UsageError(
+            f"{path} is not a results file of schema {SCHEMA_VERSION}",
+            why=f"schema: {data.get('schema')!r}" if isinstance(data, dict) else "not a JSON object",
+            fix="use the tool version that wrote it, or run again into a new folder",
+        )
+    checked: ResultsData = records.check(data, shapes.RESULTS, path)
+    return checked

@@ -103,9 +103,15 @@ def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = 
                 where = f"REQUIREMENTS={requirements}, line {number}"
                 found.append(_requested(line, path.resolve().parent, where, quote=False))
         given_file = str(path.resolve())  # absolute: a reproduce line works from any folder
-    listed = [
-        _requested(word, (cwd or Path.cwd()).resolve(), "PACKAGES=") for word in shlex.split(packages or "")
-    ]
+    try:
+        words = shlex.split(packages or "")
+    except ValueError as exc:  # an unclosed quote: `PACKAGES="'six"`
+        raise UsageError(
+            f"PACKAGES={packages} cannot be split into packages",
+            why=f"{exc} (it is split like a shell command line)",
+            fix='close the quote, or drop it: PACKAGES="six numpy==1.26"',
+        ) from None
+    listed = [_requested(word, (cwd or Path.cwd()).resolve(), "PACKAGES=") for word in words]
     found += listed
     if not found:
         raise UsageError(

@@ -12,13 +12,13 @@ Rules (each leaves a note in the report so nothing is dropped silently):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from repro.core import records, shapes
 from repro.core.errors import UsageError
 from repro.core.evidence import as_evidence
 from repro.core.paths import confined
@@ -160,14 +160,8 @@ def load_folder(folder: Path, clean: Callable[[Any], Any] = _same) -> ResultsFol
             why="a results folder is what one `make repro` invocation writes",
             fix="pass folders under results/ (e.g. results/latest), or run `make repro` first",
         )
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:  # not JSON, not UTF-8, or nested past the parser
-        raise UsageError(
-            f"{path} is not valid JSON",
-            why="nested too deeply" if isinstance(exc, RecursionError) else str(exc),
-            fix="the invocation was probably killed while writing; re-run it",
-        ) from None
+    fix = "the invocation was probably killed while writing; re-run it"
+    data = records.read(path, "results file", fix=fix)
     if not isinstance(data, dict):
         raise _damaged(str(path), f"the file holds a JSON {type(data).__name__}, not an object")
     data = clean(data)
@@ -178,7 +172,7 @@ def load_folder(folder: Path, clean: Callable[[Any], Any] = _same) -> ResultsFol
             why=f"this report reads schema {SUPPORTED_SCHEMA}",
             fix="build the report with the tool version that wrote the results",
         )
-    inv_data = _typed(data, "invocation", dict, path)
+    inv_data = records.check(_typed(data, "invocation", dict, path), shapes.INVOCATION, path, "invocation")
     invocation = InvocationView(
         folder=folder,
         tool_version=str(data.get("tool_version") or "unknown"),
@@ -194,6 +188,7 @@ def load_folder(folder: Path, clean: Callable[[Any], Any] = _same) -> ResultsFol
     for env_id, env in _typed(data, "envs", dict, path).items():
         if not isinstance(env, dict) or not isinstance(env.get("pins") or {}, dict):
             raise _damaged(str(path), f'env {env_id!r} is not an object with a "pins" object')
+        records.check(env, shapes.ENV, path, f"envs[{env_id!r}]")
         artifacts = _artifacts(folder, env_id, env.get("artifacts"), notes)
         envs[env_id] = EnvInfo(
             id=env_id,

@@ -20,7 +20,7 @@ from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, InvocationView, Run
 from repro.report.per_env import EnvAnswer
 from repro.report.plots import Plot
-from repro.report.tables import COLUMNS, Row, md_escape, row_values
+from repro.report.tables import COLUMNS, Row, row_values
 from repro.report.timeline import Timeline
 from repro.report.verdicts import Finding
 
@@ -150,38 +150,9 @@ def _json_for_script(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _md_finalize(value: Any) -> Any:
-    """REPORT.md: every interpolated value is Markdown-escaped (no raw HTML from an env id or a
-    pin reaches a renderer) unless a filter already made it safe (`md`, `code`, `verbatim`)."""
-    if isinstance(value, Markup):
-        return str(value)
-    return md_escape(value if isinstance(value, str) else str(value))
-
-
-def _code_span(value: Any) -> Markup:
-    """A whole inline code span: its content is shown literally (no HTML, no Markdown), with a
-    fence of backticks longer than any run inside it and no line breaks."""
-    text = str(value).replace("\n", " ")
-    run = longest = 0
-    for ch in text:
-        run = run + 1 if ch == "`" else 0
-        longest = max(longest, run)
-    ticks = "`" * (longest + 1)
-    pad = " " if text.startswith("`") or text.endswith("`") else ""
-    return Markup(f"{ticks}{pad}{text}{pad}{ticks}")
-
-
-def _environment(autoescape: bool) -> jinja2.Environment:
-    env = templating.environment(TEMPLATES, autoescape=autoescape)
-    if autoescape:
-        env.filters["md"] = md_escape
-    else:
-        env.finalize = _md_finalize
-        env.filters["md"] = lambda text: Markup(md_escape(text))
-        env.filters["fence"] = lambda text: Markup(templating.fence(text))
-        env.filters["code"] = _code_span
-        # inside a code fence: shown literally, and the fence is longer than any backticks in it
-        env.filters["verbatim"] = Markup
+def _environment(target: templating.Target) -> jinja2.Environment:
+    # Every value is escaped for its target by the shared environment (repro.core.templating).
+    env = templating.environment(TEMPLATES, target=target)
     env.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
     env.globals.update(columns=COLUMNS, row_values=row_values)
     return env
@@ -221,7 +192,7 @@ def render_html(
 ) -> str:
     ctx = _context(merged, answers, rows, details, timelines, data, generated_at)
     ctx["data_json"] = Markup(_json_for_script(data))
-    return _environment(autoescape=True).get_template("report.html.j2").render(ctx)
+    return _environment(templating.Target.HTML).get_template("report.html.j2").render(ctx)
 
 
 def render_markdown(
@@ -237,4 +208,4 @@ def render_markdown(
     ctx = _context(merged, answers, rows, details, timelines, data, generated_at)
     ctx["data_json"] = json.dumps(summary_data(data), indent=1, sort_keys=True, allow_nan=False)
     ctx["plot_dir"] = plot_dir
-    return _environment(autoescape=False).get_template("REPORT.md.j2").render(ctx)
+    return _environment(templating.Target.MARKDOWN).get_template("REPORT.md.j2").render(ctx)

@@ -153,9 +153,3 @@ COLUMNS: Sequence[tuple[str, str]] = (
 def row_values(row: Row) -> list[str]:
     """Display values of the comparison columns, 'stock → fixed'."""
     return [pair_text(cell_field(row.stock, name), cell_field(row.fixed, name)) for name, _ in COLUMNS]
-
-
-def md_escape(text: str) -> str:
-    """Inline Markdown text: no cell breaks, no code spans, no raw HTML (GitHub would swallow tags)."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("`", "\\`")

@@ -7,12 +7,12 @@ Shape (written by the survey/bisect command):
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.core import records, shapes
 from repro.core.errors import UsageError
 
 TIMELINE_FILES = ("survey.json", "bisect.json")
@@ -52,16 +52,8 @@ def load_timelines(out_dir: Path) -> list[Timeline]:
         path = out_dir / name
         if not path.is_file():
             continue
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise UsageError(
-                f"{path} is not valid JSON",
-                why=str(exc),
-                fix="re-run the survey/bisect step, or remove the file",
-            ) from None
-        if not isinstance(data, Mapping):
-            raise UsageError(f"{path} is not a JSON object", fix="re-run the survey/bisect step")
+        fix = "re-run the survey/bisect step, or remove the file to build the report without it"
+        data = records.load(path, shapes.WALK, f"{path.stem} file", fix=fix)
         found.append(
             Timeline(
                 name, _rows(data, "change_points", CHANGE_KEYS, path), _rows(data, "probes", PROBE_KEYS, path)

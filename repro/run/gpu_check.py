@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro import __version__
-from repro.core import safe_write
+from repro.core import console, safe_write, shapes
+from repro.core import records as rec_files
 from repro.core.errors import DeviceUnavailableError, ReproError, UsageError
 from repro.core.results import RESULTS_FILE, utc_now
 from repro.matrix import compat
@@ -35,12 +36,14 @@ from repro.run.gpu_check_plan import (
 from repro.run.gpu_check_plan import plan as plan_steps
 from repro.workload import ds_config
 from repro.workload.closed import assert_never
-from repro.workload.record import read_json
 
 if TYPE_CHECKING:
     from repro.engines.base import Prepared
     from repro.matrix.model import Env, Matrix
     from repro.run.gpu_check_device import Device
+
+# Only the repro step's runs are read here (its whole results.json is checked when a report reads it).
+_RUNS_OF = rec_files.Shape((dict,), fields={"runs": shapes.RUNS})
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,8 @@ class _Runner:
             if kind is StepKind.HIDDEN:
                 return judge.hidden(code)
             results = out / RESULTS_FILE
-            runs = read_json(str(results)).get("runs", []) if results.is_file() else []
+            found = rec_files.load(results, _RUNS_OF, "results file") if results.is_file() else {}
+            runs = found.get("runs", [])
             return judge.repro(runs, code, self.gpus)
         if kind is StepKind.MICS_SMOKE:
             return self._smoke(step)
@@ -124,7 +128,7 @@ class _Runner:
                 f"the probe exited {code} (log: {out.with_suffix('.log')})",
                 {"exit_code": code},
             )
-        facts = read_json(str(out))
+        facts = rec_files.read(out, "probe facts")
         return judge.raw_torch(facts) if step.kind is StepKind.RAW_TORCH else judge.ds_gather(facts)
 
     def _smoke(self, step: Step) -> StepResult:
@@ -155,7 +159,7 @@ class _Runner:
             ]
             codes[patch] = self.device.smoke(self.prepared, argv, run_dir, step.timeout_s / 2)
             record = run_dir / "rank0.json"
-            records[patch] = read_json(str(record)) if record.is_file() else None
+            records[patch] = rec_files.read(record, "run record") if record.is_file() else None
         return judge.mics_smoke(records, codes)
 
 
@@ -164,7 +168,7 @@ def gpu_check(
     device: Device,
     matrix: Matrix,
     env_id: str | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = console.result,
 ) -> GpuCheck:
     # OUT= new, empty or an earlier gpu-check's: its files never mix with (or overwrite) the user's.
     folder = safe_write.claim_folder(folder, option="OUT", owned_by=(RESULT_FILE,))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from repro.core import console
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
@@ -370,7 +371,7 @@ def execute_job(
     env: Env,
     engine: Any,
     invocation: InvocationDir,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = console.result,
     resume: bool = False,
 ) -> list[RunRecord]:
     """Prepare the env once, run the command per patch, record every run. `resume` (RESUME=1):

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from repro.core import console
+from repro.core import console, records, shapes
 from repro.core.errors import ConfigError, UsageError
 from repro.core.results import InvocationDir
 from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
@@ -28,7 +28,6 @@ from repro.workload.record import (
     TRANSPORT_MODES,
     Outcome,
     RunRecord,
-    read_json,
 )
 from repro.workload.suite import LAUNCHERS, planned_keys
 
@@ -256,7 +255,10 @@ def _world_size(suite_args: Sequence[str]) -> int | None:
 
 
 def execute(
-    steps: Sequence[Step], engine: Engine, invocation: InvocationDir, say: Callable[[str], None] = print
+    steps: Sequence[Step],
+    engine: Engine,
+    invocation: InvocationDir,
+    say: Callable[[str], None] = console.result,
 ) -> list[RunRecord]:
     """Prepare and run every step; record each env's runs as soon as its suite ends."""
     for step in steps:
@@ -295,7 +297,9 @@ def _collect(
     timed_out: bool = False,
 ) -> None:
     suite_file = out / "suite.json"
-    suite: dict[str, Any] = read_json(str(suite_file)) if suite_file.exists() else {"runs": []}
+    suite: dict[str, Any] = (
+        records.load(suite_file, shapes.SUITE, "suite file") if suite_file.exists() else {"runs": []}
+    )
     info = {
         "platform": env.platform.value,
         "engine": engine,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from repro.core.printable import printable
 from repro.core.runs import world_size_text
 from repro.core.verdict import env_verdicts
 from repro.workload.record import RunRecord
@@ -27,6 +28,11 @@ COLUMNS = (
 
 
 def _cell(run: RunRecord, key: str) -> str:
+    # Escaped before it is cut to the column: a record's ESC or bidi character is shown, not acted on.
+    return printable(_value(run, key))
+
+
+def _value(run: RunRecord, key: str) -> str:
     if key == "ws":
         return world_size_text(run.get("world_size"))
     if key == "IllegalWork":
@@ -64,9 +70,10 @@ def verdict_lines(runs: Sequence[RunRecord]) -> list[str]:
 
 
 def render(runs: Sequence[RunRecord], results_dir: str) -> str:
+    results_dir = printable(results_dir)
     if not runs:
         return f"no runs were recorded (results folder: {results_dir})"
     parts = [table(runs), "", "verdict:"]
-    parts += [f"  {line}" for line in verdict_lines(runs)]
+    parts += [f"  {printable(line)}" for line in verdict_lines(runs)]
     parts += ["", f"results: {results_dir}/results.json"]
     return "\n".join(parts)

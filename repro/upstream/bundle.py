@@ -33,7 +33,7 @@ from typing import Any
 import jinja2
 
 from repro import __version__
-from repro.core import paths, templating
+from repro.core import console, paths, templating
 from repro.core.errors import BundleError, ReproError
 from repro.core.evidence import platform_mismatch
 from repro.core.makeline import make_line
@@ -268,13 +268,13 @@ def patch_text(version: str) -> tuple[str, str, str]:
 
 
 def _templates() -> jinja2.Environment:
-    return templating.environment(issue_comment.TEMPLATES)
+    return templating.environment(issue_comment.TEMPLATES, target=templating.Target.MARKDOWN)
 
 
 def make_bundle(
-    request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None] = print
+    request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None] = console.result
 ) -> BundleResult:
-    out = request.out
+    out = paths.check_output_folder(request.out)
     if out.exists() and any(out.iterdir()):
         raise BundleError(
             f"{out} already exists and is not empty",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from repro.core import console
 from repro.core.errors import BundleError
 
 # Paths (relative to the image root) that exist only to let the build reach PyPI through the host.
@@ -124,7 +125,7 @@ def import_changes(config: Mapping[str, Any], extra_labels: Mapping[str, str]) -
 
 
 def flatten(
-    client: Any, source: str, ref: str, workdir: Path, say: Callable[[str], None] = print
+    client: Any, source: str, ref: str, workdir: Path, say: Callable[[str], None] = console.result
 ) -> Flattened:
     """One-layer copy of `source` without BUILD_ONLY_PATHS, tagged `ref`."""
     started = time.monotonic()

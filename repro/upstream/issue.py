@@ -1,7 +1,9 @@
-"""ISSUE.md for the upstream tracker from a bisect or survey folder (`make issue RESULTS=...`).
+"""ISSUE.md for the upstream tracker from a results folder (`make issue RESULTS=...`).
 
 Read from the folder's bisect.json (a release bisect, a commit bisect, or a release bisect with
-its `commits`) or survey.json, and from the first bad probe's record (its stacks when it hung).
+its `commits`) or survey.json, else its results.json (a `make run`/`make repro` folder), and from
+the bad run's record (its job, its stacks when it hung). What the text says is decided in
+repro/upstream/issue_facts.py.
 Everything written passes through the bundle's scrubbing (repro.core.scrub): the folder's data is
 scrubbed as it is read, the finished text passes `hand_out` (refused when a secret survives), so no
 host paths, user names, host names or secrets reach the text; the folder's own path is <results>.
@@ -10,25 +12,28 @@ host paths, user names, host names or secrets reach the text; the folder's own p
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.core import safe_write, templating
+import jinja2
+
+from repro.core import records, safe_write, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.paths import confined
+from repro.core.runs import RunFinding
 from repro.core.scrub import Scrubber, hand_out
 from repro.upstream import issue_facts as facts
 from repro.upstream.issue_facts import as_dict
-from repro.core.runs import RunFinding
 from repro.workload.record import CUSTOM_SCENARIO
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ISSUE_FILE = "ISSUE.md"
 VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
+_STACKS = records.Shape((dict,), fields={"stacks": records.STR_MAP})
+MARKERS = {"bisect": "bisect.json", "survey": "survey.json", "run": "results.json"}
 
 
 @dataclass(frozen=True)
@@ -70,42 +75,37 @@ def _same(data: Any) -> Any:
     return data
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError) as exc:
-        raise UsageError(
-            f"{path} cannot be read as JSON",
-            why=str(exc)[:200],
-            fix="pass RESULTS= of a folder this tool wrote (make run, repro, survey or bisect)",
-        ) from None
-    if not isinstance(data, dict):
-        raise UsageError(
-            f"{path} does not hold a JSON object", fix="pass RESULTS= of a folder this tool wrote"
-        )
-    return data
-
-
 def _load(folder: Path) -> tuple[str, dict[str, Any]]:
     for kind in ("bisect", "survey"):
         path = folder / f"{kind}.json"
-        if path.is_file():
-            return kind, _read_json(path)
-    if (folder / "results.json").is_file():
-        return "run", _read_json(folder / "results.json")
+        if path.exists():
+            data: dict[str, Any] = records.load(path, shapes.WALK, f"{kind} file")
+            return kind, data
+    if (folder / "results.json").exists():
+        return "run", dict(records.load(folder / "results.json", shapes.RESULTS, "results file"))
     raise UsageError(
         f"{folder} holds none of bisect.json, survey.json or results.json",
         fix="pass RESULTS= of a `make run`, `make repro`, `make bisect` or `make survey` folder",
     )
 
 
+def _results(folder: Path) -> dict[str, Any]:
+    """A walk folder's results.json (its probes' records); {} when it is missing or damaged: the
+    walk's own file says what ISSUE.md needs, the records only add the job and the stacks."""
+    try:
+        return dict(records.load(folder / "results.json", shapes.RESULTS, "results file"))
+    except UsageError:
+        return {}
+
+
 def _record(folder: Path, rel: str | None) -> dict[str, Any]:
     path = confined(folder, rel) if rel else None
     if path is None or not path.is_file():
         return {}
+    # The record only adds the hung ranks' stacks: a damaged one is left out, not fatal.
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+        data = records.check(records.read(path, "run record"), _STACKS, path)
+    except UsageError:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -131,22 +131,13 @@ def _record_of(
 
 def _runs(folder: Path, kind: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The folder's records (results.json): a walk's probes made them too."""
-    results = data if kind == "run" else {}
-    if kind != "run" and (folder / "results.json").is_file():
-        try:
-            results = _read_json(folder / "results.json")
-        except UsageError:
-            results = {}
+    results = data if kind == "run" else _results(folder)
     runs = results.get("runs")
     return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
 
 
 def _engine_of(folder: Path, kind: str, data: Mapping[str, Any], env: str) -> str:
-    results = (
-        data
-        if kind == "run"
-        else (_read_json(folder / "results.json") if (folder / "results.json").is_file() else {})
-    )
+    results = data if kind == "run" else _results(folder)
     envs = as_dict(results.get("envs"))
     info = as_dict(envs.get(env))
     return str(info.get("engine") or "")
@@ -190,7 +181,8 @@ def _fix(version: str | None, twin: Mapping[str, Any] | None, try_line: str) -> 
     return {
         "patch_file": f"patches/{shipped.name}" if shipped and shipped.is_file() else "",
         "deepspeed": version or "",
-        "outcome": f"**{twin.get('outcome')}** ({twin.get('signature')})" if twin else "",
+        "outcome": str(twin.get("outcome") or "") if twin else "",
+        "signature": str(twin.get("signature") or "") if twin else "",
         "reason": " ".join(str((twin or {}).get("reason") or "").split())[:300],
         "try": "" if twin else try_line,
     }
@@ -356,14 +348,25 @@ def _plain(value: Any) -> Any:
 
 
 def render(folder: Path, scrubber: Scrubber) -> str:
-    env = templating.environment(TEMPLATES)
     paths: dict[str, str | Path] = {"<results>": folder.resolve()}
     repo = (context(folder)["commit"] or {}).get("ds_repo")
     if isinstance(repo, str) and repo.startswith("/"):  # a local checkout: where it is says nothing
         paths["<DS_REPO>"] = repo
-    scrubber = scrubber.with_paths(paths)
-    text = env.get_template("ISSUE.md.j2").render(**context(folder, scrubber.data))
-    return hand_out(text, scrubber, "ISSUE.md")
+    scrub = scrubber.with_paths(paths)
+    # The records are scrubbed as they are read, each value again before it is escaped for
+    # Markdown (a secret is matched as recorded, not in its escaped form), and the whole text
+    # passes the hand-out gate after, for what the template itself holds.
+    ctx = context(folder, scrub.data)
+    env = templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, clean=scrub.text)
+    try:
+        text = env.get_template("ISSUE.md.j2").render(**ctx)
+    except jinja2.UndefinedError as exc:  # every field is in the context (issue_facts): a bug here
+        raise UsageError(
+            f"{folder / MARKERS[ctx['kind']]} lacks a field ISSUE.md needs",
+            why=str(exc),
+            fix="write it again with this tool version, and report the field to its maintainers",
+        ) from None
+    return hand_out(text, scrub, "ISSUE.md")
 
 
 def write(folder: Path, scrubber: Scrubber, out: Path | None = None) -> Path:

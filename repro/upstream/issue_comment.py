@@ -227,13 +227,14 @@ def _backend(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def cell(value: object) -> str:
-    """Text safe inside a Markdown table cell."""
+    """A table cell's value on one line ("–" when there is none); the Markdown environment
+    escapes it like every value (repro.core.templating)."""
     text = "–" if value is None or value == "" else str(value)
-    return " ".join(text.split()).replace("|", "\\|")
+    return " ".join(text.split())
 
 
 def _environment() -> jinja2.Environment:
-    return templating.environment(TEMPLATES, filters={"cell": cell})
+    return templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, filters={"cell": cell})
 
 
 def render(data: IssueInput, *, artifact_limit: int | None = None) -> str:

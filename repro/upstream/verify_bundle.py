@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.core import console, records
 from repro.core.errors import BundleError, UsageError
 from repro.core.makeline import make_line
 from repro.core.paths import confined
@@ -44,7 +45,6 @@ from repro.upstream.bundle_manifest import (
     safe_relpath,
     suite_time_limit,
 )
-from repro.workload.record import read_json
 
 CONSENT_FLAG = "--allow-gpu-privileges"
 CONSENT_MAKE = "ALLOW_PRIVILEGES=1"
@@ -229,8 +229,8 @@ def _suite_output(suite_file: Path, env_id: str) -> tuple[list[Any], dict[str, s
     """Runs and artifacts from the container's suite.json; it was written inside the bundle's image,
     so only well-formed records and artifact paths inside the env's folder are taken."""
     try:
-        data = read_json(str(suite_file)) if suite_file.is_file() else {}
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested past the parser
+        data = records.read(suite_file, "suite file") if suite_file.is_file() else {}
+    except UsageError:  # not readable, too large, not UTF-8, not JSON, nested too deeply
         data = {}
     data = data if isinstance(data, dict) else {}
     runs = [r for r in data.get("runs") or [] if isinstance(r, dict)]
@@ -250,7 +250,7 @@ def verify(
     *,
     argv: Sequence[str] = (),
     engine_factory: Callable[[Any], Any] | None = None,
-    say: Callable[[str], None] = print,
+    say: Callable[[str], None] = console.result,
     connect: Callable[[], Any] | None = None,
     allow_privileges: bool = False,
     host: GpuHost | None = None,

@@ -5,10 +5,13 @@ runs the command with `bash -c` in WORKDIR, this interpreter's bin folder first 
 venv or image Python) and repro/workload/hook first on PYTHONPATH with the hook switched on
 (repro/workload/jobhook.py). Output goes to the terminal and OUT/job.log.
 
-A hang is a result, as for our own ranks (repro/workload/runner.py): when the job prints nothing
-and no DeepSpeed step touches the heartbeat for --stall-timeout seconds, or the --timeout is
-reached, every hooked Python process dumps its stack (SIGUSR1), then the process group and every
-process the hook saw are interrupted, terminated, killed. OUT/job.json says how it ended, with
+A hang is a result, as for our own ranks (repro/workload/runner.py): when the processes'
+collective records (the hook records every torch.distributed collective, repro/workload/
+collectives.py) prove a deadlock or show every rank stuck in a collective for longer than the job's
+own steps explain (repro/workload/hangwatch.py), when the job prints nothing and no DeepSpeed step
+touches the heartbeat for --stall-timeout seconds, or when the --timeout is reached, every
+hooked Python process dumps its stack (SIGUSR1), then the process group and every process the
+hook saw are interrupted, terminated, killed. OUT/job.json says how it ended, with
 the stacks, the processes that survived (none, normally) and the hook's reports; the host judges
 it (repro/workload/judge.py).
 """
@@ -31,7 +34,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from repro.workload import hookpth
+from repro.workload import collectives, hangwatch, hookpth
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
 from repro.workload.parentwatch import follow_tool
@@ -297,15 +300,22 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     detail = ""
     stacks: dict[str, str] = {}
     survivors: list[int] = []
+    watch = hangwatch.HangWatch(args.stall_timeout, floor_s=hangwatch.JOB_STALL_FLOOR_S)
     try:
         while proc.poll() is None:
-            quiet = time.time() - max(tee.last_output, _last_heartbeat(job_dir))
-            if time.monotonic() - start > args.timeout or quiet > args.stall_timeout:
-                detail = (
-                    f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
-                    if quiet > args.stall_timeout
-                    else f"exceeded the {args.timeout:g} s time limit"
-                )
+            beat = _last_heartbeat(job_dir)
+            quiet = time.time() - max(tee.last_output, beat)
+            views = hangwatch.read_views(os.path.join(job_dir, collectives.FOLDER), alive)
+            found = watch.observe(time.monotonic(), views, beat or None, tee.last_output)
+            if time.monotonic() - start > args.timeout or quiet > args.stall_timeout or found is not None:
+                if found is not None:
+                    detail = found.reason
+                elif quiet > args.stall_timeout:
+                    detail = (
+                        f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
+                    )
+                else:
+                    detail = f"exceeded the {args.timeout:g} s time limit"
                 status = "hung"
                 stacks = dump_stacks(job_dir)
                 spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), env.get("PATH"))

@@ -12,12 +12,15 @@ DeepSpeed's launcher children inherit them:
   MICS_REPRO_MASTER_PORT  the run's free rendezvous port (job.py), DeepSpeed's launcher default
   MICS_REPRO_JOB_DIR    where each process leaves pids/<pid> (after arming the stack dump on
                         SIGUSR1: stacks/<pid>.stack), heartbeat (touched after every DeepSpeed
-                        optimizer step) and hook/<pid>.json (what was installed, IllegalWork count,
-                        and `ran_on` once the process joined a process group)
+                        optimizer step), hook/<pid>.json (what was installed, IllegalWork count,
+                        and `ran_on` once the process joined a process group) and, once it calls
+                        a torch.distributed collective, collectives/<pid>.json (the record the
+                        job runner's hang watcher reads, repro/workload/collectives.py)
 
 Nothing runs at start that imports DeepSpeed or torch: the work waits for the process's own
 `import deepspeed` (a meta path finder wraps that one module's loader), so a command that never
-uses DeepSpeed is untouched apart from the SIGUSR1 handler.
+uses DeepSpeed is untouched apart from the SIGUSR1 handler and, once it imports torch itself, the
+record of its collectives (calls pass through unchanged; a job without DeepSpeed can hang too).
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ def activate(environ: Mapping[str, str]) -> None:
     if device == "cpu":
         _prepare_cpu_env()
     sys.meta_path.insert(0, _AfterImport("deepspeed", _on_deepspeed))
+    if job_dir:
+        sys.meta_path.insert(0, _AfterImport("torch", _on_torch))
     atexit.register(_write_report)
 
 
@@ -123,6 +128,19 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module: Any) -> None:
         self.inner.exec_module(module)
         self.callback(module)
+
+
+def _on_torch(torch: Any) -> None:
+    """Record every collective this process calls (record only, repro/workload/collectives.py)."""
+    job_dir = _STATE.get("job_dir")
+    if not job_dir:
+        return
+    from repro.workload import collectives
+
+    try:
+        _REPORT["collectives"] = collectives.install(os.path.join(job_dir, collectives.FOLDER))
+    except Exception as exc:  # noqa: BLE001 - never break the user's `import torch`
+        _REPORT["collectives_error"] = f"{type(exc).__name__}: {exc}"
 
 
 def _on_deepspeed(deepspeed: Any) -> None:

@@ -4,8 +4,10 @@ A run starts either under torchrun or, on CPU, forked from the suite's pre-impor
 (repro/workload/prefork.py): either way its ranks run repro.workload.train in a session of their
 own, which is what everything below relies on (signal the session, read the rank files).
 
-A hang is a result: when the run exceeds its time limit (or stops making progress), every rank's
-Python stack is dumped (the ranks register faulthandler on SIGUSR1), the whole process group is
+A hang is a result: when the run exceeds its time limit, stops making progress, or its ranks'
+collective records prove a deadlock (repro/workload/hangwatch.py: ranks of one group at the same
+position in different collectives; ends the run within seconds instead of the stall limit), every
+rank's Python stack is dumped (the ranks register faulthandler on SIGUSR1), the whole process group is
 stopped in three steps (interrupt, terminate, kill) and the record says `hung` with the stacks.
 Nothing is left running, also on Ctrl-C, SIGTERM or SIGHUP (see `install_stop_handlers`).
 """
@@ -23,6 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from repro.workload import collectives, hangwatch
 from repro.workload import record as rec
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
@@ -252,6 +255,11 @@ def install_stop_handlers() -> None:
             signal.signal(sig, handler)
 
 
+def collectives_dir(run_dir: str) -> str:
+    """Where the ranks record their collectives (repro/workload/collectives.py)."""
+    return os.path.join(run_dir, collectives.FOLDER)
+
+
 def _last_heartbeat(run_dir: str, since: float) -> float:
     beats = [os.path.getmtime(p) for p in glob.glob(os.path.join(run_dir, "rank*.heartbeat"))]
     return max(beats, default=since)
@@ -301,17 +309,23 @@ def launch(
                 status, proc.returncode, time.monotonic() - start, stacks or {}, detail, launcher, note
             )
 
+        watch = hangwatch.HangWatch(spec.stall_s)
         try:
             while proc.poll() is None:
                 now = time.monotonic()
                 beat = _last_heartbeat(spec.run_dir, wall_start)
                 stalled = beat > wall_start and time.time() - beat > spec.stall_s
-                if now - start > spec.timeout_s or stalled:
-                    detail = (
-                        f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
-                        if stalled
-                        else f"exceeded the {spec.timeout_s:g} s time limit"
-                    )
+                views = hangwatch.read_views(collectives_dir(spec.run_dir), alive)
+                found = watch.observe(now, views, beat if beat > wall_start else None)
+                if now - start > spec.timeout_s or stalled or found is not None:
+                    if found is not None:
+                        detail = found.reason
+                    elif stalled:
+                        detail = (
+                            f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
+                        )
+                    else:
+                        detail = f"exceeded the {spec.timeout_s:g} s time limit"
                     stacks = _dump_stacks(spec.run_dir)
                     _stop_group(proc, spec.run_dir)
                     return ended("hung", stacks, detail)

@@ -259,6 +259,12 @@ def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any])
     from repro.workload import logcount
 
     counter = logcount.install()
+    from repro.workload import collectives
+
+    # Record only (calls pass through unchanged): the runner's hang watcher reads these files.
+    # Before DeepSpeed's init_distributed: its TorchBackend binds reduce_scatter_tensor and
+    # all_gather_into_tensor once, when it is made.
+    collectives.install(os.path.join(args.run_dir, collectives.FOLDER))
     device = start_distributed(args, dtype, out)
     import deepspeed
     import torch.distributed as dist
