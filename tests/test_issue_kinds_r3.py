@@ -147,7 +147,8 @@ def commit_bisect(tmp_path: Path) -> Path:
     data = {
         "kind": "bisect", "axis": "deepspeed", "env": "cpu", "scenario": "mics-replica", "patch": "fixed",
         "bad_if": "failed", "status": "found", "first_bad": "0.19.3", "last_good": "0.19.2",
-        "evidence": {"first_bad": probe("0.19.3", "hung", "bad"), "last_good": probe("0.19.2", "clean", "good")},
+        "evidence": {"first_bad": probe("0.19.3", "hung", "bad"),
+                     "last_good": probe("0.19.2", "clean", "good")},
         "probes": [probe("0.19.2", "clean", "good"), probe("0.19.3", "hung", "bad")],
         "repro_command": "make repro ENV=cpu DEEPSPEED=0.19.3", "commits": commits,
     }  # fmt: skip

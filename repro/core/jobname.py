@@ -21,6 +21,8 @@ def short_command(command: str, width: int = SHORT_WIDTH) -> str:
 
 def job_label(command: str, job_id: str) -> str:
     """`torchrun --nproc_per_node 2 train.py` (job 7e5033f3247a): what a person recognises first."""
+    if not command.strip():
+        return f"job {job_id}"
     return f"`{short_command(command)}` (job {job_id})"
 
 

@@ -192,7 +192,7 @@ def _title(subject: str, axis: str, trans: facts.Transition, rows: Sequence[fact
     bad, good, word = trans.bad, trans.good, facts.AXIS_WORDS.get(axis, axis)
     if bad is None:
         span = f" in {word} {rows[0].version} .. {rows[-1].version}" if kind != "run" and rows else ""
-        return f"{subject}: not reproduced{span}"
+        return f"{subject}: the bug did not show{span}"
     said = f"{bad.outcome} ({bad.signature})"
     if kind == "run" or good is None or good.axis == "run":
         pins = ", ".join(f"{k} {v}" for k, v in bad.versions.items() if k in ("deepspeed", "torch") and v)
