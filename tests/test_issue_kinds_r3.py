@@ -261,3 +261,37 @@ def test_a_hang_through_the_cpu_adapter_is_explained(tmp_path: Path, job_folder:
     assert "CPU transport adapter" in text and "different collectives" in text
     assert "ranks 0, 1 in `all_reduce_coalesced`" in text
     assert "## The fix" not in text  # the replica hang is another bug; the fix is not its cure
+
+
+@pytest.mark.parametrize("how", ["outside", "link-out", "large"])
+def test_a_config_outside_the_job_folder_or_too_large_is_named_not_read(
+    how: str, tmp_path: Path, job_folder: Path
+) -> None:
+    secret = tmp_path / "elsewhere.json"
+    secret.write_text('{"not": "for the issue"}')
+    command = f"torchrun train.py --deepspeed {'../elsewhere.json' if how == 'outside' else 'ds_config.json'}"
+    if how == "link-out":
+        (job_folder / "ds_config.json").unlink()
+        (job_folder / "ds_config.json").symlink_to(secret)
+    if how == "large":
+        (job_folder / "ds_config.json").write_text(json.dumps({"pad": "x" * 5000}))
+    from repro.upstream.issue_facts import job_facts
+
+    facts = job_facts({"job": {"command": command, "workdir": str(job_folder), "job_id": "x"}})
+    assert facts is not None and facts.ds_config and facts.ds_config_text == ""
+    assert facts.ds_config_note  # says why it is not inlined
+
+
+def test_a_reproduce_line_keeps_no_host_path() -> None:
+    from repro.upstream.issue_facts import portable_line
+
+    line = (
+        "PYTHONPATH=/home/alice/deps make run ENV=cpu WORKDIR=/home/alice/job "
+        "REQUIREMENTS=/home/alice/job/reqs/r.txt 'CMD=torchrun train.py'"
+    )
+    out = portable_line(line, "/home/alice/job")
+    assert "/home" not in out
+    assert out == (
+        "PYTHONPATH=<as on your host> make run ENV=cpu WORKDIR=<your job folder> "
+        "REQUIREMENTS=<your job folder>/reqs/r.txt 'CMD=torchrun train.py'"
+    )
