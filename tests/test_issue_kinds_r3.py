@@ -295,3 +295,10 @@ def test_a_reproduce_line_keeps_no_host_path() -> None:
         "PYTHONPATH=<as on your host> make run ENV=cpu WORKDIR=<your job folder> "
         "REQUIREMENTS=<your job folder>/reqs/r.txt 'CMD=torchrun train.py'"
     )
+
+
+def test_an_interrupted_survey_says_so_and_how_to_go_on(tmp_path: Path, job_folder: Path) -> None:
+    text = issue.render(KINDS["interrupted-survey"](tmp_path, job_folder), scrubber())
+    unfinished = next(line for line in text.splitlines() if line.startswith("This survey did not finish"))
+    assert "make survey AXIS=deepspeed FROM=0.12.3 TO=0.13.1" in unfinished
+    assert "WORKDIR=<your job folder>" in unfinished

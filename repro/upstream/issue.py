@@ -326,7 +326,11 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
         "unfinished": bool(data.get("interrupted"))
         or data.get("status") == "in-progress"
         or bool(invocation.get("interrupted")),
-        "resume": facts.portable_line(str(data.get("resume_command") or ""), workdir),
+        # A bisect saves the narrowed range's line; a survey is run again (built envs are reused).
+        "resume": facts.portable_line(
+            str(data.get("resume_command") or (data.get("command") if kind == "survey" else "") or ""),
+            workdir,
+        ),
         "next": {
             "why": str(next_steps.get("why") or ""),
             "lines": [facts.portable_line(str(x), workdir) for x in next_steps.get("lines") or []],

@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,13 +98,13 @@ def row_of(raw: Mapping[str, Any], axis: str) -> Row:
         record=raw.get("record") if isinstance(raw.get("record"), str) else None,
         versions=dict(raw.get("versions") or {}) if isinstance(raw.get("versions"), Mapping) else {},
     )
-    return Row(**{**row.__dict__, "verdict": _verdict_of(raw, row.finding)})
+    return replace(row, verdict=_verdict_of(raw, row.finding))
 
 
 @dataclass(frozen=True)
 class Transition:
     """The change the issue is about: `good` (expected) and `bad` (what happens); either may be
-    missing. `older_bad`: the bad side is the older release (a fix, or a change between two bugs)."""
+    missing (no probe of that kind ran)."""
 
     bad: Row | None = None
     good: Row | None = None
