@@ -275,9 +275,16 @@ def test_a_config_outside_the_job_folder_or_too_large_is_named_not_read(
         (job_folder / "ds_config.json").symlink_to(secret)
     if how == "large":
         (job_folder / "ds_config.json").write_text(json.dumps({"pad": "x" * 5000}))
+    from repro.run.job import workdir_digest
     from repro.upstream.issue_facts import job_facts
 
-    facts = job_facts({"job": {"command": command, "workdir": str(job_folder), "job_id": "x"}})
+    job = {
+        "command": command,
+        "workdir": str(job_folder),
+        "job_id": "x",
+        "workdir_digest": workdir_digest(job_folder),
+    }
+    facts = job_facts({"job": job})
     assert facts is not None and facts.ds_config and facts.ds_config_text == ""
     assert facts.ds_config_note  # says why it is not inlined
 
@@ -302,3 +309,19 @@ def test_an_interrupted_survey_says_so_and_how_to_go_on(tmp_path: Path, job_fold
     unfinished = next(line for line in text.splitlines() if line.startswith("This survey did not finish"))
     assert "make survey AXIS=deepspeed FROM=0.12.3 TO=0.13.1" in unfinished
     assert "WORKDIR=<your job folder>" in unfinished
+
+
+def test_a_record_naming_another_folder_reads_nothing_from_it(tmp_path: Path) -> None:
+    """A results folder from elsewhere (or edited) may name any folder of this host as its job's:
+    without the run's digest, nothing of it (file names, a JSON config) reaches the text."""
+    from repro.upstream.issue_facts import job_facts
+
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "ds_config.json").write_text('{"token": "mine"}')
+    (private / "id_ed25519").write_text("key")
+    for digest in (None, "sha256:" + "0" * 64):
+        job = {"command": "python t.py --deepspeed ds_config.json", "workdir": str(private), "job_id": "x"}
+        facts = job_facts({"job": {**job, "workdir_digest": digest}})
+        assert facts is not None and facts.files == () and facts.ds_config_text == ""
+        assert "not the one the run used" in facts.files_note

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -197,7 +197,23 @@ def _inside(folder: Path, name: str) -> Path | None:
     return path
 
 
-def job_facts(record: Mapping[str, Any]) -> JobFacts | None:
+def _same_folder(workdir: Path, recorded: Any, digest: Callable[[Path], str]) -> bool:
+    if not isinstance(recorded, str) or not recorded or not workdir.is_dir():
+        return False
+    try:
+        return digest(workdir) == recorded
+    except OSError:
+        return False
+
+
+def _workdir_digest(folder: Path) -> str:
+    from repro.run.job import workdir_digest
+
+    return workdir_digest(folder)
+
+
+def job_facts(record: Mapping[str, Any], digest: Callable[[Path], str] = _workdir_digest) -> JobFacts | None:
+    """`digest`: the records' workdir digest (repro.run.job), which says the folder is the run's."""
     job = record.get("job")
     if not isinstance(job, Mapping) or not job.get("command"):
         return None
@@ -205,11 +221,19 @@ def job_facts(record: Mapping[str, Any]) -> JobFacts | None:
     workdir = Path(str(job.get("workdir") or "."))
     files: tuple[str, ...] = ()
     files_note = ""
+    # Read only the folder the run used: a results folder from elsewhere (or edited) could name any
+    # folder of this host, and its files would end up in a text meant for the public tracker.
+    same = _same_folder(workdir, job.get("workdir_digest"), digest)
     try:
         names = sorted(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in os.scandir(workdir))
-        files = tuple(names[:MAX_FILE_NAMES])
-        if len(names) > MAX_FILE_NAMES:
+        files = tuple(names[:MAX_FILE_NAMES]) if same else ()
+        if len(names) > MAX_FILE_NAMES and same:
             files_note = f"and {len(names) - MAX_FILE_NAMES} more"
+        if not same:
+            files_note = (
+                "not listed: the job folder here is not the one the run used, or changed since "
+                "(its digest differs from the record's)"
+            )
     except OSError:
         files_note = "the job folder is not on this host"
     reqs = as_dict(job.get("requirements"))
@@ -220,6 +244,8 @@ def job_facts(record: Mapping[str, Any]) -> JobFacts | None:
         path = _inside(workdir, config)
         if path is None:
             note = "outside the job folder: not read"
+        elif not same:
+            note = "not read: the job folder is not the one the run used, or changed since; attach it"
         elif not path.is_file():
             note = "not found in the job folder on this host"
         elif path.stat().st_size > SMALL_CONFIG_BYTES:
