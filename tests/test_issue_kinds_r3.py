@@ -325,3 +325,15 @@ def test_a_record_naming_another_folder_reads_nothing_from_it(tmp_path: Path) ->
         facts = job_facts({"job": {**job, "workdir_digest": digest}})
         assert facts is not None and facts.files == () and facts.ds_config_text == ""
         assert "not the one the run used" in facts.files_note
+
+
+def test_a_local_wheel_requirement_is_named_without_its_host_path(tmp_path: Path) -> None:
+    from repro.upstream.issue_facts import job_facts
+
+    work = tmp_path / "job"
+    work.mkdir()
+    lines = [f"{tmp_path}/wheels/dep-1.0-py3-none-any.whl", f"file://{work}/vendor/x.whl", "six==1.16.0"]
+    job = {"command": "python t.py", "workdir": str(work), "requirements": {"lines": lines}}
+    facts = job_facts({"job": job})
+    assert facts is not None
+    assert facts.packages == ("dep-1.0-py3-none-any.whl", "<your job folder>/vendor/x.whl", "six==1.16.0")

@@ -258,12 +258,27 @@ def job_facts(record: Mapping[str, Any], digest: Callable[[Path], str] = _workdi
         job_id=str(job.get("job_id") or ""),
         files=files,
         files_note=files_note,
-        packages=tuple(str(line) for line in reqs.get("lines") or ()),
+        packages=tuple(_portable_requirement(str(line), workdir) for line in reqs.get("lines") or ()),
         resolved=tuple(f"{k}=={v}" for k, v in sorted(added.items())),
         ds_config=config,
         ds_config_text=text,
         ds_config_note=note,
     )
+
+
+def _portable_requirement(line: str, workdir: Path) -> str:
+    """A requirement line without host paths: a local wheel or folder is named by its file name (in
+    the job folder: <your job folder>/...); the version the layer installed is listed apart."""
+    out = []
+    for token in line.split():
+        path = token.removeprefix("file://")
+        if path.startswith("/"):
+            try:
+                token = f"{JOB_FOLDER}/{Path(path).relative_to(workdir)}"
+            except ValueError:
+                token = Path(path).name
+        out.append(token)
+    return " ".join(out)
 
 
 def portable_line(line: str, workdir: str | None) -> str:
