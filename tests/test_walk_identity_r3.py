@@ -56,6 +56,7 @@ def test_a_bisect_of_the_users_command_names_it(tmp_path: Path) -> None:
     assert data["status"] == "found" and data["scenario"] == "custom"
     assert data["job"]["command"] == CMD
     assert data["command"].startswith("make bisect AXIS=deepspeed FROM=0.12.3 TO=0.13.1")
+    assert "SCENARIO=" not in data["command"]  # the user's command runs no scenario of ours
     assert not any("mics/stock" in line for line in lines)
 
 

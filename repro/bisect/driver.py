@@ -111,7 +111,7 @@ class ProbeOptions:
         return [
             ("ENV", env_id),
             ("ENGINE", self.engine),
-            ("SCENARIO", self.scenario),
+            ("SCENARIO", None if self.command else self.scenario),  # CMD= runs no scenario of ours
             ("PATCH", self.patch),
             ("DTYPE", self.dtype),
             ("TRANSPORT", None if self.transport == "async" else self.transport),
