@@ -12,10 +12,10 @@
 # the recipe line it is pasted into, and the second line runs as a command (`make list
 # MATRIX=$'x\ntouch /tmp/p #'`). Checked before anything else, on the raw text ($(value) expands
 # nothing), and only these: the environment itself legitimately holds multi-line variables.
-USER_VARIABLES := ALLOW_PRIVILEGES AXIS BAD BAD_IF BOOTSTRAP_PYTHON BUNDLE CMD COMMITS CONFIG \
+USER_VARIABLES := ALLOW_PRIVILEGES AUTHOR_EMAIL AUTHOR_NAME AXIS BAD BAD_IF BOOTSTRAP_PYTHON BRANCH BUNDLE CMD COMMITS CONFIG \
 	DEEPSPEED DEEPSPEED_COMMIT DEEPSPEED_SRC DEVICES DRY_RUN DS_REPO DTYPE ENGINE ENV EVERY FORCE FROM \
-	GOOD GZIP_LEVEL IMAGE JOBS LAUNCHER LAYOUT LOSS_REGEX MATRIX NETWORK NO_SYNC_PROOF OUT PACKAGES \
-	PARALLEL PATCH PRERELEASES PYTEST_ARGS PYTHON PYTHON_VENV QUIET REFERENCE REFRESH_VERSIONS \
+	GOOD GZIP_LEVEL IMAGE JOBS KEEP LAUNCHER LAYOUT LOSS_REGEX MATRIX NETWORK NO_SYNC_PROOF OUT PACKAGES \
+	PARALLEL PATCH PRERELEASES PYTEST_ARGS PYTHON PYTHON_VENV QUIET REF REFERENCE REFRESH_VERSIONS \
 	REQUIREMENTS RESULTS RESUME RUNNER SCENARIO SCENARIOS SLURM_GPUS_PER_TASK SLURM_PARTITION \
 	SLURM_TIME STALL_TIMEOUT STEPS TIMEOUT TO TORCH TRANSPORT VERBOSE VERSIONS WORKDIR WORLD_SIZE
 define _newline
@@ -70,7 +70,7 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 # Every target that runs Python needs the host side set up first (nothing to do with PYTHON=).
 help list build repro check-fix matrix report base-image test test-unit test-fast lint bench clean: $(HOST_PYTHON_READY)
 gpu-check: $(HOST_PYTHON_READY)
-bisect survey probe bundle verify-bundle cluster pr-regression issue: $(HOST_PYTHON_READY)
+bisect survey probe bundle verify-bundle cluster pr-regression pr issue: $(HOST_PYTHON_READY)
 run shell: $(HOST_PYTHON_READY)
 venv: $(HOST_PYTHON_READY)
 
@@ -106,6 +106,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 #>   make verify-bundle   load a bundle and rerun it offline against its manifest [BUNDLE=]
 #>   make cluster         Slurm/Apptainer and torchrun launchers for a multi-node run [OUT= LAYOUT=]
 #>   make pr-regression   the PR's regression test: fails on stock, passes patched
+#>   make pr              the fix as a branch of your DeepSpeed clone + patch + PR text [DS_REPO= REF=]
 #>   make bench           time one env warm: suite under torchrun and prefork, a probe, reuse
 #>   make test            every test tier this host can run [PYTEST_ARGS=]
 #>   make test-unit       the fast tier only (fakes, no Docker, no torch)
@@ -221,7 +222,7 @@ probe:
 
 # Hand-off (repro/cli/upstream_commands.py): a bundle for maintainers, its offline check, cluster scripts,
 # and the DeepSpeed-style regression test of the fix (fails on stock, passes patched).
-.PHONY: bundle verify-bundle cluster pr-regression issue
+.PHONY: bundle verify-bundle cluster pr-regression pr issue
 # ISSUE.md for the upstream tracker from a bisect or survey folder (scrubbed like a bundle).
 issue:
 	$(REPRO) issue $(call flag,RESULTS,results) $(call flag,OUT,out)
@@ -238,6 +239,12 @@ cluster:
 
 pr-regression:
 	$(REPRO) pr-regression $(call flag,PYTHON_VENV,python) $(call flag,TRANSPORT,transport)
+
+# The fix as a branch of your DeepSpeed clone, plus the patch and PR_DESCRIPTION.md in OUT (never pushes):
+#   make pr DS_REPO=~/DeepSpeed [REF=master] [BRANCH=mics-coalesced-wait] [OUT=dir] [KEEP=1] [AUTHOR_NAME= AUTHOR_EMAIL=]
+pr:
+	$(REPRO) pr $(call flag,DS_REPO,ds-repo) $(call flag,REF,ref) $(call flag,BRANCH,branch) $(call flag,OUT,out) \
+		$(if $(call yes,KEEP),--keep) $(call flag,AUTHOR_NAME,author-name) $(call flag,AUTHOR_EMAIL,author-email)
 
 # Your own command in an env, stock and fixed, judged from its own output (docs/own-job.md;
 # repro/cli/job_commands.py). CMD (and LOSS_REGEX) are passed as written, in single quotes: it may

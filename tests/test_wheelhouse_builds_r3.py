@@ -123,3 +123,12 @@ def test_a_build_line_torch_did_not_write_is_a_problem() -> None:
     assert build_problem(env, "") is not None
     assert build_problem(env, "2.1.0+cu121 - 12.1") is None
     assert build_problem(env, "2.1.0 - 12.1") is not None  # PyPI's build, not the cu121 index's
+
+
+def test_pypis_own_torch_may_report_a_label_its_file_name_lacks() -> None:
+    # PyPI's torch-2.1.0-cp311-...-manylinux1_x86_64.whl (what `torch===2.1.0` installs for the cpu
+    # env) says torch.__version__ == "2.1.0+cu121": a CUDA build, the right one for that pin.
+    cpu = load_matrix().get("cpu")
+    assert build_problem(cpu, "2.1.0+cu121 - 12.1") is None
+    assert build_problem(cpu, "2.2.0+cu121 - 12.1") is not None  # another release all the same
+    assert build_problem(cpu, "2.1.0+rocm5.6 5.6.31061 -") is not None  # a ROCm build is not it

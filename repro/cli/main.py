@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "repro.cli.run_commands",
     "repro.cli.bisect_commands",
     "repro.cli.upstream_commands",
+    "repro.cli.pr_commands",
     "repro.cli.maintenance_commands",
     "repro.cli.job_commands",
     "repro.cli.gpu_check_commands",

@@ -66,14 +66,22 @@ def cmd_build(args: argparse.Namespace) -> int:
     steps = plan(matrix, request_from_args(args, matrix.default_id))
     if args.dry_run:
         from repro.engines.docker.buildplan import dry_run_text
+        from repro.engines.venv.engine import dry_run_text as venv_dry_run_text
 
         for step in steps:
             console.result(dry_run_text(step.env))
+            console.result(venv_dry_run_text(step.env))
         return 0
+    from dataclasses import replace
+
+    from repro.engines.base import as_built
+
     engine = _engine(args.engine)
-    console.info(describe(steps, engine.describe()))
     for step in steps:
         engine.preflight(step.env)
+    steps = [replace(step, env=as_built(engine, step.env)) for step in steps]
+    console.info(describe(steps, engine.describe()))
+    for step in steps:
         prepared = engine.prepare(step.env)
         console.info(f"{step.env.id}: {'reused' if prepared.reused else 'built'} {prepared.label}")
     return 0

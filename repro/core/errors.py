@@ -158,3 +158,9 @@ class Interrupted(ReproError):
     """Ctrl-C: what finished was saved; the message says how to resume."""
 
     exit_code = 130
+
+
+class FixDoesNotApplyError(ReproError):
+    """`make pr`: the fix cannot be spliced into DeepSpeed at REF (names the file and line)."""
+
+    exit_code = 23

@@ -10,7 +10,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from repro.core import paths
 from repro.core.errors import UsageError
@@ -84,3 +84,16 @@ class Engine(Protocol):
     ) -> SuiteRun:
         """Run `python -m repro.workload.suite *args --out ...`; results land in `out_dir`."""
         ...
+
+
+@runtime_checkable
+class ResolvesEnv(Protocol):
+    """An engine whose environment may differ from the env's image (the venv engine: the host's
+    Python, and pins chosen for it): the plan holds the env as that engine will build it."""
+
+    def resolve_env(self, env: Env) -> Env: ...
+
+
+def as_built(engine: object, env: Env) -> Env:
+    """`env` as `engine` will build it (unchanged for an engine that builds the image's)."""
+    return engine.resolve_env(env) if isinstance(engine, ResolvesEnv) else env

@@ -78,11 +78,12 @@ def check_python(env: Env, python_version: str, python_path: str) -> None:
     if low <= have <= high:
         return
     direction = "too new" if have > high else "too old"
+    want = env.python_to_install()
     raise PythonVersionError(
         f"Python {python_version} ({python_path}) is {direction} for torch {env.torch}",
         why=f"torch {env.torch} publishes wheels for CPython {_fmt(low)} to {_fmt(high)} only",
-        fix=f"install Python {env.python} (e.g. `apt-get install python{env.python}` or `pyenv install "
-        f"{env.python}`) and pass `--python /path/to/python{env.python}` or set MICS_REPRO_PYTHON; "
+        fix=f"install Python {want} (`uv python install {want}`, or your distribution's python{want}) and "
+        f"rerun with MICS_REPRO_PYTHON=$(uv python find {want}) (or --python /path/to/python{want}); "
         "or use ENGINE=docker, whose image brings its own Python",
     )
 

@@ -49,6 +49,11 @@ def build_problem(env: Env, build_line: str) -> str | None:
     want = env.torch_version()
     if wrong:
         return f"torch {version} is {kind}, not the {platform.label} build the env {env.id} pins"
+    # PyPI's wheels carry no label in their file name (which the pin `torch===X` matches), yet some
+    # report one: PyPI's torch 2.1.0 for Linux says "2.1.0+cu121". There only the public version
+    # can be compared; the hip/cuda check above already tells the platform.
+    if want is not None and "+" not in want:
+        version = version.split("+")[0]
     if want is not None and version != want:
         return f"torch {version} is installed ({kind}), the env {env.id} pins torch {want}"
     return None

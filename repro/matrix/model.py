@@ -32,6 +32,7 @@ __all__ = [
     "Matrix",
     "PinTables",
     "Platform",
+    "PythonChoice",
 ]
 
 DEFAULT_MATRIX = paths.DEFAULT_MATRIX
@@ -85,6 +86,16 @@ class PinTables:
     def version(self, package: str, python: str) -> str:
         return self.pins_for_python.get(python, {}).get(package, self.pins[package])
 
+    def oldest_python(self) -> str | None:
+        """The oldest Python the tables have pins for: the oldest [pins_for_python] table. [pins]
+        itself holds the newest releases, which need a newer Python, so an older one would be sent
+        to pip with versions that do not install there (it fails as a misleading download error)."""
+        return min(self.pins_for_python, key=_py_tuple, default=None)
+
+    def serves(self, python: str) -> bool:
+        oldest = self.oldest_python()
+        return oldest is None or _py_tuple(python) >= _py_tuple(oldest)
+
     def numpy(self, torch: str, python: str) -> str:
         below = tuple(int(p) for p in self.numpy1_below_torch.split("."))
         if tuple(int(p) for p in compat.minor(torch).split(".")) < below:
@@ -100,6 +111,37 @@ class PinTables:
                 out.add(name)
                 todo.extend(self.pin_requires.get(name, ()))
         return tuple(sorted(out))
+
+
+def _py_tuple(python: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in python.split("."))
+
+
+@dataclass(frozen=True)
+class PythonChoice:
+    """The Python a venv of an env is made with, why, and the pins that differ from the image's
+    for it (chosen from [pins_for_python], never asked of the network)."""
+
+    python: str  # major.minor the pins are for
+    image_python: str  # the env's `python` in envs.toml (its Docker image's)
+    changed: tuple[tuple[str, str, str], ...] = ()  # (package, image's pin, this Python's pin)
+    why: str = ""  # which interpreter it is and why it was picked (the venv engine says)
+
+    def describe(self) -> str:
+        text = f"Python {self.python}"
+        if self.why:
+            text += f" ({self.why})"
+        if self.python == self.image_python:
+            return text + ": the env's own Python, its pins as listed"
+        if not self.changed:
+            return (
+                text + f"; the env's image uses {self.image_python}, and its pins hold for {self.python} too"
+            )
+        moves = ", ".join(f"{name} {old} -> {new}" for name, old, new in self.changed)
+        return (
+            text + f"; the env's image uses {self.image_python}, so the pins are chosen for {self.python}: "
+            f"{moves} (env_matrix/envs.toml [pins_for_python])"
+        )
 
 
 @dataclass(frozen=True)
@@ -120,10 +162,66 @@ class Env:
     tooling: tuple[str, ...] = ()  # pip, setuptools, wheel
     deepspeed_deps: tuple[str, ...] = ()  # DeepSpeed's runtime deps and their closure, all pinned
     uncertain: tuple[str, ...] = field(default=(), compare=False)  # facts this env rests on unchecked
+    # The version tables the pins were computed from, so a venv on another Python recomputes them
+    # (for_python); None for an Env made by hand, which then keeps its pins.
+    tables: PinTables | None = field(default=None, compare=False, repr=False)
+    python_choice: PythonChoice | None = field(default=None, compare=False)  # set by for_python
 
     @property
     def is_derived(self) -> bool:
         return self.derived_from is not None
+
+    @property
+    def image_python(self) -> str:
+        return self.python_choice.image_python if self.python_choice else self.python
+
+    def pythons(self) -> tuple[str, ...] | None:
+        """Every CPython major.minor a venv of this env may be made with: torch has wheels for it
+        (repro/matrix/compat.py) and the pin tables have versions for it. None: torch's range is
+        not in the table (left to pip)."""
+        span = compat.torch_pythons(self.torch)
+        if span is None:
+            return None
+        low, high = _py_tuple(span[0]), _py_tuple(span[1])
+        minors = (f"{low[0]}.{m}" for m in range(low[1], high[1] + 1))
+        return tuple(p for p in minors if self.tables is None or self.tables.serves(p))
+
+    def accepts(self, python: str) -> bool:
+        """Whether a venv of this env may be made with CPython `python` (see pythons()); with
+        torch's range unknown, only the pin tables decide."""
+        accepted = self.pythons()
+        if accepted is not None:
+            return python in accepted
+        return self.tables is None or self.tables.serves(python)
+
+    def python_to_install(self) -> str:
+        """The Python to suggest when the host has none of pythons(): the image's, the one the
+        pins were made and checked with, unless it is not accepted (then the newest that is)."""
+        accepted = self.pythons()
+        if not accepted or self.image_python in accepted:
+            return self.image_python
+        return accepted[-1]
+
+    def for_python(self, python: str, why: str = "") -> Env:
+        """This env for a venv made with CPython `python` ("3.9"): the same torch and DeepSpeed,
+        every other pin chosen for that Python from the tables. `why` says which interpreter."""
+        image = self.image_python
+        if python != self.python and self.tables is not None and not self.accepts(python):
+            raise no_usable_python(self, f"Python {python}{f' ({why})' if why else ''}")
+        moved = self._repinned(python)
+        base = moved if python == image else self._repinned(image)
+        mine, theirs = moved.package_pins(), base.package_pins()
+        changed = tuple((n, theirs[n], v) for n, v in sorted(mine.items()) if theirs.get(n, v) != v)
+        return replace(moved, python_choice=PythonChoice(python, image, changed, why))
+
+    def _repinned(self, python: str) -> Env:
+        if self.tables is None or python == self.python:
+            return self  # no tables (an Env made by hand): its pins stay as given
+        own = tuple(p for p in self.extra_pins if not p.startswith("numpy=="))
+        tooling, extra, deps = compute_pins(
+            self.tables, self.platform, python, self.torch, self.deepspeed, own
+        )
+        return replace(self, python=python, tooling=tooling, extra_pins=extra, deepspeed_deps=deps)
 
     def torch_requirements(self) -> list[str]:
         return [compat.torch_spec(self.torch, self.torch_index), *self.extra_pins]
@@ -184,6 +282,26 @@ class Env:
 
     def image_tag(self) -> str:
         return f"mics-repro:{_TAG_UNSAFE.sub('-', self.id)}-{self.pins_key()}"
+
+
+def no_usable_python(env: Env, found: str) -> PythonVersionError:
+    """No interpreter on this host can hold `env`'s venv: which Python to install, and how."""
+    accepted = env.pythons() or ()
+    want = env.python_to_install()
+    span = compat.torch_pythons(env.torch)
+    torch_range = (
+        f"torch {compat.minor(env.torch)} has wheels for CPython {span[0]} to {span[1]}" if span else ""
+    )
+    oldest = env.tables.oldest_python() if env.tables else None
+    pins_range = f"the pins in env_matrix/envs.toml start at Python {oldest}" if oldest else ""
+    return PythonVersionError(
+        f"no usable Python for env {env.id} (torch {env.torch} and its pins): {found}",
+        why="; ".join(p for p in (torch_range, pins_range) if p)
+        + (f"; accepted: {', '.join(accepted)}" if accepted else ""),
+        fix=f"install Python {want} (`uv python install {want}`, or your distribution's python{want}) and "
+        f"rerun with MICS_REPRO_PYTHON=$(uv python find {want}) (or --python /path/to/python{want}); "
+        "or use ENGINE=docker, whose image brings its own Python",
+    )
 
 
 def named_dockerfile(env_id: str) -> str:

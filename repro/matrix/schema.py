@@ -237,6 +237,13 @@ def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> En
     torch = checker.version(env_id, "torch", text["torch"])
     deepspeed = checker.version(env_id, "deepspeed", text["deepspeed"])
     _check_base_image(checker, env_id, text["base_image"])
+    if python and not tables.serves(python):
+        checker.add(
+            env_id,
+            "python",
+            f"the pins have no versions for Python {python}: [pins_for_python] starts at "
+            f"{tables.oldest_python()} (add a table for {python} with the releases that support it)",
+        )
     if torch and python and compat.torch_supports_python(torch, python) is False:
         low, high = compat.torch_pythons(torch) or ("?", "?")
         checker.add(env_id, "python", f"torch {torch} has no wheels for Python {python} ({low} to {high})")
@@ -268,6 +275,7 @@ def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> En
         dockerfile=named_dockerfile(env_id),
         tooling=tooling,
         deepspeed_deps=deps,
+        tables=tables,
     )
 
 

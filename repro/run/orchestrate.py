@@ -246,6 +246,8 @@ def describe(steps: Sequence[Step], engine_label: str) -> str:
         pins = ", ".join(f"{k}={v}" for k, v in env.pins().items())
         derived = f", derived from {env.derived_from}" if env.derived_from else ""
         lines.append(f"env {env.id} ({env.platform.value}{derived}): {pins}")
+        if env.python_choice is not None:
+            lines.append(f"  {env.id}: {env.python_choice.describe()}")
     return "\n".join(lines)
 
 

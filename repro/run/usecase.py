@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from repro.core.results import (
     point_latest,
 )
 from repro.core.verdict import FixCheck, check_fix
+from repro.engines.base import as_built
 from repro.engines.preflight import check_world_size
 from repro.run.orchestrate import (
     Request,
@@ -89,18 +90,23 @@ def run_request(
     steps = plan(matrix or load_matrix(target.matrix), request)
     if target.dry_run:
         from repro.engines.docker.buildplan import dry_run_text
+        from repro.engines.venv.engine import dry_run_text as venv_dry_run_text
 
         console.result(describe(steps, "(dry run: no engine chosen)"))
         for step in steps:
-            # README promises the build args and run flags too (ENGINE=docker's; a venv gets the
-            # same pins and the same host variables).
+            # README promises the build args and run flags too (ENGINE=docker's), and what a venv
+            # here would hold instead: its Python is the host's, and its pins are chosen for it.
             console.result(dry_run_text(step.env))
+            console.result(venv_dry_run_text(step.env))
             console.result(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
         return []
     engine = engine_for(target.engine)
     for step in steps:  # missing devices / daemon / Python / too many ranks: before any folder exists
         engine.preflight(step.env)
         check_world_size(step.env, request.world_size)
+    # The venv engine's Python picks the pins (Env.for_python): the preamble and results.json say
+    # what the venv holds, not what the image would.
+    steps = [replace(step, env=as_built(engine, step.env)) for step in steps]
     all_steps = steps
     resumed = _resumable(target)
     if resumed is not None:

@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,12 +43,14 @@ from repro.engines.venv.layer import (
 )
 from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, venv_argv
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
+from repro.matrix.model import no_usable_python
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
 
 MARKER = "mics-repro-venv.json"
 SUITE_LOG = "engine.log"
+_VERSION = re.compile(r"^3\.\d+\.\d+\S*$")
 _VERSION_PROBE = "import sys; print('.'.join(map(str, sys.version_info[:3])))"
 
 
@@ -118,7 +120,9 @@ class VenvEngine:
         root: Path | None = None,
         wheelhouse: Wheelhouse | None = None,
         repo_root: Path = REPO_ROOT,
+        probe: Callable[[str], Interpreter] | None = None,
     ) -> None:
+        self.probe = probe or _probe  # an interpreter's path -> its version
         self.python_override = python or os.environ.get("MICS_REPRO_PYTHON") or None
         self.root = root if root is not None else venv_root()
         self.wheelhouse = wheelhouse if wheelhouse is not None else Wheelhouse()
@@ -132,33 +136,43 @@ class VenvEngine:
 
     # -- interpreter -------------------------------------------------------------------------
     def interpreter(self, env: Env) -> Interpreter:
-        """The override if given, else this Python, else `python<env.python>` from PATH.
+        """The override if given, else this Python, else `python<X.Y>` from PATH for each Python
+        the env accepts (its image's first): the first one torch has wheels for and the pin tables
+        have versions for (Env.pythons).
 
-        The venv is made from this interpreter and the wheelhouse downloads for it (prepare), so
-        the two always agree: e.g. rocm56 (Python 3.9 in its image) gets a Python 3.10 venv on an
-        Ubuntu 22.04 host, as torch 2.1.0+rocm5.6 has cp38-cp311 wheels."""
-        default = [sys.executable, f"python{env.python}"]
+        The venv is made from this interpreter, its pins are chosen for it (resolve_env) and the
+        wheelhouse downloads for it (prepare), so the three always agree: e.g. rocm56 (Python 3.9
+        in its image) gets a Python 3.10 venv with 3.10's pins on an Ubuntu 22.04 host, and cuda
+        (3.10 in its image) a 3.9 venv with 3.9's pins on Rocky 9."""
+        accepted = env.pythons()
+        image = env.image_python
+        others = sorted((p for p in accepted or () if p != image), key=_pair, reverse=True)
+        default = [sys.executable, *(f"python{p}" for p in (image, *others))]
         candidates = [self.python_override] if self.python_override else default
         seen: list[Interpreter] = []
+        broken: list[str] = []
         for name in candidates:
             assert name is not None
             path = shutil.which(name)
-            if path is None:
+            if path is None or any(s.path == path for s in seen):
                 continue
-            found = _probe(path)
-            rng = preflight.python_range(env.torch)
-            if self.python_override or rng is None or rng[0] <= _pair(found.minor) <= rng[1]:
+            try:
+                found = self.probe(path)
+            except PythonVersionError as exc:
+                if self.python_override:
+                    raise
+                broken.append(f"{path} did not answer as a CPython 3 ({exc.why or exc.what})")
+                continue  # a broken python3.X on PATH must not hide a working one after it
+            if self.python_override or env.accepts(found.minor):
                 if self.python_override:
                     why = "given by --python/MICS_REPRO_PYTHON"
                 elif seen:
                     why = (
-                        f"{seen[0].path} is Python {seen[0].version}, which torch {env.torch} has no "
-                        "wheels for"
+                        f"{seen[0].path} is Python {seen[0].version}, which torch {env.torch} with "
+                        "its pins cannot use"
                     )
                 else:
-                    why = f"the Python running this tool; torch {env.torch} has wheels for it"
-                if found.minor != env.python:
-                    why += f" (the env's images use Python {env.python})"
+                    why = f"the Python running this tool; torch {env.torch} and its pins exist for it"
                 return replace(found, why=why)
             seen.append(found)
         if self.python_override:
@@ -166,23 +180,25 @@ class VenvEngine:
                 f"the Python given by --python/MICS_REPRO_PYTHON ({self.python_override}) was not found",
                 fix="pass the path of an installed interpreter",
             )
-        if seen:
-            preflight.check_python(env, seen[0].version, seen[0].path)
-        raise PythonVersionError(
-            "no Python interpreter found on PATH",
-            fix=f"install Python {env.python} and pass --python or set MICS_REPRO_PYTHON",
-        )
+        raise no_usable_python(env, _found_text(seen, accepted or (), broken))
 
-    def preflight(self, env: Env) -> None:
+    def resolve_env(self, env: Env) -> Env:
+        """`env` as its venv here holds it: pins for the interpreter the venv is made with, and
+        which Python that is and why (Env.python_choice, which the preamble prints)."""
         interp = self.interpreter(env)
         preflight.check_python(env, interp.version, interp.path)
-        preflight.check_devices(env)
+        return env.for_python(interp.minor, why=f"{interp.path}, {interp.version}: {interp.why}")
+
+    def preflight(self, env: Env) -> None:
+        preflight.check_devices(self.resolve_env(env))
 
     # -- prepare -----------------------------------------------------------------------------
     def prepare(self, env: Env) -> Prepared:
         interp = self.interpreter(env)
         preflight.check_python(env, interp.version, interp.path)
-        console.info(f"venv: Python {interp.version} ({interp.path}): {interp.why}")
+        env = env.for_python(interp.minor, why=f"{interp.path}, {interp.version}: {interp.why}")
+        assert env.python_choice is not None
+        console.info(f"venv: {env.python_choice.describe()}")
         want = VenvMarker(env.id, env.pins(), interp.minor)
         final = self.venv_dir(env)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -232,6 +248,8 @@ class VenvEngine:
 
     def _prepared(self, env: Env, venv: Path, *, reused: bool, marker: VenvMarker | None = None) -> Prepared:
         details = {"python": str(venv / "bin" / "python"), "platform": env.platform.value}
+        if env.python_choice is not None:  # gpu-check's build step records which Python and why
+            details["python_choice"] = env.python_choice.describe()
         label = str(venv)
         if marker is not None and marker.layered_on:
             details["layered_on"] = str(marker.layered_on["venv"])
@@ -514,6 +532,21 @@ class VenvEngine:
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, out_dir / "job.log")
 
 
+def dry_run_text(env: Env, engine: VenvEngine | None = None) -> str:
+    """What ENGINE=venv would build for `env` on this host (DRY_RUN): which Python and why, and
+    the pins that differ from the image's; or why no Python here can hold it, and what to do."""
+    try:
+        built = (engine or VenvEngine(probe=_probe_known_first)).resolve_env(env)
+    except PythonVersionError as exc:
+        lines = [
+            f"venv (ENGINE=venv): {exc.what}",
+            *(f"  {k}: {v}" for k, v in (("why", exc.why), ("fix", exc.fix)) if v),
+        ]
+        return "\n".join(lines)
+    assert built.python_choice is not None
+    return f"venv (ENGINE=venv): {built.python_choice.describe()}"
+
+
 _ERROR_LINE = re.compile(r"^\s*(\w+(\.\w+)*(Error|Exception)\b.*|ERROR: .*)$")
 
 
@@ -526,16 +559,41 @@ def pip_error(text: str, lines: int = 20) -> str:
     return f"{tail}\n{cause}" if cause else (tail or "see the output above")
 
 
+def _found_text(seen: Sequence[Interpreter], accepted: Sequence[str], broken: Sequence[str] = ()) -> str:
+    """What the search found, for the error that says which Python to install instead."""
+    if not seen and not broken:
+        return "no python" + "/".join(accepted) + " on PATH"
+    parts = list(broken)
+    for interp in seen:
+        direction = "too new" if accepted and _pair(interp.minor) > _pair(accepted[-1]) else "too old"
+        parts.append(f"{interp.path} is Python {interp.version}, {direction}")
+    return "; ".join(parts)
+
+
 def _pair(minor: str) -> tuple[int, int]:
     a, b = minor.split(".")[:2]
     return int(a), int(b)
+
+
+def _probe_known_first(path: str) -> Interpreter:
+    """_probe, with this tool's own Python known without a process (a dry run starts none for it)."""
+    if os.path.realpath(path) == os.path.realpath(sys.executable):
+        return Interpreter(path, ".".join(map(str, sys.version_info[:3])))
+    return _probe(path)
 
 
 def _probe(path: str) -> Interpreter:
     result = cmd.run([path, "-c", _VERSION_PROBE], capture=True, echo=False)
     if not result.ok:
         raise PythonVersionError(f"could not run {path}", why=result.tail())
-    return Interpreter(path, result.stdout.strip())
+    version = result.stdout.strip()
+    if not _VERSION.match(version):  # a wrapper script or another program: its pins cannot be chosen
+        raise PythonVersionError(
+            f"{path} is not a CPython interpreter this tool can use",
+            why=f"asked for its version, it printed {version[:80]!r}",
+            fix="pass the path of a CPython 3 interpreter with --python or MICS_REPRO_PYTHON",
+        )
+    return Interpreter(path, version)
 
 
 def _relocate(tmp: Path, final: Path) -> None:

@@ -1,0 +1,127 @@
+"""Issue #30 (first slice), the pure parts of `make pr`: which lines call the changed function, where
+the fix does not apply, and PR_DESCRIPTION.md rendered from a record alone (no git, no process)."""
+
+from __future__ import annotations
+
+import pytest
+
+from repro.upstream import pr_fix
+from repro.upstream.pr_description import TORCH_REFS, code, render
+from repro.upstream.pr_fix import Caller, CallerKind
+from repro.upstream.pr_record import FileStat, PrRecord
+from tests.fixtures.ds_pr_git import MICS, MICS_EARLY, TORCH
+
+SHA = "edaa7221267243c7be7fb49c5d5f5c4fb97b4641"
+# `git grep -n -w all_gather_coalesced edaa72212 -- deepspeed/` on DeepSpeed master (Aug 2026), cut.
+GREP = "\n".join(
+    f"{SHA}:{line}"
+    for line in (
+        "deepspeed/comm/comm.py:637:def all_gather_coalesced(outs, ins, group=None):",
+        "deepspeed/comm/comm.py:641:    return cdb.all_gather_coalesced(outs, ins, group=group)",
+        "deepspeed/comm/torch.py:287:    def all_gather_coalesced(self, outs, ins, group=None):",
+        "deepspeed/runtime/zero/mics.py:181:    # record existing all_gather_coalesced implementation",
+        "deepspeed/runtime/zero/mics.py:183:    old_all_gather_coalesced = param.all_gather_coalesced",
+        "deepspeed/runtime/zero/mics.py:240:    handle = dist.all_gather_coalesced(outs,",
+        "deepspeed/runtime/zero/mics.py:286:    dist.all_gather_coalesced(outs, ins, async_op=False)",
+        "deepspeed/runtime/zero/mics.py:308:    handle = dist.all_gather_coalesced(intra_outputs,",
+        "deepspeed/runtime/zero/partition_parameters.py:1512:    def all_gather_coalesced(params,",
+        "deepspeed/runtime/zero/partition_parameters.py:1527:        all_gather_coalesced(group_params)",
+        "deepspeed/runtime/zero/partitioned_param_coordinator.py:609:    h = p[0].all_gather_coalesced(g)",
+    )
+)
+
+
+def test_only_the_mics_lines_call_deepspeed_comms_function() -> None:
+    callers = pr_fix.parse_grep(GREP, SHA)
+    calls = [(c.path, c.line) for c in callers if c.kind is CallerKind.CALL]
+    assert calls == [("deepspeed/runtime/zero/mics.py", n) for n in (240, 286, 308)]
+    kinds = {(c.path, c.line): c.kind for c in callers}
+    assert kinds[("deepspeed/comm/comm.py", 641)] is CallerKind.FORWARD
+    # ZeRO-3's own function of that name calling itself is not a caller of deepspeed.comm's.
+    assert kinds[("deepspeed/runtime/zero/partition_parameters.py", 1527)] is CallerKind.SAME_NAME
+    assert kinds[("deepspeed/runtime/zero/partition_parameters.py", 1512)] is CallerKind.SAME_NAME
+    assert kinds[("deepspeed/comm/torch.py", 287)] is CallerKind.DEFINITION
+    assert pr_fix.callers_outside_mics(callers) == ()
+
+
+def test_a_bare_call_counts_where_the_file_imports_it_from_deepspeed_comm() -> None:
+    grep = (
+        f"{SHA}:deepspeed/moe/x.py:3:from deepspeed.comm import all_gather_coalesced\n"
+        f"{SHA}:deepspeed/moe/x.py:9:    all_gather_coalesced(a, b, async_op=True)\n"
+        f"{SHA}:not-a-line-number\n"
+    )
+    callers = pr_fix.parse_grep(grep, SHA)
+    assert [c.kind for c in callers] == [CallerKind.IMPORT, CallerKind.CALL]
+    assert [c.path for c in pr_fix.callers_outside_mics(callers)] == ["deepspeed/moe/x.py"]
+
+
+def test_the_fix_that_does_not_apply_is_named_with_file_and_line() -> None:
+    with pytest.raises(pr_fix.FixDoesNotApplyError) as err:
+        pr_fix.changed_files({"deepspeed/comm/torch.py": TORCH, "deepspeed/runtime/zero/mics.py": MICS_EARLY})
+    assert (
+        "deepspeed/runtime/zero/mics.py" in err.value.why and "MiCS_AllGatherCoalescedHandle" in err.value.why
+    )
+    broken = TORCH.replace("class TorchBackend:", "class TorchBackend(:")
+    with pytest.raises(pr_fix.FixDoesNotApplyError) as err:
+        pr_fix.changed_files({"deepspeed/comm/torch.py": broken, "deepspeed/runtime/zero/mics.py": None})
+    line = TORCH.splitlines().index("class TorchBackend:") + 1
+    assert f"deepspeed/comm/torch.py:{line}: does not parse" in err.value.why
+    assert "deepspeed/runtime/zero/mics.py: the file does not exist at REF" in err.value.why
+    renamed = TORCH.replace("def all_gather_coalesced", "def all_gather_many")
+    with pytest.raises(pr_fix.FixDoesNotApplyError) as err:
+        pr_fix.changed_files({"deepspeed/comm/torch.py": renamed, "deepspeed/runtime/zero/mics.py": MICS})
+    cls_line = TORCH.splitlines().index("class TorchBackend:") + 1
+    assert f"deepspeed/comm/torch.py:{cls_line}:" in err.value.why and "all_gather_coalesced" in err.value.why
+
+
+def test_the_swallowing_try_is_seen_in_the_stock_handle_and_gone_after_the_fix() -> None:
+    assert pr_fix.wait_swallows(MICS)
+    fixed = pr_fix.changed_files({"deepspeed/comm/torch.py": TORCH, "deepspeed/runtime/zero/mics.py": MICS})
+    assert not pr_fix.wait_swallows(fixed["deepspeed/runtime/zero/mics.py"])
+
+
+def _record(callers: tuple[Caller, ...], swallowed: bool = True) -> PrRecord:
+    return PrRecord(
+        ref="master",
+        ref_sha=SHA,
+        branch="mics-coalesced-wait",
+        commit="1" * 40,
+        subject="Wait on the coalescing manager's work in MiCS all-gathers",
+        author="Pat <pat@example.invalid>",
+        fix_id="abc",
+        changed=("deepspeed.comm.torch.TorchBackend.all_gather_coalesced",),
+        files=(FileStat("deepspeed/comm/torch.py", 21, 4), FileStat("deepspeed/runtime/zero/mics.py", 3, 10)),
+        test_path=str(pr_fix.TEST_REL),
+        patch_file="0001-x.patch",
+        swallowed_before=swallowed,
+        callers=callers,
+        worktree=None,
+        checkout_untouched=True,
+    )
+
+
+def test_the_description_answers_each_upstream_point_from_the_record() -> None:
+    text = render(_record(pr_fix.parse_grep(GREP, SHA)))
+    for ref in TORCH_REFS:
+        assert ref.url() in text
+    assert "2 files, +24 -14" in text
+    points = ("Fix shape", "gloo without coalescing", "AVAILABLE after a failed collective", "Non-MiCS jobs")
+    for point in points:
+        assert f"**{point}.**" in text
+    assert "3 call site(s)" in text and "Jobs that do\nnot use MiCS do not reach the changed code" in text
+    assert "removes that `try`" in text
+    assert "pytest tests/unit/runtime/zero/test_mics_coalesced_wait.py" in text
+
+
+def test_the_description_names_other_callers_when_there_are_some() -> None:
+    other = Caller("deepspeed/moe/x.py", 9, "dist.all_gather_coalesced(a, b)", CallerKind.CALL)
+    text = render(_record((other,), swallowed=False))
+    assert "`deepspeed/moe/x.py:9`" in text and "Jobs that do" not in text
+    assert "removes that `try`" not in text
+
+
+def test_a_caller_line_cannot_break_out_of_its_code_block() -> None:
+    hostile = Caller("deepspeed/x.py", 1, "x = '```\n# injected heading'", CallerKind.SAME_NAME)
+    text = render(_record((hostile,)))
+    assert "\n````\n" in text  # a fence longer than the backticks inside
+    assert code("a`b") == "``a`b``" and code("`x") == "`` `x ``"
