@@ -15,14 +15,7 @@ import pytest
 from tests.fixtures.classifier_job import make, write_project
 from tests.fixtures.wheels import build_wheel
 
-pytestmark = [
-    pytest.mark.integration,
-    # Seen 2026-12-02 on main 0aa6eda: the 0.13.0 layer over the cpu env is env-error, "the venv
-    # for cpu+ds0.13.0 does not hold the torch build the env pins (torch 2.1.0+cu121 is installed
-    # (a CUDA 12.1 build), the env cpu+ds0.13.0 pins torch 2.1.0)", while the cpu env itself runs:
-    # the derived env's torch build check, not this test. Strict: a fix there makes this XPASS.
-    pytest.mark.xfail(strict=True, reason="a derived release env fails the torch build check (see comment)"),
-]
+pytestmark = pytest.mark.integration
 COMMAND = "torchrun --nproc_per_node 2 train_with_dep.py"
 WRAPPER = """\
 import runpy
