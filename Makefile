@@ -101,7 +101,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 #>   make bisect          adjacent releases where MiCS turns bad [AXIS= GOOD= BAD= BAD_IF=]
 #>   make survey          every change of outcome across releases [AXIS= FROM= TO= EVERY=1 CMD=]
 #>   make probe           one candidate, for `git bisect run`: exit 0 good, 1 bad, 125 unknown
-#>   make issue           ISSUE.md for the upstream tracker from a bisect/survey folder [RESULTS=]
+#>   make issue           ISSUE.md for the upstream tracker from a run/bisect/survey folder [RESULTS=]
 #>   make bundle          an env's image, results, report, fix and issue text for maintainers [ENV=]
 #>   make verify-bundle   load a bundle and rerun it offline against its manifest [BUNDLE=]
 #>   make cluster         Slurm/Apptainer and torchrun launchers for a multi-node run [OUT= LAYOUT=]

@@ -138,7 +138,9 @@ def test_nothing_of_the_host_is_left(folder: Path) -> None:
     text = issue.render(folder, scrubber())
     assert "alice" not in text and HOME not in text
     assert str(folder) not in text
-    assert "make bundle ENV=cpu-latest RESULTS='<results>'" in text
+    # A venv run cannot be bundled (exit 16): the lines that make a Docker run and bundle it.
+    assert "make repro ENGINE=docker ENV=cpu-latest DEEPSPEED=0.19.3" in text
+    assert "make bundle ENV=cpu-latest RESULTS=results/latest" in text
     assert scrubber().leaks(text) == []
 
 
@@ -168,10 +170,11 @@ def test_a_survey_folder_lists_its_change_points(tmp_path: Path) -> None:
         )
     )
     text = issue.render(tmp_path, scrubber())
-    assert text.startswith("# MiCS (mics-replica, fixed): hung with DeepSpeed/torch 0.19.3")
+    # The title says the transition, not only the release where it ends up.
+    assert text.startswith("# MiCS (mics-replica, fixed): hung (hang) from DeepSpeed 0.19.3 (0.19.2: clean)")
     assert "- 0.19.2 -> 0.19.3: clean/none -> hung/hang" in text
 
 
 def test_a_folder_without_a_walk_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="neither bisect.json nor survey.json"):
+    with pytest.raises(UsageError, match="none of bisect.json, survey.json or results.json"):
         issue.render(tmp_path, scrubber())

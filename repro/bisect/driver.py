@@ -27,27 +27,32 @@ from repro.bisect.output import (
     bisect_summary,
     commit_fields,
     commit_summary,
+    no_transition_next,
     survey_data,
     survey_summary,
 )
 from repro.bisect.probe import BadIf, Judge, Observation, ProbeSpec
-from repro.bisect.search import Bisection, Survey, round_bound
+from repro.bisect.search import Bisection, BisectStatus, Survey, round_bound
 from repro.bisect.source_overlay import SourceOverlay
 from repro.bisect.worktree_layer import WorktreeLayer
 from repro.core import console, safe_write
 from repro.core.errors import Interrupted, UsageError
+from repro.core.jobname import job_identity, walk_subject
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir, check_latest, invocation_meta, new_invocation_dir, point_latest
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run.job import inherited_environment
 from repro.run.orchestrate import Request
-from repro.workload.record import write_json_atomic
+from repro.workload.record import CUSTOM_SCENARIO, write_json_atomic
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
     from repro.matrix.model import Matrix
 
 COMMIT_AXIS = "deepspeed-commit"
+# The last torch release line without `_IllegalWork` (torch 2.1 changed the coalescing manager's
+# contract, FACTS 2): the good end a torch-axis bisect starts from when every DeepSpeed was bad.
+TORCH_BEFORE_ILLEGAL_WORK = "2.0.1"
 AXES = ("torch", "deepspeed", COMMIT_AXIS)
 
 
@@ -106,7 +111,7 @@ class ProbeOptions:
         return [
             ("ENV", env_id),
             ("ENGINE", self.engine),
-            ("SCENARIO", self.scenario),
+            ("SCENARIO", None if self.command else self.scenario),  # CMD= runs no scenario of ours
             ("PATCH", self.patch),
             ("DTYPE", self.dtype),
             ("TRANSPORT", None if self.transport == "async" else self.transport),
@@ -226,6 +231,11 @@ class Walk:
     base: ProbeSpec
     commits: dict[str, CommitInfo] = field(default_factory=dict)  # AXIS=deepspeed-commit: label -> commit
     repo: DsRepo | None = None
+    # Releases the index lists outside the range (oldest first) and the env's own pins: where a
+    # bisect without a transition tells the user to look next.
+    earlier: tuple[str, ...] = ()
+    later: tuple[str, ...] = ()
+    env_pins: dict[str, str] = field(default_factory=dict)
 
     def spec(self, version: str) -> ProbeSpec:
         if self.axis == COMMIT_AXIS:
@@ -293,7 +303,18 @@ def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
             raise UsageError(f"no {req.axis} releases are known", fix="give BAD=/TO= and VERSIONS=")
         end = listed[-1]
     base = ProbeSpec(env_id=env_id, inherited=inherited, **req.probe.spec_fields())
-    return Walk(req.axis, env_id, select_range(listed, start, end), {other: pins[other]}, base)
+    candidates = select_range(listed, start, end)
+    lo, hi = sorted((Version(candidates[0]), Version(candidates[-1])))
+    return Walk(
+        req.axis,
+        env_id,
+        candidates,
+        {other: pins[other]},
+        base,
+        earlier=tuple(v for v in listed if Version(v) < lo),
+        later=tuple(v for v in listed if Version(v) > hi),
+        env_pins={"torch": str(env.torch), "deepspeed": str(env.deepspeed)},
+    )
 
 
 def resolve_commits(
@@ -371,13 +392,24 @@ class Mode(Protocol):
 
 
 def _header(req: WalkRequest, walk: Walk) -> dict[str, Any]:
+    # The user's command is scenario `custom` everywhere (as in its records), never the suite's
+    # default scenario that ProbeOptions still carries.
+    command = req.probe.command
     return {
         "axis": walk.axis,
         "env": walk.env_id,
         "fixed": walk.fixed,
-        "scenario": req.probe.scenario,
+        "scenario": CUSTOM_SCENARIO if command else req.probe.scenario,
         "patch": req.probe.patch,
+        "job": job_identity(command, req.probe.workdir) if command else None,
     }
+
+
+def _subject(req: WalkRequest) -> str:
+    probe = req.probe
+    if probe.command:
+        return walk_subject({"job": job_identity(probe.command, probe.workdir), "patch": probe.patch})
+    return f"{probe.scenario}/{probe.patch}"
 
 
 class BisectMode:
@@ -399,7 +431,7 @@ class BisectMode:
             cost = f"{k} probes a round, at most {round_bound(n, k)} rounds without unknowns"
         return (
             f"bisect: {walk.axis} {names[0]} .. {names[-1]} ({n} candidates, {cost}) on {walk.env_id}, "
-            f"{self.req.probe.scenario}/{self.req.probe.patch}, BAD_IF={self.req.bad_if}"
+            f"{_subject(self.req)}, BAD_IF={self.req.bad_if}"
         )
 
     def make_command(self, start: str, end: str) -> str:
@@ -421,10 +453,12 @@ class BisectMode:
         if interrupted:
             lo, hi = self.state.bounds()
             self.resume = self.make_command(self.walk.candidates[lo], self.walk.candidates[hi])
+        names = self.walk.candidates
         header = {
             **_header(self.req, self.walk),
             "bad_if": self.req.bad_if,
             "reference": list(self.judge.reference) if self.judge.reference else None,
+            "command": self.make_command(names[0], names[-1]),
         }
         data = bisect_data(
             header,
@@ -437,7 +471,34 @@ class BisectMode:
         )
         if self.walk.repo is not None:
             data.update(commit_fields(data, self.walk.commits, self.walk.repo, self.walk.spec, done=done))
+        if done and data["status"] == BisectStatus.NO_TRANSITION.value:
+            walk = self.walk
+            data["next"] = no_transition_next(data, walk.earlier, walk.later, self._widen, self._other_axis)
         return data
+
+    def _widen(self, good: str, bad: str) -> str:
+        return self.make_command(good, bad)
+
+    def _other_axis(self, at: str, toward: str) -> str | None:
+        """The same job bisected over torch at the DeepSpeed release `at` (for a DeepSpeed walk):
+        the bug lives in torch's coalescing manager as much as in DeepSpeed (FACTS 1-2)."""
+        if self.walk.axis != "deepspeed":
+            return None
+        torch = self.walk.fixed.get("torch") or self.walk.env_pins.get("torch")
+        if not torch or torch == TORCH_BEFORE_ILLEGAL_WORK:
+            return None
+        good, bad = (TORCH_BEFORE_ILLEGAL_WORK, torch) if toward == "older" else (torch, None)
+        return make_line(
+            "bisect" if bad else "survey",
+            [
+                ("AXIS", "torch"),
+                ("GOOD" if bad else "FROM", good),
+                ("BAD", bad),
+                ("BAD_IF", self.req.bad_if if bad else None),
+                ("DEEPSPEED", at),
+                *self.req.probe.make_pairs(self.walk.env_id),
+            ],
+        )
 
     def summary(self, data: dict[str, Any]) -> list[str]:
         return bisect_summary(data) + commit_summary(data)
@@ -470,8 +531,7 @@ class SurveyMode:
         names, n = walk.candidates, len(walk.candidates)
         return (
             f"survey: {walk.axis} {names[0]} .. {names[-1]} ({n} candidates"
-            f"{', every one probed' if self.req.every else ''}) on {walk.env_id}, "
-            f"{self.req.probe.scenario}/{self.req.probe.patch}"
+            f"{', every one probed' if self.req.every else ''}) on {walk.env_id}, {_subject(self.req)}"
         )
 
     def make_command(self, start: str, end: str) -> str:

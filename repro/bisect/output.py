@@ -20,13 +20,34 @@ survey.json: kind, axis, env, fixed, scenario, patch, every, candidates, status,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from repro.bisect.commits import CommitInfo, DsRepo
 from repro.bisect.probe import BadIf, Observation, ProbeSpec
 from repro.bisect.search import BisectResult, BisectStatus, ProbeVerdict, SurveyResult
+from repro.core.jobname import walk_subject
 from repro.core.runs import RunFinding
+from repro.workload.record import CUSTOM_SCENARIO, Signature
+
+# A stock-only probe of the user's command has no fixed run to compare its losses with, so the
+# judge can say "warnings" but never "divergence" (repro/workload/judge.py); `make run` of the
+# same job, which runs both patches, says divergence. One line says so wherever it shows.
+STOCK_ONLY_NOTE = (
+    "note: a stock-only probe of your command shows illegal-work-warnings where `make run` (stock + "
+    "fixed) says illegal-work-divergence: the divergence needs the fixed run to compare against"
+)
+
+
+def signature_note(data: Mapping[str, Any]) -> str | None:
+    """STOCK_ONLY_NOTE when it applies to these probes (a custom job probed without the fix)."""
+    if data.get("scenario") != CUSTOM_SCENARIO or data.get("patch") != "stock":
+        return None
+    seen = {row.get("signature") for row in data.get("probes") or []}
+    return STOCK_ONLY_NOTE if Signature.ILLEGAL_WORK_WARNINGS.value in seen else None
+
 
 Key = tuple[str, str]
 
@@ -97,6 +118,7 @@ def bisect_data(
         "change_points": [],
         **log.summary_fields(),
         "repro_command": None,
+        "next": None,  # no-transition: {why, lines, earlier, later} (the driver's no_transition_next)
         "interrupted": resume is not None,
         "resume_command": resume,
     }
@@ -115,21 +137,75 @@ def bisect_data(
             repro_command=repro_for(bad),
             change_points=[_change(before, after, obs[before].key, obs[after].key, unknown)],
         )
+    data["signature_note"] = signature_note(data)
     return data
+
+
+def no_transition_next(
+    data: Mapping[str, Any],
+    earlier: Sequence[str],
+    later: Sequence[str],
+    widen: Callable[[str, str], str],
+    other_axis: Callable[[str, str], str | None],
+) -> dict[str, Any]:
+    """What to do when both ends gave the same verdict: runnable lines that widen the range to the
+    releases the index has beyond it (`earlier`/`later`, oldest first), and the other axis.
+
+    `widen(good, bad)` is this bisect's own make line over another range; `other_axis(release,
+    "older"|"newer")` the line that walks the other package at that release (None: there is none).
+    """
+    names = list(data["candidates"])
+    oldest, newest = sorted((names[0], names[-1]), key=_order)
+    verdicts = {row.get("verdict") for row in data.get("probes") or []} - {ProbeVerdict.UNKNOWN.value}
+    lines: list[str] = []
+    if verdicts == {ProbeVerdict.BAD.value}:
+        why = f"both ends are bad: the last good release is older than {oldest}"
+        if earlier:
+            lines.append(widen(earlier[0], oldest))
+            why += f"; the index has {len(earlier)} older ({', '.join(earlier[-6:])})"
+        else:
+            why += "; the index lists no older release for this env"
+        release, toward = oldest, "older"
+    elif verdicts == {ProbeVerdict.GOOD.value}:
+        why = f"both ends are good: the first bad release is newer than {newest} (or BAD_IF= asks too much)"
+        if later:
+            lines.append(widen(newest, later[-1]))
+            why += f"; the index has {len(later)} newer ({', '.join(later[:6])})"
+        else:
+            why += "; the index lists no newer release for this env"
+        release, toward = newest, "newer"
+    else:
+        return {"why": "", "lines": [], "earlier": list(earlier), "later": list(later)}
+    other = other_axis(release, toward)
+    if other:
+        lines.append(other)
+    return {"why": why + "; next:", "lines": lines, "earlier": list(earlier), "later": list(later)}
+
+
+def _order(label: str) -> tuple[int, Any]:
+    try:
+        return 0, Version(label)
+    except InvalidVersion:  # a commit label: keep the given order
+        return 1, label
 
 
 def bisect_summary(data: Mapping[str, Any]) -> list[str]:
     lines = [
         "",
-        f"bisect {data['status']}: {data['axis']} on {data['env']}, {data['scenario']}/"
-        f"{data['patch']}, BAD_IF={data['bad_if']}, {data['probe_count']} probes "
+        f"bisect {data['status']}: {data['axis']} on {data['env']}, {walk_subject(data)}, "
+        f"BAD_IF={data['bad_if']}, {data['probe_count']} probes "
         f"({data['envs_built']} envs built, {data['envs_reused']} reused)",
     ]
     if data["status"] != BisectStatus.FOUND.value:
         seen = sorted({(r["outcome"], r["signature"], r["verdict"]) for r in data["probes"]})
         lines.append("  no good/bad boundary: " + "; ".join(f"{o} ({s}) = {v}" for o, s, v in seen))
+        steps = data.get("next") or {}
+        if steps.get("why"):
+            lines.append(f"  {steps['why']}")
+        lines += [f"    {line}" for line in steps.get("lines") or ()]
         lines.append("  try `make survey` over the same range to see every outcome")
-        return lines
+        note = signature_note(data)
+        return lines + ([f"  {note}"] if note else [])
     if data["direction"] == "fix":
         lines.append("  (the bad release is the older one: this range shows where it was fixed)")
     for name in ("last_good", "first_bad"):
@@ -140,7 +216,8 @@ def bisect_summary(data: Mapping[str, Any]) -> list[str]:
     if data["unknown_between"]:
         lines.append(f"  not decidable between them: {', '.join(data['unknown_between'])} (unknown verdicts)")
     lines.append(f"  reproduce the first bad: {data['repro_command']}")
-    return lines
+    note = signature_note(data)
+    return lines + ([f"  {note}"] if note else [])
 
 
 def survey_data(
@@ -167,7 +244,7 @@ def survey_data(
             key = result.keys[a]
             assert key is not None
             segments.append({"from": names[a], "to": names[b], "outcome": key[0], "signature": key[1]})
-    return {
+    data = {
         "kind": "survey",
         **header,
         "candidates": list(names),
@@ -178,12 +255,14 @@ def survey_data(
         "unknown": [names[i] for i, k in sorted(result.keys.items()) if k is None],
         **log.summary_fields(),
     }
+    data["signature_note"] = signature_note(data)
+    return data
 
 
 def survey_summary(data: Mapping[str, Any]) -> list[str]:
     lines = [
         "",
-        f"survey: {data['axis']} on {data['env']}, {data['scenario']}/{data['patch']}: "
+        f"survey: {data['axis']} on {data['env']}, {walk_subject(data)}: "
         f"{data['probe_count']} probes for {len(data['candidates'])} candidates "
         f"({data['envs_built']} envs built, {data['envs_reused']} reused)",
     ]
@@ -214,7 +293,8 @@ def survey_summary(data: Mapping[str, Any]) -> list[str]:
             "  between two probes with the same result every release is assumed the same; "
             "EVERY=1 checks them all"
         )
-    return lines
+    note = signature_note(data)
+    return lines + ([f"  {note}"] if note else [])
 
 
 def _unknown_reasons(data: Mapping[str, Any], unknown: list[str]) -> list[tuple[str, list[str]]]:

@@ -274,12 +274,14 @@ def cmd_pr_regression(args: argparse.Namespace) -> int:
 
 
 def _issue_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--results", default=None, help="a bisect or survey results folder (default: the latest)")
+    p.add_argument(
+        "--results", default=None, help="a run, repro, bisect or survey results folder (default: the latest)"
+    )
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--out", default=None, help="where to write it (default RESULTS/ISSUE.md)")
 
 
-@command("issue", "write ISSUE.md for the upstream tracker from a bisect or survey folder", _issue_options)
+@command("issue", "write ISSUE.md for the upstream tracker from a results folder of any kind", _issue_options)
 def cmd_issue(args: argparse.Namespace) -> int:
     from repro.core.results import resolve_results_dir
     from repro.upstream.issue import write

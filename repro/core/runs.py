@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from repro.core.jobname import job_label
 from repro.workload.closed import assert_never
 from repro.workload.controls import ControlKey
 from repro.workload.record import (
@@ -168,6 +169,25 @@ class RunView:
         return [None if v is None else float(v) for v in (self.record.get("losses") or [])]
 
     @property
+    def losses_seen(self) -> list[float | None]:
+        """The losses as the run had them: where the job hook saw NaN logged as a number (a
+        framework that logs a non-finite loss as 0.0, job.nan_logged_as_zero_from: an index into
+        `losses`), those 0.0 values are NaN again (None). What the report draws and counts."""
+        losses = self.losses
+        job = self.record.get("job")
+        start = job.get("nan_logged_as_zero_from") if isinstance(job, dict) else None
+        if not isinstance(start, int) or isinstance(start, bool) or start < 0:
+            return losses
+        return [None if i >= start and v == 0.0 else v for i, v in enumerate(losses)]
+
+    @property
+    def job_command(self) -> str | None:
+        """A custom run's command (None for the suite's runs)."""
+        job = self.record.get("job")
+        command = job.get("command") if isinstance(job, dict) else None
+        return str(command) if command else None
+
+    @property
     def loss_scale(self) -> list[float | None]:
         return [None if v is None else float(v) for v in (self.record.get("loss_scale") or [])]
 
@@ -227,7 +247,9 @@ def run_label(run: RunView) -> str:
     k = run.key
     layout = f"{world_size_text(k.world_size)} ranks" + (f", shard {k.shard_size}" if k.shard_size else "")
     transport = "" if k.transport == Transport.NATIVE.value else f", {k.transport} transport"
-    what = SCENARIO_LABELS.get(k.scenario, k.scenario) + (f" {k.job}" if k.job else "")
+    what = SCENARIO_LABELS.get(k.scenario, k.scenario) + (
+        f" {job_label(run.job_command or '', k.job)}" if k.job else ""
+    )
     return f"{what} ({k.patch}, {k.dtype}{transport}, {layout})"
 
 
@@ -277,7 +299,7 @@ def describe(run: RunView) -> str:
         parts.append(f"losses leave the control's at step {run.first_divergent_step}")
     if run.skipped_steps:
         parts.append(f"{run.skipped_steps} skipped (overflow) steps")
-    nan_steps = sum(1 for v in run.losses if v is None)
+    nan_steps = sum(1 for v in run.losses_seen if v is None)
     if nan_steps:
         parts.append(f"{nan_steps} NaN/inf loss steps")
     if run.exception_line:

@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from repro.core.jobname import short_command
 from repro.report.merge import MergedResults
 from repro.report.model import Run
 
@@ -32,6 +33,17 @@ COLORS = {
     ("mics-replica", "stock"): "#9467bd",
     ("mics-replica", "fixed"): "#8c564b",
 }
+# Custom jobs (scenario `custom`) get a colour pair each, dark for stock and light for fixed, so two
+# jobs in one plot are told apart (matplotlib's tab20 pairs, minus the suite's own reds and greens).
+JOB_COLORS = (
+    ("#1f77b4", "#aec7e8"),
+    ("#ff7f0e", "#ffbb78"),
+    ("#9467bd", "#c5b0d5"),
+    ("#8c564b", "#c49c94"),
+    ("#e377c2", "#f7b6d2"),
+    ("#17becf", "#9edae5"),
+    ("#bcbd22", "#dbdb8d"),
+)
 # Runs that match the control draw exactly on top of it: a wide pale control line, solid stock lines
 # and dashed fixed lines keep every series visible where they coincide.
 LINE_STYLES: dict[str, dict[str, Any]] = {
@@ -89,7 +101,26 @@ def _slug(text: str) -> str:
 def _series_label(run: Run) -> str:
     if run.is_control:
         return f"zero3 control ({run.patch})"
-    return f"{run.scenario} {run.key.job} {run.patch}" if run.key.job else f"{run.scenario} {run.patch}"
+    if run.key.job:  # by its command: a hash says nothing in a legend
+        name = short_command(run.job_command or "", LEGEND_WIDTH) or run.key.job
+        return f"{name} [{run.key.job[:6]}] {run.patch}"
+    return f"{run.scenario} {run.patch}"
+
+
+LEGEND_WIDTH = 32
+
+
+def run_colors(runs: Sequence[Run]) -> dict[str, str]:
+    """A colour per run: the suite's by scenario and patch, each custom job its own pair."""
+    jobs = sorted({r.key.job for r in runs if r.key.job})
+    colors = {}
+    for r in runs:
+        if r.key.job:
+            dark, light = JOB_COLORS[jobs.index(r.key.job) % len(JOB_COLORS)]
+            colors[r.ident] = light if r.patch == "fixed" else dark
+        else:
+            colors[r.ident] = COLORS.get((r.scenario, r.patch), "#1f77b4")
+    return colors
 
 
 def _kind(run: Run) -> str:
@@ -132,8 +163,11 @@ def _draw(ax: Axes, series: Sequence[Series], colors: Sequence[str], ylabel: str
 def plot_group(env: str, key: tuple[str, str, int], runs: Sequence[Run]) -> Plot | None:
     dtype, transport, world = key
     runs = sorted(runs, key=lambda r: (not r.is_control, r.scenario, r.patch != "stock"))
-    loss = tuple(Series(r.ident, _series_label(r), tuple(r.losses), _kind(r)) for r in runs if r.losses)
-    unplotted = tuple(f"{_series_label(r)} ({r.outcome.value})" for r in runs if not r.losses)
+    # NaN the job's framework logged as 0.0 is drawn as NaN (the hook saw it: Run.losses_seen).
+    loss = tuple(
+        Series(r.ident, _series_label(r), tuple(r.losses_seen), _kind(r)) for r in runs if r.losses_seen
+    )
+    unplotted = tuple(f"{_series_label(r)} ({r.outcome.value})" for r in runs if not r.losses_seen)
     if not loss:
         return None
     scale = tuple(
@@ -141,7 +175,7 @@ def plot_group(env: str, key: tuple[str, str, int], runs: Sequence[Run]) -> Plot
         for r in runs
         if dtype == "fp16" and r.loss_scale
     )
-    colors = {r.ident: COLORS.get((r.scenario, r.patch), "#1f77b4") for r in runs}
+    colors = run_colors(runs)
     title = (
         f"{env}: {dtype}, {transport} transport, {world} ranks"
         if transport != "native"

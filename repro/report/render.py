@@ -14,6 +14,7 @@ from markupsafe import Markup
 
 from repro import __version__
 from repro.core import templating
+from repro.core.jobname import job_label
 from repro.core.paths import confined
 from repro.report.answers import Answers
 from repro.report.merge import MergedResults
@@ -33,6 +34,30 @@ CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; base-uri 'n
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where some of an env's runs came from: a job (or the suite's runs) and the results folder
+    that holds them, with the line that runs them again. A report over several folders shows one
+    per job, not only the newest folder's."""
+
+    what: str  # `torchrun ...` (job 7e50...), or "the suite's runs"
+    invocation: InvocationView
+
+    @property
+    def command(self) -> str:
+        inv = self.invocation
+        return inv.command or " ".join(inv.argv) or "(not recorded)"
+
+
+def sources(runs: Sequence[Run]) -> tuple[Source, ...]:
+    found: dict[tuple[Path, str | None], Source] = {}
+    for run in runs:
+        job = run.key.job
+        what = job_label(run.job_command or "", job) if job else "the suite's runs"
+        found.setdefault((run.invocation.folder, job), Source(what, run.invocation))
+    return tuple(found.values())
+
+
+@dataclass(frozen=True)
 class EnvDetails:
     answer: EnvAnswer
     plots: tuple[Plot, ...]
@@ -41,6 +66,7 @@ class EnvDetails:
     artifacts: tuple[tuple[str, str, str], ...]  # (name, shown path, text)
     invocation: InvocationView
     fix_info: str  # what the run-time fix patched, as the first fixed run recorded it ("" if none)
+    sources: tuple[Source, ...] = ()  # each job's (or the suite's) results folder and reproduce line
 
     @property
     def env(self) -> EnvInfo:
@@ -97,6 +123,7 @@ def env_details(
         artifacts=artifacts,
         invocation=env.invocation,
         fix_info=_fix_info(merged.runs_of(env.id)),
+        sources=sources(merged.runs_of(env.id)) or (Source("the runs", env.invocation),),
     )
 
 

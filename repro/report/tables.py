@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from repro.core.jobname import job_label
 from repro.core.runs import world_size_text
 from repro.report.merge import MergedResults
 from repro.report.model import SCENARIOS_ORDER, Run
@@ -38,7 +39,7 @@ class Cell:
             illegal_work=run.illegal_work_messages,
             first_divergent_step=run.first_divergent_step,
             skipped_steps=run.skipped_steps,
-            nan_steps=sum(1 for v in run.losses if v is None),
+            nan_steps=sum(1 for v in run.losses_seen if v is None),
             exception=exc,
         )
 
@@ -58,6 +59,7 @@ class Row:
     stock: Cell | None
     fixed: Cell | None
     job: str | None = None  # a custom job's id: two jobs of one env are two rows
+    job_command: str | None = None  # and its command, which names it for a person
 
     @property
     def layout(self) -> str:
@@ -66,14 +68,15 @@ class Row:
 
     @property
     def what(self) -> str:
-        """The scenario column: a custom job names its job id."""
-        return f"{self.scenario} {self.job}" if self.job else self.scenario
+        """The scenario column: a custom job is named by its command (its id settles ties)."""
+        return f"{self.scenario} {job_label(self.job_command or '', self.job)}" if self.job else self.scenario
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "env": self.env,
             "scenario": self.scenario,
             "job": self.job,
+            "job_command": self.job_command,
             "dtype": self.dtype,
             "transport": self.transport,
             "world_size": self.world_size,
@@ -111,6 +114,7 @@ def rows(merged: MergedResults) -> list[Row]:
                 stock=Cell.of(sides["stock"]) if "stock" in sides else None,
                 fixed=Cell.of(sides["fixed"]) if "fixed" in sides else None,
                 job=k.job,
+                job_command=known[0].job_command,
             )
         )
     out.sort(

@@ -1,7 +1,9 @@
-"""ISSUE.md for the upstream tracker from a bisect or survey folder (`make issue RESULTS=...`).
+"""ISSUE.md for the upstream tracker from a results folder (`make issue RESULTS=...`).
 
 Read from the folder's bisect.json (a release bisect, a commit bisect, or a release bisect with
-its `commits`) or survey.json, and from the first bad probe's record (its stacks when it hung).
+its `commits`) or survey.json, else its results.json (a `make run`/`make repro` folder), and from
+the bad run's record (its job, its stacks when it hung). What the text says is decided in
+repro/upstream/issue_facts.py.
 Everything written passes through the bundle's scrubbing (repro.core.scrub): the folder's data is
 scrubbed as it is read, the finished text passes `hand_out` (refused when a secret survives), so no
 host paths, user names, host names or secrets reach the text; the folder's own path is <results>.
@@ -9,6 +11,7 @@ host paths, user names, host names or secrets reach the text; the folder's own p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,14 +22,18 @@ import jinja2
 
 from repro.core import records, safe_write, shapes, templating
 from repro.core.errors import UsageError
-from repro.core.makeline import make_line
 from repro.core.paths import confined
+from repro.core.runs import RunFinding
 from repro.core.scrub import Scrubber, hand_out
+from repro.upstream import issue_facts as facts
+from repro.upstream.issue_facts import as_dict
+from repro.workload.record import CUSTOM_SCENARIO
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 ISSUE_FILE = "ISSUE.md"
 VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
 _STACKS = records.Shape((dict,), fields={"stacks": records.STR_MAP})
+MARKERS = {"bisect": "bisect.json", "survey": "survey.json", "run": "results.json"}
 
 
 @dataclass(frozen=True)
@@ -74,14 +81,24 @@ def _load(folder: Path) -> tuple[str, dict[str, Any]]:
         if path.exists():
             data: dict[str, Any] = records.load(path, shapes.WALK, f"{kind} file")
             return kind, data
+    if (folder / "results.json").exists():
+        return "run", dict(records.load(folder / "results.json", shapes.RESULTS, "results file"))
     raise UsageError(
-        f"{folder} holds neither bisect.json nor survey.json",
-        fix="pass RESULTS= of a `make bisect` or `make survey` folder",
+        f"{folder} holds none of bisect.json, survey.json or results.json",
+        fix="pass RESULTS= of a `make run`, `make repro`, `make bisect` or `make survey` folder",
     )
 
 
-def _record(folder: Path, probe: Mapping[str, Any] | None) -> dict[str, Any]:
-    rel = (probe or {}).get("record")
+def _results(folder: Path) -> dict[str, Any]:
+    """A walk folder's results.json (its probes' records); {} when it is missing or damaged: the
+    walk's own file says what ISSUE.md needs, the records only add the job and the stacks."""
+    try:
+        return dict(records.load(folder / "results.json", shapes.RESULTS, "results file"))
+    except UsageError:
+        return {}
+
+
+def _record(folder: Path, rel: str | None) -> dict[str, Any]:
     path = confined(folder, rel) if rel else None
     if path is None or not path.is_file():
         return {}
@@ -93,71 +110,245 @@ def _record(folder: Path, probe: Mapping[str, Any] | None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _probe_rows(probes: Sequence[Mapping[str, Any]], axis: str) -> list[dict[str, Any]]:
-    return [
-        {
-            "axis": axis,
-            "version": p.get("version"),
-            "outcome": p.get("outcome"),
-            "signature": p.get("signature"),
-            "verdict": p.get("verdict", ""),
-            "seconds": p.get("seconds"),
-        }
-        for p in probes
-    ]
+def _record_of(
+    folder: Path, runs: Sequence[Mapping[str, Any]], row: facts.Row | None, patch: str
+) -> dict[str, Any]:
+    """The record behind a probe row: results.json's (a custom run's has its `job` block there, its
+    run folder's job.json is only the runner's), else the file the row names."""
+    if row is None:
+        return {}
+    if row.record:
+        where = row.record.rsplit("/", 1)[0] + "/"
+        for run in runs:
+            logs = as_dict(run.get("logs"))
+            if run.get("env") == row.env and any(str(v).startswith(where) for v in logs.values()):
+                return dict(run)
+    for run in runs:
+        if run.get("env") == row.env and run.get("patch") == patch and run.get("scenario") != "zero3":
+            return dict(run)
+    return _record(folder, row.record)
+
+
+def _runs(folder: Path, kind: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The folder's records (results.json): a walk's probes made them too."""
+    results = data if kind == "run" else _results(folder)
+    runs = results.get("runs")
+    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+
+
+def _engine_of(folder: Path, kind: str, data: Mapping[str, Any], env: str) -> str:
+    results = data if kind == "run" else _results(folder)
+    envs = as_dict(results.get("envs"))
+    info = as_dict(envs.get(env))
+    return str(info.get("engine") or "")
+
+
+def _run_rows(runs: Sequence[Mapping[str, Any]]) -> list[facts.Row]:
+    """A run folder's table: one row per record, the bug's runs first (stock before fixed)."""
+
+    def order(r: Mapping[str, Any]) -> tuple[int, int, str]:
+        return (r.get("scenario") == "zero3", r.get("patch") != "stock", str(r.get("run_name")))
+
+    rows = []
+    for run in sorted(runs, key=order):
+        name = str(run.get("run_name") or f"{run.get('scenario')}-{run.get('patch')}")
+        rows.append(facts.row_of({**run, "version": f"{run.get('env')}: {name}", "seconds": None}, "run"))
+    return rows
+
+
+def _same_job(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    ja, jb = a.get("job") or {}, b.get("job") or {}
+    return isinstance(ja, dict) and isinstance(jb, dict) and ja.get("job_id") == jb.get("job_id")
+
+
+def _fixed_twin(runs: Sequence[Mapping[str, Any]], bad: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The lab's fixed run of the same env and scenario (same job for a custom one), if one ran."""
+    for run in runs:
+        if (
+            run.get("patch") == "fixed"
+            and run.get("env") == bad.get("env")
+            and run.get("scenario") == bad.get("scenario")
+            and (bad.get("scenario") != CUSTOM_SCENARIO or _same_job(run, bad))
+        ):
+            return run
+    return None
+
+
+def _fix(version: str | None, twin: Mapping[str, Any] | None, try_line: str) -> dict[str, Any]:
+    from repro.upstream import patchgen
+
+    shipped = patchgen.patch_file(version) if version else None
+    return {
+        "patch_file": f"patches/{shipped.name}" if shipped and shipped.is_file() else "",
+        "deepspeed": version or "",
+        "outcome": str(twin.get("outcome") or "") if twin else "",
+        "signature": str(twin.get("signature") or "") if twin else "",
+        "reason": " ".join(str((twin or {}).get("reason") or "").split())[:300],
+        "try": "" if twin else try_line,
+    }
+
+
+def _title(subject: str, axis: str, trans: facts.Transition, rows: Sequence[facts.Row], kind: str) -> str:
+    bad, good, word = trans.bad, trans.good, facts.AXIS_WORDS.get(axis, axis)
+    if bad is None:
+        span = f" in {word} {rows[0].version} .. {rows[-1].version}" if kind != "run" and rows else ""
+        return f"{subject}: the bug did not show{span}"
+    said = f"{bad.outcome} ({bad.signature})"
+    if kind == "run" or good is None or good.axis == "run":
+        pins = ", ".join(f"{k} {v}" for k, v in bad.versions.items() if k in ("deepspeed", "torch") and v)
+        where = f"{word} {bad.version}" if kind != "run" else (pins or bad.env)
+        return f"{subject}: {said} with {where}"
+    if trans.both_bad:
+        before = f"{good.outcome} ({good.signature}) with {word} {good.version}"
+        return f"{subject}: {before}, {said} from {bad.version}"
+    if _is_older(bad.version, good.version, rows):
+        return f"{subject}: {said} up to {word} {bad.version}, {good.outcome} from {good.version}"
+    return f"{subject}: {said} from {word} {bad.version} ({good.version}: {good.outcome})"
+
+
+def _is_older(a: str, b: str, rows: Sequence[facts.Row]) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(a) < Version(b)
+    except InvalidVersion:
+        order = [r.version for r in rows]
+        return order.index(a) < order.index(b) if a in order and b in order else False
 
 
 def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]:
-    """What ISSUE.md says; `clean` rewrites what is read from the folder (the scrubber's `data`)."""
+    """What ISSUE.md says; `clean` rewrites what is read from the folder (the scrubber's `data`),
+    applied to the finished context (host paths are first turned into placeholders here)."""
     kind, data = _load(folder)
-    data = clean(data)
+    runs = _runs(folder, kind, data)
     commits = data.get("commits")
     if isinstance(commits, list):  # a survey's: one commit bisect per change point, the first found
-        commits = next((c for c in commits if c.get("status") == "found"), None)
+        commits = next((c for c in commits if isinstance(c, dict) and c.get("status") == "found"), None)
     commits = commits if isinstance(commits, dict) else None
     commit_data = commits if commits and commits.get("kind") == "bisect" else None
     if data.get("axis") == "deepspeed-commit":
         commit_data = data
-    rows = _probe_rows(data.get("probes", []), data.get("axis", ""))
-    if commit_data is not None and commit_data is not data:
-        rows += _probe_rows(commit_data.get("probes", []), commit_data.get("axis", ""))
-    found = commit_data if commit_data and commit_data.get("status") == "found" else data
-    evidence = found.get("evidence") or {}
-    bad, good = evidence.get("first_bad"), evidence.get("last_good")
-    changes = data.get("change_points", [])
-    if kind == "survey" and changes:
-        by_version = {p["version"]: p for p in data.get("probes", [])}
-        good, bad = by_version.get(changes[0]["before"]), by_version.get(changes[0]["after"])
-    record = clean(_record(folder, bad))
-    versions = {k: v for k, v in ((bad or {}).get("versions") or {}).items() if k in VERSION_KEYS and v}
-    first_commit = (commit_data or {}).get("first_bad_commit")
-    scenario, patch = data.get("scenario"), data.get("patch")
-    if first_commit:
-        title = (
-            f"MiCS ({scenario}, {patch}): {bad['outcome'] if bad else 'bad'} since "
-            f'{first_commit["short"]} "{first_commit["subject"]}"'
-        )
-    elif bad:
-        title = f"MiCS ({scenario}, {patch}): {bad['outcome']} with DeepSpeed/torch {bad['version']}"
+    axis = str(data.get("axis") or ("run" if kind == "run" else ""))
+    if kind == "run":
+        rows = _run_rows(runs)
+        # The bug's stock runs; else another failure of a MiCS run (the replica hang).
+        mics = [r for r in rows if ": zero3-" not in r.version]
+        bug = [r for r in mics if r.is_bug and "-fixed" not in r.version] or [
+            r for r in mics if r.finding is RunFinding.OTHER_FAILURE
+        ]
+        clean_rows = [r for r in rows if r.is_clean]
+        trans = facts.Transition(bad=bug[0] if bug else None, good=clean_rows[0] if clean_rows else None)
     else:
-        title = f"MiCS ({scenario}, {patch}): no boundary found"
-    return {
+        rows = [facts.row_of(p, axis) for p in data.get("probes") or [] if isinstance(p, dict)]
+        trans = facts.transition(data, rows, [str(c) for c in data.get("candidates") or []])
+    if commit_data is not None and commit_data is not data:
+        rows += [facts.row_of(p, str(commit_data.get("axis"))) for p in commit_data.get("probes") or []]
+    if commit_data and commit_data.get("status") == "found":
+        trans = facts.transition(commit_data, rows, [])
+    bad, good = trans.bad, trans.good
+    bad_run: dict[str, Any] = {}
+    if kind == "run" and bad is not None:
+        bad_run = next((r for r in runs if f"{r.get('env')}: {r.get('run_name')}" == bad.version), {})
+    record = bad_run or _record_of(folder, runs, bad, str(data.get("patch") or ""))
+    job = facts.job_facts(record)
+    scenario = str(data.get("scenario") or record.get("scenario") or "")
+    patch = str(data.get("patch") or record.get("patch") or "")
+    env = (bad.env if bad else "") or str(data.get("env") or record.get("env") or "")
+    first_commit = (commit_data or {}).get("first_bad_commit")
+    subject = facts.subject(scenario, patch, job)
+    if first_commit and bad:
+        title = f'{subject}: {bad.outcome} since {first_commit["short"]} "{first_commit["subject"]}"'
+    else:
+        title = _title(subject, axis, trans, rows, kind)
+    versions = dict(bad.versions if bad else record.get("versions") or {})
+    versions = {k: v for k, v in versions.items() if k in VERSION_KEYS and v}
+    workdir = str((record.get("job") or {}).get("workdir") or "") or None
+    invocation = as_dict(data.get("invocation"))
+    line = str(
+        data.get("repro_command")
+        or data.get("command")
+        or invocation.get("command")
+        or ((commit_data or {}).get("reproduce") or {}).get("make")
+        or ""
+    )
+    if kind != "run" and bad is not None and not data.get("repro_command") and not first_commit:
+        line = facts.probe_line(line, axis, bad.version, scenario == CUSTOM_SCENARIO)
+    line = facts.portable_line(line, workdir) if line else ""
+    twin = _fixed_twin(runs, record) if record else None
+    ds_version = versions.get("deepspeed") or (bad.version if bad and axis == "deepspeed" else None)
+    # No fixed run in the folder: the same line runs one (a probe runs one patch at a time).
+    tokens = line.split()
+    both = "PATCH=fixed" if "probe" in tokens else "PATCH=stock,fixed"
+    try_fix = " ".join(both if t == "PATCH=stock" else t for t in tokens) if "PATCH=stock" in tokens else ""
+    container, steps = facts.bundle_steps(env, line, _engine_of(folder, kind, data, env) == "docker")
+    stacks = as_dict(record.get("stacks"))
+    hung = bool(bad and bad.outcome == "hung")
+    groups = stack_groups({str(k): str(v) for k, v in stacks.items()}) if hung else []
+    next_steps = as_dict(data.get("next"))
+    ctx = {
         "kind": kind,
         "title": title,
-        "data": data,
+        "axis_word": facts.AXIS_WORDS.get(bad.axis if bad else axis, axis),
+        "subject": subject,
+        "env": env,
+        "scenario": scenario,
+        "patch": patch,
+        "bad_if": str(data.get("bad_if") or ""),
         "commit": commit_data,
         "first_commit": first_commit,
-        "bad": bad,
-        "good": good,
-        "record": record,
+        "bad": _plain(bad),
+        "good": _plain(good),
+        "both_bad": trans.both_bad,
+        "good_is_clean": bool(good and good.is_clean and not trans.both_bad),
+        "links": [facts.ISSUE_URL] if bad and bad.illegal_work else [],
+        "job": _plain(job),
+        # The lab's fix is for the IllegalWork bug only (the replica hang is another one, FACTS 2).
+        "fix": _fix(ds_version, twin, try_fix) if bad and bad.is_bug else None,
         "versions": versions,
-        "stacks": stack_groups(record.get("stacks") or {}) if bad and bad.get("outcome") == "hung" else [],
-        "changes": changes,
-        "rows": rows,
-        "bundle": make_line(
-            "bundle", [("ENV", (bad or {}).get("env") or data.get("env")), ("RESULTS", "<results>")]
+        "first_release": {
+            "first_bad": data.get("first_bad"),
+            "last_good": data.get("last_good"),
+            "unknown_between": list(data.get("unknown_between") or []),
+        }
+        if kind == "bisect" and data.get("first_bad")
+        else None,
+        "changes": [c for c in data.get("change_points") or [] if isinstance(c, dict)]
+        if kind == "survey"
+        else [],
+        "reproduce": line,
+        "container": container,
+        "bundle_steps": list(steps),
+        "stacks": [{"ranks": list(g.ranks), "where": g.where, "stack": g.stack} for g in groups],
+        "adapter_note": facts.adapter_note({str(k): str(v) for k, v in stacks.items()}, groups)
+        if hung
+        else "",
+        "rows": [_plain(r) for r in rows],
+        "unfinished": bool(data.get("interrupted"))
+        or data.get("status") == "in-progress"
+        or bool(invocation.get("interrupted")),
+        # A bisect saves the narrowed range's line; a survey is run again (built envs are reused).
+        "resume": facts.portable_line(
+            str(data.get("resume_command") or (data.get("command") if kind == "survey" else "") or ""),
+            workdir,
         ),
+        "next": {
+            "why": str(next_steps.get("why") or ""),
+            "lines": [facts.portable_line(str(x), workdir) for x in next_steps.get("lines") or []],
+        },
+        "signature_note": str(data.get("signature_note") or ""),
     }
+    return clean(ctx)  # type: ignore[no-any-return]
+
+
+def _plain(value: Any) -> Any:
+    """Dataclasses and tuples as the JSON-like values the scrubber rewrites (and Jinja reads)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def render(folder: Path, scrubber: Scrubber) -> str:
@@ -173,11 +364,11 @@ def render(folder: Path, scrubber: Scrubber) -> str:
     env = templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, clean=scrub.text)
     try:
         text = env.get_template("ISSUE.md.j2").render(**ctx)
-    except jinja2.UndefinedError as exc:  # a key the shape leaves optional, yet ISSUE.md needs it
+    except jinja2.UndefinedError as exc:  # every field is in the context (issue_facts): a bug here
         raise UsageError(
-            f"{folder / (ctx['kind'] + '.json')} lacks a field ISSUE.md needs",
+            f"{folder / MARKERS[ctx['kind']]} lacks a field ISSUE.md needs",
             why=str(exc),
-            fix="write it again with `make bisect` / `make survey` of this tool version",
+            fix="write it again with this tool version, and report the field to its maintainers",
         ) from None
     return hand_out(text, scrub, "ISSUE.md")
 

@@ -1,0 +1,61 @@
+"""Issue #29, "Done means": a small DeepSpeed job that needs a package through REQUIREMENTS= (a local
+wheel built here), launched with torchrun, surveyed over two DeepSpeed releases on the torch 2.1
+CPU twin (0.13.0 a layered release env over the env's 0.13.1); `make issue` on the survey names the
+command and the package and no host path; a report over the survey and a `make run` folder of
+another job shows both commands and both reproduce lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.classifier_job import make, write_project
+from tests.fixtures.wheels import build_wheel
+
+pytestmark = pytest.mark.integration
+COMMAND = "torchrun --nproc_per_node 2 train_with_dep.py"
+WRAPPER = """\
+import runpy
+import sys
+
+import mics_repro_walkdep  # what REQUIREMENTS= brings: the job fails without it
+
+sys.argv[0] = "train_classifier.py"
+runpy.run_path("train_classifier.py", run_name="__main__")
+"""
+
+
+def test_own_job_survey_issue_and_report(
+    tmp_path: Path, classifier_run: tuple[Path, str, dict[str, Any]]
+) -> None:
+    wheel = build_wheel(tmp_path / "wheels", "mics_repro_walkdep", "1.0", "VALUE = 1\n")
+    work = write_project(tmp_path / "job")
+    (work / "train_with_dep.py").write_text(WRAPPER)
+    (work / "requirements.txt").write_text(f"{wheel}\n")
+    out = tmp_path / "survey"
+    done = make(
+        "survey", "AXIS=deepspeed", "FROM=0.13.0", "TO=0.13.1", "VERSIONS=0.13.0,0.13.1", "ENV=cpu",
+        f"WORKDIR={work}", f"REQUIREMENTS={work / 'requirements.txt'}", f"OUT={out}", f"CMD={COMMAND}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    survey = json.loads((out / "survey.json").read_text())
+    assert survey["scenario"] == "custom" and survey["job"]["command"] == COMMAND
+    outcomes = {p["version"]: (p["outcome"], p["signature"]) for p in survey["probes"]}
+    assert set(outcomes) == {"0.13.0", "0.13.1"}
+    assert all(o not in ("env-error", "interrupted") for o, _ in outcomes.values()), outcomes  # all judged
+    assert "mics/stock" not in done.stdout
+    done = make("issue", f"RESULTS={out}")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    text = (out / "ISSUE.md").read_text()
+    assert COMMAND in text and "mics_repro_walkdep" in text and str(tmp_path) not in text
+    assert "WORKDIR=<your job folder>" in text
+    other, _, _ = classifier_run
+    report = tmp_path / "report"
+    done = make("report", f"RESULTS={out},{other}", f"OUT={report}")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    md = (report / "REPORT.md").read_text()
+    assert COMMAND in md and "train_classifier.py" in md
+    assert md.count("Reproduce ") >= 2
