@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 COMMIT_AXIS = "deepspeed-commit"
 # The last torch release line without `_IllegalWork` (torch 2.1 changed the coalescing manager's
-# contract, FACTS 2): the good end a torch-axis bisect starts from when every DeepSpeed was bad.
+# contract, docs/background.md §2): the good end a torch-axis bisect starts from when every DeepSpeed was bad.
 TORCH_BEFORE_ILLEGAL_WORK = "2.0.1"
 AXES = ("torch", "deepspeed", COMMIT_AXIS)
 
@@ -481,7 +481,7 @@ class BisectMode:
 
     def _other_axis(self, at: str, toward: str) -> str | None:
         """The same job bisected over torch at the DeepSpeed release `at` (for a DeepSpeed walk):
-        the bug lives in torch's coalescing manager as much as in DeepSpeed (FACTS 1-2)."""
+        the bug lives in torch's coalescing manager as much as in DeepSpeed (docs/background.md §1-2)."""
         if self.walk.axis != "deepspeed":
             return None
         torch = self.walk.fixed.get("torch") or self.walk.env_pins.get("torch")

@@ -302,7 +302,7 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
         "good_is_clean": bool(good and good.is_clean and not trans.both_bad),
         "links": [facts.ISSUE_URL] if bad and bad.illegal_work else [],
         "job": _plain(job),
-        # The lab's fix is for the IllegalWork bug only (the replica hang is another one, FACTS 2).
+        # The fix is for the IllegalWork bug only (the replica hang is another; docs/background.md §2).
         "fix": _fix(ds_version, twin, try_fix) if bad and bad.is_bug else None,
         "versions": versions,
         "first_release": {
