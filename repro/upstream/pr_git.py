@@ -65,24 +65,28 @@ def check_identity(name: str, email: str, source: str) -> Identity:
     return Identity(name.strip(), email, source)
 
 
-def check_branch_name(branch: str) -> str:
-    if not branch or branch.startswith("-") or _CONTROL.search(branch):
+def _git_word(value: str, shown: str, what: str, fix: str) -> str:
+    # A value git takes as a branch or revision: one starting with '-' or holding a control
+    # character would reach git as something else.
+    if not value or value.startswith("-") or _CONTROL.search(value):
         raise UsageError(
-            f"BRANCH={branch!r} is not a branch name",
-            why="a name starting with '-' or holding a control character would reach git as something else",
-            fix="use a plain name such as mics-coalesced-wait",
+            f"{shown} is not {what}",
+            why="a value starting with '-' or holding a control character would reach git as something else",
+            fix=fix,
         )
-    return branch
+    return value
+
+
+def check_branch_name(branch: str) -> str:
+    return _git_word(
+        branch, f"BRANCH={branch!r}", "a branch name", "use a plain name such as mics-coalesced-wait"
+    )
 
 
 def check_ref_text(ref: str) -> str:
-    if not ref or ref.startswith("-") or _CONTROL.search(ref):
-        raise UsageError(
-            f"REF={ref!r} is not a revision",
-            why="a value starting with '-' or holding a control character would reach git as something else",
-            fix="give a branch, tag or commit of the checkout (REF=master)",
-        )
-    return ref
+    return _git_word(
+        ref, f"REF={ref!r}", "a revision", "give a branch, tag or commit of the checkout (REF=master)"
+    )
 
 
 class Checkout:
