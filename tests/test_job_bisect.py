@@ -6,57 +6,18 @@ prints (IllegalWork messages from 0.13.0 on, where PR #4792 started catching the
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from packaging.version import Version
 
 from repro.cli import bisect_commands as bisect_cli
-from repro.engines.base import Prepared, SuiteRun
-from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
+from repro.engines.base import Prepared
+from tests.fixtures.fake_bisect import FakeEnv, FakeMatrix, parse
+from tests.fixtures.fake_job import BAD_LOG, CLEAN_LOG, FakeJobEngine  # noqa: F401
 
-CLEAN_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
-BAD_LOG = "[Rank 0] Error message: Illegal to call wait on IllegalWork object\n" + CLEAN_LOG
-
-
-class FakeJobEngine(FakeEngine):
-    """Runs "the user's command": its output depends on the DeepSpeed of the env."""
-
-    def __init__(self) -> None:
-        super().__init__(lambda env: ("clean", "none"))
-        self.commands: list[str] = []
-
-    def run_job(
-        self,
-        prepared: Prepared,
-        args: Sequence[str],
-        out_dir: Path,
-        workdir: Path,
-        timeout_s: float | None,
-        **kw: Any,
-    ) -> SuiteRun:
-        argv = list(args)
-        self.commands.append(argv[argv.index("--cmd") + 1])
-        env: FakeEnv = self.envs[prepared.env_id]
-        out_dir.mkdir(parents=True)
-        log = BAD_LOG if Version(env.deepspeed) >= Version("0.13.0") else CLEAN_LOG
-        (out_dir / "job.log").write_text(log)
-        job = {
-            "status": None,
-            "exit_code": 0,
-            "wall_s": 1.0,
-            "stacks": {},
-            "survivors": [],
-            "hook_reports": [{"deepspeed": env.deepspeed, "engine": {"dtype": "fp32", "world_size": 2}}],
-            "versions": {"deepspeed": env.deepspeed},
-            "command": argv[argv.index("--cmd") + 1],
-            "workdir": str(workdir),
-            "transport": "async",
-        }
-        (out_dir / "job.json").write_text(json.dumps(job))
-        return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
+# The engine whose command prints IllegalWork messages from DeepSpeed 0.13.0 on is shared with the
+# walk tests of #29 (tests/fixtures/fake_job.py).
 
 
 @pytest.mark.parametrize("pythonpath", [None, "/opt/deps"])
