@@ -90,6 +90,17 @@ def test_a_package_the_env_lacks_comes_from_requirements(
     assert "deepspeed==0.13.1" in freeze and any(re.match(r"torch==2\.1\.0(\+\w+)?$", x) for x in freeze)
 
 
+def test_make_issue_on_the_run_names_the_job_and_its_package_and_no_host_path(
+    with_requirements: tuple[Path, str], project: Path
+) -> None:
+    out, _ = with_requirements
+    done = make("issue", f"RESULTS={out}")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    text = (out / "ISSUE.md").read_text()
+    assert COMMAND in text and "mics-repro-testdep" in text.replace("_", "-")
+    assert str(project.parent) not in text and "WORKDIR=<your job folder>" in text
+
+
 def test_the_printed_reproduce_line_gives_the_same_outcome(
     with_requirements: tuple[Path, str], tmp_path: Path
 ) -> None:

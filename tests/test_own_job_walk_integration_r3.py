@@ -1,8 +1,10 @@
 """Issue #29, "Done means": a small DeepSpeed job that needs a package through REQUIREMENTS= (a local
 wheel built here), launched with torchrun, surveyed over two DeepSpeed releases on the torch 2.1
-CPU twin (0.13.0 a layered release env over the env's 0.13.1); `make issue` on the survey names the
-command and the package and no host path; a report over the survey and a `make run` folder of
-another job shows both commands and both reproduce lines."""
+CPU twin (0.13.0 a layered release env over the env's 0.13.1); a bisect of the same pair, where
+both ends are bad (no transition); `make issue` on the survey and on the bisect names the command
+and the package and no host path (the `make run` folder's ISSUE.md is checked in
+test_job_deps_integration.py); a report over the survey and a `make run` folder of another job
+shows both commands and both reproduce lines."""
 
 from __future__ import annotations
 
@@ -52,6 +54,22 @@ def test_own_job_survey_issue_and_report(
     text = (out / "ISSUE.md").read_text()
     assert COMMAND in text and "mics_repro_walkdep" in text and str(tmp_path) not in text
     assert "WORKDIR=<your job folder>" in text
+    # Both releases have the bug: a bisect of the pair finds no transition, and its ISSUE.md still
+    # names the job, its package and what to run next, with no host path.
+    assert {o for o, _ in outcomes.values()} == {"reproduced"}, outcomes
+    walk = tmp_path / "bisect"
+    done = make(
+        "bisect", "AXIS=deepspeed", "GOOD=0.13.0", "BAD=0.13.1", "VERSIONS=0.13.0,0.13.1", "ENV=cpu",
+        f"WORKDIR={work}", f"REQUIREMENTS={work / 'requirements.txt'}", f"OUT={walk}", f"CMD={COMMAND}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    bisect = json.loads((walk / "bisect.json").read_text())
+    assert bisect["first_bad"] is None and bisect["next"]["lines"], bisect
+    done = make("issue", f"RESULTS={walk}")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    text = (walk / "ISSUE.md").read_text()
+    assert COMMAND in text and "mics_repro_walkdep" in text and str(tmp_path) not in text
+    assert "Traceback" not in done.stdout + done.stderr
     other, _, _ = classifier_run
     report = tmp_path / "report"
     done = make("report", f"RESULTS={out},{other}", f"OUT={report}")
