@@ -155,14 +155,13 @@ gpu-check:
 # docker (real engine), browser (headless chromium), bootstrap (a fresh clone and a bare Python
 # run `make repro DRY_RUN=1` and `make test`). Tiers whose tools are missing skip with a
 # reason, except under MICS_REPRO_REQUIRE_TIERS=1 (CI), where a skip is a failure.
-# The unit tier in two workers when pytest-xdist is there (make venv installs it), then the real
-# tiers (tests/conftest.py: TIERS) one after another: real runs never compete with each other for
-# the cores, and Docker, Slurm and signal tests stay serial. Exit 5 (nothing selected, e.g. a
-# PYTEST_ARGS= file of one tier only) is no failure of the other invocation.
-XDIST = $$($(PYTHON) -c 'import xdist' 2>/dev/null && printf '%s' '-n 2')
+# tests/run_tiers.py: the Docker tier (disk and dockerd bound) in a pytest of its own beside the
+# others, which run as before: the unit tier in two workers when pytest-xdist is there (make venv
+# installs it), then the other real tiers one test at a time, so real runs never compete with each
+# other for the cores and Slurm and signal tests stay serial. The Docker tier's output is printed
+# after theirs. Exit 5 (nothing selected, e.g. a PYTEST_ARGS= file of one tier only) is no failure.
 test:
-	$(PYTHON) -m pytest -m unit $(XDIST) $(PYTEST_ARGS) || [ $$? -eq 5 ]
-	$(PYTHON) -m pytest -m "not unit" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTHON) tests/run_tiers.py $(PYTEST_ARGS)
 
 test-unit:
 	$(PYTHON) -m pytest -m unit $(PYTEST_ARGS)

@@ -408,10 +408,24 @@ def _venv_python() -> str:
     return python
 
 
+def _free_port() -> str:
+    # Not the layout's 29500: `make test` runs the Docker tier beside the others, and two of these
+    # rendezvous on one port would join each other's jobs.
+    from repro.workload.runner import free_port
+
+    return str(free_port())
+
+
 def _twin_env(python: str, out: Path) -> dict[str, str]:
     repo = REPO_ROOT
     return dict(
-        os.environ, RUNTIME="none", PYTHON=python, REPRO_SRC=str(repo), STEPS="3", BUNDLE_DIR=str(out.parent)
+        os.environ,
+        RUNTIME="none",
+        PYTHON=python,
+        REPRO_SRC=str(repo),
+        STEPS="3",
+        BUNDLE_DIR=str(out.parent),
+        PORT=_free_port(),
     )
 
 
@@ -456,7 +470,7 @@ def test_cpu_twin_runs_in_the_image_through_launch_node(tmp_path: Path) -> None:
     except Exception as exc:  # no daemon, or the image is not built
         pytest.skip(f"{tag} is not available ({type(exc).__name__}); make build ENV=cpu ENGINE=docker")
     out = written(tmp_path, cluster.CPU_TWIN, "cpu")
-    env = dict(os.environ, RUNTIME="docker", IMAGE_REF=tag, STEPS="3")
+    env = dict(os.environ, RUNTIME="docker", IMAGE_REF=tag, STEPS="3", PORT=_free_port())
     stock, fixed = _hier_stock_and_fixed(out, tmp_path / "results", env)
     assert stock["exit_code"] != "0" and any("IllegalWork" in e for e in stock["errors"]), stock
     assert fixed["exit_code"] == "0" and fixed["errors"] == [] and fixed["non_finite_losses"] == 0, fixed

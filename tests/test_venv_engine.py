@@ -27,16 +27,17 @@ from repro.matrix.schema import load_matrix
 pytestmark = pytest.mark.integration
 
 STAND_IN_SUITE = """import json, os, sys, time
-import torch, deepspeed
 args = sys.argv[1:]
 out = args[args.index("--out") + 1]
 os.makedirs(out, exist_ok=True)
+if "--hang-at-once" in args:  # the timeout's test: no torch import to wait for
+    open(os.path.join(out, "suite.json"), "w").write("{}")
+    time.sleep(3600)
+import torch, deepspeed
 with open(os.path.join(out, "suite.json"), "w") as f:
     json.dump({"runs": [], "torch": torch.__version__, "deepspeed": deepspeed.__version__,
                "executable": sys.executable}, f)
 print("stand-in suite done", flush=True)
-if "--hang" in args:
-    time.sleep(3600)
 """
 
 
@@ -100,7 +101,9 @@ def test_suite_runs_with_the_pinned_packages(
 
 def test_hung_suite_is_a_timed_out_result(built: tuple[VenvEngine, Prepared], tmp_path: Path) -> None:
     engine, prepared = built
-    run = engine.run_suite(prepared, ["--hang"], tmp_path / "out", timeout_s=30)
+    # 10 s: enough for a bare Python to start and write its file on a loaded host; the stand-in
+    # hangs before it imports anything.
+    run = engine.run_suite(prepared, ["--hang-at-once"], tmp_path / "out", timeout_s=10)
     assert run.timed_out and run.exit_code == 124
     assert (tmp_path / "out" / "suite.json").exists()
 

@@ -24,7 +24,6 @@ import datetime as dt
 import json
 import re
 import shlex
-import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -455,10 +454,10 @@ def _write_image(
     """Flatten, save and gzip the image into the bundle; the manifest's "image" entry."""
     safe_env = re.sub(r"[^a-z0-9_.-]+", "-", request.env_id.lower())
     ref = f"mics-repro-bundle:{safe_env}-{source.split(':')[-1][:12]}"
-    flat = bundle_image.flatten(client, source, ref, request.out / ".work", say)
-    say(f"bundle: saving {ref} (gzip level {request.gzip_level}) ...")
-    saved = bundle_image.save_gzip(client, ref, request.out / IMAGE_FILE, request.gzip_level)
-    shutil.rmtree(request.out / ".work", ignore_errors=True)
+    flat = bundle_image.flatten(client, source, ref, say)
+    workers = bundle_image.gzip_workers()
+    say(f"bundle: saving {ref} (gzip level {request.gzip_level}, {workers} threads) ...")
+    saved = bundle_image.save_gzip(client, ref, request.out / IMAGE_FILE, request.gzip_level, workers)
     say(
         f"bundle: {IMAGE_FILE}: {saved.bytes / 1e9:.2f} GB ({saved.uncompressed_bytes / 1e9:.2f} GB "
         f"uncompressed), flatten {flat.seconds:.0f} s, save+gzip {saved.seconds:.0f} s"

@@ -15,10 +15,14 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import tarfile
+import threading
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -88,7 +92,9 @@ def _dropped(name: str, drop: Sequence[str]) -> bool:
     return any(path == d or path.startswith(d + "/") for d in drop)
 
 
-def filter_tar(chunks: Iterable[bytes], out: BinaryIO, drop: Sequence[str] = BUILD_ONLY_PATHS) -> list[str]:
+def filter_tar(
+    chunks: Iterable[bytes], out: BinaryIO | io.RawIOBase, drop: Sequence[str] = BUILD_ONLY_PATHS
+) -> list[str]:
     """Copy a tar stream to `out` without the members under `drop`; returns what was dropped."""
     removed: list[str] = []
     source = io.BufferedReader(_IterReader(chunks), CHUNK)
@@ -124,34 +130,83 @@ def import_changes(config: Mapping[str, Any], extra_labels: Mapping[str, str]) -
     return changes
 
 
-def flatten(
-    client: Any, source: str, ref: str, workdir: Path, say: Callable[[str], None] = console.result
-) -> Flattened:
-    """One-layer copy of `source` without BUILD_ONLY_PATHS, tagged `ref`."""
+class _Counting(io.RawIOBase):
+    """The write end of the pipe into `docker import`, counting what goes through."""
+
+    def __init__(self, sink: BinaryIO) -> None:
+        self.sink, self.bytes = sink, 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.sink.write(data)
+        self.bytes += len(data)
+        return len(data)
+
+
+def _pipe_chunks(read_end: BinaryIO) -> Iterator[bytes]:
+    while data := read_end.read(CHUNK):
+        yield data
+
+
+def flatten(client: Any, source: str, ref: str, say: Callable[[str], None] = console.result) -> Flattened:
+    """One-layer copy of `source` without BUILD_ONLY_PATHS, tagged `ref`.
+
+    The filtered filesystem streams from `docker export` into `docker import` through a pipe (a
+    thread writes it), never through a file: for a GPU image that is tens of GB not written and
+    read back, and no scratch space needed for them."""
     started = time.monotonic()
     image = client.images.get(source)
     config = dict(image.attrs.get("Config") or {})
-    workdir.mkdir(parents=True, exist_ok=True)
-    rootfs = workdir / "rootfs.tar"
-    say(f"bundle: exporting the filesystem of {source} ({image.id[:19]}) without build-only files")
+    say(
+        f"bundle: streaming the filesystem of {source} ({image.id[:19]}) into {ref}, without build-only files"
+    )
+    repository, _, tag = ref.rpartition(":")
     container = client.containers.create(image.id, command=["true"], network_disabled=True)
+    read_fd, write_fd = os.pipe()
+    reader, writer = os.fdopen(read_fd, "rb"), os.fdopen(write_fd, "wb")
+    counting = _Counting(writer)
+    removed: list[str] = []
+    failed: list[BaseException] = []
+
+    def export() -> None:
+        try:
+            removed.extend(filter_tar(container.export(chunk_size=CHUNK), counting))
+        except BaseException as exc:  # handed to the caller; a closed reader (import failed) too
+            failed.append(exc)
+        finally:
+            try:
+                writer.close()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=export, name="bundle-export", daemon=True)
+    thread.start()
     try:
-        with open(rootfs, "wb") as out:
-            removed = filter_tar(container.export(chunk_size=CHUNK), out)
+        import_error: Exception | None = None
+        try:
+            client.api.import_image_from_stream(
+                _pipe_chunks(reader),
+                repository=repository,
+                tag=tag,
+                changes=import_changes(config, {LABEL_BUNDLE_OF: image.id}),
+            )
+        except Exception as exc:
+            import_error = exc
+        finally:
+            reader.close()  # an import that stopped early must not leave the export blocked on the pipe
+            thread.join()
+        # The export's own error says more than Docker's view of a cut-off tar; a broken pipe only
+        # says that the import stopped reading.
+        if failed and not isinstance(failed[0], BrokenPipeError):
+            raise failed[0]
+        if import_error is not None:
+            raise import_error
     finally:
         container.remove(force=True)
-    size = rootfs.stat().st_size
-    say(f"bundle: importing the flattened filesystem ({size / 1e9:.2f} GB) as {ref}")
-    repository, _, tag = ref.rpartition(":")
-    try:
-        client.api.import_image_from_file(
-            str(rootfs),
-            repository=repository,
-            tag=tag,
-            changes=import_changes(config, {LABEL_BUNDLE_OF: image.id}),
-        )
-    finally:
-        rootfs.unlink(missing_ok=True)
+    size = counting.bytes
+    say(f"bundle: imported the flattened filesystem ({size / 1e9:.2f} GB) as {ref}")
     new_id = str(client.images.get(ref).id)
     base = (config.get("Labels") or {}).get("org.opencontainers.image.base.name")
     return Flattened(
@@ -165,33 +220,66 @@ def flatten(
     )
 
 
-def save_gzip(client: Any, ref: str, path: Path, level: int = 1) -> Saved:
-    """`docker save` streamed straight through gzip into `path`; hashes the file as it is written."""
+# gzip members of this many uncompressed bytes are compressed side by side (see save_gzip).
+MEMBER = 16 << 20
+
+
+def _blocks(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
+    """The stream cut into blocks of exactly `size` bytes (the last one shorter): fixed cuts make
+    the same image give the same file, whatever chunk sizes Docker sends."""
+    pending = bytearray()
+    for chunk in chunks:
+        pending += chunk
+        while len(pending) >= size:
+            yield bytes(pending[:size])
+            del pending[:size]
+    if pending:
+        yield bytes(pending)
+
+
+def compress_members(
+    chunks: Iterable[bytes], level: int, workers: int, size: int = MEMBER
+) -> Iterator[bytes]:
+    """The stream as consecutive gzip members, in order, `workers` of them compressed at once.
+
+    One gzip stream is one core's work (about 65 MB/s at level 1 here, so minutes for a GPU
+    image); zlib lets go of the GIL while it compresses, so threads use every core. A file of
+    several members is still one valid gzip file: gzip, Python's gzip module and `docker load`
+    read them as one stream. No name and mtime 0 in each header, so the bytes are reproducible."""
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gzip") as pool:
+        pending: deque[Future[bytes]] = deque()
+        for block in _blocks(chunks, size):
+            pending.append(pool.submit(gzip.compress, block, level, mtime=0))
+            while len(pending) > 2 * workers:  # bounded memory: at most ~2 x workers blocks in flight
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
+def gzip_workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def save_gzip(client: Any, ref: str, path: Path, level: int = 1, workers: int | None = None) -> Saved:
+    """`docker save` streamed through gzip (every core, see compress_members) into `path`; hashes
+    the file as it is written."""
     started = time.monotonic()
     image = client.images.get(ref)
     digest = hashlib.sha256()
     raw = 0
 
-    class _Hashing(io.RawIOBase):
-        def __init__(self, sink: BinaryIO) -> None:
-            self.sink = sink
-
-        def writable(self) -> bool:
-            return True
-
-        def write(self, data: Any) -> int:
-            digest.update(data)
-            return self.sink.write(data)
+    def counted() -> Iterator[bytes]:
+        nonlocal raw
+        for chunk in image.save(chunk_size=CHUNK, named=True):
+            raw += len(chunk)
+            yield chunk
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as sink:
-        # mtime=0 and no file name: the same image gives the same bytes, wherever it was saved.
-        hashing = _Hashing(sink)
-        with gzip.GzipFile(filename="", mode="wb", compresslevel=level, mtime=0, fileobj=hashing) as gz:
-            for chunk in image.save(chunk_size=CHUNK, named=True):
-                raw += len(chunk)
-                gz.write(chunk)
+        for member in compress_members(counted(), level, workers or gzip_workers()):
+            digest.update(member)
+            sink.write(member)
     tmp.replace(path)
     return Saved(path, digest.hexdigest(), path.stat().st_size, raw, level, time.monotonic() - started)
 
