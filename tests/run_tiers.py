@@ -17,6 +17,7 @@ Usage: python tests/run_tiers.py [PYTEST_ARGS...]
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -29,11 +30,7 @@ NO_TESTS = 5
 
 
 def _xdist() -> list[str]:
-    try:
-        import xdist  # noqa: F401
-    except ImportError:
-        return []
-    return ["-n", "2"]
+    return ["-n", "2"] if importlib.util.find_spec("xdist") else []
 
 
 def _ok(rc: int) -> int:
