@@ -14,9 +14,9 @@
 # nothing), and only these: the environment itself legitimately holds multi-line variables.
 USER_VARIABLES := ALLOW_PRIVILEGES AUTHOR_EMAIL AUTHOR_NAME AXIS BAD BAD_IF BOOTSTRAP_PYTHON BRANCH BUNDLE CMD COMMITS CONFIG \
 	DEEPSPEED DEEPSPEED_COMMIT DEEPSPEED_SRC DEVICES DRY_RUN DS_REPO DTYPE ENGINE ENV EVERY FORCE FROM \
-	GOOD GZIP_LEVEL IMAGE JOBS KEEP LAUNCHER LAYOUT LOSS_REGEX MATRIX NETWORK NO_SYNC_PROOF OUT PACKAGES \
+	GOOD GZIP_LEVEL IMAGE JOBS KEEP LAUNCHER LAYOUT LOSS_REGEX MATRIX NETWORK NO_HANG NO_SYNC_PROOF OUT PACKAGES \
 	PARALLEL PATCH PRERELEASES PYTEST_ARGS PYTHON PYTHON_VENV QUIET REF REFERENCE REFRESH_VERSIONS \
-	REQUIREMENTS RESULTS RESUME RUNNER SCENARIO SCENARIOS SLURM_GPUS_PER_TASK SLURM_PARTITION \
+	REQUIREMENTS RESULTS RESUME REUSE_IMAGE RUNNER SCENARIO SCENARIOS SLURM_GPUS_PER_TASK SLURM_PARTITION \
 	SLURM_TIME STALL_TIMEOUT STEPS TIMEOUT TO TORCH TRANSPORT VERBOSE VERSIONS WORKDIR WORLD_SIZE
 define _newline
 
@@ -190,7 +190,7 @@ lint:
 
 bench:
 	$(REPRO) bench $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,DS_REPO,ds-repo) \
-		$(call flag,DEEPSPEED_COMMIT,deepspeed-commit)
+		$(call flag,DEEPSPEED_COMMIT,deepspeed-commit) $(if $(value NO_HANG),--no-hang)
 
 # Bisection and surveys over releases (repro/cli/bisect_commands.py; docs/bisect.md).
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
@@ -234,7 +234,8 @@ bundle:
 		$(call flag,GZIP_LEVEL,gzip-level) $(call flag,MATRIX,matrix)
 
 verify-bundle:
-	$(REPRO) verify-bundle $(call flag,BUNDLE,bundle) $(call flag,WORKDIR,workdir) $(if $(call yes,ALLOW_PRIVILEGES),--allow-gpu-privileges)
+	$(REPRO) verify-bundle $(call flag,BUNDLE,bundle) $(call flag,WORKDIR,workdir) $(if $(call yes,ALLOW_PRIVILEGES),--allow-gpu-privileges) \
+		$(if $(call yes,REUSE_IMAGE),--reuse-image)
 
 cluster:
 	$(REPRO) cluster --out $(call sq,$(or $(value OUT),cluster)) $(call flag,LAYOUT,layout) $(call flag,ENV,env)

@@ -27,6 +27,13 @@ TIERS = {
 }
 UNIT = "unit"
 _EXEMPT_MARKERS = tuple(TIERS)
+# `make test` (tests/run_tiers.py) runs these real tests in a pytest of their own beside the
+# others: they wait mostly on dockerd, the disk and the network (Docker, a fresh clone's set-up) or
+# pick their own ports (DeepSpeed's test harness in the PR regression test), and the two streams
+# then take about as long each. Marked as collected, like the tiers.
+SIDE_STREAM = "side_stream"
+SIDE_STREAM_TIERS = ("docker", "bootstrap")
+SIDE_STREAM_MODULES = ("test_pr_regression.py",)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -34,6 +41,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {what}")
     config.addinivalue_line(
         "markers", f"{UNIT}: the default tier: fakes only (added to every test without a tier)"
+    )
+    config.addinivalue_line(
+        "markers", f"{SIDE_STREAM}: run beside the other real tests by make test (added; see SIDE_STREAM)"
     )
     config.addinivalue_line(
         "markers",
@@ -45,6 +55,8 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     # Marked as each test is collected, before `-m` deselects by marker.
     if not any(item.get_closest_marker(m) for m in TIERS):
         item.add_marker(UNIT)
+    elif any(item.get_closest_marker(m) for m in SIDE_STREAM_TIERS) or item.path.name in SIDE_STREAM_MODULES:
+        item.add_marker(SIDE_STREAM)
 
 
 def _tier(item_keywords: Any) -> str:
@@ -137,5 +149,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Any:
 # Real evidence made once per test session and shared by every module that asserts on it
 # (tests/fixtures/; STYLE.md 15): registered here so any test module can ask for it by name.
 from tests.fixtures.classifier_job import classifier_project, classifier_run  # noqa: E402, F401
+from tests.fixtures.cpu_plan import reporter_stack  # noqa: E402, F401
 from tests.fixtures.docker_repro import docker_cpu_repro  # noqa: E402, F401
 from tests.fixtures.fake_bundle_docker import host  # noqa: E402, F401 - the bundle tests' host

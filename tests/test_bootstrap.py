@@ -89,7 +89,10 @@ def test_make_repro_then_make_test_set_themselves_up(fresh: tuple[Path, dict[str
     test = _run(["make", "test", "PYTEST_ARGS=--co -q"], clone, env)
     assert test.returncode == 0, test.stdout
     assert "setting up the host-side Python" not in test.stdout  # reused: pyproject.toml is unchanged
-    assert ".venv/bin/python -m pytest" in test.stdout
-    assert "tests collected" in test.stdout  # and none failed to collect: pytest exits 0 only then
+    assert ".venv/bin/python tests/run_tiers.py" in test.stdout  # the clone's own venv runs the tiers
+    # every stream collected (pytest exits 0 only then): the unit tier, the other real tiers and
+    # the side stream, whose output follows theirs
+    assert test.stdout.count("tests collected") == 3, test.stdout[-3000:]
+    assert "end of the side stream: exit status 0" in test.stdout
     status = _run(["git", "status", "--porcelain"], clone, env)
     assert status.stdout == "", "the set-up left files git would see (is .venv/ ignored?)"

@@ -298,6 +298,49 @@ def test_verify_loads_the_image_and_matches_the_manifest(tmp_path: Path, host: d
     assert (got.folder / "results.json").is_file()
 
 
+def test_reuse_image_skips_the_load_only_when_docker_has_that_very_image(
+    tmp_path: Path, host: dict[str, str]
+) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    manifest = Manifest.read(result.folder)
+
+    def verify(results: str) -> verify_bundle.VerifyResult:
+        return verify_bundle.verify(
+            result.folder,
+            client,
+            tmp_path / results,
+            engine_factory=lambda _c: FakeEngine(_recorded(result.folder)),
+            say=lambda _l: None,
+            reuse_image=True,
+        )
+
+    # Docker does not have it (bundle removed its flattened image): loaded from the tarball.
+    assert verify("first").ok and client.loaded == [manifest.image["id"]]
+    # Now it does: the same id is not loaded again, and the runs still compare.
+    again = verify("second")
+    assert again.ok and client.loaded == [manifest.image["id"]]
+    assert again.image_id == manifest.image["id"]
+
+
+def test_reuse_image_still_refuses_a_tarball_that_differs_from_its_manifest(
+    tmp_path: Path, host: dict[str, str]
+) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    image = result.folder / bundle.IMAGE_FILE
+    image.write_bytes(image.read_bytes()[:-10])
+    with pytest.raises(BundleError, match="does not match its manifest"):
+        verify_bundle.verify(
+            result.folder,
+            client,
+            tmp_path / "v",
+            engine_factory=lambda _c: FakeEngine([]),
+            say=lambda _l: None,
+            reuse_image=True,
+        )
+
+
 def test_verify_reports_a_different_outcome(tmp_path: Path, host: dict[str, str]) -> None:
     client = FakeClient()
     result = new_bundle(tmp_path, host, client)

@@ -7,6 +7,10 @@ for the runs whose numbers are deterministic (the control and the fixed runs: ev
 waited) on the losses and the final weights' checksum, bit for bit. The stock MiCS runs read
 buffers that gloo fills while nobody waits, so their NaN pattern and checksum may differ from
 one run to the next under either launcher; their outcome and message counts may not.
+
+The reporter's stack's prefork half is the session's run of that plan through the front door
+(tests/fixtures/cpu_plan.py, which test_suite_integration.py asserts on too); only its torchrun
+half runs here, with the same steps.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ import pytest
 from envpython import env_python
 
 from repro.workload.runner import _rank_pids, alive
+from tests.fixtures.cpu_plan import REPORTER_STEPS
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
 
 PLANS = {
     # the reporter's stack: the whole default plan (control, 3 scenarios x stock/fixed, sync proof)
-    "cpu": (),
+    "cpu": ("--steps", REPORTER_STEPS),
     # the newest torch and DeepSpeed: the fork path must hold there too
     "cpu-latest": ("--scenarios", "mics", "--no-sync-proof"),
 }
@@ -49,10 +54,23 @@ def _deterministic(record: dict[str, Any]) -> bool:
     return record["patch"] == "fixed" or (record["scenario"] == "zero3" and record["patch"] == "stock")
 
 
+def _front_door_suite(reporter_stack: tuple[Path, dict[str, Any]]) -> dict[str, Any]:
+    """The session's prefork run of the reporter's plan: its suite.json (run_repro checked that no
+    rank outlived its run)."""
+    out, _results = reporter_stack
+    data: dict[str, Any] = json.loads((out / "cpu" / "suite.json").read_text())
+    return data
+
+
 @pytest.mark.parametrize("env_id", sorted(PLANS))
-def test_prefork_and_torchrun_give_the_same_evidence(env_id: str, tmp_path: Path) -> None:
+def test_prefork_and_torchrun_give_the_same_evidence(
+    env_id: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     slow = _suite(env_id, "torchrun", tmp_path / "torchrun", PLANS[env_id])
-    fast = _suite(env_id, "prefork", tmp_path / "prefork", PLANS[env_id])
+    if env_id == "cpu":
+        fast = _front_door_suite(request.getfixturevalue("reporter_stack"))
+    else:
+        fast = _suite(env_id, "prefork", tmp_path / "prefork", PLANS[env_id])
     assert slow["launcher"]["used"] == "torchrun" and fast["launcher"]["used"] == "prefork"
     assert fast["launcher"]["server"]["ready"] is True
     slow_runs = {r["run_name"]: r for r in slow["runs"]}

@@ -12,64 +12,18 @@ and reads the report back against the records (several envs, two invocations of 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from envpython import env_python
 
 from repro.workload.classify import first_divergent_step
-from repro.workload.record import RECORD_KEYS
-from repro.workload.runner import _rank_pids, alive
+from tests.fixtures.cpu_plan import run_repro
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
-
-
-def run_repro(env_id: str, out: Path, *args: str) -> dict[str, Any]:
-    """One invocation of the front door for `env_id`; its results.json, checked for shape."""
-    env_python(env_id)  # skips (or fails in CI) when the env's venv is not built
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "repro",
-            "repro",
-            "--env",
-            env_id,
-            "--engine",
-            "venv",
-            "--out",
-            str(out),
-            *args,
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "verdict:" in done.stdout
-    results = json.loads((out / "results.json").read_text())
-    for record in results["runs"]:
-        assert set(RECORD_KEYS) <= set(record), sorted(set(RECORD_KEYS) - set(record))
-        # No rank of any run may outlive it.
-        launcher_log = (record.get("logs") or {}).get("launcher")
-        if launcher_log:
-            run_dir = (out / launcher_log).parent
-            assert run_dir.is_dir(), run_dir
-            assert not [p for p in _rank_pids(str(run_dir)) if alive(p)], record["run_name"]
-    return results
-
-
-@pytest.fixture(scope="module")
-def reporter_stack(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    """torch 2.1.0 + DeepSpeed 0.13.1: every scenario, stock and fixed, plus the sync control."""
-    out = tmp_path_factory.mktemp("cpu") / "results"
-    return out, run_repro("cpu", out, "--steps", "8")
 
 
 @pytest.fixture(scope="module")

@@ -124,14 +124,20 @@ def _bench_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine", default="venv")
     p.add_argument("--ds-repo", default=None, help="with --deepspeed-commit: also time a warm commit probe")
     p.add_argument("--deepspeed-commit", default=None, help="the commit (ref) of --ds-repo to probe")
+    p.add_argument(
+        "--no-hang",
+        action="store_true",
+        help="skip the hung vs clean probe pair (torch 2.13.0, DeepSpeed 0.19.2/0.19.3: two env builds once)",
+    )
 
 
 @command(
     "bench",
-    "time one env warm: the full suite under torchrun and prefork (ratio), a probe, env reuse",
+    "time one env warm: the full suite under torchrun and prefork, the bare start-up of the same jobs, "
+    "a hung vs a clean probe, a probe, env reuse",
     _bench_options,
 )
 def cmd_bench(args: argparse.Namespace) -> int:
     from repro.run.bench import bench
 
-    return bench(args.env, args.engine, args.ds_repo, args.deepspeed_commit)
+    return bench(args.env, args.engine, args.ds_repo, args.deepspeed_commit, hang=not args.no_hang)

@@ -127,6 +127,12 @@ def _verify_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--remove-image", action="store_true", help="remove the loaded image afterwards")
     p.add_argument(
+        "--reuse-image",
+        action="store_true",
+        help="use the manifest's image if Docker already has it (by id) instead of loading the tarball, "
+        "whose hash is still checked (make: REUSE_IMAGE=1)",
+    )
+    p.add_argument(
         "--allow-gpu-privileges",
         action="store_true",
         help="consent to a ROCm/CUDA bundle's device access and weaker isolation (make: ALLOW_PRIVILEGES=1)",
@@ -161,6 +167,7 @@ def cmd_verify_bundle(args: argparse.Namespace) -> int:
         connect=connect,
         allow_privileges=args.allow_gpu_privileges,
         workdir=args.workdir,
+        reuse_image=args.reuse_image,
     )
     console.result(report(result))
     if args.remove_image and clients:

@@ -9,6 +9,14 @@ Times, for one env with its image/venv already built (warm), in one invocation:
             The ratio prefork/torchrun is the figure: absolute seconds depend on the host.
   probe     one bisect/survey probe of the env (`python -m repro probe`: the control and MiCS
             stock, as every bisection and survey step runs them), warm.
+  bare      (venv engine) the bare start-up of the same torchrun jobs as the full set, one per
+            run with its world size: import torch and DeepSpeed, join a gloo group, leave. The
+            warm verdict (the prefork full set) over this is the verdict ratio: what the lab adds
+            to the floor that any torchrun job pays.
+  hang      (venv engine, CPU envs) a hung probe against a clean one: MiCS with replica groups,
+            fixed, torch 2.13.0, DeepSpeed 0.19.3 (commit 02663d6e hangs it) and 0.19.2 (clean),
+            each once to build its env, then timed. The hung probe ends when its collectives
+            prove a deadlock, so the ratio hung / clean says what a hang costs a bisection.
   commit    with DS_REPO= and DEEPSPEED_COMMIT=: the same probe of a DeepSpeed commit layered from
             its work tree (AXIS=deepspeed-commit), three times after one warm-up; the median.
 Figures are printed as a table and appended to results/bench.jsonl with the host facts, so a
@@ -31,6 +39,16 @@ from repro.core.results import host_info, utc_now
 
 REPO = paths.REPO_ROOT
 LAUNCHERS = ("torchrun", "prefork")
+# The replica-group hang of DeepSpeed 0.19.3 and the release before it (docs/bisect.md).
+HANG_PAIR = {"torch": "2.13.0", "clean": "0.19.2", "hung": "0.19.3"}
+HANG_PROBE = ["--scenario", "mics-replica", "--patch", "fixed", "--bad-if", "failed"]
+# A torchrun job that does nothing but what every job of the suite must: import torch and
+# DeepSpeed, join the gloo group, leave.
+BARE_JOB = """import deepspeed, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()
+dist.destroy_process_group()
+"""
 
 
 def _timed(argv: list[str]) -> tuple[float, int]:
@@ -48,12 +66,57 @@ def _suite(base: list[str], env: str, engine: str, launcher: str, out: Path) -> 
         "exit_code": code,
         "runs": len(runs),
         "per_run_s": {r["run_name"]: (r.get("durations") or {}).get("total_s") for r in runs},
+        "world_sizes": [r.get("world_size") or 2 for r in runs],
         "outcomes": {r["run_name"]: [r.get("outcome"), r.get("signature")] for r in runs},
     }
 
 
+def _env_python(base: list[str], env: str) -> str | None:
+    done = cmd.run([*base, "venv-python", "--env", env], cwd=REPO)
+    lines = done.stdout.strip().splitlines()
+    return lines[-1].strip() if done.returncode == 0 and lines else None
+
+
+def _bare(python: str, world_sizes: list[int], tmp: Path) -> dict[str, Any]:
+    """The bare start-up of one torchrun job per world size, one after the other."""
+    script = tmp / "bare_job.py"
+    script.write_text(BARE_JOB)
+    seconds, codes = 0.0, []
+    for size in world_sizes:
+        took, code = _timed(
+            [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={size}", str(script)]
+        )
+        seconds += took
+        codes.append(code)
+    return {"seconds": round(seconds, 1), "jobs": len(world_sizes), "exit_codes": codes}
+
+
+def _hang(base: list[str], env: str, tmp: Path) -> dict[str, Any]:
+    """Clean and hung probe of HANG_PAIR, each run once to build its env, then timed."""
+    figures: dict[str, Any] = {}
+    for name in ("clean", "hung"):
+        argv = [*base, "probe", "--env", env, "--engine", "venv", "--torch", HANG_PAIR["torch"]]
+        argv += ["--deepspeed", HANG_PAIR[name], *HANG_PROBE]
+        first_s, _ = _timed([*argv, "--out", str(tmp / f"hang-{name}-first")])
+        seconds, code = _timed([*argv, "--out", str(tmp / f"hang-{name}")])
+        outcome = None
+        probe_json = tmp / f"hang-{name}" / "probe.json"
+        if probe_json.is_file():
+            probes = json.loads(probe_json.read_text()).get("probes") or [{}]
+            outcome = probes[0].get("outcome")
+        figures[name] = {"first_s": round(first_s, 1), "seconds": round(seconds, 1), "exit_code": code}
+        figures[name]["outcome"] = outcome
+    clean, hung = figures["clean"]["seconds"], figures["hung"]["seconds"]
+    figures["ratio_hung_to_clean"] = round(hung / clean, 2) if clean else None
+    return figures
+
+
 def bench(
-    env: str = "cpu", engine: str = "venv", ds_repo: str | None = None, commit: str | None = None
+    env: str = "cpu",
+    engine: str = "venv",
+    ds_repo: str | None = None,
+    commit: str | None = None,
+    hang: bool = True,
 ) -> int:
     """Time one env's warm build, its full suite under each launcher and a probe; returns the exit
     code of the first failing step, or 0."""
@@ -64,6 +127,10 @@ def bench(
         return code
     with tempfile.TemporaryDirectory(prefix="mics-bench-") as tmp:
         suites = {name: _suite(base, env, engine, name, Path(tmp) / name) for name in LAUNCHERS}
+        python = _env_python(base, env) if engine == "venv" else None
+        sizes = [int(w) for w in suites["torchrun"]["world_sizes"]]
+        bare = _bare(python, sizes, Path(tmp)) if python and sizes else None
+        hung = _hang(base, env, Path(tmp)) if hang and engine == "venv" else None
         probe_s, probe_code = _timed(
             [*base, "probe", "--env", env, "--engine", engine, "--out", str(Path(tmp) / "probe")]
         )
@@ -90,6 +157,8 @@ def bench(
         commit_runs = commit_runs[1:]
     slow, fast = suites["torchrun"], suites["prefork"]
     ratio = round(fast["seconds"] / slow["seconds"], 2) if slow["seconds"] else None
+    bare_ok = bare is not None and bare["seconds"] and not any(bare["exit_codes"])
+    verdict_ratio = round(fast["seconds"] / bare["seconds"], 2) if bare is not None and bare_ok else None
     figure = {
         "at": utc_now(),
         "env": env,
@@ -98,6 +167,11 @@ def bench(
         "full_suite_s": {name: s["seconds"] for name, s in suites.items()},
         "ratio_prefork_to_torchrun": ratio,
         "same_outcomes": slow["outcomes"] == fast["outcomes"],
+        "bare_start_s": bare["seconds"] if bare is not None else None,
+        "bare": bare,
+        # the warm verdict (the prefork full set) over the bare start-up of the same jobs
+        "ratio_verdict_to_bare": verdict_ratio,
+        "hang": hung,
         # exit 0 good, 1 bad, 125 unknown: all are answers; 128 and up: the probe failed
         "probe_warm_s": round(probe_s, 1),
         "probe_exit_code": probe_code,
@@ -132,7 +206,20 @@ def _table(figure: dict[str, Any]) -> str:
     if figure["commit_probe_median_s"] is not None:
         what = f"probe of commit {figure['commit']}, warm (median of 3)"
         lines.append(f"  {what:<44} {figure['commit_probe_median_s']:>8}")
+    if figure.get("bare") is not None:
+        bare = figure["bare"]
+        what = f"bare start-up of the same {bare['jobs']} torchrun jobs"
+        lines.append(f"  {what:<44} {bare['seconds']:>8}")
+    hang = figure.get("hang")
+    if hang is not None:
+        for name in ("clean", "hung"):
+            what = f"probe {HANG_PAIR[name]} mics-replica fixed ({hang[name]['outcome']})"
+            lines.append(f"  {what:<44} {hang[name]['seconds']:>8}")
     lines.append(f"  ratio prefork / torchrun: {figure['ratio_prefork_to_torchrun']}")
+    if figure.get("bare") is not None:
+        lines.append(f"  ratio warm verdict / bare start-up: {figure['ratio_verdict_to_bare']}")
+    if hang is not None:
+        lines.append(f"  ratio hung / clean probe: {hang['ratio_hung_to_clean']}")
     same = "same" if figure["same_outcomes"] else "DIFFERENT (see results/bench.jsonl)"
     lines.append(f"  outcomes and signatures under both launchers: {same}")
     lines.append("  appended to results/bench.jsonl")
