@@ -115,6 +115,11 @@ class Manager:
             work.wait()
 
 
+DEFAULT_GROUP = "default-group"
+# What torch's Backend says when it has no coalescing (gloo): `startCoalescing` is not overridden.
+REFUSAL = "Backend gloo does not implement startCoalescing"
+
+
 class FakeTorch:
     """`torch.distributed.distributed_c10d` reduced to what all_gather_coalesced touches.
 
@@ -122,41 +127,69 @@ class FakeTorch:
     made on exit (kept in the manager when async, waited otherwise; with lose_work it is dropped,
     as pytorch#122807 builds do). style "2.0": the manager yields nothing and each op returns a
     real work of one group (waiting any completes all, like NCCL's grouped launch).
+    `enter_error` (style "2.1"): entering the manager raises it, as torch's does when the backend
+    refuses `_start_coalescing` (gloo: REFUSAL); like torch, the group stays registered as
+    coalescing, so a later op on it is only recorded and returns a placeholder. Outside a manager
+    an op is issued on its own and returns its own work.
     """
 
-    def __init__(self, style: str, exc: type[Exception] = ValueError, lose_work: bool = False) -> None:
+    def __init__(
+        self,
+        style: str,
+        exc: type[Exception] = ValueError,
+        lose_work: bool = False,
+        enter_error: Exception | None = None,
+        exit_error: Exception | None = None,
+    ) -> None:
         self.style, self.exc, self.lose_work = style, exc, lose_work
+        self.enter_error, self.exit_error = enter_error, exit_error
         self.transport = Transport()
         self.log: list[str] = []
-        self.recording: list[tuple[Buf, Buf]] | None = None
+        # torch's _world.pg_coalesce_state: the groups inside a coalescing block, and their ops
+        self.coalescing: dict[Any, list[tuple[Buf, Buf]]] = {}
         self.made: list[Work] = []
         self.syncs = 0
         self.distributed = SimpleNamespace(
-            distributed_c10d=SimpleNamespace(all_gather_into_tensor=self.all_gather_into_tensor)
+            distributed_c10d=SimpleNamespace(
+                all_gather_into_tensor=self.all_gather_into_tensor,
+                _world=SimpleNamespace(pg_coalesce_state=self.coalescing),
+                _get_default_group=lambda: DEFAULT_GROUP,
+                _CoalescingManager=Manager,
+            )
         )
 
     def all_gather_into_tensor(
         self, output: Buf, input: Buf, group: Any = None, async_op: bool = False
     ) -> Any:
-        assert self.recording is not None, "DeepSpeed gathers inside the coalescing manager"
-        self.recording.append((output, input))
         self.transport.in_flight.append((output, input))
+        recording = self.coalescing.get(group or DEFAULT_GROUP)
+        if recording is None:  # not coalescing: issued now, on its own
+            assert async_op
+            work = Work(self.transport, [(output, input)])
+            self.made.append(work)
+            return work
+        recording.append((output, input))
         if self.style == "2.1":
             return Placeholder(self.exc, self.log)
-        work = Work(self.transport, self.recording)  # shares the group's list
+        work = Work(self.transport, recording)  # shares the group's list
         self.made.append(work)
         return work
 
     @contextlib.contextmanager
     def manager(self, group: Any, device: Any, reqs: list[Any], async_op: bool) -> Iterator[Any]:
-        self.recording = []
+        key = group or DEFAULT_GROUP
+        self.coalescing.setdefault(key, [])
+        if self.enter_error is not None:
+            raise self.enter_error
         if self.style == "2.0":
             yield None
-            self.recording = None
+            self.coalescing.pop(key)
             return
         cm = Manager()
         yield cm
-        pairs, self.recording = self.recording, None
+        pairs = self.coalescing.pop(key)
+        if self.exit_error is not None:
+            raise self.exit_error
         work = None if self.lose_work else Work(self.transport, pairs)
         if work is not None:
             self.made.append(work)
@@ -358,6 +391,51 @@ def test_customized_torch_path_is_untouched(impl: str) -> None:
     method = compiled(impl, COMM, comm_namespace(FakeTorch("2.1"), customized))
     assert method(object(), [Buf(None)], [Buf(1.0)], group="g", async_op=True) == "custom-handle"
     assert calls == [{"group": "g", "async_op": True}]
+
+
+# A backend without coalescing (gloo as torch ships it): the manager refuses on entry, before any
+# collective is issued. Stock DeepSpeed dies there; the fix gathers one by one and waits each.
+
+
+@pytest.mark.parametrize("impl", impls(STOCK_BUG))
+def test_refused_coalescing_gathers_one_by_one(impl: str) -> None:
+    fake = FakeTorch("2.1", enter_error=RuntimeError(REFUSAL))
+    handle, outs = gather(impl, fake)
+    assert fake.coalescing == {}, "the group torch left registered as coalescing is released"
+    assert [o.value for o in outs] == [None, None, None], "nothing lands before a wait"
+    handle.wait()
+    assert [o.value for o in outs] == [1.0, 2.0, 3.0]
+    assert [w.waits for w in fake.made] == [1, 1, 1], "one work per gather, each waited once"
+    assert fake.log == [] and fake.syncs == 0
+
+
+@pytest.mark.parametrize("impl", impls(STOCK_BUG))
+def test_refused_coalescing_sync_waits_each_gather(impl: str) -> None:
+    fake = FakeTorch("2.1", enter_error=RuntimeError(REFUSAL))
+    result, outs = gather(impl, fake, async_op=False)
+    assert result is None
+    assert [o.value for o in outs] == [1.0, 2.0, 3.0]
+    assert [w.waits for w in fake.made] == [1, 1, 1]
+    assert fake.coalescing == {} and fake.log == []
+
+
+@pytest.mark.parametrize(
+    "where,error",
+    [
+        ("enter", RuntimeError("NCCL error: unhandled system error")),
+        ("enter", ValueError(REFUSAL)),  # the refusal is a RuntimeError; nothing else is taken for it
+        ("exit", RuntimeError(REFUSAL)),  # the block started: gathers were issued, never redo them
+    ],
+)
+@pytest.mark.parametrize("impl", impls(None))
+def test_other_coalescing_errors_reach_the_caller(impl: str, where: str, error: Exception) -> None:
+    fake = FakeTorch(
+        "2.1", enter_error=error if where == "enter" else None, exit_error=error if where == "exit" else None
+    )
+    with pytest.raises(type(error)) as raised:
+        gather(impl, fake)
+    assert raised.value is error
+    assert fake.made == [], "no gather issued outside the manager"
 
 
 # ---- MiCS_AllGatherCoalescedHandle.wait --------------------------------------------------------

@@ -15,7 +15,7 @@ from repro import __main__ as entry
 from repro.core.errors import PythonVersionError
 from repro.run.orchestrate import _ENGINE_SLACK_S, Request, planned_runs
 from repro.workload import suite
-from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES
+from repro.workload.record import CPU_TRANSPORTS, PATCHES, SCENARIOS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_engine_time_guard_counts_the_runs_the_suite_plans(sync_proof: bool) -> 
     for chosen, patches, transports in itertools.product(
         _subsets(scenarios),
         _subsets(tuple(str(p) for p in PATCHES)),
-        _subsets(tuple(str(t) for t in TRANSPORT_MODES)),
+        _subsets(tuple(str(t) for t in CPU_TRANSPORTS)),
     ):
         request = Request(
             env_ids=("cpu",), scenarios=chosen, patches=patches, transports=transports, sync_proof=sync_proof
@@ -69,6 +69,18 @@ def test_engine_time_guard_counts_the_runs_the_suite_plans(sync_proof: bool) -> 
             list(chosen), list(patches), "fp32", list(transports), 4, 4, sync_proof=sync_proof
         )
         assert planned_runs(request) == len(planned), (chosen, patches, transports)
+
+
+def test_plain_gloo_alone_gets_no_sync_proof() -> None:
+    # the sync proof is an adapter run: beside plain gloo only it would prove nothing about plain
+    plain = [
+        (r.scenario, r.patch, r.transport)
+        for r in suite.plan(["mics"], ["stock", "fixed"], "fp32", ["plain"], 4, 4, True)
+    ]
+    assert plain == [("zero3", "stock", "plain"), ("mics", "stock", "plain"), ("mics", "fixed", "plain")]
+    both = suite.plan(["mics"], ["stock"], "fp32", ["plain", "async"], 4, 4, True)
+    assert [(r.scenario, r.transport) for r in both][-1] == ("mics", "sync")
+    assert Request(env_ids=("cpu",), transports=("plain",)).transports == ("plain",)
 
 
 def test_engine_time_guard_grows_with_the_plan() -> None:

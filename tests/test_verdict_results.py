@@ -306,3 +306,22 @@ def test_check_fix_exit_codes(
     assert cli.main(["check-fix", "--env", "cpu"]) == code
     out = capsys.readouterr()
     assert said in (out.out if code == 0 else out.err)
+
+
+def test_plain_gloo_pair_is_named_under_the_verdict(b: ResultsBuilder) -> None:
+    """Plain gloo (no adapter): stock MiCS dies on gloo's refusal to coalesce, which is not the
+    IllegalWork bug; the fixed run trains like the control. The summary names the pair."""
+    b.clean("cpu", "zero3", transport="plain")
+    refusal = {
+        "type": "RuntimeError",
+        "message": "Backend gloo does not implement startCoalescing",
+        "rank": 0,
+    }
+    b.run("cpu", "mics", "stock", transport="plain", losses=[], exception=refusal)
+    b.clean("cpu", "mics", "fixed", transport="plain")
+    v = one(b)
+    assert [p.status for p in v.pairs] == [PairStatus.OTHER_FAILURE_GONE]
+    assert v.reproduces is not Reproduces.YES and v.fix_failures == ()
+    text = summary.render(b.runs, "results/x")
+    assert "stock failure that is not the IllegalWork bug, gone with the fix: MiCS flat gather" in text
+    assert "plain transport" in text

@@ -34,7 +34,12 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenarios", default=None, help=f"comma-separated subset of {','.join(SCENARIOS)}")
     p.add_argument("--patch", default=None, help=f"comma-separated subset of {','.join(PATCHES)}")
     p.add_argument("--dtype", default=None, help="fp32|bf16|fp16 (default: the config's, else fp32)")
-    p.add_argument("--transport", default=None, help="CPU adapter modes: async,sync,strict (default async)")
+    p.add_argument(
+        "--transport",
+        default=None,
+        help="CPU transports: the gloo adapter's modes async,sync,strict (default async), or plain "
+        "(gloo as torch ships it, no adapter)",
+    )
     p.add_argument("--config", default=None, help="your DeepSpeed config JSON")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (>= 1)")
     p.add_argument("--world-size", type=int, default=None, help="ranks per run (even, >= 2)")

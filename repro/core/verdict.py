@@ -398,6 +398,12 @@ class EnvVerdict:
     def notes(self) -> list[str]:
         """What the summary prints under the headline."""
         lines = [f"separate problem, not counted against the fix: {e.text}" for e in self.other_failures]
+        # e.g. plain gloo, which cannot coalesce: stock MiCS fails there, the fix falls back
+        lines += [
+            f"stock failure that is not the IllegalWork bug, gone with the fix: {p.label}: {p.detail}"
+            for p in self.pairs
+            if p.status is PairStatus.OTHER_FAILURE_GONE
+        ]
         if self.nothing_verified and any(p.fixed is not None for p in self.pairs):
             lines.append(f"nothing verified: {self.unverified_reason}")
         elif self.verified and self.reproduces is Reproduces.NOT_TESTED:

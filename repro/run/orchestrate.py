@@ -22,14 +22,14 @@ from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 from repro.engines.preflight import check_world_size
 from repro.workload.ds_config import type_problems
 from repro.workload.record import (
+    CPU_TRANSPORTS,
     DTYPES,
     PATCHES,
     SCENARIOS,
-    TRANSPORT_MODES,
     Outcome,
     RunRecord,
 )
-from repro.workload.suite import LAUNCHERS, planned_keys
+from repro.workload.suite import LAUNCHERS, needs_sync_proof, planned_keys
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -61,7 +61,7 @@ class Request:
         for name, values, allowed in (
             ("SCENARIOS", self.scenarios, SCENARIOS),
             ("PATCH", self.patches, PATCHES),
-            ("TRANSPORT", self.transports, TRANSPORT_MODES),
+            ("TRANSPORT", self.transports, CPU_TRANSPORTS),
         ):
             bad = [v for v in values if v not in allowed]
             if bad or not values:
@@ -130,7 +130,7 @@ def planned_runs(request: Request) -> int:
     test keeps in step. An upper bound on GPUs, where the suite runs the native transport only."""
     mics = [s for s in request.scenarios if s != "zero3"]
     runs = len(request.transports) * (1 + len(mics) * len(request.patches))
-    if request.sync_proof and "mics" in request.scenarios and "sync" not in request.transports:
+    if request.sync_proof and "mics" in request.scenarios and needs_sync_proof(request.transports):
         runs += 1
     return runs
 

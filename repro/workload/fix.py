@@ -36,16 +36,32 @@ if hasattr(torch.distributed.distributed_c10d, '_all_gather_base_coalesced'):
                                                                          async_op=async_op)
 elif has_coalescing_manager():
     reqs = []
-    # async_ops=True even for a synchronous call: the manager then keeps the real work rather
-    # than waiting it on exit, where torch 2.3.x with device= set holds None instead
-    # (pytorch#122807) and would raise AttributeError. The synchronous case waits below.
-    with get_coalescing_manager(group, input_tensors[0].device, reqs, True) as cm:
+    started = False
+    try:
+        # async_ops=True even for a synchronous call: the manager then keeps the real work rather
+        # than waiting it on exit, where torch 2.3.x with device= set holds None instead
+        # (pytorch#122807) and would raise AttributeError. The synchronous case waits below.
+        with get_coalescing_manager(group, input_tensors[0].device, reqs, True) as cm:
+            started = True
+            for output, input in zip(output_tensors, input_tensors):
+                handle = torch.distributed.distributed_c10d.all_gather_into_tensor(output,
+                                                                                   input,
+                                                                                   group=group,
+                                                                                   async_op=True)
+                reqs.append(handle)
+    except RuntimeError as e:
+        # Backends without coalescing support (gloo) refuse in _start_coalescing, when the manager
+        # is entered and before any collective is issued. Only that refusal falls back to gathering
+        # one by one; any other error, or one raised after the block started, is the caller's.
+        if started or 'does not implement startCoalescing' not in str(e):
+            raise
+        # torch registered the group as coalescing before the backend refused and leaves it so:
+        # collectives on it would only be recorded (returning _IllegalWork), never issued.
+        c10d = torch.distributed.distributed_c10d
+        c10d._world.pg_coalesce_state.pop(group or c10d._get_default_group(), None)
+        cm = c10d._CoalescingManager()  # its wait() waits each work appended
         for output, input in zip(output_tensors, input_tensors):
-            handle = torch.distributed.distributed_c10d.all_gather_into_tensor(output,
-                                                                               input,
-                                                                               group=group,
-                                                                               async_op=True)
-            reqs.append(handle)
+            cm.append(c10d.all_gather_into_tensor(output, input, group=group, async_op=True))
     if cm is None:
         # torch < 2.1: the manager yields nothing and reqs holds real works; waiting the last
         # one completes the whole coalesced group.

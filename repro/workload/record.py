@@ -15,7 +15,8 @@ Record keys (`RECORD_KEYS`):
   hierarchical        bool, mics_hierarchical_params_gather
   layout              {"nodes", "devices_per_node", "how"}: how a multi-node layout was made
   backend             "gloo" | "nccl" (RCCL on ROCm is exposed through torch's nccl backend)
-  transport           "native" on GPUs, else the gloo adapter mode: "async" | "sync" | "strict"
+  transport           "native" on GPUs, else the gloo adapter mode: "async" | "sync" | "strict", or
+                      "plain" (CPU: gloo as torch ships it, no adapter; transport_info.adapter null)
   steps, seed         ints
   outcome             one of OUTCOMES (set by classify.classify)
   signature           one of SIGNATURES (set by classify.classify)
@@ -106,12 +107,14 @@ class Dtype(str, enum.Enum):
 
 
 class Transport(str, enum.Enum):
-    """How collectives travel: NCCL/RCCL on GPUs, else one of the gloo adapter's modes."""
+    """How collectives travel: NCCL/RCCL on GPUs, else one of the gloo adapter's modes, or gloo
+    without the adapter ("plain": what a CPU user of torch and DeepSpeed gets as released)."""
 
     NATIVE = "native"
     ASYNC = "async"
     SYNC = "sync"
     STRICT = "strict"
+    PLAIN = "plain"
 
 
 class Outcome(str, enum.Enum):
@@ -157,7 +160,10 @@ PATCHES = tuple(p.value for p in Patch)
 DTYPES = tuple(d.value for d in Dtype)
 TRANSPORTS = tuple(t.value for t in Transport)
 # The gloo adapter's modes (CPU); GPUs always use "native".
-TRANSPORT_MODES = tuple(t.value for t in Transport if t is not Transport.NATIVE)
+TRANSPORT_MODES = tuple(t.value for t in Transport if t not in (Transport.NATIVE, Transport.PLAIN))
+# What a CPU suite run can use: the adapter's modes, or plain gloo (no adapter: gloo lacks the
+# coalescing that DeepSpeed's MiCS gather enters, so stock MiCS fails there; the fix falls back).
+CPU_TRANSPORTS = (*TRANSPORT_MODES, Transport.PLAIN.value)
 OUTCOMES = tuple(o.value for o in Outcome)
 SIGNATURES = tuple(s.value for s in Signature)
 

@@ -43,7 +43,7 @@ class RunSpec:
     scenario: str
     patch: str
     dtype: str
-    transport: str  # async|sync|strict on CPU, "native" on GPU
+    transport: str  # async|sync|strict (the gloo adapter) or plain (none) on CPU, "native" on GPU
     world_size: int
     shard_size: int | None
     hierarchical: bool

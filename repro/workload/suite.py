@@ -104,9 +104,16 @@ def plan(
                 if scenario == "zero3":
                     continue
                 runs.append(planned(scenario, patch, transport))
-    if sync_proof and "mics" in scenarios and "sync" not in transports and transports != ["native"]:
+    if sync_proof and "mics" in scenarios and needs_sync_proof(transports):
         runs.append(planned("mics", "stock", "sync"))
     return runs
+
+
+def needs_sync_proof(transports: list[str] | tuple[str, ...]) -> bool:
+    """The sync proof controls the adapter's other modes: not run when sync itself is asked for,
+    on GPUs (native) or over plain gloo only (no adapter whose missing wait it could prove)."""
+    adapter = [t for t in transports if t in rec.TRANSPORT_MODES]
+    return bool(adapter) and "sync" not in adapter
 
 
 def mics_available() -> bool:
@@ -595,9 +602,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=rec.DTYPES, help="default: the config's precision, else fp32")
     p.add_argument(
         "--transports",
-        type=_csv(rec.TRANSPORT_MODES),
+        type=_csv(rec.CPU_TRANSPORTS),
         default=["async"],
-        help="CPU adapter modes to run (GPU runs use the native backend)",
+        help="CPU transports to run: the gloo adapter's modes, or plain (gloo as torch ships it, no "
+        "adapter); GPU runs use the native backend",
     )
     p.add_argument("--no-sync-proof", action="store_true", help="skip the extra mics/stock/sync run")
     p.add_argument(

@@ -28,7 +28,14 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
-from repro.workload.record import PATCHES, SCENARIOS, TRANSPORT_MODES, finite_or_none, write_json_atomic
+from repro.workload.record import (
+    CPU_TRANSPORTS,
+    PATCHES,
+    SCENARIOS,
+    Transport,
+    finite_or_none,
+    write_json_atomic,
+)
 
 DEVICES = ("cpu", "gpu")
 
@@ -69,7 +76,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--patch", choices=PATCHES, default="stock")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     p.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    p.add_argument("--transport", choices=TRANSPORT_MODES, default="async", help="gloo adapter mode (CPU)")
+    p.add_argument(
+        "--transport",
+        choices=CPU_TRANSPORTS,
+        default="async",
+        help="gloo adapter mode (CPU), or plain: gloo as torch ships it, no adapter",
+    )
     p.add_argument("--device", choices=DEVICES, default="cpu")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--hidden", type=int, default=128)
@@ -219,7 +231,11 @@ def start_distributed(args: argparse.Namespace, dtype: str, out: dict[str, Any])
 
         out["backend"], out["transport"] = "gloo", args.transport
         shims = cpu_shims.prepare_cpu(dtype)
-        out["transport_info"] = {"adapter": gloo_transport.install(args.transport), "cpu_shims": shims}
+        # plain: torch's gloo as released, what a CPU user gets; it lacks the coalescing that
+        # MiCS's gather enters, so that is what this transport tests.
+        plain = args.transport == Transport.PLAIN.value
+        adapter = None if plain else gloo_transport.install(args.transport)
+        out["transport_info"] = {"adapter": adapter, "cpu_shims": shims}
         import torch
 
         return torch.device("cpu")

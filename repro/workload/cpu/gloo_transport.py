@@ -57,7 +57,7 @@ MODES = TRANSPORT_MODES  # the adapter's modes, as the module docstring lists th
 
 
 class Mode(enum.Enum):
-    """The adapter's modes: the record's transports other than native (one closed set)."""
+    """The adapter's modes: the record's transports other than native and plain (one closed set)."""
 
     ASYNC = Transport.ASYNC.value
     SYNC = Transport.SYNC.value
