@@ -40,7 +40,7 @@ class FakeCommands:
                 {"run_name": "mics-replica", "outcome": "clean", "signature": "none", "world_size": 4},
             ]
             (out / "results.json").write_text(json.dumps({"runs": runs}))
-        if step == "venv-python" and code == 0:
+        if step == "venv-python" and code == 0 and kw.get("capture"):  # only a captured stdout is read
             stdout = "venv: reusing ...\n/cache/venvs/cpu/bin/python\n"
         if step.startswith("hang-") and code in (0, 1):
             out = Path(argv[argv.index("--out") + 1])

@@ -72,7 +72,7 @@ def _suite(base: list[str], env: str, engine: str, launcher: str, out: Path) -> 
 
 
 def _env_python(base: list[str], env: str) -> str | None:
-    done = cmd.run([*base, "venv-python", "--env", env], cwd=REPO)
+    done = cmd.run([*base, "venv-python", "--env", env], cwd=REPO, capture=True)
     lines = done.stdout.strip().splitlines()
     return lines[-1].strip() if done.returncode == 0 and lines else None
 
