@@ -9,6 +9,7 @@ shows both commands and both reproduce lines."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +38,16 @@ def test_own_job_survey_issue_and_report(
     work = write_project(tmp_path / "job")
     (work / "train_with_dep.py").write_text(WRAPPER)
     (work / "requirements.txt").write_text(f"{wheel}\n")
+
+    def walk(command: str, ends: tuple[str, str], out: Path) -> subprocess.CompletedProcess[str]:
+        """`make survey|bisect` of the job over the pair 0.13.0, 0.13.1 on the cpu env."""
+        return make(
+            command, "AXIS=deepspeed", *ends, "VERSIONS=0.13.0,0.13.1", "ENV=cpu", f"WORKDIR={work}",
+            f"REQUIREMENTS={work / 'requirements.txt'}", f"OUT={out}", f"CMD={COMMAND}",
+        )  # fmt: skip
+
     out = tmp_path / "survey"
-    done = make(
-        "survey", "AXIS=deepspeed", "FROM=0.13.0", "TO=0.13.1", "VERSIONS=0.13.0,0.13.1", "ENV=cpu",
-        f"WORKDIR={work}", f"REQUIREMENTS={work / 'requirements.txt'}", f"OUT={out}", f"CMD={COMMAND}",
-    )  # fmt: skip
+    done = walk("survey", ("FROM=0.13.0", "TO=0.13.1"), out)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     survey = json.loads((out / "survey.json").read_text())
     assert survey["scenario"] == "custom" and survey["job"]["command"] == COMMAND
@@ -57,17 +63,14 @@ def test_own_job_survey_issue_and_report(
     # Both releases have the bug: a bisect of the pair finds no transition, and its ISSUE.md still
     # names the job, its package and what to run next, with no host path.
     assert {o for o, _ in outcomes.values()} == {"reproduced"}, outcomes
-    walk = tmp_path / "bisect"
-    done = make(
-        "bisect", "AXIS=deepspeed", "GOOD=0.13.0", "BAD=0.13.1", "VERSIONS=0.13.0,0.13.1", "ENV=cpu",
-        f"WORKDIR={work}", f"REQUIREMENTS={work / 'requirements.txt'}", f"OUT={walk}", f"CMD={COMMAND}",
-    )  # fmt: skip
+    bisect_out = tmp_path / "bisect"
+    done = walk("bisect", ("GOOD=0.13.0", "BAD=0.13.1"), bisect_out)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    bisect = json.loads((walk / "bisect.json").read_text())
+    bisect = json.loads((bisect_out / "bisect.json").read_text())
     assert bisect["first_bad"] is None and bisect["next"]["lines"], bisect
-    done = make("issue", f"RESULTS={walk}")
+    done = make("issue", f"RESULTS={bisect_out}")
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
-    text = (walk / "ISSUE.md").read_text()
+    text = (bisect_out / "ISSUE.md").read_text()
     assert COMMAND in text and "mics_repro_walkdep" in text and str(tmp_path) not in text
     assert "Traceback" not in done.stdout + done.stderr
     other, _, _ = classifier_run
