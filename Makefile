@@ -70,7 +70,7 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 # Every target that runs Python needs the host side set up first (nothing to do with PYTHON=).
 help list build repro check-fix matrix report base-image test test-unit test-fast lint bench clean: $(HOST_PYTHON_READY)
 gpu-check: $(HOST_PYTHON_READY)
-bisect survey probe bundle verify-bundle cluster pr-regression pr issue: $(HOST_PYTHON_READY)
+bisect survey probe bundle verify-bundle cluster pr-regression pr pr-verify issue: $(HOST_PYTHON_READY)
 run shell: $(HOST_PYTHON_READY)
 venv: $(HOST_PYTHON_READY)
 
@@ -107,6 +107,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 #>   make cluster         Slurm/Apptainer and torchrun launchers for a multi-node run [OUT= LAYOUT=]
 #>   make pr-regression   the PR's regression test: fails on stock, passes patched
 #>   make pr              the fix as a branch of your DeepSpeed clone + patch + PR text [DS_REPO= REF=]
+#>   make pr-verify       the lab verifies that branch at its commit, + the affected range [PR= DS_REPO= RANGE=1]
 #>   make bench           time one env warm: suite under torchrun and prefork, a probe, reuse
 #>   make test            every test tier this host can run [PYTEST_ARGS=]
 #>   make test-unit       the fast tier only (fakes, no Docker, no torch)
@@ -224,7 +225,7 @@ probe:
 
 # Hand-off (repro/cli/upstream_commands.py): a bundle for maintainers, its offline check, cluster scripts,
 # and the DeepSpeed-style regression test of the fix (fails on stock, passes patched).
-.PHONY: bundle verify-bundle cluster pr-regression pr issue
+.PHONY: bundle verify-bundle cluster pr-regression pr pr-verify issue
 # ISSUE.md for the upstream tracker from a bisect or survey folder (scrubbed like a bundle).
 issue:
 	$(REPRO) issue $(call flag,RESULTS,results) $(call flag,OUT,out)
@@ -245,9 +246,17 @@ pr-regression:
 
 # The fix as a branch of your DeepSpeed clone, plus the patch and PR_DESCRIPTION.md in OUT (never pushes):
 #   make pr DS_REPO=~/DeepSpeed [REF=master] [BRANCH=mics-coalesced-wait] [OUT=dir] [KEEP=1] [AUTHOR_NAME= AUTHOR_EMAIL=]
+#   make pr ... VERIFY=1 [RANGE=1]   then the lab verifies the branch at its commit (and the affected range)
+#   make pr-verify PR=dir DS_REPO=~/DeepSpeed [RANGE=1] [RANGE_TORCH=2.1.0,2.13.0] [RELEASES=0.13.1,...] [PARALLEL=2]
+PR_VERIFY_FLAGS = $(if $(call yes,VERIFY),--verify) $(if $(call yes,RANGE),--range) $(call flag,ENGINE,engine) \
+	$(call flag,RANGE_TORCH,range-torch) $(call flag,RELEASES,releases) $(call flag,PARALLEL,parallel)
 pr:
 	$(REPRO) pr $(call flag,DS_REPO,ds-repo) $(call flag,REF,ref) $(call flag,BRANCH,branch) $(call flag,OUT,out) \
-		$(if $(call yes,KEEP),--keep) $(call flag,AUTHOR_NAME,author-name) $(call flag,AUTHOR_EMAIL,author-email)
+		$(if $(call yes,KEEP),--keep) $(call flag,AUTHOR_NAME,author-name) $(call flag,AUTHOR_EMAIL,author-email) \
+		$(PR_VERIFY_FLAGS)
+
+pr-verify:
+	$(REPRO) pr-verify $(call flag,PR,pr) $(call flag,DS_REPO,ds-repo) $(PR_VERIFY_FLAGS)
 
 # Your own command in an env, stock and fixed, judged from its own output (docs/own-job.md;
 # repro/cli/job_commands.py). CMD (and LOSS_REGEX) are passed as written, in single quotes: it may

@@ -41,7 +41,7 @@ from repro.core.errors import UsageError
 from repro.core.jobname import job_identity, walk_subject
 from repro.core.results import point_latest
 from repro.engines import jobdeps
-from repro.workload.record import CUSTOM_SCENARIO, PATCHES, SCENARIOS, TRANSPORT_MODES, write_json_atomic
+from repro.workload.record import CPU_TRANSPORTS, CUSTOM_SCENARIO, PATCHES, SCENARIOS, write_json_atomic
 
 __all__ = ["EXIT_ABORT", "Services", "probe_main", "run_bisect", "run_survey", "walk_request"]
 
@@ -58,7 +58,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--patch", default="stock", choices=PATCHES, help="stock or fixed (default stock)")
     p.add_argument("--engine", default=None, help="docker|venv|auto (default: $ENGINE or auto)")
     p.add_argument("--dtype", default=None, help="fp32|bf16|fp16 (default fp32)")
-    p.add_argument("--transport", default="async", choices=TRANSPORT_MODES, help="CPU adapter mode")
+    p.add_argument(
+        "--transport",
+        default="async",
+        choices=CPU_TRANSPORTS,
+        help="CPU transport: the adapter's async,sync,strict, or plain (gloo as torch ships it)",
+    )
     p.add_argument("--timeout", type=float, default=None, help="per-run time limit in seconds")
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--world-size", type=int, default=None)

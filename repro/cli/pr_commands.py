@@ -25,6 +25,24 @@ def _options(p: argparse.ArgumentParser) -> None:
         "--author-email", default=None, help="commit author email (default: the checkout's user.email)"
     )
     p.add_argument("--results-root", type=Path, default=DEFAULT_RESULTS_ROOT)
+    _verify_flags(p)
+
+
+def _verify_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--verify", action="store_true", help="verify the branch at its commit in the lab (make: VERIFY=1)"
+    )
+    p.add_argument(
+        "--range", action="store_true", help="the affected range, releases x torch (make: RANGE=1)"
+    )
+    p.add_argument("--engine", default="venv", help="engine of the lab's probes (default venv: the CPU twin)")
+    p.add_argument(
+        "--range-torch",
+        default=None,
+        help="torch versions of the range (default 2.0.1,2.1.0,2.3.1 and the matrix's newest)",
+    )
+    p.add_argument("--releases", default=None, help="DeepSpeed releases of the range (default: see docs)")
+    p.add_argument("--parallel", type=int, default=1, help="releases probed side by side in the range")
 
 
 @command(
@@ -50,7 +68,40 @@ def cmd_pr(args: argparse.Namespace) -> int:
         author_email=args.author_email,
     )
     record = make_pr(request)
-    for key, value in summary(record, Path(out).expanduser().resolve()).items():
+    folder = Path(out).expanduser().resolve()
+    for key, value in summary(record, folder).items():
         console.result(f"{key + ':':<12} {value}")
     console.result("nothing was pushed: review the branch, then push it to your fork yourself")
+    if args.verify or args.range:
+        return verify_folder(folder, args)
     return 0
+
+
+def _pr_verify_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pr", required=True, type=Path, help="the OUT folder of a `make pr` run (holds pr.json)")
+    p.add_argument("--ds-repo", required=True, help="the DeepSpeed clone `make pr` made the branch in")
+    _verify_flags(p)
+
+
+@command(
+    "pr-verify",
+    "verify a `make pr` branch in the lab (and the affected range); re-render PR_DESCRIPTION.md",
+    _pr_verify_options,
+)
+def cmd_pr_verify(args: argparse.Namespace) -> int:
+    from repro.bisect.commits import check_source
+
+    check_source(args.ds_repo)
+    if not (args.verify or args.range):
+        args.verify = True
+    return verify_folder(args.pr.expanduser().resolve(), args)
+
+
+def verify_folder(folder: Path, args: argparse.Namespace) -> int:
+    """The lab's verification and/or range for the branch recorded in folder/pr.json, then
+    PR_DESCRIPTION.md again. Exit 0 when verified (or only the range was asked), 1 when not."""
+    from repro.upstream import pr_verify_run
+
+    verified = pr_verify_run.run(folder, args)
+    console.result(f"description: {folder / 'PR_DESCRIPTION.md'}")
+    return 0 if verified in (None, True) else 1

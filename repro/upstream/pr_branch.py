@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from repro.core import console, safe_write
@@ -217,7 +217,12 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
         test_path=str(pr_fix.TEST_REL),
         patch_file=Path(patch).name,
         swallowed_before=pr_fix.wait_swallows(mics_source) if mics_source else False,
-        callers=pr_fix.parse_grep(grep.stdout, sha),
+        callers=tuple(
+            replace(c, function=pr_fix.enclosing_function(mics_source, c.line))
+            if c.path == pr_fix.MICS
+            else c
+            for c in pr_fix.parse_grep(grep.stdout, sha)
+        ),
         worktree=str(worktree) if kept else None,
         checkout_untouched=untouched(before, after, request.branch, commit),
     )

@@ -7,13 +7,15 @@ the DeepSpeed commit (its files, the diff stat, the callers) comes from the reco
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from repro.core import templating
-from repro.upstream import pr_fix
-from repro.upstream.pr_record import PrRecord
+from repro.upstream import pr_checks, pr_fix, pr_range
+from repro.upstream.pr_record import FileStat, PrRecord
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TORCH_TAG = "v2.1.0"
@@ -59,10 +61,78 @@ def code(text: str) -> str:
     return f"{tick}{pad}{text}{pad}{tick}"
 
 
-def context(record: PrRecord) -> dict[str, Any]:
+def record_from(data: Mapping[str, Any]) -> PrRecord:
+    """pr.json back into the record (an older pr.json without `function` reads as None)."""
+    fields = dict(data)
+    fields["changed"] = tuple(fields.get("changed") or ())
+    fields["files"] = tuple(FileStat(**f) for f in fields.get("files") or ())
+    fields["callers"] = tuple(
+        pr_fix.Caller(c["path"], int(c["line"]), c["text"], pr_fix.CallerKind(c["kind"]), c.get("function"))
+        for c in fields.get("callers") or ()
+    )
+    known = {f.name for f in dataclasses.fields(PrRecord)}
+    return PrRecord(**{k: v for k, v in fields.items() if k in known})
+
+
+def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """Each call of deepspeed.comm.all_gather_coalesced with the lab's checks that exercise it."""
+    checks = list((verification or {}).get("checks") or [])
+    rows = []
+    for caller in record.callers:
+        if caller.kind is not pr_fix.CallerKind.CALL:
+            continue
+        keys = pr_checks.FUNCTION_SCENARIOS.get(caller.function or "", ())
+        rows.append(
+            {
+                "caller": caller,
+                "checks": [c for c in checks if c.get("key") in keys],
+                "scenarios": keys,
+            }
+        )
+    return rows
+
+
+def range_table(ranged: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The range as header + rows of words (pr_range.cell_words), or None without records."""
+    if not ranged or not ranged.get("rows"):
+        return None
+    torches = [c["torch"] for c in ranged.get("columns") or []]
+    rows = []
+    for row in ranged["rows"]:
+        cells = []
+        for torch in torches:
+            cell = (row.get("cells") or {}).get(torch) or {}
+            stock, fixed = pr_range.cell_words(cell.get("stock")), pr_range.cell_words(cell.get("fixed"))
+            cells.append(
+                stock if stock == fixed and stock in ("does not import", "-") else f"{stock} / {fixed}"
+            )
+        applies = row.get("applies")
+        words = "yes" if applies is True else "no" if applies is False else "?"
+        rows.append(
+            {
+                "deepspeed": row["deepspeed"],
+                "applies": words,
+                "why": row.get("applies_why", ""),
+                "cells": cells,
+            }
+        )
+    return {
+        "torches": torches,
+        "rows": rows,
+        "complete": ranged.get("complete", False),
+        "seconds": ranged.get("seconds"),
+    }
+
+
+def context(
+    record: PrRecord, verification: Mapping[str, Any] | None = None, ranged: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     calls = [c for c in record.callers if c.kind is pr_fix.CallerKind.CALL]
     outside = pr_fix.callers_outside_mics(record.callers)
     return {
+        "verify": verification,
+        "evidence": evidence(record, verification),
+        "range": range_table(ranged),
         "r": record,
         "torch_refs": TORCH_REFS,
         "calls": calls,
@@ -73,6 +143,8 @@ def context(record: PrRecord) -> dict[str, Any]:
     }
 
 
-def render(record: PrRecord) -> str:
+def render(
+    record: PrRecord, verification: Mapping[str, Any] | None = None, ranged: Mapping[str, Any] | None = None
+) -> str:
     env = templating.environment(TEMPLATES, filters={"code": code})
-    return env.get_template("PR_DESCRIPTION.md.j2").render(**context(record))
+    return env.get_template("PR_DESCRIPTION.md.j2").render(**context(record, verification, ranged))

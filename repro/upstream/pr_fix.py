@@ -132,6 +132,22 @@ class Caller:
     line: int
     text: str
     kind: CallerKind
+    function: str | None = None  # the function holding the line (filled for mics.py's callers)
+
+
+def enclosing_function(source: str, line: int) -> str | None:
+    """The innermost function whose lines hold `line` (None when none does or it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    best: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            end = node.end_lineno or node.lineno
+            if node.lineno <= line <= end and (best is None or node.lineno >= best.lineno):
+                best = node
+    return best.name if best else None
 
 
 _DEF = re.compile(rf"^\s*def\s+{FUNCTION}\s*\(")

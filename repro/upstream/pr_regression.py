@@ -219,14 +219,33 @@ def run_variant(
     patched = None
     if variant is Variant.PATCHED:
         patched = patched_copy(package, patch_for(version), work / "patched")
+    console.step(
+        f"== {variant.value}: DeepSpeed {version}{' + ' + patch_for(version).name if patched else ''}",
+    )
+    exit_code, results = run_pytest(python, variant.value, patched, work, transport, test_file, environ)
+    return VariantRun(variant, version, exit_code, results)
+
+
+def run_pytest(
+    python: str,
+    label: str,
+    first: Path | None,
+    work: Path,
+    transport: str = "async",
+    test_file: Path = TEST_FILE,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[int, tuple[CaseResult, ...]]:
+    """The test file through the harness in `python`, with `first` (a folder holding a `deepspeed`
+    package: a patched copy, or a DeepSpeed commit's tree) ahead of the venv's own DeepSpeed."""
+    work.mkdir(parents=True, exist_ok=True)
     probe = cmd.run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture=True, echo=False
     )
     tools = None if has_pytest(python) else pytest_target(probe.stdout.strip())
-    junit = work / f"junit-{variant.value}.xml"
+    junit = work / f"junit-{label}.xml"
     env = {k: v for k, v in (environ if environ is not None else os.environ).items() if k != "PYTHONPATH"}
     env.update(
-        PYTHONPATH=pythonpath(patched, tools, HARNESS, REPO_ROOT),
+        PYTHONPATH=pythonpath(first, tools, HARNESS, REPO_ROOT),
         MICS_PR_TRANSPORT=transport,
         PYTHONDONTWRITEBYTECODE="1",
     )
@@ -246,16 +265,13 @@ def run_variant(
         f"--junitxml={junit}",
         str(test_file),
     ]
-    console.step(
-        f"== {variant.value}: DeepSpeed {version}{' + ' + patch_for(version).name if patched else ''}",
-    )
-    result = cmd.run(argv, env=env, cwd=work, tee=work / f"pytest-{variant.value}.log")
+    result = cmd.run(argv, env=env, cwd=work, tee=work / f"pytest-{label}.log")
     if not junit.is_file():
         raise RunError(
-            f"pytest wrote no report for the {variant.value} run (exit {result.returncode})",
-            fix=f"read {work / f'pytest-{variant.value}.log'}",
+            f"pytest wrote no report for the {label} run (exit {result.returncode})",
+            fix=f"read {work / f'pytest-{label}.log'}",
         )
-    return VariantRun(variant, version, result.returncode, parse_junit(junit.read_text()))
+    return result.returncode, parse_junit(junit.read_text())
 
 
 def summary(runs: Sequence[VariantRun]) -> str:

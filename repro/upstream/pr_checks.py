@@ -1,0 +1,148 @@
+"""What the lab runs to verify a `make pr` branch at its commit, and what each result must be.
+
+Pure: the plan, the expectations and their judgement. repro/upstream/pr_verify.py runs the plan
+(probes of REF and of the branch commit, both stock, through the commit layers of
+AXIS=deepspeed-commit) and the regression test.
+
+A check passes when:
+- `fixes`: REF shows the bug (an IllegalWork crash, warnings or divergence) and the branch is clean;
+- `fixes-refusal`: on gloo as torch ships it (TRANSPORT=plain), REF crashes with the backend's
+  "does not implement startCoalescing" refusal and the branch is clean;
+- `unchanged`: the ZeRO-3 control is clean at REF and on the branch.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from repro.core.runs import RunFinding, run_finding
+from repro.workload.closed import assert_never
+from repro.workload.record import Outcome, Signature
+
+REFUSAL = "does not implement startCoalescing"
+
+
+class Expect(enum.Enum):
+    FIXES = "fixes"
+    FIXES_REFUSAL = "fixes-refusal"
+    UNCHANGED = "unchanged"
+
+    @property
+    def words(self) -> str:
+        if self is Expect.FIXES:
+            return "REF shows the bug, the branch is clean"
+        if self is Expect.FIXES_REFUSAL:
+            return "REF crashes on the backend's refusal to coalesce, the branch is clean"
+        if self is Expect.UNCHANGED:
+            return "clean at REF and on the branch"
+        assert_never(self)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A torch the branch is verified with: an env of the matrix (torch pinned there)."""
+
+    name: str  # "reporter" or "newest"
+    env: str
+    torch: str
+
+
+@dataclass(frozen=True)
+class Check:
+    scenario: str
+    transport: str
+    expect: Expect
+    stacks: tuple[str, ...]  # Stack.name values it runs on
+
+    @property
+    def key(self) -> str:
+        return self.scenario if self.transport == "async" else f"{self.scenario}@{self.transport}"
+
+
+# Plain gloo only with the newest torch: on torch 2.1 gloo has no _allgather_base, so even
+# ZeRO-3 cannot start there (docs/upstream.md) and the stack says nothing about the fix.
+CHECKS: tuple[Check, ...] = (
+    Check("mics", "async", Expect.FIXES, ("reporter", "newest")),
+    Check("mics-hier", "async", Expect.FIXES, ("reporter", "newest")),
+    Check("zero3", "async", Expect.UNCHANGED, ("reporter", "newest")),
+    Check("mics", "plain", Expect.FIXES_REFUSAL, ("newest",)),
+)
+
+# Which checks exercise which function of mics.py, by the scenario's config: flat gather
+# (`mics_hierarchical_params_gather: false`) or hierarchical (`true`). The callers table of
+# PR_DESCRIPTION.md shows, for each call site, the checks of the function that holds it.
+FUNCTION_SCENARIOS: Mapping[str, tuple[str, ...]] = {
+    "_flat_all_gather_with_coalescing_manager": ("mics", "mics@plain"),
+    "_hierarchical_all_gather_params": ("mics-hier",),
+}
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One probe's outcome as pr_verify reads it from probe.json."""
+
+    outcome: str
+    signature: str
+    reason: str
+    seconds: float
+
+    @classmethod
+    def from_probe(cls, probe: Mapping[str, Any]) -> Seen:
+        return cls(
+            str(probe.get("outcome", "")),
+            str(probe.get("signature", "")),
+            str(probe.get("reason", "")),
+            float(probe.get("seconds") or 0.0),
+        )
+
+    @property
+    def finding(self) -> RunFinding | None:
+        try:
+            return run_finding(Outcome(self.outcome), Signature(self.signature))
+        except ValueError:
+            return None
+
+    def short(self) -> str:
+        return f"{self.outcome} ({self.signature})"
+
+
+NO_IMPORT = "does not import"
+
+
+def judge(expect: Expect, ref: Seen, branch: Seen) -> tuple[bool | None, str]:
+    """(passed, why) for one check from its two probes; passed is None when DeepSpeed at REF and
+    on the branch does not import with this torch (the check says nothing about the change)."""
+    if NO_IMPORT in ref.reason and NO_IMPORT in branch.reason:
+        return None, f"not applicable: neither REF nor the branch imports with this torch ({ref.reason})"
+    branch_clean = branch.finding is RunFinding.CLEAN
+    if expect is Expect.FIXES:
+        ok = ref.finding is RunFinding.BUG and branch_clean
+    elif expect is Expect.FIXES_REFUSAL:
+        ok = ref.outcome == Outcome.CRASHED.value and REFUSAL in ref.reason and branch_clean
+    elif expect is Expect.UNCHANGED:
+        ok = ref.finding is RunFinding.CLEAN and branch_clean
+    else:
+        assert_never(expect)
+    verb = "as expected" if ok else "NOT as expected"
+    return ok, f"REF {ref.short()}, branch {branch.short()}: {verb} ({expect.words})"
+
+
+def plan(stacks: Sequence[Stack]) -> list[tuple[Stack, Check]]:
+    by_name = {s.name: s for s in stacks}
+    return [(by_name[name], check) for check in CHECKS for name in check.stacks if name in by_name]
+
+
+def regression_ok(ref: Mapping[str, str], branch: Mapping[str, str]) -> tuple[bool, str]:
+    """The test must fail at REF (every case) and pass on the branch (every case)."""
+    if not ref or not branch:
+        return False, "a run collected no test"
+    bad = [f"REF {t}: {o}" for t, o in sorted(ref.items()) if o != "failed"]
+    bad += [f"branch {t}: {o}" for t, o in sorted(branch.items()) if o != "passed"]
+    if set(ref) != set(branch):
+        bad.append("REF and branch ran different tests")
+    if bad:
+        return False, "; ".join(bad)
+    return True, f"{len(ref)} test(s) fail at REF and pass on the branch"

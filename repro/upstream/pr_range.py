@@ -1,0 +1,246 @@
+"""The affected range for PR_DESCRIPTION.md (`make pr RANGE=1`, `make pr-verify PR=dir RANGE=1`).
+
+Rows: the first DeepSpeed release with MiCS (the oldest release tag of DS_REPO whose tree has
+deepspeed/runtime/zero/mics.py), the last release of every minor series up to REF's version.txt,
+and REF itself. Columns: torch 2.0.1, 2.1.0, 2.3.1 and the matrix's newest. Each cell holds two
+probes of flat MiCS on the CPU twin: stock, and fixed (for a release the lab's run-time fix, the
+same splice as the branch; for REF the branch's commit, stock). Whether the fix applies to a
+release is read from its tag's files (repro.upstream.pr_fix.changed_files, as `make pr` reads REF).
+
+Releases run through the survey machinery (`python -m repro survey --every --versions ...`, one
+survey per torch and patch, PARALLEL=k side by side); REF and the branch through commit probes.
+Every probe's result is cached by what decides it (torch, env, DeepSpeed release or commit, patch,
+the fix's id), so a second PR description, or an interrupted range, runs only what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import InvalidVersion, Version
+
+from repro.core import cmd, console
+from repro.core.errors import FixDoesNotApplyError, RunError
+from repro.core.runs import RunFinding
+from repro.upstream import pr_fix
+from repro.upstream.pr_checks import Seen
+from repro.upstream.pr_verify import CellCache, ProbeCall, ProbeRunner, front_door_probe
+from repro.workload import fix
+from repro.workload.record import write_json_atomic
+
+FORMAT = 1
+SCENARIO = "mics"
+OLDER_TORCHES = ("2.0.1", "2.1.0", "2.3.1")
+_TAG = re.compile(r"^v(\d+\.\d+\.\d+)$")
+
+
+@dataclass(frozen=True)
+class Column:
+    torch: str
+    env: str
+
+
+def release_rows(releases: Sequence[str], first: str, last: str) -> list[str]:
+    """The first release with MiCS and the last of every minor series up to `last`, oldest first."""
+    try:
+        lo, hi = Version(first), Version(last)
+    except InvalidVersion:
+        return []
+    chosen: dict[tuple[int, int], Version] = {}
+    for text in releases:
+        try:
+            v = Version(text)
+        except InvalidVersion:
+            continue
+        if v.is_prerelease or not lo <= v <= hi:
+            continue
+        key = (v.major, v.minor)
+        if key not in chosen or v > chosen[key]:
+            chosen[key] = v
+    rows = sorted({lo, *chosen.values()})
+    return [str(v) for v in rows]
+
+
+def first_mics_release(tags: Sequence[str], has_mics: Callable[[str], bool]) -> str | None:
+    """The oldest vX.Y.Z tag whose tree holds mics.py (checked oldest first, stops at the first)."""
+    versions = sorted((Version(m.group(1)), t) for t in tags if (m := _TAG.match(t)))
+    for version, tag in versions:
+        if has_mics(tag):
+            return str(version)
+    return None
+
+
+def cell_key(column: Column, deepspeed: str, patch: str) -> str:
+    blob = json.dumps(
+        [
+            FORMAT,
+            column.torch,
+            column.env,
+            SCENARIO,
+            "async",
+            deepspeed,
+            patch,
+            fix.FIX_ID if patch == "fixed" else None,
+        ]
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def cell_words(probe: Mapping[str, Any] | None) -> str:
+    """A table cell's words for one probe."""
+    if not probe:
+        return "-"
+    seen = Seen.from_probe(probe)
+    if "does not import" in seen.reason:
+        return "does not import"
+    finding = seen.finding
+    if finding is RunFinding.BUG:
+        return f"bug ({seen.signature})"
+    if finding is RunFinding.CLEAN:
+        return "clean"
+    if finding is RunFinding.UNSUPPORTED:
+        return "unsupported"
+    return f"{seen.outcome} ({seen.signature})"
+
+
+SurveyRunner = Callable[[Column, str, Sequence[str], Path, int], list[dict[str, Any]]]
+
+
+def survey_argv(column: Column, patch: str, versions: Sequence[str], out: Path, parallel: int) -> list[str]:
+    return [
+        sys.executable, "-m", "repro", "survey", "--axis", "deepspeed", "--every",
+        "--versions", ",".join(versions), "--env", column.env, "--engine", "venv", "--torch", column.torch,
+        "--scenario", SCENARIO, "--patch", patch, "--parallel", str(parallel), "--out", str(out),
+    ]  # fmt: skip
+
+
+def front_door_survey(
+    column: Column, patch: str, versions: Sequence[str], out: Path, parallel: int
+) -> list[dict[str, Any]]:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = cmd.run(survey_argv(column, patch, versions, out, parallel), tee=out.with_suffix(".log"))
+    record = out / "survey.json"
+    if not record.is_file():
+        raise RunError(
+            f"the survey of torch {column.torch} ({patch}) stopped (exit {result.returncode})",
+            why=result.tail(8),
+            fix=f"read {out.with_suffix('.log')}",
+        )
+    return [dict(p) for p in json.loads(record.read_text()).get("probes") or []]
+
+
+@dataclass
+class AffectedRange:
+    pr: Mapping[str, Any]
+    columns: Sequence[Column]
+    releases: Sequence[str]
+    out: Path
+    ds_repo: str
+    tag_files: Callable[[str], Mapping[str, str | None]]  # tag -> {fix target path: text or None}
+    verified: Mapping[str, Any] | None = None  # verify.json: its flat MiCS probes seed REF's cells
+    parallel: int = 1
+    cache: CellCache | None = None
+    survey: SurveyRunner = front_door_survey
+    probe: ProbeRunner = front_door_probe
+
+    def run(self) -> dict[str, Any]:
+        start = time.monotonic()
+        cache = self.cache or CellCache("pr-range")
+        folder = self.out / "range"
+        rows: list[dict[str, Any]] = [
+            {"deepspeed": v, **self._applies(f"v{v}"), "cells": {}} for v in self.releases
+        ]
+        ref_row: dict[str, Any] = {
+            "deepspeed": f"{self.pr['ref']} ({self.pr['ref_sha'][:10]})",
+            "is_ref": True,
+            "applies": True,
+            "applies_why": f"the branch {self.pr['branch']}",
+            "cells": {},
+        }
+        data = {
+            "kind": "pr-range", "ref": self.pr["ref"], "ref_sha": self.pr["ref_sha"], "scenario": SCENARIO,
+            "columns": [vars(c) for c in self.columns], "rows": [*rows, ref_row], "complete": False,
+            "probes_run": 0, "probes_cached": 0, "seconds": 0.0,
+        }  # fmt: skip
+
+        def save() -> None:
+            data["seconds"] = round(time.monotonic() - start, 1)
+            write_json_atomic(str(self.out / "range.json"), data)
+
+        for column in self.columns:
+            for patch in ("stock", "fixed"):
+                missing = []
+                for row in rows:
+                    hit = cache.get(cell_key(column, row["deepspeed"], patch))
+                    if hit is None:
+                        missing.append(row["deepspeed"])
+                    else:
+                        row["cells"].setdefault(column.torch, {})[patch] = hit
+                        data["probes_cached"] += 1
+                if missing:
+                    console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
+                    where = folder / f"torch{column.torch}-{patch}"
+                    found = {
+                        p.get("version"): p for p in self.survey(column, patch, missing, where, self.parallel)
+                    }
+                    for row in rows:
+                        if row["deepspeed"] in missing and row["deepspeed"] in found:
+                            probe = found[row["deepspeed"]]
+                            if probe.get("outcome") != "interrupted":
+                                cache.put(cell_key(column, row["deepspeed"], patch), probe)
+                            row["cells"].setdefault(column.torch, {})[patch] = probe
+                            data["probes_run"] += 1
+                save()
+            for side, sha in (("stock", self.pr["ref_sha"]), ("fixed", self.pr["commit"])):
+                probe = self._seeded(column, sha) or cache.get(cell_key(column, sha, "stock"))
+                if probe is None:
+                    call = ProbeCall(
+                        column.env,
+                        column.torch,
+                        sha,
+                        SCENARIO,
+                        "async",
+                        folder / f"torch{column.torch}-ref-{side}",
+                    )
+                    probe = dict(self.probe(call, self.ds_repo))
+                    cache.put(cell_key(column, sha, "stock"), probe)
+                    data["probes_run"] += 1
+                else:
+                    data["probes_cached"] += 1
+                ref_row["cells"].setdefault(column.torch, {})[side] = probe
+            save()
+        data["complete"] = True
+        save()
+        return data
+
+    def _seeded(self, column: Column, sha: str) -> dict[str, Any] | None:
+        """REF's or the branch's flat MiCS probe on this torch from verify.json, if it ran there."""
+        for check in (self.verified or {}).get("checks", []):
+            if (
+                check.get("key") == SCENARIO
+                and check.get("torch") == column.torch
+                and check.get("env") == column.env
+            ):
+                side = "ref" if sha == self.pr["ref_sha"] else "branch"
+                return dict(check[side])
+        return None
+
+    def _applies(self, tag: str) -> dict[str, Any]:
+        files = self.tag_files(tag)
+        if not any(files.values()):
+            return {"applies": None, "applies_why": f"no tag {tag} in DS_REPO"}
+        try:
+            pr_fix.changed_files(files)
+        except FixDoesNotApplyError as exc:
+            if "already holds" in exc.what:
+                return {"applies": False, "applies_why": "already holds the fix"}
+            return {"applies": False, "applies_why": exc.why or exc.what}
+        return {"applies": True, "applies_why": f"{tag}: every target found"}

@@ -1,0 +1,260 @@
+"""`make pr VERIFY=1` / `make pr-verify PR=dir`: the lab verifies a `make pr` branch at its commit.
+
+For each check of repro/upstream/pr_checks.py and each torch (the reporter's env and the matrix's
+newest), two probes through the front door (`python -m repro probe`), both PATCH=stock, with
+DeepSpeed from a commit layer of DS_REPO (AXIS=deepspeed-commit's machinery): REF, then the
+branch's commit. No run-time fix is applied on either side: the branch's DeepSpeed holds the
+change in its own files. Then the branch's regression test (tests/unit/.../test_mics_coalesced_wait.py)
+runs in the same env against REF's `deepspeed/` and against the branch's (both taken with
+`git archive`, never checked out in DS_REPO), through patches/pr/harness.
+
+Every probe's folder stays under OUT/verify/, and verify.json is rewritten after each step, so an
+interrupted verification keeps what it saw. PR_DESCRIPTION.md is rendered again from pr.json and
+verify.json (and range.json, when present).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tarfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from repro.core import cmd, console
+from repro.core.errors import RunError, UsageError
+from repro.core.paths import cache_root
+from repro.upstream import pr_checks, pr_fix, pr_regression
+from repro.upstream.pr_checks import Seen, Stack
+from repro.workload.record import write_json_atomic
+
+# probe's exit codes that carry an outcome: good, bad, unknown (repro/cli/bisect_commands.py)
+PROBE_EXITS = (0, 1, 125)
+
+
+@dataclass(frozen=True)
+class ProbeCall:
+    env: str
+    torch: str
+    commit: str
+    scenario: str
+    transport: str
+    out: Path
+    engine: str = "venv"
+    patch: str = "stock"
+    deepspeed: str | None = None  # a release instead of a commit (repro/upstream/pr_range.py)
+
+
+ProbeRunner = Callable[[ProbeCall, str], Mapping[str, Any]]  # (call, DS_REPO) -> probes[0] of probe.json
+
+
+def probe_argv(call: ProbeCall, ds_repo: str) -> list[str]:
+    argv = [sys.executable, "-m", "repro", "probe", "--env", call.env, "--engine", call.engine]
+    argv += ["--torch", call.torch, "--scenario", call.scenario, "--patch", call.patch]
+    argv += ["--transport", call.transport, "--bad-if", "failed", "--out", str(call.out)]
+    if call.deepspeed:
+        argv += ["--deepspeed", call.deepspeed]
+    else:
+        argv += ["--deepspeed-commit", call.commit, "--ds-repo", ds_repo]
+    return argv
+
+
+def front_door_probe(call: ProbeCall, ds_repo: str) -> Mapping[str, Any]:
+    """One probe as a user runs it; its probe.json is the evidence."""
+    call.out.parent.mkdir(parents=True, exist_ok=True)
+    result = cmd.run(probe_argv(call, ds_repo), tee=call.out.with_suffix(".log"))
+    record = call.out / "probe.json"
+    if result.returncode not in PROBE_EXITS or not record.is_file():
+        raise RunError(
+            f"the probe {call.scenario}/{call.transport} on torch {call.torch} stopped "
+            f"(exit {result.returncode})",
+            why=result.tail(8),
+            fix=f"read {call.out.with_suffix('.log')}",
+        )
+    probes = json.loads(record.read_text()).get("probes") or [{}]
+    return dict(probes[0])
+
+
+def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Path:
+    """The commit's files at `paths` under dest/ (`git archive`: nothing in DS_REPO changes)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    archive = dest.with_suffix(".tar")
+    result = cmd.run(
+        ["git", "-C", ds_repo, "archive", "--format=tar", "-o", str(archive), sha, "--", *paths],
+        capture=True,
+        echo=False,
+    )
+    if not result.ok:
+        raise UsageError(f"git archive {sha[:10]} failed in DS_REPO={ds_repo}", why=result.tail(5))
+    try:
+        with tarfile.open(archive, mode="r:") as tar:
+            # Only files and folders under dest (Python 3.11.2 has no extraction filter): a link or
+            # a name leaving dest is refused, whatever the commit holds.
+            members = tar.getmembers()
+            for member in members:
+                parts = Path(member.name).parts
+                if not (member.isfile() or member.isdir()) or member.name.startswith("/") or ".." in parts:
+                    raise UsageError(
+                        f"commit {sha[:10]} holds {member.name!r}, not a plain file under its tree",
+                        fix="verify a commit of DeepSpeed",
+                    )
+            tar.extractall(dest, members=members)
+    finally:
+        archive.unlink(missing_ok=True)
+    return dest
+
+
+class CellCache:
+    """Probe results by a key of what decides them, one JSON file each under the cache
+    (`make clean` leaves it; delete ~/.cache/mics-repro/<name> to probe again)."""
+
+    def __init__(self, name: str, root: Path | None = None) -> None:
+        self.root = root or cache_root() / name
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads((self.root / f"{key}.json").read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, probe: Mapping[str, Any]) -> None:
+        if probe.get("outcome") != "interrupted":  # an interrupted probe says nothing
+            write_json_atomic(str(self.root / f"{key}.json"), dict(probe))
+
+
+def probe_key(call: ProbeCall) -> str:
+    what = [
+        1,
+        call.env,
+        call.torch,
+        call.engine,
+        call.commit,
+        call.deepspeed,
+        call.scenario,
+        call.transport,
+        call.patch,
+    ]
+    return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
+
+
+RegressionRunner = Callable[[str, str, Path, Path, Path], dict[str, str]]
+
+
+def harness_regression(python: str, label: str, tree: Path, test_file: Path, work: Path) -> dict[str, str]:
+    """test_id -> outcome of the regression test with `tree`'s deepspeed/ first on the path."""
+    _, results = pr_regression.run_pytest(python, label, tree, work, "async", test_file)
+    return {r.test_id: r.outcome.value for r in results}
+
+
+@dataclass
+class Verification:
+    pr: Mapping[str, Any]
+    stacks: Sequence[Stack]
+    out: Path
+    ds_repo: str
+    engine: str = "venv"
+    probe: ProbeRunner = front_door_probe
+    regression: RegressionRunner = harness_regression
+    cache: CellCache | None = None
+
+    def __post_init__(self) -> None:
+        self.data: dict[str, Any] = {
+            "kind": "pr-verify",
+            "ref": self.pr["ref"],
+            "ref_sha": self.pr["ref_sha"],
+            "branch": self.pr["branch"],
+            "commit": self.pr["commit"],
+            "stacks": [vars(s) for s in self.stacks],
+            "checks": [],
+            "regression": [],
+            "verified": False,
+            "complete": False,
+            "seconds": 0.0,
+        }
+
+    def save(self) -> None:
+        write_json_atomic(str(self.out / "verify.json"), self.data)
+
+    def run(self) -> dict[str, Any]:
+        start = time.monotonic()
+        folder = self.out / "verify"
+        steps = pr_checks.plan(self.stacks)
+        for n, (stack, check) in enumerate(steps, 1):
+            seen = {}
+            for side in ("ref", "branch"):
+                sha = self.pr["ref_sha"] if side == "ref" else self.pr["commit"]
+                console.step(
+                    f"== verify [{n}/{len(steps)}] {check.key} torch {stack.torch} ({stack.name}): "
+                    f"{side} {sha[:10]}"
+                )
+                call = ProbeCall(
+                    stack.env, stack.torch, sha, check.scenario, check.transport,
+                    folder / f"{stack.name}-{check.key.replace('@', '-')}-{side}", self.engine,
+                )  # fmt: skip
+                cache = self.cache or CellCache("pr-verify")
+                hit = cache.get(probe_key(call))
+                seen[side] = hit if hit is not None else dict(self.probe(call, self.ds_repo))
+                if hit is None:
+                    cache.put(probe_key(call), seen[side])
+            ok, why = pr_checks.judge(
+                check.expect, Seen.from_probe(seen["ref"]), Seen.from_probe(seen["branch"])
+            )
+            console.info(f"verify: {check.key} torch {stack.torch}: {why}")
+            self.data["checks"].append(
+                {
+                    "stack": stack.name, "env": stack.env, "torch": stack.torch, "scenario": check.scenario,
+                    "transport": check.transport, "key": check.key, "expect": check.expect.value,
+                    "ref": seen["ref"], "branch": seen["branch"], "ok": ok, "why": why,
+                }
+            )  # fmt: skip
+            self.save()
+        for stack in self.stacks:
+            self.data["regression"].append(self._regression(stack, folder))
+            self.save()
+        self.data["complete"] = True
+        judged = [c["ok"] for c in self.data["checks"] + self.data["regression"] if c["ok"] is not None]
+        self.data["verified"] = bool(judged) and all(judged)
+        self.data["seconds"] = round(time.monotonic() - start, 1)
+        self.save()
+        return self.data
+
+    def _regression(self, stack: Stack, folder: Path) -> dict[str, Any]:
+        """The branch's test against REF's and the branch's deepspeed/, in the stack's env venv."""
+        probes = [c["ref"] for c in self.data["checks"] if c["stack"] == stack.name]
+        venv = next((p.get("layered_on") for p in probes if p.get("layered_on")), None)
+        entry: dict[str, Any] = {"stack": stack.name, "torch": stack.torch, "test": str(pr_fix.TEST_REL)}
+        checks = [c for c in self.data["checks"] if c["stack"] == stack.name]
+        if checks and all(c["ok"] is None for c in checks):
+            return {**entry, "ok": None, "why": f"not run: {checks[0]['why']}"}
+        if not venv:
+            return {**entry, "ok": False, "why": "no probe of this torch left a venv to run the test in"}
+        python = str(Path(venv) / "bin" / "python")
+        trees = folder / "trees"
+        branch_tree = export_tree(
+            self.ds_repo,
+            self.pr["commit"],
+            trees / "branch",
+            ["deepspeed", str(pr_fix.TEST_REL)],
+        )
+        ref_tree = export_tree(self.ds_repo, self.pr["ref_sha"], trees / "ref", ["deepspeed"])
+        test_file = branch_tree / str(pr_fix.TEST_REL)
+        outcomes = {}
+        for side, tree in (("ref", ref_tree), ("branch", branch_tree)):
+            console.step(f"== verify: regression test, torch {stack.torch}, {side}")
+            outcomes[side] = self.regression(
+                python, f"{stack.name}-{side}", tree, test_file, folder / "regression"
+            )
+        ok, why = pr_checks.regression_ok(outcomes["ref"], outcomes["branch"])
+        console.info(f"verify: regression test torch {stack.torch}: {why}")
+        return {**entry, "ref": outcomes["ref"], "branch": outcomes["branch"], "ok": ok, "why": why}
+
+
+def read_pr(folder: Path) -> dict[str, Any]:
+    path = folder / "pr.json"
+    if not path.is_file():
+        raise UsageError(f"{folder} holds no pr.json", fix="give PR= the OUT folder of a `make pr` run")
+    return dict(json.loads(path.read_text()))

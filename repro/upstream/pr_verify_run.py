@@ -1,0 +1,114 @@
+"""The use case behind `make pr VERIFY=1 RANGE=1` and `make pr-verify`: wires the matrix, DS_REPO
+and the records of a `make pr` folder to the verification (pr_verify) and the range (pr_range),
+then renders PR_DESCRIPTION.md again from pr.json, verify.json and range.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from repro.core import console, safe_write
+from repro.core.errors import UsageError
+from repro.upstream import pr_description, pr_range, pr_verify
+from repro.upstream.pr_checks import Stack
+from repro.upstream.pr_fix import MICS
+from repro.workload import fix
+
+REPORTER_ENV = "cpu"
+NEWEST_ENV = "cpu-latest"
+
+
+def stacks(matrix: Any) -> list[Stack]:
+    return [
+        Stack("reporter", REPORTER_ENV, matrix.get(REPORTER_ENV).torch),
+        Stack("newest", NEWEST_ENV, matrix.get(NEWEST_ENV).torch),
+    ]
+
+
+def columns(matrix: Any, given: str | None) -> list[pr_range.Column]:
+    newest = matrix.get(NEWEST_ENV).torch
+    torches = (
+        [t.strip() for t in given.split(",") if t.strip()] if given else [*pr_range.OLDER_TORCHES, newest]
+    )
+    return [pr_range.Column(t, NEWEST_ENV if t == newest else REPORTER_ENV) for t in torches]
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def tag_reader(ds_repo: str) -> Any:
+    from repro.upstream.pr_branch import read_at
+    from repro.upstream.pr_git import Checkout
+
+    checkout = Checkout(ds_repo)
+    targets = sorted({t.path for t in fix.TARGETS})
+
+    def read(tag: str) -> dict[str, str | None]:
+        if not checkout.try_git("rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}").ok:
+            return {p: None for p in targets}
+        return {p: (b.text if b else None) for p, b in read_at(checkout, tag, targets).items()}
+
+    return read, checkout
+
+
+def releases_for(ds_repo: str, pr: dict[str, Any], given: str | None) -> list[str]:
+    if given:
+        return [v.strip() for v in given.split(",") if v.strip()]
+    from repro.matrix.versions import VersionIndex, VersionQuery
+
+    read, checkout = tag_reader(ds_repo)
+    tags = checkout.try_git("tag", "--list", "v*").stdout.split()
+    first = pr_range.first_mics_release(
+        tags, lambda tag: bool(checkout.try_git("cat-file", "-e", f"{tag}:{MICS}").ok)
+    )
+    last = checkout.try_git("show", f"{pr['ref_sha']}:version.txt").stdout.strip()
+    if not first or not last:
+        raise UsageError(
+            "cannot tell which releases have MiCS from DS_REPO",
+            why=f"first release with mics.py: {first or 'none found'}; REF's version.txt: {last or 'none'}",
+            fix="give the releases: RELEASES=0.9.2,0.13.1,...",
+        )
+    index = VersionIndex().available(VersionQuery("deepspeed"))
+    return pr_range.release_rows(index, first, last)
+
+
+def run(folder: Path, args: argparse.Namespace) -> bool | None:
+    """Verification (when asked), range (when asked), the description again. Returns whether the
+    branch verified (None when no verification ran)."""
+    from repro.bisect.commits import DsRepo
+    from repro.matrix.schema import load_matrix
+
+    pr = pr_verify.read_pr(folder)
+    matrix = load_matrix()
+    # The probes' cached clone of DS_REPO must hold the new branch's commit.
+    DsRepo(args.ds_repo).sync(fetch=True)
+    verified: bool | None = None
+    verification = _read_json(folder / "verify.json")
+    if args.verify:
+        verification = pr_verify.Verification(pr, stacks(matrix), folder, args.ds_repo, args.engine).run()
+        verified = bool(verification["verified"])
+        console.result(f"verified:   {'yes' if verified else 'NO'} (verify.json)")
+    ranged = _read_json(folder / "range.json")
+    if args.range:
+        read, _ = tag_reader(args.ds_repo)
+        ranged = pr_range.AffectedRange(
+            pr, columns(matrix, args.range_torch), releases_for(args.ds_repo, pr, args.releases),
+            folder, args.ds_repo, read, verification, args.parallel,
+        ).run()  # fmt: skip
+        console.result(
+            f"range:      {len(ranged['rows'])} rows x {len(ranged['columns'])} torch (range.json)"
+        )
+    record = pr_description.record_from(pr)
+    safe_write.write_file(
+        folder,
+        "PR_DESCRIPTION.md",
+        pr_description.render(record, verification, ranged).encode(),
+        replace=True,
+    )
+    return verified

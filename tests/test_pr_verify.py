@@ -1,0 +1,347 @@
+"""Issue #30: the lab verifies a `make pr` branch at its commit, and the affected range.
+
+The judgement and the range's rows are pure; the verification and the range run here on a small
+DeepSpeed-shaped git repository the test makes (tests/fixtures/ds_pr_git.py), with stand-in probe
+and survey runners that answer by commit and release the way real ones can, so every outcome the
+lab can see (the bug at REF, a branch that is still broken, a commit that does not import) is
+exercised. The real probes of DeepSpeed master are the closing note's, not a test's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.cli import main as cli
+from repro.upstream import pr_checks, pr_fix, pr_range
+from repro.upstream.pr_branch import PrRequest, make_pr
+from repro.upstream.pr_checks import Expect, Seen, Stack
+from repro.upstream.pr_description import record_from, render
+from repro.upstream.pr_verify import CellCache, ProbeCall, Verification
+from tests.fixtures.ds_git import git
+from tests.fixtures.ds_pr_git import MICS, FakeDeepSpeedPr, make_fake_deepspeed_pr
+
+BUG = {
+    "outcome": "reproduced",
+    "signature": "illegal-work-divergence",
+    "reason": "12 IllegalWork",
+    "seconds": 9.0,
+}
+CLEAN = {"outcome": "clean", "signature": "none", "reason": "losses match the control", "seconds": 8.0}
+REFUSED = {
+    "outcome": "crashed",
+    "signature": "crash",
+    "reason": "RuntimeError: Backend gloo does not implement startCoalescing",
+    "seconds": 5.0,
+}
+NO_IMPORT = {
+    "outcome": "env-error",
+    "signature": "none",
+    "reason": "the commit does not import: AttributeError: module 'torch.library' has no attribute "
+    "'custom_op'",
+    "seconds": 50.0,
+}
+STACKS = [Stack("reporter", "cpu", "2.1.0"), Stack("newest", "cpu-latest", "2.13.0")]
+
+
+def seen(probe: Mapping[str, Any]) -> Seen:
+    return Seen.from_probe(probe)
+
+
+# -- judgement -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("expect", "ref", "branch", "ok"),
+    [
+        (Expect.FIXES, BUG, CLEAN, True),
+        (Expect.FIXES, BUG, BUG, False),  # the branch did not fix it
+        (Expect.FIXES, CLEAN, CLEAN, False),  # REF did not show the bug: nothing was verified
+        (Expect.FIXES, {**BUG, "outcome": "crashed", "signature": "illegal-work-crash"}, CLEAN, True),
+        (Expect.FIXES, BUG, REFUSED, False),
+        (Expect.FIXES_REFUSAL, REFUSED, CLEAN, True),
+        (Expect.FIXES_REFUSAL, {**REFUSED, "reason": "RuntimeError: boom"}, CLEAN, False),
+        (Expect.FIXES_REFUSAL, REFUSED, REFUSED, False),
+        (Expect.UNCHANGED, CLEAN, CLEAN, True),
+        (Expect.UNCHANGED, CLEAN, BUG, False),  # the change broke the control
+        (Expect.UNCHANGED, BUG, BUG, False),
+        (Expect.FIXES, NO_IMPORT, NO_IMPORT, None),  # says nothing about the change
+        (Expect.FIXES, NO_IMPORT, CLEAN, False),  # one side importing is not "not applicable"
+    ],
+)
+def test_judge(expect: Expect, ref: dict[str, Any], branch: dict[str, Any], ok: bool | None) -> None:
+    got, why = pr_checks.judge(expect, seen(ref), seen(branch))
+    assert got is ok
+    if ok is None:
+        assert "not applicable" in why and "custom_op" in why
+    else:
+        assert ref["outcome"] in why and branch["outcome"] in why
+
+
+def test_plan_runs_plain_gloo_only_on_the_newest_torch() -> None:
+    keys = [(stack.name, check.key) for stack, check in pr_checks.plan(STACKS)]
+    assert ("newest", "mics@plain") in keys and ("reporter", "mics@plain") not in keys
+    assert {k for _, k in keys} == {"mics", "mics-hier", "zero3", "mics@plain"}
+    assert len(keys) == 7
+    assert [c.key for _, c in pr_checks.plan(STACKS[1:])].count("mics") == 1
+
+
+@pytest.mark.parametrize(
+    ("ref", "branch", "ok"),
+    [
+        ({"t::a": "failed", "t::b": "failed"}, {"t::a": "passed", "t::b": "passed"}, True),
+        ({"t::a": "passed"}, {"t::a": "passed"}, False),  # does not fail before the change
+        ({"t::a": "failed"}, {"t::a": "failed"}, False),
+        ({"t::a": "failed"}, {"t::b": "passed"}, False),
+        ({}, {}, False),
+    ],
+)
+def test_regression_must_fail_at_ref_and_pass_on_the_branch(
+    ref: dict[str, str], branch: dict[str, str], ok: bool
+) -> None:
+    assert pr_checks.regression_ok(ref, branch)[0] is ok
+
+
+def test_enclosing_function_names_the_innermost_def() -> None:
+    calls = [n for n, line in enumerate(MICS.splitlines(), 1) if "dist.all_gather_coalesced(" in line]
+    names = [pr_fix.enclosing_function(MICS, n) for n in calls]
+    assert names == [
+        "_flat_all_gather_with_coalescing_manager",
+        "_hierarchical_all_gather_params",
+        "_hierarchical_all_gather_params",
+    ]
+    assert pr_fix.enclosing_function(MICS, 1) is None
+    assert pr_fix.enclosing_function("def (:\n", 1) is None
+
+
+# -- the range's rows ------------------------------------------------------------------------------
+def test_release_rows_first_with_mics_then_last_of_each_minor() -> None:
+    index = [
+        "0.8.3",
+        "0.9.0",
+        "0.9.2",
+        "0.9.5",
+        "0.10.0",
+        "0.10.3",
+        "0.13.0",
+        "0.13.1",
+        "0.14.0rc1",
+        "0.19.6",
+        "0.19.7",
+    ]
+    assert pr_range.release_rows(index, "0.9.2", "0.19.6") == ["0.9.2", "0.9.5", "0.10.3", "0.13.1", "0.19.6"]
+    assert pr_range.release_rows(index, "0.13.1", "0.13.1") == ["0.13.1"]
+    assert pr_range.release_rows(index, "x", "0.19.6") == []
+
+
+def test_first_mics_release_is_the_oldest_tag_with_mics() -> None:
+    has = {"v0.9.2", "v0.9.3", "v0.10.0"}
+    tags = ["v0.10.0", "v0.9.1", "v0.9.3", "v0.9.2", "nightly", "v0.9.0"]
+    assert pr_range.first_mics_release(tags, lambda t: t in has) == "0.9.2"
+    assert pr_range.first_mics_release(tags, lambda t: False) is None
+
+
+@pytest.mark.parametrize(
+    ("probe", "words"),
+    [
+        (BUG, "bug (illegal-work-divergence)"),
+        (CLEAN, "clean"),
+        (NO_IMPORT, "does not import"),
+        ({"outcome": "unsupported", "signature": "none", "reason": "no MiCS"}, "unsupported"),
+        (REFUSED, "crashed (crash)"),
+        (None, "-"),
+    ],
+)
+def test_cell_words(probe: dict[str, Any] | None, words: str) -> None:
+    assert pr_range.cell_words(probe) == words
+
+
+# -- on a git repository ---------------------------------------------------------------------------
+@pytest.fixture
+def ds(tmp_path: Path, real_subprocess: None, monkeypatch: pytest.MonkeyPatch) -> FakeDeepSpeedPr:
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path / "cache"))  # probe caches: the test's own
+    repo = make_fake_deepspeed_pr(tmp_path / "src")
+    git(repo.path, "tag", "v0.9.1", repo.early)
+    git(repo.path, "tag", "v0.9.2", repo.master)
+    return repo
+
+
+@pytest.fixture
+def made(ds: FakeDeepSpeedPr, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    out = tmp_path / "pr"
+    make_pr(PrRequest(ds_repo=str(ds.path), out=out))
+    return out, json.loads((out / "pr.json").read_text())
+
+
+class StandInProbe:
+    """Answers like the lab would for a commit: `answers[(side, key, torch)]`, else the usual."""
+
+    def __init__(
+        self, pr: Mapping[str, Any], answers: Mapping[tuple[str, str, str], dict[str, Any]] = {}
+    ) -> None:
+        self.pr, self.answers, self.calls = pr, answers, []  # type: ignore[var-annotated]
+
+    def __call__(self, call: ProbeCall, ds_repo: str) -> dict[str, Any]:
+        self.calls.append(call)
+        side = "ref" if call.commit == self.pr["ref_sha"] else "branch"
+        key = call.scenario if call.transport == "async" else f"{call.scenario}@{call.transport}"
+        if (side, key, call.torch) in self.answers:
+            return {**self.answers[(side, key, call.torch)], "layered_on": "/venv"}
+        if side == "branch" or call.scenario == "zero3":
+            return {**CLEAN, "layered_on": "/venv"}
+        return {**(REFUSED if call.transport == "plain" else BUG), "layered_on": "/venv"}
+
+
+def regression_stand_in(python: str, label: str, tree: Path, test_file: Path, work: Path) -> dict[str, str]:
+    """Fails where the tree's mics.py still swallows the failed wait (REF), passes on the branch."""
+    assert test_file.is_file() and (tree / "deepspeed/runtime/zero/mics.py").is_file()
+    swallows = pr_fix.wait_swallows((tree / "deepspeed/runtime/zero/mics.py").read_text())
+    return {"TestMiCS::test_wait": "failed" if swallows else "passed"}
+
+
+def test_verification_of_a_good_branch(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:
+    out, pr = made
+    probe = StandInProbe(pr)
+    data = Verification(pr, STACKS, out, str(ds.path), probe=probe, regression=regression_stand_in).run()
+
+    assert data["verified"] is True and data["complete"] is True
+    assert {(c.commit, c.patch) for c in probe.calls} == {(pr["ref_sha"], "stock"), (pr["commit"], "stock")}
+    assert len(probe.calls) == 14
+    assert [r["ok"] for r in data["regression"]] == [True, True]
+    assert data["regression"][0]["ref"] == {"TestMiCS::test_wait": "failed"}
+    assert json.loads((out / "verify.json").read_text()) == data
+    # A second verification of the same commits reads the cached probes: nothing runs again.
+    again = StandInProbe(pr)
+    assert (
+        Verification(pr, STACKS, out, str(ds.path), probe=again, regression=regression_stand_in).run()[
+            "checks"
+        ]
+        == data["checks"]
+    )
+    assert again.calls == []
+    # Nothing of the checkout moved: the trees came out through git archive.
+    assert git(ds.path, "status", "--porcelain") == "" and "worktree" not in git(ds.path, "worktree", "list")
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {("branch", "mics-hier", "2.13.0"): BUG},  # the branch leaves the hierarchical gather broken
+        {("branch", "zero3", "2.1.0"): BUG},  # the change breaks the control
+        {("ref", "mics@plain", "2.13.0"): CLEAN},  # REF does not show the refusal
+    ],
+)
+def test_verification_says_no_when_any_check_fails(
+    made: tuple[Path, dict[str, Any]],
+    ds: FakeDeepSpeedPr,
+    answers: dict[tuple[str, str, str], dict[str, Any]],
+) -> None:
+    out, pr = made
+    data = Verification(
+        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr, answers), regression=regression_stand_in
+    ).run()
+    assert data["verified"] is False
+    assert [c["ok"] for c in data["checks"]].count(False) == 1
+    text = render(record_from(pr), data, None)
+    assert "Not as expected" in text and "**no**" in text
+
+
+def test_a_torch_the_commit_does_not_import_with_is_not_applicable(
+    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr
+) -> None:
+    out, pr = made
+    answers = {
+        (side, key, "2.1.0"): NO_IMPORT
+        for side in ("ref", "branch")
+        for key in ("mics", "mics-hier", "zero3")
+    }
+    data = Verification(
+        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr, answers), regression=regression_stand_in
+    ).run()
+    assert data["verified"] is True  # judged on the newest torch; 2.1.0 says nothing either way
+    reporter = [c for c in data["checks"] if c["stack"] == "reporter"]
+    assert [c["ok"] for c in reporter] == [None, None, None]
+    assert data["regression"][0]["ok"] is None and "not run" in data["regression"][0]["why"]
+    text = render(record_from(pr), data, None)
+    assert "n/a" in text and "custom_op" in text
+
+
+def test_nothing_judged_is_not_verified(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:
+    out, pr = made
+    answers = {
+        (s, k, t): NO_IMPORT
+        for s in ("ref", "branch")
+        for k in ("mics", "mics-hier", "zero3", "mics@plain")
+        for t in ("2.1.0", "2.13.0")
+    }
+    data = Verification(
+        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr, answers), regression=regression_stand_in
+    ).run()
+    assert data["verified"] is False
+
+
+class StandInSurvey:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+
+    def __call__(
+        self, column: pr_range.Column, patch: str, versions: Sequence[str], out: Path, parallel: int
+    ) -> list[dict[str, Any]]:
+        self.calls.append((column.torch, patch, tuple(versions)))
+        probes = []
+        for v in versions:
+            if column.torch == "2.0.1" or patch == "fixed":
+                probes.append({**CLEAN, "version": v})
+            else:
+                probes.append({**BUG, "version": v})
+        return probes
+
+
+def test_range_rows_cells_cache_and_description(
+    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr, tmp_path: Path
+) -> None:
+    out, pr = made
+    from repro.upstream.pr_verify_run import tag_reader
+
+    read, _ = tag_reader(str(ds.path))
+    columns = [pr_range.Column("2.0.1", "cpu"), pr_range.Column("2.13.0", "cpu-latest")]
+    verification = Verification(
+        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in
+    ).run()
+    cache = CellCache("pr-range", tmp_path / "range-cache")
+    survey, probe = StandInSurvey(), StandInProbe(pr)
+
+    def affected() -> pr_range.AffectedRange:
+        return pr_range.AffectedRange(
+            pr, columns, ["0.9.1", "0.9.2", "0.9.9"], out, str(ds.path), read, verification,
+            cache=cache, survey=survey, probe=probe,
+        )  # fmt: skip
+
+    data = affected().run()
+    assert data["complete"] and data["probes_run"] == 12 + 2 and data["probes_cached"] == 2
+    applies = {r["deepspeed"]: r["applies"] for r in data["rows"]}
+    # v0.9.1 has no MiCS handle (the fix does not apply), v0.9.2 does, 0.9.9 has no tag here.
+    assert applies["0.9.1"] is False and applies["0.9.2"] is True and applies["0.9.9"] is None
+    ref_row = data["rows"][-1]
+    assert ref_row["is_ref"] and ref_row["cells"]["2.13.0"]["stock"]["outcome"] == "reproduced"
+    assert ref_row["cells"]["2.13.0"]["fixed"]["outcome"] == "clean"
+    # 2.13.0's REF cells came from verify.json; 2.0.1's were probed.
+    assert [(c.torch, c.commit) for c in probe.calls] == [("2.0.1", pr["ref_sha"]), ("2.0.1", pr["commit"])]
+
+    again = affected().run()
+    assert again["probes_run"] == 0 and again["probes_cached"] == 16
+    assert len(survey.calls) == 4  # nothing surveyed the second time
+
+    text = render(record_from(pr), verification, again)
+    assert "## Affected range" in text and "| torch 2.0.1 | torch 2.13.0 |" in text
+    assert "| 0.9.2 | yes | clean / clean | bug (illegal-work-divergence) / clean |" in text
+    assert "## Verified in the lab" in text
+    # each call site is shown with the checks of the function that holds it
+    assert "in `_hierarchical_all_gather_params`: `mics-hier` on torch 2.1.0: REF reproduced" in text
+
+
+def test_pr_verify_without_pr_json_is_a_usage_error(tmp_path: Path, ds: FakeDeepSpeedPr) -> None:
+    assert cli.main(["pr-verify", "--pr", str(tmp_path), "--ds-repo", str(ds.path)]) == 2
