@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 
 from repro.cli import main as cli
+from repro.core.errors import UsageError
 from repro.upstream import pr_checks, pr_fix, pr_range
 from repro.upstream.pr_branch import PrRequest, make_pr
 from repro.upstream.pr_checks import Expect, Seen, Stack
 from repro.upstream.pr_description import record_from, render
-from repro.upstream.pr_verify import CellCache, ProbeCall, Verification
+from repro.upstream.pr_verify import CellCache, ProbeCall, Verification, export_tree
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import MICS, FakeDeepSpeedPr, make_fake_deepspeed_pr
 
@@ -166,7 +167,13 @@ def ds(tmp_path: Path, real_subprocess: None, monkeypatch: pytest.MonkeyPatch) -
     repo = make_fake_deepspeed_pr(tmp_path / "src")
     git(repo.path, "tag", "v0.9.1", repo.early)
     git(repo.path, "tag", "v0.9.2", repo.master)
-    return repo
+    # As in DeepSpeed: deepspeed/accelerator is a link to the top-level accelerator/.
+    (repo.path / "accelerator").mkdir()
+    (repo.path / "accelerator/__init__.py").write_text("NAME = 'cpu'\n")
+    (repo.path / "deepspeed/accelerator").symlink_to("../accelerator")
+    git(repo.path, "add", "-A")
+    git(repo.path, "commit", "-q", "-m", "Add the accelerator link (#3)")
+    return FakeDeepSpeedPr(repo.path, repo.early, git(repo.path, "rev-parse", "HEAD"))
 
 
 @pytest.fixture
@@ -198,6 +205,7 @@ class StandInProbe:
 def regression_stand_in(python: str, label: str, tree: Path, test_file: Path, work: Path) -> dict[str, str]:
     """Fails where the tree's mics.py still swallows the failed wait (REF), passes on the branch."""
     assert test_file.is_file() and (tree / "deepspeed/runtime/zero/mics.py").is_file()
+    assert (tree / "deepspeed/accelerator/__init__.py").read_text() == "NAME = 'cpu'\n"  # the link holds
     swallows = pr_fix.wait_swallows((tree / "deepspeed/runtime/zero/mics.py").read_text())
     return {"TestMiCS::test_wait": "failed" if swallows else "passed"}
 
@@ -341,6 +349,17 @@ def test_range_rows_cells_cache_and_description(
     assert "## Verified in the lab" in text
     # each call site is shown with the checks of the function that holds it
     assert "in `_hierarchical_all_gather_params`: `mics-hier` on torch 2.1.0: REF reproduced" in text
+
+
+@pytest.mark.parametrize("target", ["/etc", "../../outside", "../.."])
+def test_a_tree_whose_link_leaves_it_is_refused(ds: FakeDeepSpeedPr, tmp_path: Path, target: str) -> None:
+    (ds.path / "deepspeed/escape").symlink_to(target)
+    git(ds.path, "add", "-A")
+    git(ds.path, "commit", "-q", "-m", "a link out")
+    sha = git(ds.path, "rev-parse", "HEAD")
+    with pytest.raises(UsageError, match="deepspeed/escape"):
+        export_tree(str(ds.path), sha, tmp_path / "tree", ["deepspeed"])
+    assert not (tmp_path / "tree" / "deepspeed").exists()
 
 
 def test_pr_verify_without_pr_json_is_a_usage_error(tmp_path: Path, ds: FakeDeepSpeedPr) -> None:

@@ -193,14 +193,15 @@ class AffectedRange:
                     }
                     for row in rows:
                         if row["deepspeed"] in missing and row["deepspeed"] in found:
-                            probe = found[row["deepspeed"]]
-                            if probe.get("outcome") != "interrupted":
-                                cache.put(cell_key(column, row["deepspeed"], patch), probe)
-                            row["cells"].setdefault(column.torch, {})[patch] = probe
+                            surveyed = found[row["deepspeed"]]
+                            cache.put(cell_key(column, row["deepspeed"], patch), surveyed)
+                            row["cells"].setdefault(column.torch, {})[patch] = surveyed
                             data["probes_run"] += 1
                 save()
             for side, sha in (("stock", self.pr["ref_sha"]), ("fixed", self.pr["commit"])):
-                probe = self._seeded(column, sha) or cache.get(cell_key(column, sha, "stock"))
+                probe: dict[str, Any] | None = self._seeded(column, sha) or cache.get(
+                    cell_key(column, sha, "stock")
+                )
                 if probe is None:
                     call = ProbeCall(
                         column.env,

@@ -32,6 +32,8 @@ from repro.upstream import pr_checks, pr_fix, pr_regression
 from repro.upstream.pr_checks import Seen, Stack
 from repro.workload.record import write_json_atomic
 
+# What `import deepspeed` reads from a tree: deepspeed/ links into accelerator/ and op_builder/.
+TREE_PATHS = ("deepspeed", "accelerator", "op_builder")
 # probe's exit codes that carry an outcome: good, bad, unknown (repro/cli/bisect_commands.py)
 PROBE_EXITS = (0, 1, 125)
 
@@ -83,8 +85,14 @@ def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Pat
     """The commit's files at `paths` under dest/ (`git archive`: nothing in DS_REPO changes)."""
     dest.mkdir(parents=True, exist_ok=True)
     archive = dest.with_suffix(".tar")
+    listed = cmd.run(
+        ["git", "-C", ds_repo, "ls-tree", "--name-only", sha, "--", *paths], capture=True, echo=False
+    )
+    present = [p for p in listed.stdout.splitlines() if p] if listed.ok else []
+    if not present:
+        raise UsageError(f"commit {sha[:10]} holds none of {', '.join(paths)}", why=listed.tail(5))
     result = cmd.run(
-        ["git", "-C", ds_repo, "archive", "--format=tar", "-o", str(archive), sha, "--", *paths],
+        ["git", "-C", ds_repo, "archive", "--format=tar", "-o", str(archive), sha, "--", *present],
         capture=True,
         echo=False,
     )
@@ -92,14 +100,21 @@ def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Pat
         raise UsageError(f"git archive {sha[:10]} failed in DS_REPO={ds_repo}", why=result.tail(5))
     try:
         with tarfile.open(archive, mode="r:") as tar:
-            # Only files and folders under dest (Python 3.11.2 has no extraction filter): a link or
-            # a name leaving dest is refused, whatever the commit holds.
+            # Only files, folders and links that stay under dest (DeepSpeed's deepspeed/accelerator
+            # links to ../accelerator); Python 3.11.2 has no extraction filter to do it.
             members = tar.getmembers()
+            root = dest.resolve()
             for member in members:
                 parts = Path(member.name).parts
-                if not (member.isfile() or member.isdir()) or member.name.startswith("/") or ".." in parts:
+                inside = not member.name.startswith("/") and ".." not in parts
+                if member.issym():
+                    target = (root / Path(member.name).parent / member.linkname).resolve()
+                    inside = inside and not member.linkname.startswith("/") and target.is_relative_to(root)
+                elif not (member.isfile() or member.isdir()):
+                    inside = False
+                if not inside:
                     raise UsageError(
-                        f"commit {sha[:10]} holds {member.name!r}, not a plain file under its tree",
+                        f"commit {sha[:10]} holds {member.name!r}, which leaves its tree",
                         fix="verify a commit of DeepSpeed",
                     )
             tar.extractall(dest, members=members)
@@ -238,9 +253,9 @@ class Verification:
             self.ds_repo,
             self.pr["commit"],
             trees / "branch",
-            ["deepspeed", str(pr_fix.TEST_REL)],
+            [*TREE_PATHS, str(pr_fix.TEST_REL)],
         )
-        ref_tree = export_tree(self.ds_repo, self.pr["ref_sha"], trees / "ref", ["deepspeed"])
+        ref_tree = export_tree(self.ds_repo, self.pr["ref_sha"], trees / "ref", list(TREE_PATHS))
         test_file = branch_tree / str(pr_fix.TEST_REL)
         outcomes = {}
         for side, tree in (("ref", ref_tree), ("branch", branch_tree)):
