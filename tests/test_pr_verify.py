@@ -301,7 +301,9 @@ class StandInSurvey:
         self.calls.append((column.torch, patch, tuple(versions)))
         probes = []
         for v in versions:
-            if column.torch == "2.0.1" or patch == "fixed":
+            if v == "0.9.1" and column.torch == "2.13.0":  # this release does not run on that torch
+                probes.append({**REFUSED, "version": v})
+            elif column.torch == "2.0.1" or patch == "fixed":
                 probes.append({**CLEAN, "version": v})
             else:
                 probes.append({**BUG, "version": v})
@@ -329,7 +331,10 @@ def test_range_rows_cells_cache_and_description(
         )  # fmt: skip
 
     data = affected().run()
-    assert data["complete"] and data["probes_run"] == 12 + 2 and data["probes_cached"] == 2
+    # 3 releases x 2 torch, stock and fixed, less the fixed probe of the release that did not run
+    # on 2.13.0; plus REF and the branch on 2.0.1 (2.13.0's came from verify.json).
+    assert data["complete"] and data["probes_run"] == 11 + 2 and data["probes_cached"] == 2
+    assert ("2.13.0", "fixed", ("0.9.2", "0.9.9")) in survey.calls
     applies = {r["deepspeed"]: r["applies"] for r in data["rows"]}
     # v0.9.1 has no MiCS handle (the fix does not apply), v0.9.2 does, 0.9.9 has no tag here.
     assert applies["0.9.1"] is False and applies["0.9.2"] is True and applies["0.9.9"] is None
@@ -340,12 +345,13 @@ def test_range_rows_cells_cache_and_description(
     assert [(c.torch, c.commit) for c in probe.calls] == [("2.0.1", pr["ref_sha"]), ("2.0.1", pr["commit"])]
 
     again = affected().run()
-    assert again["probes_run"] == 0 and again["probes_cached"] == 16
+    assert again["probes_run"] == 0 and again["probes_cached"] == 15
     assert len(survey.calls) == 4  # nothing surveyed the second time
 
     text = render(record_from(pr), verification, again)
     assert "## Affected range" in text and "| torch 2.0.1 | torch 2.13.0 |" in text
     assert "| 0.9.2 | yes | clean / clean | bug (illegal-work-divergence) / clean |" in text
+    assert "| 0.9.1 | no | clean / clean | crashed (crash) |" in text
     assert "## Verified in the lab" in text
     # each call site is shown with the checks of the function that holds it
     assert "in `_hierarchical_all_gather_params`: `mics-hier` on torch 2.1.0: REF reproduced" in text

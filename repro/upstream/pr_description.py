@@ -103,9 +103,9 @@ def range_table(ranged: Mapping[str, Any] | None) -> dict[str, Any] | None:
         for torch in torches:
             cell = (row.get("cells") or {}).get(torch) or {}
             stock, fixed = pr_range.cell_words(cell.get("stock")), pr_range.cell_words(cell.get("fixed"))
-            cells.append(
-                stock if stock == fixed and stock in ("does not import", "-") else f"{stock} / {fixed}"
-            )
+            # No fixed probe where stock did not run MiCS (pr_range: nothing for the fix to show).
+            same_failure = stock == fixed == "does not import"
+            cells.append(stock if fixed == "-" or same_failure else f"{stock} / {fixed}")
         applies = row.get("applies")
         words = "yes" if applies is True else "no" if applies is False else "?"
         rows.append(

@@ -111,13 +111,19 @@ def cell_words(probe: Mapping[str, Any] | None) -> str:
     return f"{seen.outcome} ({seen.signature})"
 
 
+def _ran(probe: Mapping[str, Any] | None) -> bool:
+    """The stock probe trained (clean) or showed the bug: a fixed probe then says something."""
+    return bool(probe) and Seen.from_probe(probe or {}).finding in (RunFinding.BUG, RunFinding.CLEAN)
+
+
 SurveyRunner = Callable[[Column, str, Sequence[str], Path, int], list[dict[str, Any]]]
 
 
 def survey_argv(column: Column, patch: str, versions: Sequence[str], out: Path, parallel: int) -> list[str]:
     return [
         sys.executable, "-m", "repro", "survey", "--axis", "deepspeed", "--every",
-        "--versions", ",".join(versions), "--env", column.env, "--engine", "venv", "--torch", column.torch,
+        "--versions", ",".join(versions), "--from", versions[0], "--to", versions[-1],
+        "--env", column.env, "--engine", "venv", "--torch", column.torch,
         "--scenario", SCENARIO, "--patch", patch, "--parallel", str(parallel), "--out", str(out),
     ]  # fmt: skip
 
@@ -179,6 +185,8 @@ class AffectedRange:
             for patch in ("stock", "fixed"):
                 missing = []
                 for row in rows:
+                    if patch == "fixed" and not _ran(row["cells"].get(column.torch, {}).get("stock")):
+                        continue  # the release did not run MiCS on this torch: the fix has nothing to show
                     hit = cache.get(cell_key(column, row["deepspeed"], patch))
                     if hit is None:
                         missing.append(row["deepspeed"])
