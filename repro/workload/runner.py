@@ -378,13 +378,15 @@ def _tail(path: str, lines: int = 40) -> str:
 
 
 def _pick_exception(ranks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The exception to show: one raised from an IllegalWork object if any rank had it, else
-    the lowest rank's."""
+    """The exception to show: one raised from an IllegalWork object if any rank had it, else the
+    lowest rank's own error, else the lowest rank's. A rank that was only `Terminated` (torchrun
+    sends SIGTERM to the others when one rank fails) names the launcher, not the cause."""
     found = [(r, d["exception"]) for r, d in sorted(ranks.items()) if d.get("exception")]
     if not found:
         return None
     illegal = [(r, e) for r, e in found if "IllegalWork" in f"{e.get('message')}{e.get('traceback')}"]
-    rank, exc = (illegal or found)[0]
+    own = [(r, e) for r, e in found if e.get("type") != "Terminated"]
+    rank, exc = (illegal or own or found)[0]
     return {
         "type": exc.get("type"),
         "message": exc.get("message"),
