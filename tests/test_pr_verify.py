@@ -152,6 +152,18 @@ def test_first_mics_release_is_the_oldest_tag_with_mics() -> None:
         (NO_IMPORT, "does not import"),
         ({"outcome": "unsupported", "signature": "none", "reason": "no MiCS"}, "unsupported"),
         (REFUSED, "crashed (crash)"),
+        (
+            {
+                "outcome": "env-error",
+                "signature": "none",
+                "reason": "BuildError: pip step deepspeed failed (exit 1)",
+            },
+            "does not install",
+        ),
+        (
+            {"outcome": "env-error", "signature": "none", "reason": "BuildError: pip step torch failed"},
+            "env-error (none)",
+        ),
         (None, "-"),
     ],
 )

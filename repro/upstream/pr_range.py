@@ -101,6 +101,8 @@ def cell_words(probe: Mapping[str, Any] | None) -> str:
     seen = Seen.from_probe(probe)
     if "does not import" in seen.reason:
         return "does not import"
+    if seen.outcome == "env-error" and "pip step deepspeed failed" in seen.reason:
+        return "does not install"  # e.g. 0.9.x/0.10.x need pydantic < 2; the env pins 2
     finding = seen.finding
     if finding is RunFinding.BUG:
         return f"bug ({seen.signature})"
