@@ -380,5 +380,36 @@ def test_a_tree_whose_link_leaves_it_is_refused(ds: FakeDeepSpeedPr, tmp_path: P
     assert not (tmp_path / "tree" / "deepspeed").exists()
 
 
+def test_the_rerendered_description_is_scrubbed_of_host_paths(
+    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr
+) -> None:
+    """Reasons are quoted from run records; a host path in one must not reach PR_DESCRIPTION.md."""
+    import argparse
+
+    from repro.upstream import pr_verify_run
+
+    out, pr = made
+    home = str(Path.home())
+    leaky = {**BUG, "reason": f"crash in {home}/.cache/mics-repro/venvs/x/deepspeed/mics.py line 240"}
+    answers = {("branch", "mics", "2.1.0"): leaky}
+    args = argparse.Namespace(
+        ds_repo=str(ds.path),
+        engine="venv",
+        verify=True,
+        range=False,
+        range_torch=None,
+        releases=None,
+        parallel=1,
+    )
+    verified = pr_verify_run.run(
+        out, args, {"probe": StandInProbe(pr, answers), "regression": regression_stand_in}
+    )
+    text = (out / "PR_DESCRIPTION.md").read_text()
+    assert verified is False and "Not as expected" in text and "line 240" in text
+    assert home not in text and "/.cache/mics-repro" in json.dumps(
+        json.loads((out / "verify.json").read_text())
+    )
+
+
 def test_pr_verify_without_pr_json_is_a_usage_error(tmp_path: Path, ds: FakeDeepSpeedPr) -> None:
     assert cli.main(["pr-verify", "--pr", str(tmp_path), "--ds-repo", str(ds.path)]) == 2

@@ -100,8 +100,12 @@ def cmd_pr_verify(args: argparse.Namespace) -> int:
 def verify_folder(folder: Path, args: argparse.Namespace) -> int:
     """The lab's verification and/or range for the branch recorded in folder/pr.json, then
     PR_DESCRIPTION.md again. Exit 0 when verified (or only the range was asked), 1 when not."""
-    from repro.upstream import pr_verify_run
+    from repro.bisect.commits import DsRepo
+    from repro.upstream import pr_verify, pr_verify_run
 
+    pr_verify.read_pr(folder)  # a folder without pr.json stops before git is touched
+    # The probes' cached clone of DS_REPO (AXIS=deepspeed-commit's) must hold the branch's commit.
+    DsRepo(args.ds_repo).sync(fetch=True)
     verified = pr_verify_run.run(folder, args)
     console.result(f"description: {folder / 'PR_DESCRIPTION.md'}")
     return 0 if verified in (None, True) else 1

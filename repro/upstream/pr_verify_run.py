@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from repro.core import console, safe_write
 from repro.core.errors import UsageError
+from repro.core.scrub import Scrubber, hand_out
 from repro.upstream import pr_description, pr_range, pr_verify
 from repro.upstream.pr_checks import Stack
 from repro.upstream.pr_fix import MICS
@@ -78,20 +80,22 @@ def releases_for(ds_repo: str, pr: dict[str, Any], given: str | None) -> list[st
     return pr_range.release_rows(index, first, last)
 
 
-def run(folder: Path, args: argparse.Namespace) -> bool | None:
+def run(folder: Path, args: argparse.Namespace, runners: Mapping[str, Any] | None = None) -> bool | None:
     """Verification (when asked), range (when asked), the description again. Returns whether the
-    branch verified (None when no verification ran)."""
-    from repro.bisect.commits import DsRepo
+    branch verified (None when no verification ran). `runners`: stand-ins for the probe, the
+    regression test and the survey (tests), by the names Verification and AffectedRange use."""
+    given = dict(runners or {})
     from repro.matrix.schema import load_matrix
 
     pr = pr_verify.read_pr(folder)
     matrix = load_matrix()
-    # The probes' cached clone of DS_REPO must hold the new branch's commit.
-    DsRepo(args.ds_repo).sync(fetch=True)
     verified: bool | None = None
     verification = _read_json(folder / "verify.json")
     if args.verify:
-        verification = pr_verify.Verification(pr, stacks(matrix), folder, args.ds_repo, args.engine).run()
+        verification = pr_verify.Verification(
+            pr, stacks(matrix), folder, args.ds_repo, args.engine,
+            **{k: v for k, v in given.items() if k in ("probe", "regression")},
+        ).run()  # fmt: skip
         verified = bool(verification["verified"])
         console.result(f"verified:   {'yes' if verified else 'NO'} (verify.json)")
     ranged = _read_json(folder / "range.json")
@@ -100,15 +104,15 @@ def run(folder: Path, args: argparse.Namespace) -> bool | None:
         ranged = pr_range.AffectedRange(
             pr, columns(matrix, args.range_torch), releases_for(args.ds_repo, pr, args.releases),
             folder, args.ds_repo, read, verification, args.parallel,
+            **{k: v for k, v in given.items() if k in ("probe", "survey")},
         ).run()  # fmt: skip
         console.result(
             f"range:      {len(ranged['rows'])} rows x {len(ranged['columns'])} torch (range.json)"
         )
     record = pr_description.record_from(pr)
-    safe_write.write_file(
-        folder,
-        "PR_DESCRIPTION.md",
-        pr_description.render(record, verification, ranged).encode(),
-        replace=True,
-    )
+    # The lab's reasons are quoted from run records: the text passes the same gate as ISSUE.md
+    # (host paths, user and host names, secrets scrubbed; refused if one survives).
+    text = pr_description.render(record, verification, ranged)
+    text = hand_out(text, Scrubber.from_host(), "PR_DESCRIPTION.md")
+    safe_write.write_file(folder, "PR_DESCRIPTION.md", text.encode(), replace=True)
     return verified
