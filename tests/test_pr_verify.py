@@ -413,3 +413,66 @@ def test_the_rerendered_description_is_scrubbed_of_host_paths(
 
 def test_pr_verify_without_pr_json_is_a_usage_error(tmp_path: Path, ds: FakeDeepSpeedPr) -> None:
     assert cli.main(["pr-verify", "--pr", str(tmp_path), "--ds-repo", str(ds.path)]) == 2
+
+
+@pytest.mark.parametrize(
+    ("reason", "want"),
+    [
+        (
+            "BuildError: venv for cpu+ds0.9.5: pip step deepspeed failed (exit 1) (AttributeError: "
+            "'FieldInfo' object has no attribute 'required')",
+            "AttributeError: 'FieldInfo' object has no attribute 'required'",
+        ),
+        (
+            "environment: ImportError: cannot import name 'log' from 'torch.x' (/root/.cache/venv/a.py)",
+            "ImportError: cannot import name 'log' from 'torch.x'",
+        ),
+        (
+            "crashed on rank 1: TypeError: _coalescing_manager() missing 1 required positional argument: "
+            "'reqs'",
+            "TypeError: _coalescing_manager() missing 1 required positional argument: 'reqs'",
+        ),
+        ("no progress for 60 s", "no progress for 60 s"),
+    ],
+)
+def test_cause_is_the_last_error_named(reason: str, want: str) -> None:
+    assert pr_range.cause({"reason": reason}) == want
+
+
+def test_range_notes_and_fix_applies_without_a_tag() -> None:
+    from repro.upstream.pr_description import range_table
+
+    failing = {"outcome": "env-error", "signature": "none", "reason": "environment: ImportError: no log"}
+    ranged = {
+        "columns": [{"torch": "2.1.0", "env": "cpu"}, {"torch": "2.13.0", "env": "cpu-latest"}],
+        "rows": [
+            {
+                "deepspeed": "0.19.6",
+                "applies": None,
+                "cells": {"2.1.0": {"stock": failing}, "2.13.0": {"stock": BUG, "fixed": CLEAN}},
+            },
+            {
+                "deepspeed": "0.12.6",
+                "applies": None,
+                "cells": {"2.1.0": {"stock": failing}, "2.13.0": {"stock": failing}},
+            },
+        ],
+        "complete": True,
+    }
+    table = range_table(ranged)
+    assert table is not None
+    assert [r["applies"] for r in table["rows"]] == ["yes (by its fixed run; no tag)", "?"]
+    assert table["rows"][0]["cells"] == ["does not import", "bug (illegal-work-divergence) / clean"]
+    assert table["notes"] == [
+        {
+            "what": "does not import: ImportError: no log",
+            "where": ["0.19.6 + torch 2.1.0", "0.12.6 + torch 2.1.0", "0.12.6 + torch 2.13.0"],
+        }
+    ]
+
+
+def test_a_survey_never_reuses_an_earlier_folder(tmp_path: Path) -> None:
+    (tmp_path / "torch2.1.0-fixed").mkdir()
+    (tmp_path / "torch2.1.0-fixed-2").mkdir()
+    assert pr_range._new_folder(tmp_path / "torch2.1.0-fixed") == tmp_path / "torch2.1.0-fixed-3"
+    assert pr_range._new_folder(tmp_path / "x") == tmp_path / "x"

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from repro.core import templating
+from repro.core.runs import RunFinding
 from repro.upstream import pr_checks, pr_fix, pr_range
+from repro.upstream.pr_checks import Seen
 from repro.upstream.pr_record import FileStat, PrRecord
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -93,11 +95,13 @@ def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[d
 
 
 def range_table(ranged: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The range as header + rows of words (pr_range.cell_words), or None without records."""
+    """The range as header + rows of words (pr_range.cell_words), and notes naming the error
+    behind every cell that holds no outcome, or None without records."""
     if not ranged or not ranged.get("rows"):
         return None
     torches = [c["torch"] for c in ranged.get("columns") or []]
     rows = []
+    causes: dict[str, list[str]] = {}
     for row in ranged["rows"]:
         cells = []
         for torch in torches:
@@ -106,12 +110,16 @@ def range_table(ranged: Mapping[str, Any] | None) -> dict[str, Any] | None:
             # No fixed probe where stock did not run MiCS (pr_range: nothing for the fix to show).
             same_failure = stock == fixed == "does not import"
             cells.append(stock if fixed == "-" or same_failure else f"{stock} / {fixed}")
-        applies = row.get("applies")
-        words = "yes" if applies is True else "no" if applies is False else "?"
+            for probe in (cell.get("stock"), cell.get("fixed")):
+                if probe and probe.get("outcome") not in ("reproduced", "clean"):
+                    where = f"{row['deepspeed'].split(' ')[0]} + torch {torch}"
+                    seen = causes.setdefault(f"{pr_range.cell_words(probe)}: {pr_range.cause(probe)}", [])
+                    if where not in seen:
+                        seen.append(where)
         rows.append(
             {
                 "deepspeed": row["deepspeed"],
-                "applies": words,
+                "applies": _applies_words(row, torches),
                 "why": row.get("applies_why", ""),
                 "cells": cells,
             }
@@ -119,9 +127,22 @@ def range_table(ranged: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return {
         "torches": torches,
         "rows": rows,
+        "notes": [{"what": what, "where": where} for what, where in causes.items()],
         "complete": ranged.get("complete", False),
         "seconds": ranged.get("seconds"),
     }
+
+
+def _applies_words(row: Mapping[str, Any], torches: list[str]) -> str:
+    """From the release tag's files; without the tag, from the fixed runs (one that trained or
+    showed the bug means the run-time fix, the same splice, applied)."""
+    applies = row.get("applies")
+    if applies is not None:
+        return "yes" if applies else "no"
+    fixed = [((row.get("cells") or {}).get(t) or {}).get("fixed") for t in torches]
+    if any(p and Seen.from_probe(p).finding in (RunFinding.BUG, RunFinding.CLEAN) for p in fixed):
+        return "yes (by its fixed run; no tag)"
+    return "?"
 
 
 def context(

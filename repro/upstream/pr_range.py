@@ -99,7 +99,7 @@ def cell_words(probe: Mapping[str, Any] | None) -> str:
     if not probe:
         return "-"
     seen = Seen.from_probe(probe)
-    if "does not import" in seen.reason:
+    if "does not import" in seen.reason or (seen.outcome == "env-error" and "ImportError" in seen.reason):
         return "does not import"
     if seen.outcome == "env-error" and "pip step deepspeed failed" in seen.reason:
         return "does not install"  # e.g. 0.9.x/0.10.x need pydantic < 2; the env pins 2
@@ -111,6 +111,26 @@ def cell_words(probe: Mapping[str, Any] | None) -> str:
     if finding is RunFinding.UNSUPPORTED:
         return "unsupported"
     return f"{seen.outcome} ({seen.signature})"
+
+
+def cause(probe: Mapping[str, Any]) -> str:
+    """The error at the heart of a probe's reason, for the table's notes: the last exception
+    named in it (`Type: message`), without the lab's own wording around it."""
+    reason = str(probe.get("reason") or "")
+    found = re.findall(r"\b([A-Z]\w*(?:Error|Exception)): ([^()]+?)(?:\)|;|$| \(/)", reason)
+    if found:
+        kind, message = found[-1]
+        return f"{kind}: {message.strip()}"
+    return reason.split(": ", 1)[-1][:160]
+
+
+def _new_folder(base: Path) -> Path:
+    """A survey's OUT must be new: an interrupted earlier survey left its own survey.json there."""
+    n, where = 1, base
+    while where.exists():
+        n += 1
+        where = base.with_name(f"{base.name}-{n}")
+    return where
 
 
 def _ran(probe: Mapping[str, Any] | None) -> bool:
@@ -197,7 +217,7 @@ class AffectedRange:
                         data["probes_cached"] += 1
                 if missing:
                     console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
-                    where = folder / f"torch{column.torch}-{patch}"
+                    where = _new_folder(folder / f"torch{column.torch}-{patch}")
                     found = {
                         p.get("version"): p for p in self.survey(column, patch, missing, where, self.parallel)
                     }
