@@ -365,6 +365,7 @@ def test_range_rows_cells_cache_and_description(
     assert "| 0.9.2 | yes | clean / clean | bug (illegal-work-divergence) / clean |" in text
     assert "| 0.9.1 | no | clean / clean | crashed (crash) |" in text
     assert "## Verified in the lab" in text
+    assert "| regression test | 2.13.0 | 1 failed | 1 passed | yes |" in text
     # each call site is shown with the checks of the function that holds it
     assert "in `_hierarchical_all_gather_params`: `mics-hier` on torch 2.1.0: REF reproduced" in text
 

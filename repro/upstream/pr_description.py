@@ -164,8 +164,16 @@ def context(
     }
 
 
+def tally(outcomes: Mapping[str, str]) -> str:
+    """{test: outcome} as counts: "4 failed", "3 passed, 1 failed"."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return ", ".join(f"{n} {o}" for o, n in counts.items()) or "-"
+
+
 def render(
     record: PrRecord, verification: Mapping[str, Any] | None = None, ranged: Mapping[str, Any] | None = None
 ) -> str:
-    env = templating.environment(TEMPLATES, filters={"code": code})
+    env = templating.environment(TEMPLATES, filters={"code": code, "tally": tally})
     return env.get_template("PR_DESCRIPTION.md.j2").render(**context(record, verification, ranged))
