@@ -360,6 +360,12 @@ def test_range_rows_cells_cache_and_description(
     assert again["probes_run"] == 0 and again["probes_cached"] == 15
     assert len(survey.calls) == 4  # nothing surveyed the second time
 
+    # One release missing from the cache: a survey needs two ends, so that one is a probe.
+    (cache.root / f"{pr_range.cell_key(columns[0], '0.9.2', 'stock')}.json").unlink()
+    before = len(probe.calls)
+    assert affected().run()["probes_run"] == 1 and len(survey.calls) == 4
+    assert [(c.deepspeed, c.patch, c.torch) for c in probe.calls[before:]] == [("0.9.2", "stock", "2.0.1")]
+
     text = render(record_from(pr), verification, again)
     assert "## Affected range" in text and "| torch 2.0.1 | torch 2.13.0 |" in text
     assert "| 0.9.2 | yes | clean / clean | bug (illegal-work-divergence) / clean |" in text
@@ -470,6 +476,12 @@ def test_range_notes_and_fix_applies_without_a_tag() -> None:
             "where": ["0.19.6 + torch 2.1.0", "0.12.6 + torch 2.1.0", "0.12.6 + torch 2.13.0"],
         }
     ]
+
+
+def test_log_path_keeps_the_version_dots(tmp_path: Path) -> None:
+    from repro.upstream.pr_verify import log_path
+
+    assert log_path(tmp_path / "torch2.13.0-ref-stock") == tmp_path / "torch2.13.0-ref-stock.log"
 
 
 def test_a_survey_never_reuses_an_earlier_folder(tmp_path: Path) -> None:

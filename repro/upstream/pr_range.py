@@ -32,7 +32,7 @@ from repro.core.errors import FixDoesNotApplyError, RunError
 from repro.core.runs import RunFinding
 from repro.upstream import pr_fix
 from repro.upstream.pr_checks import Seen
-from repro.upstream.pr_verify import CellCache, ProbeCall, ProbeRunner, front_door_probe
+from repro.upstream.pr_verify import CellCache, ProbeCall, ProbeRunner, front_door_probe, log_path
 from repro.workload import fix
 from repro.workload.record import write_json_atomic
 
@@ -154,13 +154,13 @@ def front_door_survey(
     column: Column, patch: str, versions: Sequence[str], out: Path, parallel: int
 ) -> list[dict[str, Any]]:
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = cmd.run(survey_argv(column, patch, versions, out, parallel), tee=out.with_suffix(".log"))
+    result = cmd.run(survey_argv(column, patch, versions, out, parallel), tee=log_path(out))
     record = out / "survey.json"
     if not record.is_file():
         raise RunError(
             f"the survey of torch {column.torch} ({patch}) stopped (exit {result.returncode})",
             why=result.tail(8),
-            fix=f"read {out.with_suffix('.log')}",
+            fix=f"read {log_path(out)}",
         )
     return [dict(p) for p in json.loads(record.read_text()).get("probes") or []]
 
@@ -218,14 +218,26 @@ class AffectedRange:
                 if missing:
                     console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
                     where = _new_folder(folder / f"torch{column.torch}-{patch}")
-                    found = {
-                        p.get("version"): p for p in self.survey(column, patch, missing, where, self.parallel)
-                    }
+                    if len(missing) == 1:  # a survey needs two ends: one release is a probe
+                        call = ProbeCall(
+                            column.env,
+                            column.torch,
+                            "",
+                            SCENARIO,
+                            "async",
+                            where,
+                            patch=patch,
+                            deepspeed=missing[0],
+                        )
+                        found = {missing[0]: dict(self.probe(call, self.ds_repo))}
+                    else:
+                        surveyed = self.survey(column, patch, missing, where, self.parallel)
+                        found = {p.get("version"): p for p in surveyed}
                     for row in rows:
                         if row["deepspeed"] in missing and row["deepspeed"] in found:
-                            surveyed = found[row["deepspeed"]]
-                            cache.put(cell_key(column, row["deepspeed"], patch), surveyed)
-                            row["cells"].setdefault(column.torch, {})[patch] = surveyed
+                            result = found[row["deepspeed"]]
+                            cache.put(cell_key(column, row["deepspeed"], patch), result)
+                            row["cells"].setdefault(column.torch, {})[patch] = result
                             data["probes_run"] += 1
                 save()
             for side, sha in (("stock", self.pr["ref_sha"]), ("fixed", self.pr["commit"])):

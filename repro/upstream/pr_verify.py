@@ -65,17 +65,23 @@ def probe_argv(call: ProbeCall, ds_repo: str) -> list[str]:
     return argv
 
 
+def log_path(out: Path) -> Path:
+    """OUT's log beside it: `torch2.13.0-ref` -> `torch2.13.0-ref.log` (not with_suffix, which
+    would cut the name at the version's dots)."""
+    return out.parent / f"{out.name}.log"
+
+
 def front_door_probe(call: ProbeCall, ds_repo: str) -> Mapping[str, Any]:
     """One probe as a user runs it; its probe.json is the evidence."""
     call.out.parent.mkdir(parents=True, exist_ok=True)
-    result = cmd.run(probe_argv(call, ds_repo), tee=call.out.with_suffix(".log"))
+    result = cmd.run(probe_argv(call, ds_repo), tee=log_path(call.out))
     record = call.out / "probe.json"
     if result.returncode not in PROBE_EXITS or not record.is_file():
         raise RunError(
             f"the probe {call.scenario}/{call.transport} on torch {call.torch} stopped "
             f"(exit {result.returncode})",
             why=result.tail(8),
-            fix=f"read {call.out.with_suffix('.log')}",
+            fix=f"read {log_path(call.out)}",
         )
     probes = json.loads(record.read_text()).get("probes") or [{}]
     return dict(probes[0])
