@@ -219,7 +219,7 @@ def regression_stand_in(python: str, label: str, tree: Path, test_file: Path, wo
     assert test_file.is_file() and (tree / "deepspeed/runtime/zero/mics.py").is_file()
     assert (tree / "deepspeed/accelerator/__init__.py").read_text() == "NAME = 'cpu'\n"  # the link holds
     swallows = pr_fix.wait_swallows((tree / "deepspeed/runtime/zero/mics.py").read_text())
-    return {"TestMiCS::test_wait": "failed" if swallows else "passed"}
+    return {"TestMiCS::test_failed_wait_is_raised": "failed" if swallows else "passed"}
 
 
 def test_verification_of_a_good_branch(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:
@@ -231,7 +231,7 @@ def test_verification_of_a_good_branch(made: tuple[Path, dict[str, Any]], ds: Fa
     assert {(c.commit, c.patch) for c in probe.calls} == {(pr["ref_sha"], "stock"), (pr["commit"], "stock")}
     assert len(probe.calls) == 14
     assert [r["ok"] for r in data["regression"]] == [True, True]
-    assert data["regression"][0]["ref"] == {"TestMiCS::test_wait": "failed"}
+    assert data["regression"][0]["ref"] == {"TestMiCS::test_failed_wait_is_raised": "failed"}
     assert json.loads((out / "verify.json").read_text()) == data
     # A second verification of the same commits reads the cached probes: nothing runs again.
     again = StandInProbe(pr)
@@ -372,6 +372,10 @@ def test_range_rows_cells_cache_and_description(
     assert "| 0.9.1 | no | clean / clean | crashed (crash) |" in text
     assert "## Verified in the lab" in text
     assert "| regression test | 2.13.0 | 1 failed | 1 passed | yes |" in text
+    # the points raised upstream carry the lab's evidence
+    assert "In the lab on plain gloo (torch 2.13.0, flat MiCS, 4 ranks): REF crashed" in text
+    assert "`TestMiCS::test_failed_wait_is_raised` (torch 2.13.0): failed at REF, passed on the branch" in text
+    assert "ZeRO-3 control (torch 2.1.0): clean at REF, clean on the branch" in text
     # each call site is shown with the checks of the function that holds it
     assert "in `_hierarchical_all_gather_params`: `mics-hier` on torch 2.1.0: REF reproduced" in text
 

@@ -150,8 +150,12 @@ def context(
 ) -> dict[str, Any]:
     calls = [c for c in record.callers if c.kind is pr_fix.CallerKind.CALL]
     outside = pr_fix.callers_outside_mics(record.callers)
+    lab: dict[str, list[Any]] = {}
+    for check in (verification or {}).get("checks") or []:
+        lab.setdefault(str(check.get("key")), []).append(check)
     return {
         "verify": verification,
+        "lab": lab,
         "evidence": evidence(record, verification),
         "range": range_table(ranged),
         "r": record,
