@@ -374,7 +374,8 @@ def test_range_rows_cells_cache_and_description(
     assert "| regression test | 2.13.0 | 1 failed | 1 passed | yes |" in text
     # the points raised upstream carry the lab's evidence
     assert "In the lab on plain gloo (torch 2.13.0, flat MiCS, 4 ranks): REF crashed" in text
-    assert "`TestMiCS::test_failed_wait_is_raised` (torch 2.13.0): failed at REF, passed on the branch" in text
+    failed_wait = "`TestMiCS::test_failed_wait_is_raised` (torch 2.13.0): failed at REF, passed on the branch"
+    assert failed_wait in text
     assert "ZeRO-3 control (torch 2.1.0): clean at REF, clean on the branch" in text
     # each call site is shown with the checks of the function that holds it
     assert "in `_hierarchical_all_gather_params`: `mics-hier` on torch 2.1.0: REF reproduced" in text
