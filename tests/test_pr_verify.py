@@ -287,6 +287,8 @@ def test_a_torch_the_commit_does_not_import_with_is_not_applicable(
     assert data["regression"][0]["ok"] is None and "not run" in data["regression"][0]["why"]
     text = render(record_from(pr), data, None)
     assert "n/a" in text and "custom_op" in text
+    # the callers' evidence names only judged checks
+    assert "`mics-hier` on torch 2.13.0: REF reproduced" in text and "`mics-hier` on torch 2.1.0" not in text
 
 
 def test_nothing_judged_is_not_verified(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:
