@@ -130,7 +130,10 @@ def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(tmp_path: Pat
         "PATCH=stock",
         f"WORKDIR={work}",
         f"OUT={out}",
-        "STALL_TIMEOUT=20",
+        # Both ranks must be inside deadlock.py when the limit ends the run (asserted below): they
+        # import torch and DeepSpeed first, which took over 20 s beside CI's Docker side stream
+        # (a rank's stack was then still deep in an import, cut off before deadlock.py's frame).
+        "STALL_TIMEOUT=40",
         "CMD=torchrun --nproc_per_node 2 deadlock.py",
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
