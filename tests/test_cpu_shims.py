@@ -58,3 +58,22 @@ def test_a_second_call_reports_the_same_placeholders(clean_import_state: None) -
     # record must name the same placeholders as a torchrun rank's.
     first = cpu_shims.install_placeholders("0.13.1")
     assert cpu_shims.install_placeholders("0.13.1") == first
+
+
+def test_an_unused_module_is_hidden_so_its_import_fails_like_an_absent_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # triton on CPU: `import deepspeed` tries it in a try/except ImportError (HAS_TRITON)
+    monkeypatch.delitem(sys.modules, "json_stand_in_xyz", raising=False)  # absent again afterwards
+    assert cpu_shims.hide_unused_modules(("json_stand_in_xyz",)) == ["json_stand_in_xyz"]
+    with pytest.raises(ImportError):
+        importlib.import_module("json_stand_in_xyz")
+    # a second call (a forked rank after the server) reports the same; the module stays hidden
+    assert cpu_shims.hide_unused_modules(("json_stand_in_xyz",)) == ["json_stand_in_xyz"]
+    # a module already imported was wanted by someone: left alone, not reported
+    assert cpu_shims.hide_unused_modules(("json",)) == []
+    assert importlib.import_module("json") is sys.modules["json"]
+
+
+def test_triton_is_what_cpu_runs_hide() -> None:
+    assert cpu_shims.UNUSED_ON_CPU == ("triton",)

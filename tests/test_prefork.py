@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -82,6 +84,26 @@ def test_a_failed_rank_stops_its_peers_and_sets_the_exit_code(server: PreforkSer
     pids = [r["pid"] for r in _ranks(tmp_path / "f", 3)]
     assert not [p for p in pids if runner.alive(p)]
     assert "rank 1" in (tmp_path / "f" / "launcher.log").read_text()
+
+
+def test_a_run_end_is_seen_when_the_server_reports_it_not_at_a_poll(
+    server: PreforkServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the run's exit wakes its waiter (the replies' reader notifies); no sleeping poll loop
+    from repro.workload import prefork
+
+    def no_sleep(seconds: float) -> None:
+        raise AssertionError("ForkedRun.wait slept while the server could report the exit")
+
+    monkeypatch.setattr(prefork, "time", SimpleNamespace(monotonic=time.monotonic, sleep=no_sleep))
+    run = _start(server, tmp_path / "w", "ok")
+    hung = _start(server, tmp_path / "h", "hang")
+    with pytest.raises(subprocess.TimeoutExpired):  # a timeout still applies, without sleeping
+        hung.wait(timeout=0.01)
+    os.killpg(hung.pid, 9)
+    assert hung.wait() == -9
+    assert run.wait() == 0
+    runner.wait_exit(run, 30.0)  # returns at once for a run that has ended
 
 
 def _spec(tmp_path: Path) -> runner.RunSpec:

@@ -108,6 +108,12 @@ class PreforkServer:
         with self._lock:
             return self._exits.get(run)
 
+    def wait_exit(self, run: str, timeout_s: float | None) -> None:
+        """Block until the server reports `run`'s exit or dies, or `timeout_s` passes: the
+        reader thread notifies at once, so a run's end is seen without a polling delay."""
+        with self._changed:
+            self._changed.wait_for(lambda: run in self._exits or self._dead, timeout_s)
+
     def start(self, argv: list[str], env: dict[str, str], world_size: int, log: str) -> ForkedRun:
         """A run: `world_size` ranks of the trainer with `argv`, logging to `log`."""
         return self._request({"argv": argv, "env": env, "world_size": world_size, "log": log})
@@ -183,8 +189,12 @@ class ForkedRun:
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired("prefork run", timeout or 0)
-            time.sleep(POLL_S)
+            if self.server.dead:  # nobody will report the exit: look at the leader's pid
+                time.sleep(POLL_S if left is None else min(POLL_S, left))
+            else:
+                self.server.wait_exit(self.run, left)
         assert self.returncode is not None
         return self.returncode

@@ -64,6 +64,7 @@ PRELOAD = (
     "deepspeed.runtime.zero.stage3",
     "deepspeed.runtime.zero.mics",
     "repro.workload.train",
+    "repro.workload.collectives",
     "repro.workload.model",
     "repro.workload.logcount",
     "repro.workload.fix",

@@ -232,6 +232,15 @@ def _stop_group(proc: Process, run_dir: str) -> None:
     proc.wait()
 
 
+def wait_exit(proc: Process, timeout_s: float) -> None:
+    """Pause the watch loop for up to `timeout_s`, returning as soon as the run's launcher exits
+    (a sleep would leave the next run waiting for the rest of the poll interval)."""
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
 def install_stop_handlers() -> None:
     """SIGTERM/SIGHUP stop the suite like Ctrl-C: a KeyboardInterrupt in the main thread, which
     stops every run's process group and writes the records so far. `timeout`, `docker stop`
@@ -333,7 +342,7 @@ def launch(
                     raise KeyboardInterrupt
                 if progress is not None:
                     progress(now - start)
-                time.sleep(POLL_S)
+                wait_exit(proc, POLL_S)
         except KeyboardInterrupt:
             _stop_group(proc, spec.run_dir)
             return ended("interrupted")

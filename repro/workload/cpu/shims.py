@@ -16,6 +16,12 @@ Test scaffolding, not part of the bug:
   only by `inference_all_reduce`) when its comm backend starts: minutes of C++ compilation per
   environment, in a cache that DeepSpeed releases overwrite for each other. Training never uses
   it, so the subclass answers that op builder with None, which DeepSpeed treats as "op absent".
+- triton is hidden (`UNUSED_ON_CPU`): `import deepspeed` tries `import triton` (deepspeed/__init__.py,
+  for HAS_TRITON) and PyPI's CUDA build of torch brings it along, which costs about 1 s of CPU per
+  import on a loaded 2-core host. DeepSpeed uses triton only in its GPU inference kernels and
+  sparse attention; torch only in inductor and its CUDA sparse kernels. Neither is on a CPU
+  training path, and a CPU build of torch has no triton at all. DeepSpeed then runs with
+  HAS_TRITON = False, as on such an install. Recorded in each run's `cpu_shims.hidden_modules`.
 - fp16: the CPU accelerator reports fp16 unsupported unless oneDNN has fp16 kernels for this CPU.
   When torch itself can run the model's fp16 ops on CPU (torch 2.13 can; 2.1 has no Half
   addmm/layer_norm on CPU), the subclass reports fp16 as supported. Otherwise it still reports
@@ -149,14 +155,33 @@ def _gloo_accelerator(claim_fp16: bool) -> Any:
     return GlooCpuAccelerator()
 
 
+# Importable in the env, imported by `import deepspeed` (and by nothing torch does on CPU), used
+# by no CPU training path: hidden before DeepSpeed is imported (module docstring).
+UNUSED_ON_CPU = ("triton",)
+
+
+def hide_unused_modules(names: Sequence[str] = UNUSED_ON_CPU) -> list[str]:
+    """Make `import NAME` fail with ModuleNotFoundError (None in sys.modules, Python's documented
+    way) for each of `names` not imported yet; returns those hidden now or earlier. A module
+    already imported is left alone: it was wanted."""
+    hidden = []
+    for name in names:
+        if name not in sys.modules:
+            sys.modules[name] = None  # type: ignore[assignment]
+        if sys.modules[name] is None:
+            hidden.append(name)
+    return hidden
+
+
 # Set by `before_deepspeed_import` in this process: the pre-imported launcher
 # (repro/workload/prefork_server.py) runs it, imports DeepSpeed, then forks the ranks.
 _PREPARED_BEFORE_IMPORT = False
 
 
 def before_deepspeed_import() -> dict[str, Any]:
-    """What must hold when DeepSpeed is imported on CPU: the accelerator forced to cpu and, for
-    DeepSpeed < 0.14.1, the placeholder modules. Idempotent; returns what was done."""
+    """What must hold when DeepSpeed is imported on CPU: the accelerator forced to cpu, for
+    DeepSpeed < 0.14.1 the placeholder modules, and triton hidden. Idempotent; returns what was
+    done."""
     global _PREPARED_BEFORE_IMPORT
     done: dict[str, Any] = {}
     # forced, not defaulted: DeepSpeed < 0.14.1 would otherwise pick cuda on a CUDA build of torch
@@ -164,6 +189,7 @@ def before_deepspeed_import() -> dict[str, Any]:
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
     done["LOCAL_SIZE"] = os.environ["LOCAL_SIZE"]
     done["placeholders"] = install_placeholders(deepspeed_version())
+    done["hidden_modules"] = hide_unused_modules()
     _PREPARED_BEFORE_IMPORT = True
     return done
 
