@@ -105,12 +105,22 @@ def test_one_real_probe_of_the_command_is_bad_on_stock(project: Path, tmp_path: 
 DEADLOCK = textwrap.dedent("""\
     import threading
 
+    # Output every second while the rank imports and joins: the stall limit counts silence, so
+    # it cannot fire before both ranks are inside this file, however slow the imports are.
+    up = threading.Event()
+
+    def _talk():
+        while not up.wait(1.0):
+            print("starting", flush=True)
+
+    threading.Thread(target=_talk, daemon=True).start()
     import deepspeed
     import torch.distributed as dist
 
     deepspeed.init_distributed()
     print(f"rank {dist.get_rank()} up", flush=True)
     dist.barrier()
+    up.set()
     if dist.get_rank() == 0:
         dist.barrier()  # rank 1 never comes: a deadlock, silent from here on
     else:
@@ -130,15 +140,17 @@ def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(tmp_path: Pat
         "PATCH=stock",
         f"WORKDIR={work}",
         f"OUT={out}",
-        # Both ranks must be inside deadlock.py when the limit ends the run (asserted below): they
-        # import torch and DeepSpeed first, which took over 20 s beside CI's Docker side stream
-        # (a rank's stack was then still deep in an import, cut off before deadlock.py's frame).
-        "STALL_TIMEOUT=40",
+        # Both ranks must be inside deadlock.py when the limit ends the run (asserted below). The
+        # job prints each second until both passed the first barrier, so the limit counts only
+        # the silence of the deadlock itself (a fixed 20 s once ended a rank still importing
+        # beside CI's Docker side stream); 8 s: long past the barrier's last print.
+        "STALL_TIMEOUT=8",
         "CMD=torchrun --nproc_per_node 2 deadlock.py",
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     [run] = json.loads((out / "results.json").read_text())["runs"]
     assert (run["outcome"], run["signature"]) == ("hung", "hang")
+    assert "stall limit 8 s" in run["reason"], run["reason"]  # silence, not a proven deadlock
     # torchrun and both ranks are hooked Python processes: each left its stack.
     assert len(run["stacks"]) == 3, sorted(run["stacks"])
     assert sum("deadlock.py" in text for text in run["stacks"].values()) == 2
