@@ -53,6 +53,12 @@ def job_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         "torchrun --nproc_per_node 2 train_classifier.py",
         "--requirements",
         str(work / "requirements.txt"),
+        # strict: a missing wait reads poisoned buffers every time. On the async transport this
+        # job's stock run is a real race (its losses part from the fixed run's at step 0 in one run
+        # and stay within 2% in the next: illegal-work-divergence vs -warnings), and the bundle test
+        # below needs the same outcome twice.
+        "--transport",
+        "strict",
         env=ENV,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
