@@ -136,7 +136,7 @@ def tiny(
 
 
 def _leftovers(client: Any, env: Env) -> list[str]:
-    names = [c.name for c in client.containers.list(all=True, filters={"label": "mics-repro"})]
+    names = [c.name for c in _containers(client, label="mics-repro")]
     return [n for n in names if n.startswith(f"mics-repro-{env.id}-")]
 
 
@@ -221,8 +221,9 @@ except KeyboardInterrupt:
 
 
 def _containers(client: Any, **filters: str) -> list[Any]:
-    """`docker ps -a --filter ...`"""
-    return list(client.containers.list(all=True, filters=filters))
+    """`docker ps -a --filter ...`. docker-py lists, then inspects each container: one removed in
+    between (a run's own clean-up) is gone, not an error."""
+    return list(client.containers.list(all=True, filters=filters, ignore_removed=True))
 
 
 def _poll(check: Any, bound_s: float = 120) -> Any:

@@ -397,7 +397,9 @@ def sweep_stale(client: Any, owners: Path) -> list[str]:
     import docker.errors
 
     try:
-        found = client.containers.list(all=True, filters={"label": LABEL_OWNER})
+        # ignore_removed: docker-py inspects each listed container; one removed in between by its
+        # own tool is not a failure to look.
+        found = client.containers.list(all=True, filters={"label": LABEL_OWNER}, ignore_removed=True)
     except (docker.errors.DockerException, OSError) as exc:
         console.warn(f"warning: could not look for containers left by killed runs: {exc}")
         return []
