@@ -36,6 +36,19 @@ $(foreach v,$(USER_VARIABLES),$(if $(filter command line environment,$(origin $(
 	$(call _control_in,$(v)),$(error $(v)= holds a newline or another control character; values are \
 	one line of text: give $(v) without it (several commands: put them in a script and run that)))))
 
+# Switches are yes/no, read as strictly as the tool reads RESUME= (repro/core/flags.py): 1, true,
+# yes, on (any case) are yes; 0, false, no, off or empty are no; anything else stops make before
+# any recipe runs. (Any text used to be yes: `make repro DRY_RUN=0` started a dry run.)
+# tests/test_makefile_switches.py keeps this list complete.
+SWITCHES := ALLOW_PRIVILEGES COMMITS DRY_RUN EVERY FORCE KEEP NETWORK NO_HANG NO_SYNC_PROOF PRERELEASES \
+	QUIET RANGE REFRESH_VERSIONS REUSE_IMAGE VERBOSE VERIFY
+_lower = $(subst Z,z,$(subst Y,y,$(subst X,x,$(subst W,w,$(subst V,v,$(subst U,u,$(subst T,t,$(subst S,s,$(subst R,r,$(subst Q,q,$(subst P,p,$(subst O,o,$(subst N,n,$(subst M,m,$(subst L,l,$(subst K,k,$(subst J,j,$(subst I,i,$(subst H,h,$(subst G,g,$(subst F,f,$(subst E,e,$(subst D,d,$(subst C,c,$(subst B,b,$(subst A,a,$(1)))))))))))))))))))))))))))
+_switch = $(call _lower,$(strip $(value $(1))))
+yes = $(filter 1 true yes on,$(call _switch,$(1)))
+$(foreach v,$(SWITCHES),$(if $(strip $(filter-out 1 true yes on 0 false no off,$(call _switch,$(v))) \
+	$(word 2,$(call _switch,$(v)))),$(error $(v)= is neither yes nor no: $(v) takes 1/true/yes/on for \
+	yes, 0/false/no/off or empty for no; give $(v)=1 or $(v)=0)))
+
 # Values from the command line and the environment are data, never make code: each is made a
 # simple variable holding its literal text (so `$(shell ...)` in a file name is not run when a
 # recipe references or exports it), and stays exported as before.
@@ -48,7 +61,7 @@ ifeq ($(PYTHON_GIVEN),)
 PYTHON := $(VENV)/bin/python
 HOST_PYTHON_READY := $(VENV)/.mics-repro-installed
 endif
-REPRO = $(PYTHON) -m repro $(if $(value QUIET),--quiet) $(if $(value VERBOSE),--verbose)
+REPRO = $(PYTHON) -m repro $(if $(call yes,QUIET),--quiet) $(if $(call yes,VERBOSE),--verbose)
 
 # Make variables -> CLI flags (only those given on the command line or in the environment).
 # A value is data, never code: `sq` single-quotes it for /bin/sh, so backticks, $(...) and quotes reach the tool as one literal
@@ -61,9 +74,9 @@ RUN_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,to
 	$(call flag,DEEPSPEED,deepspeed) $(call flag,SCENARIOS,scenarios) $(call flag,PATCH,patch) \
 	$(call flag,DTYPE,dtype) $(call flag,TRANSPORT,transport) $(call flag,CONFIG,config) \
 	$(call flag,STEPS,steps) $(call flag,WORLD_SIZE,world-size) $(call flag,TIMEOUT,timeout) \
-	$(call flag,STALL_TIMEOUT,stall-timeout) $(if $(value NO_SYNC_PROOF),--no-sync-proof) $(call flag,JOBS,jobs) \
+	$(call flag,STALL_TIMEOUT,stall-timeout) $(if $(call yes,NO_SYNC_PROOF),--no-sync-proof) $(call flag,JOBS,jobs) \
 	$(call flag,LAUNCHER,launcher) \
-	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(value DRY_RUN),--dry-run)
+	$(call flag,OUT,out) $(call flag,MATRIX,matrix) $(if $(call yes,DRY_RUN),--dry-run)
 
 .PHONY: help list build repro check-fix matrix report base-image test test-unit test-fast lint bench clean venv
 
@@ -144,7 +157,7 @@ report:
 	$(REPRO) report $(call flag,RESULTS,results) $(call flag,OUT,out)
 
 base-image:
-	$(REPRO) base-image $(if $(value FORCE),--force)
+	$(REPRO) base-image $(if $(call yes,FORCE),--force)
 
 # The GPU host self-check (repro/run/gpu_check.py): GPUs, the env's venv, torch and DeepSpeed on the
 # real backend, repro on the GPUs, check-fix with the GPUs hidden; gpu-check.json + a verdict per step.
@@ -191,7 +204,7 @@ lint:
 
 bench:
 	$(REPRO) bench $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,DS_REPO,ds-repo) \
-		$(call flag,DEEPSPEED_COMMIT,deepspeed-commit) $(if $(value NO_HANG),--no-hang)
+		$(call flag,DEEPSPEED_COMMIT,deepspeed-commit) $(if $(call yes,NO_HANG),--no-hang)
 
 # Bisection and surveys over releases (repro/cli/bisect_commands.py; docs/bisect.md).
 #   make bisect AXIS=torch GOOD=2.0.1 [BAD=2.3.1] [DEEPSPEED=0.13.1] [BAD_IF=reproduced|failed|differs]
@@ -199,10 +212,9 @@ bench:
 #   make probe ENV=cpu TORCH=2.1.0 [DEEPSPEED_SRC=~/DeepSpeed]   exit 0 good / 1 bad / 125 unknown
 #   make bisect AXIS=deepspeed-commit GOOD=v0.19.2 BAD=v0.19.3 DS_REPO=~/DeepSpeed [PARALLEL=2] [RUNNER=slurm]
 #   make bisect AXIS=deepspeed GOOD=0.19.0 BAD=0.19.6 COMMITS=1 [DS_REPO=~/DeepSpeed]   releases, then commits
-yes = $(filter 1 yes true,$(value $(1)))
 WALK_FLAGS = $(call flag,AXIS,axis) $(call flag,FROM,from) $(call flag,TO,to) $(call flag,VERSIONS,versions) \
 	$(if $(call yes,PRERELEASES),--prereleases) $(if $(call yes,REFRESH_VERSIONS),--refresh-versions) \
-	$(if $(value DRY_RUN),--dry-run) $(call flag,DS_REPO,ds-repo) $(call flag,PARALLEL,parallel) \
+	$(if $(call yes,DRY_RUN),--dry-run) $(call flag,DS_REPO,ds-repo) $(call flag,PARALLEL,parallel) \
 	$(call flag,RUNNER,runner) $(call flag,DEVICES,devices) $(call flag,SLURM_PARTITION,slurm-partition) \
 	$(call flag,SLURM_TIME,slurm-time) $(call flag,SLURM_GPUS_PER_TASK,slurm-gpus-per-task) $(call flag,IMAGE,image)
 PROBE_FLAGS = $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,TORCH,torch) \
