@@ -400,7 +400,8 @@ def test_torch_python_table() -> None:
     assert compat.torch_supports_python("2.1.0", "3.11") is True
     assert compat.torch_supports_python("2.1.0", "3.12") is False
     assert compat.torch_supports_python("2.9.1", "3.9") is False
-    assert compat.torch_supports_python("1.13.1", "3.10") is None
+    assert compat.torch_supports_python("1.13.1", "3.10") is True
+    assert compat.torch_supports_python("1.12.1", "3.10") is None
 
 
 def test_mics_is_gone_from_0_19_7() -> None:

@@ -31,29 +31,6 @@ from repro.matrix import compat
 if TYPE_CHECKING:
     from repro.matrix.model import Env
 
-# CPython minor versions with Linux x86_64 torch wheels on PyPI, per torch minor release
-# (from `pip index versions torch --python-version X` in 2026-11). Releases not listed are not
-# checked: an unknown pairing is left to pip rather than refused.
-TORCH_PYTHONS: Mapping[tuple[int, int], tuple[tuple[int, int], tuple[int, int]]] = {
-    (1, 13): ((3, 7), (3, 11)),
-    (2, 0): ((3, 8), (3, 11)),
-    (2, 1): ((3, 8), (3, 11)),
-    (2, 2): ((3, 8), (3, 12)),
-    (2, 3): ((3, 8), (3, 12)),
-    (2, 4): ((3, 8), (3, 12)),
-    (2, 5): ((3, 9), (3, 13)),
-    (2, 6): ((3, 9), (3, 13)),
-    (2, 7): ((3, 9), (3, 13)),
-    (2, 8): ((3, 9), (3, 13)),
-    (2, 9): ((3, 10), (3, 14)),
-    (2, 10): ((3, 10), (3, 14)),
-    (2, 11): ((3, 10), (3, 14)),
-    (2, 12): ((3, 10), (3, 14)),
-    (2, 13): ((3, 10), (3, 14)),
-    (2, 14): ((3, 10), (3, 14)),
-    (2, 15): ((3, 11), (3, 14)),
-}
-
 
 def _minor(version: str) -> tuple[int, int]:
     major, minor = version.split("+")[0].split(".")[:2]
@@ -65,7 +42,13 @@ def _fmt(v: tuple[int, int]) -> str:
 
 
 def python_range(torch_version: str) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    return TORCH_PYTHONS.get(_minor(torch_version))
+    """The CPython range torch's wheels cover (compat.TORCH_PYTHONS, the one table of it), or None
+    for a release it does not list: an unknown pairing is left to pip rather than refused."""
+    span = compat.torch_pythons(torch_version)
+    if span is None:
+        return None
+    low, high = span
+    return _minor(low), _minor(high)
 
 
 def check_python(env: Env, python_version: str, python_path: str) -> None:

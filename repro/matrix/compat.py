@@ -85,8 +85,11 @@ CUDA_INDEXES: tuple[tuple[str, tuple[WheelIndex, ...]], ...] = (
 
 CPU_INDEX = WheelIndex("cpu")
 
-# torch minor -> (oldest, newest) CPython with manylinux x86_64 wheels on PyPI.
+# torch minor -> (oldest, newest) CPython with manylinux x86_64 wheels on PyPI (from `pip index
+# versions torch --python-version X`, 2026-11). The one table: the venv engine's interpreter check
+# (engines/preflight.py) and the matrix's Python pins both read it.
 TORCH_PYTHONS: dict[str, tuple[str, str]] = {
+    "1.13": ("3.7", "3.11"),
     "2.0": ("3.8", "3.11"),
     "2.1": ("3.8", "3.11"),
     "2.2": ("3.8", "3.12"),
