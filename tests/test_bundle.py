@@ -342,6 +342,50 @@ def test_verify_reports_a_different_outcome(tmp_path: Path, host: dict[str, str]
         verify_bundle.require_match(got)
 
 
+@pytest.mark.parametrize(
+    ("run_name", "got", "accepted"),
+    [
+        # expected illegal-work-divergence; the losses did not part this time: a race on async
+        ("mics-stock-fp32-async-w2", "illegal-work-warnings", True),
+        # expected illegal-work-warnings: the sync transport is deterministic, exact match only
+        ("mics-stock-fp32-sync-w2", "illegal-work-divergence", False),
+        # losses parted without any IllegalWork message: other evidence
+        ("mics-stock-fp32-async-w2", "divergence", False),
+        # expected illegal-work-crash: a run that did not crash is not the same evidence
+        ("mics-hier-stock-fp32-async-w2", "illegal-work-warnings", False),
+    ],
+)
+def test_verify_takes_the_other_illegal_work_signature_only_where_it_is_a_race(
+    tmp_path: Path, host: dict[str, str], run_name: str, got: str, accepted: bool
+) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    records = _recorded(result.folder)
+    run = next(r for r in records if r["run_name"] == run_name)
+    assert run["outcome"] == "reproduced" and run["signature"] != got
+    run["signature"] = got
+    verified = verify_bundle.verify(
+        result.folder,
+        client,
+        tmp_path / "v",
+        engine_factory=lambda _c: FakeEngine(records),
+        say=lambda _l: None,
+    )
+    mine = next(c for c in verified.comparisons if c.run_name == run_name)
+    assert (mine.ok, mine.timing_only, verified.ok) == (accepted, accepted, accepted), mine.line()
+    assert not mine.exact
+    assert all(c.exact for c in verified.comparisons if c.run_name != run_name)
+    text = verify_bundle.report(verified)
+    if accepted:
+        assert mine.line().startswith("ok~ ") and "a race on async" in mine.line()
+        assert "every outcome matches" in text and "1 with the other IllegalWork signature" in text
+        verify_bundle.require_match(verified)
+    else:
+        assert mine.line().startswith("DIFF") and "outcomes differ" in text
+        with pytest.raises(BundleError, match="did not reproduce the outcomes"):
+            verify_bundle.require_match(verified)
+
+
 @pytest.mark.parametrize("reuse_image", [False, True])  # REUSE_IMAGE=1 still checks the tarball
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_image_tarball_is_a_clear_error(

@@ -52,6 +52,16 @@ SUITE_MODULE = "repro.workload.suite"
 CONTAINER_RESULTS = "/results"
 
 
+# Where collectives really complete in the background (the gloo adapter's async mode; NCCL/RCCL on
+# GPUs), whether a rank reads the unwaited gather's buffers before or after they fill is a race: one
+# run of the same stock job keeps its losses (illegal-work-warnings), the next parts them
+# (illegal-work-divergence; measured on a user's job, torch 2.13 + DeepSpeed 0.19.6). Both are the
+# bug's IllegalWork evidence, so there, and only there, either matches the other, marked "ok~".
+# The strict and sync transports are deterministic and keep the exact match.
+RACY_TRANSPORTS = frozenset({"async", "native"})
+SAME_EVIDENCE = frozenset({"illegal-work-warnings", "illegal-work-divergence"})
+
+
 @dataclass(frozen=True)
 class Comparison:
     run_name: str
@@ -60,17 +70,38 @@ class Comparison:
     signature: str | None
 
     @property
-    def ok(self) -> bool:
+    def exact(self) -> bool:
         return self.expected is not None and (self.outcome, self.signature) == (
             self.expected.outcome,
             self.expected.signature,
         )
 
+    @property
+    def timing_only(self) -> bool:
+        """Reproduced both times with the same IllegalWork evidence, on a racy transport; only
+        whether the losses parted differs."""
+        exp = self.expected
+        return (
+            exp is not None
+            and not self.exact
+            and exp.transport in RACY_TRANSPORTS
+            and exp.outcome == self.outcome == "reproduced"
+            and {exp.signature, str(self.signature)} <= SAME_EVIDENCE
+        )
+
+    @property
+    def ok(self) -> bool:
+        return self.exact or self.timing_only
+
     def line(self) -> str:
         want = f"{self.expected.outcome}/{self.expected.signature}" if self.expected else "(not expected)"
         got = f"{self.outcome}/{self.signature}" if self.outcome else "(no record)"
+        tag = "ok  " if self.exact else "ok~ " if self.timing_only else "DIFF"
+        note = ""
+        if self.timing_only and self.expected is not None:
+            note = f" (same IllegalWork evidence; whether losses part is a race on {self.expected.transport})"
         # outcome/signature come from records written inside the bundle's image: shown escaped.
-        return printable(f"{'ok  ' if self.ok else 'DIFF'} {self.run_name:<34} expected {want:<36} got {got}")
+        return printable(f"{tag} {self.run_name:<34} expected {want:<36} got {got}{note}")
 
 
 @dataclass(frozen=True)
@@ -360,6 +391,9 @@ def _docker_engine(client: Any) -> Any:
 def report(result: VerifyResult) -> str:
     lines = [c.line() for c in result.comparisons]
     verdict = "every outcome matches the manifest" if result.ok else "outcomes differ from the manifest"
+    raced = sum(c.timing_only for c in result.comparisons)
+    if result.ok and raced:
+        verdict += f" ({raced} with the other IllegalWork signature, marked ok~: see its line)"
     return "\n".join([*lines, f"verify: {verdict} (results: {result.folder})"])
 
 
