@@ -37,17 +37,19 @@ $(foreach v,$(USER_VARIABLES),$(if $(filter command line environment,$(origin $(
 	one line of text: give $(v) without it (several commands: put them in a script and run that)))))
 
 # Switches are yes/no, read as strictly as the tool reads RESUME= (repro/core/flags.py): 1, true,
-# yes, on (any case) are yes; 0, false, no, off or empty are no; anything else stops make before
-# any recipe runs. (Any text used to be yes: `make repro DRY_RUN=0` started a dry run.)
-# tests/test_makefile_switches.py keeps this list complete.
+# yes, on (any case) are yes; 0, false, no, off or empty are no. Any other value given on the
+# command line stops make before any recipe runs; from the environment (where a shell may hold,
+# say, NETWORK= for another program) it is a no, with a warning. (Any text used to be yes:
+# `make repro DRY_RUN=0` started a dry run.) tests/test_makefile_switches.py keeps this list complete.
 SWITCHES := ALLOW_PRIVILEGES COMMITS DRY_RUN EVERY FORCE KEEP NETWORK NO_HANG NO_SYNC_PROOF PRERELEASES \
 	QUIET RANGE REFRESH_VERSIONS REUSE_IMAGE VERBOSE VERIFY
 _lower = $(subst Z,z,$(subst Y,y,$(subst X,x,$(subst W,w,$(subst V,v,$(subst U,u,$(subst T,t,$(subst S,s,$(subst R,r,$(subst Q,q,$(subst P,p,$(subst O,o,$(subst N,n,$(subst M,m,$(subst L,l,$(subst K,k,$(subst J,j,$(subst I,i,$(subst H,h,$(subst G,g,$(subst F,f,$(subst E,e,$(subst D,d,$(subst C,c,$(subst B,b,$(subst A,a,$(1)))))))))))))))))))))))))))
 _switch = $(call _lower,$(strip $(value $(1))))
-yes = $(filter 1 true yes on,$(call _switch,$(1)))
-$(foreach v,$(SWITCHES),$(if $(strip $(filter-out 1 true yes on 0 false no off,$(call _switch,$(v))) \
-	$(word 2,$(call _switch,$(v)))),$(error $(v)= is neither yes nor no: $(v) takes 1/true/yes/on for \
-	yes, 0/false/no/off or empty for no; give $(v)=1 or $(v)=0)))
+_not_yes_no = $(strip $(filter-out 1 true yes on 0 false no off,$(call _switch,$(1))) $(word 2,$(call _switch,$(1))))
+yes = $(if $(call _not_yes_no,$(1)),,$(filter 1 true yes on,$(call _switch,$(1))))
+$(foreach v,$(SWITCHES),$(if $(call _not_yes_no,$(v)),$(if $(filter environment,$(origin $(v))),$(warning \
+	$(v) in the environment is neither yes nor no: taken as no for this make), $(error $(v)= is neither \
+	yes nor no: $(v) takes 1/true/yes/on for yes, 0/false/no/off or empty for no; give $(v)=1 or $(v)=0))))
 
 # Values from the command line and the environment are data, never make code: each is made a
 # simple variable holding its literal text (so `$(shell ...)` in a file name is not run when a

@@ -11,6 +11,7 @@ switch is found in the Makefile, so a new one is covered without editing this fi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -129,3 +130,39 @@ def test_a_switch_that_is_neither_yes_nor_no_stops_make(
             assert f"give {variable}=1 or {variable}=0" in done.stderr, done.stderr
     assert not log.exists(), "make reached the tool with a switch it refused"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ran")) == []
+
+
+def test_a_switch_from_the_environment_that_is_neither_is_a_no_with_a_warning(
+    tmp_path: Path, recorder: tuple[Path, Path], real_subprocess: None
+) -> None:
+    # A shell may hold NETWORK=host or VERBOSE=2 for another program: make goes on, says so, and
+    # the switch stays off. The same text on the command line is refused (test above).
+    script, log = recorder
+    environ = {**os.environ, "NETWORK": "host", "DRY_RUN": "maybe"}
+    done = subprocess.run(
+        ["make", "-s", "-C", str(REPO), "repro", f"PYTHON={script}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=environ,
+    )
+    assert done.returncode == 0, done.stderr
+    for variable in ("NETWORK", "DRY_RUN"):
+        assert f"{variable} in the environment is neither yes nor no: taken as no" in done.stderr
+    argv = json.loads(log.read_text().splitlines()[-1])
+    assert "--dry-run" not in argv and "--network" not in argv, argv
+    environ["DRY_RUN"] = "yes"
+    assert "--dry-run" in argv_of_env("repro", script, log, tmp_path, environ)
+
+
+def argv_of_env(target: str, script: Path, log: Path, cwd: Path, environ: dict[str, str]) -> list[str]:
+    before = log.read_text() if log.exists() else ""
+    done = subprocess.run(
+        ["make", "-s", "-C", str(REPO), target, f"PYTHON={script}"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=environ,
+    )
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(log.read_text()[len(before) :].splitlines()[-1]))
