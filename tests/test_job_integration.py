@@ -51,8 +51,14 @@ def test_stock_reproduces_and_fixed_is_clean(custom_run: tuple[Path, dict[str, A
         assert (out / record["logs"]["job"]).is_file()
     stock, fixed = runs["stock"], runs["fixed"]
     assert stock["outcome"] == "reproduced" and stock["illegal_work_messages"] > 0
-    assert stock["signature"] == "illegal-work-divergence"
-    assert stock["first_divergent_step"] is not None  # the losses leave the fixed run's
+    # On the default (async) transport whether the stock job's losses leave the fixed run's is a
+    # real race: most runs part (NaN or far off), one warm CI rehearsal stayed within the judge's 2%
+    # (1.2385 vs 1.2326 at step 1). Both are the bug's IllegalWork evidence; the signature must say
+    # which it was. tests/test_job_deps_docker.py runs a job on the strict transport, where the
+    # divergence is certain, and asserts it.
+    assert stock["signature"] in ("illegal-work-divergence", "illegal-work-warnings")
+    parted = stock["signature"] == "illegal-work-divergence"
+    assert (stock["first_divergent_step"] is not None) == parted, stock["first_divergent_step"]
     assert fixed["outcome"] == "clean" and fixed["illegal_work_messages"] == 0
     assert fixed["fix"]["fix_id"] == FIX_ID and stock["fix"] is None
     assert len(fixed["losses"]) == 6 and all(v is not None for v in fixed["losses"])
