@@ -151,7 +151,10 @@ def test_make_run_stopped_during_its_fixed_run_resumes_with_the_printed_command(
     out = tmp_path / "results"
     command = "torchrun --nproc_per_node 2 train_classifier.py"
     argv = [sys.executable, "-m", "repro", "run", "--env", "cpu", "--engine", "venv", "--workdir", str(work)]
-    argv += ["--out", str(out), "--stall-timeout", "240", "--cmd", command]
+    # strict: the stock job's losses part from the fixed run's every time, so the divergence step
+    # asserted below proves the resumed fixed run was judged against. On async that parting is a
+    # race (tests/test_job_integration.py), and this test would assert luck.
+    argv += ["--out", str(out), "--stall-timeout", "240", "--transport", "strict", "--cmd", command]
     tool = subprocess.Popen(
         argv,
         cwd=REPO,
@@ -179,6 +182,7 @@ def test_make_run_stopped_during_its_fixed_run_resumes_with_the_printed_command(
     assert {r["patch"]: r["outcome"] for r in first["runs"]}["fixed"] == "interrupted"
     line = stderr.split("into the same folder: ", 1)[1].splitlines()[0]
     assert f"RESUME=1 OUT={shlex.quote(str(out.resolve()))}" in line and " make run " in f" {line}"
+    assert "TRANSPORT=strict" in line  # the rest of the run keeps the transport it started with
     stamps = {p.name: p.stat().st_mtime_ns for p in stock_job.parent.iterdir() if p.is_file()}
 
     done = subprocess.run(
@@ -193,6 +197,7 @@ def test_make_run_stopped_during_its_fixed_run_resumes_with_the_printed_command(
     runs = {r["patch"]: r for r in data["runs"]}
     assert len(data["runs"]) == 2 and runs["fixed"]["outcome"] == "clean"
     assert runs["stock"]["outcome"] == "reproduced" and runs["stock"]["first_divergent_step"] is not None
+    assert {r["transport"] for r in data["runs"]} == {"strict"}
     invocation = data["invocation"]
     assert invocation["finished_at"] and not invocation["interrupted"] and len(invocation["resumed_at"]) == 1
     [verdict] = env_verdicts(data["runs"])
