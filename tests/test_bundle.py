@@ -323,19 +323,22 @@ def test_reuse_image_skips_the_load_only_when_docker_has_that_very_image(
     assert again.image_id == manifest.image["id"]
 
 
+def _verify_returning(
+    result: bundle.BundleResult, client: FakeClient, records: list[dict[str, Any]], out: Path
+) -> verify_bundle.VerifyResult:
+    """verify-bundle of `result` whose image's runs come out as `records`."""
+    return verify_bundle.verify(
+        result.folder, client, out, engine_factory=lambda _c: FakeEngine(records), say=lambda _l: None
+    )
+
+
 def test_verify_reports_a_different_outcome(tmp_path: Path, host: dict[str, str]) -> None:
     client = FakeClient()
     result = new_bundle(tmp_path, host, client)
     records = _recorded(result.folder)
     flipped = next(r for r in records if r["outcome"] == "reproduced")
     flipped.update(outcome="clean", signature="none")
-    got = verify_bundle.verify(
-        result.folder,
-        client,
-        tmp_path / "v",
-        engine_factory=lambda _c: FakeEngine(records),
-        say=lambda _l: None,
-    )
+    got = _verify_returning(result, client, records, tmp_path / "v")
     assert not got.ok
     assert [c.run_name for c in got.comparisons if not c.ok] == [flipped["run_name"]]
     with pytest.raises(BundleError, match="did not reproduce the outcomes"):
@@ -364,13 +367,7 @@ def test_verify_takes_the_other_illegal_work_signature_only_where_it_is_a_race(
     run = next(r for r in records if r["run_name"] == run_name)
     assert run["outcome"] == "reproduced" and run["signature"] != got
     run["signature"] = got
-    verified = verify_bundle.verify(
-        result.folder,
-        client,
-        tmp_path / "v",
-        engine_factory=lambda _c: FakeEngine(records),
-        say=lambda _l: None,
-    )
+    verified = _verify_returning(result, client, records, tmp_path / "v")
     mine = next(c for c in verified.comparisons if c.run_name == run_name)
     assert (mine.ok, mine.timing_only, verified.ok) == (accepted, accepted, accepted), mine.line()
     assert not mine.exact

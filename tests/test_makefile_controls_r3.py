@@ -9,27 +9,17 @@ real here; PYTHON is a recorder script, so the tool itself never runs.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from repro.cli.main import main
+from tests.fixtures.make_recorder import MAKEFILE, Make, user_variables
 
-REPO = Path(__file__).resolve().parents[1]
-MAKEFILE = REPO / "Makefile"
 needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
 
-RECORDER = """#!{python}
-import json, sys
-with open({log!r}, "a") as f:
-    f.write(json.dumps(sys.argv[1:]) + "\\n")
-"""
 CONTROLS = {
     "newline": "\n",
     "carriage return": "\r",
@@ -41,14 +31,6 @@ CONTROLS = {
     "DEL": "\x7f",
     "C1 CSI": "\x9b",
 }
-
-
-def user_variables(text: str) -> set[str]:
-    """Upper-case variables the Makefile reads but never defines (as test_makefile_injection)."""
-    read = set(re.findall(r"\$\((?:value )?([A-Z][A-Z0-9_]*)\)", text))
-    read |= set(re.findall(r"\$\(call (?:flag|yes),([A-Z][A-Z0-9_]*)", text))
-    defined = set(re.findall(r"^([A-Z][A-Z0-9_]*)\s*[:?]?=", text, flags=re.M))
-    return read - defined - {"MAKE", "CURDIR"}
 
 
 def checked_variables(text: str) -> set[str]:
@@ -63,29 +45,6 @@ def test_every_variable_the_makefile_reads_is_checked() -> None:
     assert not missing, f"add to USER_VARIABLES in the Makefile: {sorted(missing)}"
     # read from the recipe's environment by the tool, or used by recipes without a flag
     assert {"RESUME", "PYTHON", "BOOTSTRAP_PYTHON"} <= checked_variables(text)
-
-
-class Make:
-    def __init__(self, tmp: Path) -> None:
-        self.tmp, self.log = tmp, tmp / "argv.jsonl"
-        self.recorder = tmp / "recorder"
-        self.recorder.write_text(RECORDER.format(python=sys.executable, log=str(self.log)))
-        self.recorder.chmod(0o755)
-
-    def __call__(
-        self, target: str, values: dict[str, str], env: dict[str, str] | None = None, ignore: bool = True
-    ) -> subprocess.CompletedProcess[bytes]:
-        # -i: keep going past failed recipe lines, as in the issue, so a split line would run
-        argv = ["make", "-s", *(["-i"] if ignore else []), "-C", str(REPO), target, f"PYTHON={self.recorder}"]
-        return subprocess.run(
-            argv + [f"{k}={v}" for k, v in values.items()],
-            capture_output=True,
-            cwd=self.tmp,
-            env={**os.environ, **(env or {})},
-        )
-
-    def calls(self) -> list[list[str]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
 
 
 @needs_make

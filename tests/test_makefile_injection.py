@@ -8,36 +8,22 @@ fails if any of those commands ran, or if a value arrived at the tool changed or
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-MAKEFILE = REPO / "Makefile"
+from tests.fixtures.make_recorder import MAKEFILE, Make, phony_targets, user_variables
+
 # Targets that do not end in `python -m repro` (or run real work even with PYTHON given).
 NOT_REPRO = {"ci-fresh", "venv", "test", "test-unit", "lint", "help"}
 
 pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
 
 
-def user_variables(text: str) -> set[str]:
-    """Upper-case variables the Makefile reads but never defines: the ones a user sets."""
-    read = set(re.findall(r"\$\((?:value )?([A-Z][A-Z0-9_]*)\)", text))
-    read |= set(re.findall(r"\$\(call (?:flag|yes),([A-Z][A-Z0-9_]*)", text))
-    defined = set(re.findall(r"^([A-Z][A-Z0-9_]*)\s*[:?]?=", text, flags=re.M))
-    return read - defined - {"MAKE", "CURDIR"}
-
-
-def phony_targets(text: str) -> list[str]:
-    names: list[str] = []
-    for line in re.findall(r"^\.PHONY:(.*)$", text, flags=re.M):
-        names += line.split()
-    return sorted(set(names) - NOT_REPRO)
+def repro_targets(text: str) -> list[str]:
+    return [t for t in phony_targets(text) if t not in NOT_REPRO]
 
 
 def hostile(marker_dir: Path, name: str) -> str:
@@ -46,13 +32,6 @@ def hostile(marker_dir: Path, name: str) -> str:
         f"v`touch {m}.bq`$(touch {m}.dollar)$(shell touch {m}.make)\"'; touch {m}.semi #"
         f'"; touch {m}.dq; $HOME'
     )
-
-
-RECORDER = """#!{python}
-import json, sys
-with open({log!r}, "a") as f:
-    f.write(json.dumps(sys.argv[1:]) + "\\n")
-"""
 
 
 def test_the_makefile_reads_the_variables_we_expect() -> None:
@@ -68,29 +47,15 @@ def test_every_target_passes_hostile_values_as_literal_arguments(
     variables = sorted(user_variables(text) - {"PYTHON", "PYTEST_ARGS", "BOOTSTRAP_PYTHON"})
     markers = tmp_path / "markers"
     markers.mkdir()
-    log = tmp_path / "argv.jsonl"
-    recorder = tmp_path / "recorder"
-    recorder.write_text(RECORDER.format(python=sys.executable, log=str(log)))
-    recorder.chmod(0o755)
+    make = Make(tmp_path)
     # Yes/no switches refuse any other value before a recipe runs (tests/test_makefile_switches.py
     # sends them hostile values); here they are on, so every flag they add is in the command line.
     switches = set(re.findall(r"\$\(call yes,([A-Z][A-Z0-9_]*)\)", text))
     values = {name: "1" if name in switches else hostile(markers, name) for name in variables}
-    targets = phony_targets(text)
+    targets = repro_targets(text)
     assert "verify-bundle" in targets and "repro" in targets
     for target in targets:
-        before = log.read_text() if log.exists() else ""
-        done = subprocess.run(
-            ["make", "-s", "-C", str(REPO), target, f"PYTHON={recorder}"]
-            + [f"{k}={v}" for k, v in values.items()],
-            capture_output=True,
-            text=True,
-            cwd=tmp_path,
-        )
-        assert done.returncode == 0, (target, done.stderr)
-        calls = [json.loads(line) for line in log.read_text()[len(before) :].splitlines()]
-        assert calls, f"make {target} did not reach the tool"
-        argv = calls[-1]
+        argv = make.argv(target, values)
         # Every value the target passes on arrives whole and unchanged.
         literal = set(values.values()) - {"1"}
         passed = [a for a in argv if "touch" in a]

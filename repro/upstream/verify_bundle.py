@@ -45,6 +45,7 @@ from repro.upstream.bundle_manifest import (
     safe_relpath,
     suite_time_limit,
 )
+from repro.workload.record import Outcome, Signature, Transport
 
 CONSENT_FLAG = "--allow-gpu-privileges"
 CONSENT_MAKE = "ALLOW_PRIVILEGES=1"
@@ -58,8 +59,8 @@ CONTAINER_RESULTS = "/results"
 # (illegal-work-divergence; measured on a user's job, torch 2.13 + DeepSpeed 0.19.6). Both are the
 # bug's IllegalWork evidence, so there, and only there, either matches the other, marked "ok~".
 # The strict and sync transports are deterministic and keep the exact match.
-RACY_TRANSPORTS = frozenset({"async", "native"})
-SAME_EVIDENCE = frozenset({"illegal-work-warnings", "illegal-work-divergence"})
+RACY_TRANSPORTS = frozenset({Transport.ASYNC.value, Transport.NATIVE.value})
+SAME_EVIDENCE = frozenset({Signature.ILLEGAL_WORK_WARNINGS.value, Signature.ILLEGAL_WORK_DIVERGENCE.value})
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class Comparison:
             exp is not None
             and not self.exact
             and exp.transport in RACY_TRANSPORTS
-            and exp.outcome == self.outcome == "reproduced"
+            and exp.outcome == self.outcome == Outcome.REPRODUCED.value
             and {exp.signature, str(self.signature)} <= SAME_EVIDENCE
         )
 
