@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from repro.workload import classify as cls
+from repro.workload import ladder
 from repro.workload.record import OUTCOMES, SIGNATURES, empty_record
 
 CONTROL_LOSSES = [4.0, 3.5, 3.1, 2.8]
@@ -104,7 +105,7 @@ def test_nonzero_exit_without_exception_is_crash() -> None:
 
 def test_fp16_overflow_storm() -> None:
     c = control(dtype="fp16", skipped_steps=1)
-    v = cls.classify(run(dtype="fp16", skipped_steps=1 + cls.OVERFLOW_STORM_EXTRA), c)
+    v = cls.classify(run(dtype="fp16", skipped_steps=1 + ladder.OVERFLOW_STORM_EXTRA), c)
     assert (v.outcome, v.signature) == ("reproduced", "overflow-storm")
     v2 = cls.classify(run(dtype="fp16", skipped_steps=2), c)
     assert v2.outcome == "clean"
@@ -178,3 +179,51 @@ def test_the_same_attribute_error_elsewhere_is_another_crash() -> None:
     }
     v = cls.classify(run(scenario="mics-hier", exception=exc, losses=[]), control())
     assert (v.outcome, v.signature) == ("crashed", "crash")
+
+
+def test_one_ladder_decides_for_suite_runs_and_own_jobs() -> None:
+    """The outcome thresholds and the divergence rule are defined once (ladder.py): the suite's
+    classifier and the own-job judge take them from there and keep no copy of their own."""
+    import ast
+    from pathlib import Path
+
+    from repro.workload import judge
+
+    root = Path(cls.__file__).parent
+    for name in ("classify.py", "judge.py"):
+        tree = ast.parse((root / name).read_text())
+        assigned = {
+            t.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            for t in node.targets
+            if isinstance(t, ast.Name)
+        }
+        assert not assigned & {"OVERFLOW_STORM_EXTRA"}, name
+        literal_tolerance = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "TOLERANCE" for t in node.targets)
+            and not isinstance(node.value, ast.Attribute)
+        ]
+        assert not literal_tolerance, f"{name} defines its own TOLERANCE"
+    assert judge.TOLERANCE == max(ladder.TOLERANCE.values())
+    # The same evidence gets the same rung from both: IllegalWork and losses that part.
+    record = {"scenario": "mics", "dtype": "bf16", "losses": [None, None], "illegal_work_messages": 4}
+    suite = cls.classify(record, {"outcome": "clean", "losses": [1.0, 0.9], "skipped_steps": 0})
+    own = judge.parse("step 0 loss: nan\nstep 1 loss: nan\n")
+    own.illegal_work_messages = 4
+    fixed = judge.parse("step 0 loss: 1.0\nstep 1 loss: 0.9\n")
+    job = judge.judge(
+        own, patch="stock", exit_code=0, status=None, used_deepspeed=True, other=fixed, other_clean=True
+    )
+    assert (
+        (suite.outcome, suite.signature, suite.first_divergent_step)
+        == (
+            job.outcome,
+            job.signature,
+            job.first_divergent_step,
+        )
+        == ("reproduced", "illegal-work-divergence", 0)
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from repro.workload import judge
+from repro.workload import judge, ladder
 
 DS_ILLEGAL = """\
 [2024-01-05 10:00:01,000] [INFO] [logging.py:96:log_dist] [Rank 0] WARNING: Runtime Error while waiting \
@@ -62,7 +62,7 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError: train.py FAIL
 """
 
 
-def _judge(text: str, patch: str = "stock", exit_code: int = 0, **kw: object) -> judge.Judgement:
+def _judge(text: str, patch: str = "stock", exit_code: int = 0, **kw: object) -> ladder.Judgement:
     return judge.judge(
         judge.parse(text), patch=patch, exit_code=exit_code, status=None, used_deepspeed=True, **kw
     )  # type: ignore[arg-type]
@@ -203,7 +203,7 @@ RuntimeError: ProcessGroupNCCL is only supported with GPUs, no GPUs found!
 """
 
 
-def _one(log: str, *, patch: str, exit_code: int, used: bool, device: str = "gpu") -> judge.Judgement:
+def _one(log: str, *, patch: str, exit_code: int, used: bool, device: str = "gpu") -> ladder.Judgement:
     return judge.judge(
         judge.parse(log), patch=patch, exit_code=exit_code, status=None, used_deepspeed=used, device=device
     )

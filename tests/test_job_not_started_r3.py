@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from repro.bisect.output import survey_summary
-from repro.workload import judge
+from repro.workload import judge, ladder
 
 
-def _judge(log: str, exit_code: int) -> judge.Judgement:
+def _judge(log: str, exit_code: int) -> ladder.Judgement:
     return judge.judge(
         judge.parse(log), patch="stock", exit_code=exit_code, status=None, used_deepspeed=False
     )

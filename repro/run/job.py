@@ -31,7 +31,7 @@ from repro.engines import jobdeps
 from repro.engines.base import Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
 from repro.run import job_resume
-from repro.workload import judge
+from repro.workload import judge, ladder
 from repro.workload.record import (
     CUSTOM_SCENARIO,
     PATCHES,
@@ -203,7 +203,7 @@ def build_records(
     }
     fixed_raw = next((r for r in raws if r.patch == "fixed"), None)
     fixed_clean = False
-    verdicts: dict[str, judge.Judgement] = {}
+    verdicts: dict[str, ladder.Judgement] = {}
     if fixed_raw is not None:  # the fixed run first: it is the stock run's control
         verdicts["fixed"] = _judge_one(fixed_raw, parsed["fixed"], None, False)
         fixed_clean = verdicts["fixed"].outcome == "clean"
@@ -256,7 +256,7 @@ def _say_where_evidence_came_from(record: RunRecord, parsed: judge.Parsed, zero_
 
 def _judge_one(
     raw: RawRun, parsed: judge.Parsed, other: judge.Parsed | None, other_clean: bool
-) -> judge.Judgement:
+) -> ladder.Judgement:
     reports = raw.job.get("hook_reports") or []
     fix_error = next((r["fix_error"] for r in reports if r.get("fix_error")), None)
     return judge.judge(
@@ -276,7 +276,7 @@ def _record(
     env_id: str,
     raw: RawRun,
     parsed: judge.Parsed,
-    verdict: judge.Judgement,
+    verdict: ladder.Judgement,
     loss_regex: str | None,
     digest: str,
     timeout_s: float | None,

@@ -3,9 +3,10 @@
 `parse(log_text)` reads what any DeepSpeed job prints: IllegalWork messages, the exception that
 ended it, fp16 overflow/skip lines and loss-scale changes (DeepSpeed's and Megatron's wording) and
 the losses (default patterns for DeepSpeed, Megatron-DeepSpeed and HF Trainer output, or the
-user's LOSS_REGEX). `judge(own, other, ...)` turns one run into the outcome vocabulary of
-classify.py (record.Outcome / record.Signature); the stock and fixed runs of the same command are
-each other's control:
+user's LOSS_REGEX). `judge(own, other, ...)` weighs one run on the ladder every run is weighed on
+(ladder.py: its rungs, thresholds and divergence rule, shared with the suite's classify.py); the
+stock and fixed runs of the same command are each other's control. Before the ladder's rungs, the
+ways a job fails to be evidence at all:
   hung / interrupted   how the job runner says the run ended
   unsupported          fixed run whose DeepSpeed the fix cannot patch (it ran as stock)
   env-error            the command could not start (exit 126/127) or torch/DeepSpeed are missing;
@@ -26,12 +27,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from repro.workload import ladder
 from repro.workload.crash_signs import lost_coalesced_work, raised_from_illegal_work
+from repro.workload.ladder import Judgement
 
-# A loose tolerance: the other run is the same command with a different patch, possibly on GPUs
-# whose reductions are not deterministic (classify.TOLERANCE's widest entry).
-TOLERANCE = 2e-2
-OVERFLOW_STORM_EXTRA = 3
+# The ladder's tolerance for a user's job: its other run is the same command with a different patch,
+# possibly on GPUs whose reductions are not deterministic.
+TOLERANCE = ladder.JOB_TOLERANCE
 
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|nan|NaN|NAN|-?inf|-?Inf|-?INF|infinity)"
 # name -> regex with a named group `loss` and, where the output has one, `step`. First pattern
@@ -283,15 +285,6 @@ def nan_logged_as_zero(
     return None
 
 
-@dataclass(frozen=True)
-class Judgement:
-    outcome: str
-    signature: str
-    reason: str
-    first_divergent_step: int | None
-    notes: tuple[str, ...] = ()
-
-
 def not_started_reason(own: Parsed, exit_code: int) -> str:
     """Why a job exited 127/126 before running: the program its shell could not start, and what
     to do (an env-error: it says nothing about the bug, so a probe of it is unknown)."""
@@ -312,14 +305,8 @@ def not_started_reason(own: Parsed, exit_code: int) -> str:
 
 def first_parting_step(a: list[float | None], b: list[float | None]) -> int | None:
     """First index where two loss series part (a null never matches a number); None: they agree
-    on every index both have."""
-    for i in range(min(len(a), len(b))):
-        x, y = a[i], b[i]
-        if x is None and y is None:
-            continue
-        if x is None or y is None or abs(x - y) > TOLERANCE * max(1.0, abs(y)):
-            return i
-    return None
+    on every index both have (the ladder's rule, on the steps both runs logged)."""
+    return ladder.first_divergent_step(a, b, TOLERANCE, missing_diverges=False)
 
 
 def judge(
@@ -364,28 +351,9 @@ def judge(
     unhooked = _unhooked(own, patch=patch, exit_code=exit_code, used_deepspeed=used_deepspeed, device=device)
     if unhooked:
         return Judgement("env-error", "none", unhooked, None)
-    if raised_from_illegal_work(exc):
-        assert exc is not None
-        extra = (
-            f"; {own.illegal_work_messages} IllegalWork messages before it"
-            if own.illegal_work_messages
-            else ""
-        )
-        return Judgement(
-            "reproduced",
-            "illegal-work-crash",
-            f"crash raised from an IllegalWork object: {exc['type']}: {exc['message']}{extra}",
-            None,
-        )
-    if lost_coalesced_work(exc):
-        assert exc is not None
-        return Judgement(
-            "reproduced",
-            "lost-work-crash",
-            f"crash in torch's coalescing manager: {exc['type']}: {exc['message']}: this torch release "
-            "lost the coalesced all-gather's work (pytorch#122807), so nothing waits for MiCS's gather",
-            None,
-        )
+    bug = ladder.crash(exc, "", own.illegal_work_messages)
+    if bug is not None:
+        return bug
     if exit_code not in (0, None):
         summary = f"{exc['type']}: {exc['message']}" if exc else "no Python exception in the log"
         return Judgement("crashed", "crash", f"exit code {exit_code}: {summary}", None)
@@ -415,42 +383,24 @@ def _unhooked(own: Parsed, *, patch: str, exit_code: int | None, used_deepspeed:
 
 
 def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) -> Judgement:
-    evidence: list[str] = []
-    parted: int | None = None
-    storm = False
-    notes: list[str] = []
-    if not own.losses:
-        notes.append("no losses found in the output (set LOSS_REGEX= to name them)")
+    notes = [] if own.losses else ["no losses found in the output (set LOSS_REGEX= to name them)"]
     control = other if (patch == "stock" and other is not None and other_clean) else None
-    if control is not None and own.losses and control.losses:
-        parted = first_parting_step(own.losses, control.losses)
-        if parted is not None:
-            evidence.append(f"losses part from the fixed run's at step {parted}")
-    bad = next((i for i, v in enumerate(own.losses) if v is None), None)
-    if bad is not None:
-        evidence.append(f"non-finite loss from step {bad}")
-        parted = bad if parted is None else min(parted, bad)
-    if control is not None and own.skipped_steps - control.skipped_steps >= OVERFLOW_STORM_EXTRA:
-        storm = True
-        evidence.append(
-            f"{own.skipped_steps} overflow-skipped steps vs {control.skipped_steps} in the fixed run"
-        )
-    if own.illegal_work_messages:
-        evidence.insert(0, f"{own.illegal_work_messages} IllegalWork messages")
-    reason = "; ".join(evidence)
-    if own.illegal_work_messages:
-        signature = "illegal-work-divergence" if (parted is not None or storm) else "illegal-work-warnings"
-        return Judgement("reproduced", signature, reason, parted, tuple(notes))
-    if parted is not None:
-        return Judgement("reproduced", "divergence", reason, parted, tuple(notes))
-    if storm:
-        return Judgement("reproduced", "overflow-storm", reason, None, tuple(notes))
+    evidence = ladder.Evidence(
+        illegal_work=own.illegal_work_messages,
+        losses=own.losses,
+        skipped_steps=own.skipped_steps,
+        control=ladder.Control(control.losses, control.skipped_steps) if control is not None else None,
+        tolerance=TOLERANCE,
+        words=ladder.JOB_WORDS,
+        missing_diverges=False,
+        non_finite_beside_control=True,
+    )
     compared = (
         "losses match the fixed run's"
         if control is not None and own.losses
         else f"{len(own.losses)} finite losses"
     )
-    return Judgement("clean", "none", f"exit code 0; no IllegalWork messages; {compared}", None, tuple(notes))
+    return ladder.weigh(evidence, compared=compared, notes=notes)
 
 
 def patterns_used(parsed: Parsed, loss_regex: str | None) -> dict[str, Any]:
