@@ -268,9 +268,3 @@ def write(scripts: Sequence[Script], out: Path) -> list[Path]:
         safe_write.remove_file(out, stale)
     safe_write.write_manifest(out, MANIFEST, now)
     return written
-
-
-def ds_config_dtypes() -> tuple[str, ...]:
-    from repro.workload.record import DTYPES
-
-    return DTYPES

@@ -52,12 +52,6 @@ def shape_of(layout: lay.Layout) -> ds_config.ScenarioShape:
     )
 
 
-def scenario_shape(scenario: str, world_size: int, devices_per_node: int) -> ds_config.ScenarioShape:
-    """The CPU layout of a scenario (repro/workload/layout.py); `devices_per_node` is the world
-    size there (one host), kept for older callers."""
-    return shape_of(lay.cpu_layout(scenario, world_size))
-
-
 def _skip(layout: lay.Layout, device: str, error: str | None) -> tuple[str, str] | None:
     if error:
         return ("env-error", error)

@@ -155,14 +155,6 @@ def _pip_args(line: int, env: dict[str, str], args: list[str]) -> PipInstall:
     return PipInstall(line, env, tuple(options), tuple(specs))
 
 
-def _key_values(value: str) -> dict[str, str]:
-    out = {}
-    for word in shlex.split(value):
-        key, _, val = word.partition("=")
-        out[key] = val
-    return out
-
-
 def key_values(value: str) -> dict[str, str]:
     """`k="v" k2=v2` of LABEL/ENV instructions."""
     out = {}

@@ -702,10 +702,6 @@ def install(mode: str, loses_block_work: bool | None = None) -> dict[str, Any]:
     return dict(_INSTALLED)
 
 
-def installed_mode() -> str | None:
-    return None if _TRANSPORT is None else _TRANSPORT.mode.value
-
-
 def synchronize_device() -> None:
     """What a device synchronize means on the twin: every collective in flight completes."""
     if _TRANSPORT is not None:
