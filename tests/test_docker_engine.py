@@ -51,11 +51,20 @@ try:
     network = True
 except OSError:
     network = False
+try:  # what accelerate's port check and a rendezvous on "localhost" need, network or not
+    server = socket.socket()
+    server.bind(("localhost", 0))
+    server.listen(1)
+    socket.create_connection(("localhost", server.getsockname()[1]), timeout=3).close()
+    localhost = True
+except OSError as exc:  # socket.gaierror is one
+    localhost = f"{type(exc).__name__}: {exc}"
 os.makedirs(os.path.join(out, "runs", "r1"), exist_ok=True)
 with open(os.path.join(out, "runs", "r1", "rank0.log"), "w") as f:
     f.write("rank 0\\n")
 with open(os.path.join(out, "suite.json"), "w") as f:
-    json.dump({"runs": [], "network": network, "listing": open("/opt/listing.html").read()}, f)
+    listing = open("/opt/listing.html").read()
+    json.dump({"runs": [], "network": network, "localhost": localhost, "listing": listing}, f)
 print("suite done", flush=True)
 if mode == "hang":
     time.sleep(3600)
@@ -159,6 +168,7 @@ def test_suite_runs_offline_and_results_are_copied_out(
     assert run.exit_code == 0 and not run.timed_out
     suite = json.loads((tmp_path / "out" / "suite.json").read_text())
     assert suite["network"] is False
+    assert suite["localhost"] is True  # offline, yet the loopback and /etc/hosts are there
     assert "tiny-1.0-py3-none-any.whl" in suite["listing"]
     assert (tmp_path / "out" / "runs" / "r1" / "rank0.log").read_text() == "rank 0\n"
     assert "suite done" in (tmp_path / "out" / "engine.log").read_text()

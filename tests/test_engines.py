@@ -187,7 +187,8 @@ def test_run_suite_runs_offline_copies_results_and_removes(
     client: FakeClient = docker_engine.client
     run = docker_engine.run_suite(_prepared(), ["--env", "cpu"], tmp_path / "out", timeout_s=60)
     (box,) = client.created
-    assert box.kwargs["network_disabled"] is True and box.kwargs["init"] is True
+    assert box.kwargs["network_mode"] == "none" and box.kwargs["init"] is True  # offline, loopback kept
+    assert "network_disabled" not in box.kwargs
     assert box.kwargs["command"] == [
         "python",
         "-m",
@@ -1071,6 +1072,8 @@ def test_docker_job_with_network_keeps_the_host_network_settings(
         monkeypatch.setenv(name, value)
     docker_engine.run("sha256:" + "a" * 64, ["true"], tmp_path / "out", None, platform="rocm", network=True)
     (box,) = docker_engine.client.created
+    # Docker's default network
+    assert "network_mode" not in box.kwargs and "network_disabled" not in box.kwargs
     environment = dict(box.kwargs["environment"])
     assert all(environment[k] == v for k, v in NETWORK_SETTINGS.items())
     assert "MICS_REPRO_PASSTHROUGH_DROPPED" not in environment

@@ -239,9 +239,7 @@ class DockerEngine:
             for wheel in deps.wheels:  # the job's own wheels travel with the wheelhouse
                 shutil.copy2(wheel, self.wheelhouse.path / Path(wheel).name)
             image_id = self.build(env, context, {}, wheelhouse_only=self.wheelhouse.offline, tag=tag)
-        out = self.client.containers.run(
-            image_id, ["cat", joblayer.ADDED], remove=True, network_disabled=True
-        )
+        out = self.client.containers.run(image_id, ["cat", joblayer.ADDED], remove=True, **offline_kwargs())
         added = json.loads(out.decode() if isinstance(out, bytes) else str(out))
         specs = [f"{name}=={version}" for name, version in added.items()]
         keep = specs and not reused and not self.wheelhouse.offline
@@ -556,6 +554,14 @@ class RunOptions:
         return pairs
 
 
+def offline_kwargs() -> dict[str, Any]:
+    """A container without a network that still has its loopback: `docker run --network none`.
+    (docker-py's `network_disabled=True` leaves no network at all and an empty /etc/hosts, so
+    `localhost` does not resolve: accelerate's port check and any rendezvous on "localhost" die with
+    socket.gaierror, a failure no user's host has.)"""
+    return {"network_mode": "none"}
+
+
 def device_gids(paths: Sequence[str] = ROCM_DEVICES) -> tuple[int, ...]:
     """GIDs owning the ROCm device nodes (and the render nodes under /dev/dri), sorted, unique."""
     gids: set[int] = set()
@@ -619,8 +625,8 @@ class ManagedContainer:
                 self.image,
                 self.command,
                 name=self.name,
-                network_disabled=not self.options.network,
                 init=True,
+                **({} if self.options.network else offline_kwargs()),
                 environment=self.environment,
                 labels=self.labels,
                 **self.options.to_kwargs(),
