@@ -29,6 +29,9 @@ from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import MICS, TORCH, FakeDeepSpeedPr, make_fake_deepspeed_pr
 
 BRANCH = "mics-coalesced-wait"
+# Rewrites only a line the fix adds (REF's files stay as they are, so the clone's status stays
+# clean and `make pr` goes on): what the branch holds would silently differ from the fix.
+SED = "sed 's/cm\\.wait()/pass  # EVIL/'"
 FIXED = {
     "deepspeed/comm/torch.py": TORCH,
     "deepspeed/runtime/zero/mics.py": MICS,
@@ -56,12 +59,12 @@ def marker_script(tmp_path: Path, name: str, body: str = "") -> tuple[Path, Path
 
 def arm_filter(ds: FakeDeepSpeedPr, tmp_path: Path) -> Path:
     """A committed .gitattributes naming driver `evil` for every .py file, and the clone's config
-    defining it: clean/smudge write the marker and turn every `wait` into `EVIL`; a diff command
+    defining it: clean/smudge write the marker and rewrite the fix's `cm.wait()`; a diff command
     and textconv that write the marker too. Returns the marker."""
     (ds.path / ".gitattributes").write_text("*.py filter=evil diff=evil\n")
     git(ds.path, "add", ".gitattributes")
     git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
-    script, marker = marker_script(tmp_path, "evil", "sed 's/wait/EVIL/g'")
+    script, marker = marker_script(tmp_path, "evil", SED)
     for key in ("filter.evil.clean", "filter.evil.smudge", "diff.evil.textconv", "diff.evil.command"):
         git(ds.path, "config", key, str(script))
     git(ds.path, "config", "filter.evil.required", "true")
@@ -119,7 +122,7 @@ def test_make_pr_commits_the_bytes_whatever_the_attributes_convert(
 ) -> None:
     """An attribute that converts content without a command (working-tree-encoding) cannot
     change what is committed either."""
-    (ds.path / ".gitattributes").write_text("tests/**/*.py working-tree-encoding=UTF-16LE\n")
+    (ds.path / ".gitattributes").write_text("tests/unit/runtime/zero/*.py working-tree-encoding=UTF-16LE\n")
     git(ds.path, "add", ".gitattributes")
     git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
     out = tmp_path / "out"
@@ -133,7 +136,7 @@ def test_make_pr_ignores_config_exported_in_the_callers_shell(
     (ds.path / ".gitattributes").write_text("*.py filter=evil\n")
     git(ds.path, "add", ".gitattributes")
     git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
-    script, marker = marker_script(tmp_path, "evil", "sed 's/wait/EVIL/g'")
+    script, marker = marker_script(tmp_path, "evil", SED)
     params = f"'filter.evil.clean'='{script}' 'filter.evil.smudge'='{script}' 'core.fsmonitor'='{script}'"
     monkeypatch.setenv("GIT_CONFIG_PARAMETERS", params)
     out = tmp_path / "out"
@@ -186,16 +189,18 @@ def test_probe_checkout_with_git_dir_exported_writes_nothing_into_that_repositor
     monkeypatch.setenv("GIT_DIR", str(other / ".git"))
     monkeypatch.setenv("GIT_WORK_TREE", str(other))
     repo = DsRepo(str(ds.path))
-    repo.sync()
-    tree = repo.checkout(ds.master)
-    monkeypatch.delenv("GIT_DIR")
-    monkeypatch.delenv("GIT_WORK_TREE")
-    assert (other / ".git/config").read_bytes() == config_before
-    assert not (other / ".git/info/sparse-checkout").exists()
-    listing_after = sorted(
-        p.relative_to(other) for p in (other / ".git").rglob("*") if "objects" not in p.parts
-    )
-    assert listing_after == listing_before
+    try:
+        repo.sync()
+        tree = repo.checkout(ds.master)
+    finally:  # whether or not the probe got through, the other repository is as it was
+        monkeypatch.delenv("GIT_DIR")
+        monkeypatch.delenv("GIT_WORK_TREE")
+        assert (other / ".git/config").read_text() == config_before.decode()
+        assert not (other / ".git/info/sparse-checkout").exists()
+        listing = sorted(
+            p.relative_to(other) for p in (other / ".git").rglob("*") if "objects" not in p.parts
+        )
+        assert listing == listing_before
     assert (tree / "deepspeed/runtime/zero/mics.py").read_text() == MICS
 
 
@@ -206,7 +211,7 @@ def test_probe_checkout_runs_no_driver_or_fsmonitor_from_the_callers_shell(
     git(ds.path, "add", ".gitattributes")
     git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
     sha = git(ds.path, "rev-parse", "HEAD")
-    script, marker = marker_script(tmp_path, "evil", "sed 's/wait/EVIL/g'")
+    script, marker = marker_script(tmp_path, "evil", SED)
     params = f"'filter.evil.smudge'='{script}' 'filter.evil.clean'='{script}' 'core.fsmonitor'='{script}'"
     monkeypatch.setenv("GIT_CONFIG_PARAMETERS", params)
     repo = DsRepo(str(ds.path))
