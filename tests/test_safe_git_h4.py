@@ -254,14 +254,12 @@ def test_no_git_variable_of_the_caller_passes() -> None:
     from repro.core import safe_git
 
     env = safe_git.git_env(
-        [("core.fsmonitor", "false")],
-        {"PATH": "/bin", "GIT_DIR": "/x", "GIT_CONFIG_PARAMETERS": "'a.b'='c'", "GIT_SSH_COMMAND": "x"},
+        [("core.fsmonitor", "false"), ("filter.it's!.clean", "")],
+        {"PATH": "/bin", "GIT_DIR": "/x", "GIT_CONFIG_PARAMETERS": "'a.b=c'", "GIT_SSH_COMMAND": "x"},
     )
     assert env["PATH"] == "/bin"
-    assert {k for k in env if k.startswith("GIT_")} == {
-        *safe_git.FIXED_ENV, "GIT_CONFIG_COUNT", "GIT_CONFIG_KEY_0", "GIT_CONFIG_VALUE_0",
-    }  # fmt: skip
-    assert (env["GIT_CONFIG_KEY_0"], env["GIT_CONFIG_VALUE_0"]) == ("core.fsmonitor", "false")
+    assert {k for k in env if k.startswith("GIT_")} == {*safe_git.FIXED_ENV, "GIT_CONFIG_PARAMETERS"}
+    assert env["GIT_CONFIG_PARAMETERS"] == "'core.fsmonitor=false' 'filter.it'\\''s'\\!'.clean='"
 
 
 def test_every_driver_named_in_config_is_emptied() -> None:
@@ -301,3 +299,38 @@ def test_no_module_runs_git_but_the_door() -> None:
                 if isinstance(first, ast.Constant) and first.value == "git":
                     found.append(f"{source.relative_to(root)}:{node.lineno}")
     assert found == []
+
+
+def test_a_driver_name_git_would_split_is_refused() -> None:
+    from repro.core import safe_git
+
+    with pytest.raises(UsageError, match="filter driver named 'a=b'"):
+        safe_git.driver_settings("core.bare\0filter.a=b.smudge\0")
+
+
+def test_safe_directory_comes_from_the_users_own_config_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """git refuses a clone another user owns unless the user's global or system config names it;
+    a `safe.directory` in a repository's own config is not the user's word (git ignores it too)."""
+    from repro.core import cmd, safe_git
+
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def runner(argv: list[str], **kw: Any) -> cmd.CmdResult:
+        seen.append((argv, dict(kw["env"])))
+        if argv[1:3] == ["config", "--show-scope"]:
+            out = "global\0/srv/ds\0local\0*\0system\0/shared\0"
+            return cmd.CmdResult(tuple(argv), 0, out)
+        return cmd.CmdResult(tuple(argv), 0, "")
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", "/home/me/.gitconfig")
+    monkeypatch.setenv("GIT_DIR", "/elsewhere")
+    git = safe_git.SafeGit(runner)
+    git.run("rev-parse", "HEAD", where=["-C", "/srv/ds"])
+    git.run("rev-parse", "HEAD", where=["-C", "/srv/ds"])
+    lookups = [env for argv, env in seen if argv[1:3] == ["config", "--show-scope"]]
+    assert len(lookups) == 1  # once per door
+    assert lookups[0]["GIT_CONFIG_GLOBAL"] == "/home/me/.gitconfig" and "GIT_DIR" not in lookups[0]
+    params = seen[-1][1]["GIT_CONFIG_PARAMETERS"]
+    assert "'safe.directory=/srv/ds'" in params and "'safe.directory=/shared'" in params
+    assert "'safe.directory=*'" not in params
+    assert seen[-1][1]["GIT_CONFIG_GLOBAL"] == "/dev/null"

@@ -11,8 +11,9 @@ made here runs with:
 - no `GIT_*` variable of the caller, only the ones set here: no system or global config (they
   are not needed: identities are set by the caller, `make pr` never takes the global one), no
   system attributes, no replace refs (what we read and verify is what the objects hold);
-- a fixed set of settings, given as command-scope config (`GIT_CONFIG_COUNT`, which outranks
-  every config file, and whose keys and values git takes as they are, without parsing `a=b`):
+- a fixed set of settings, given as command-scope config (`GIT_CONFIG_PARAMETERS`, what `-c`
+  sets: it outranks every config file, and every git since 1.7 reads it; `GIT_CONFIG_COUNT`
+  would need git 2.31, and an older git would ignore it without a word):
   `core.fsmonitor`, hooks, pager, editors, askpass, credential helpers, signing, external diff,
   submodule recursion off; only the transports DS_REPO may name (repro/bisect/commits.py);
 - every filter, diff and merge driver that the repository's config defines neutralised (its
@@ -26,6 +27,10 @@ made here runs with:
 - diff commands (`diff`, `show`, `log`, `format-patch`) with `--no-ext-diff --no-textconv`:
   an emptied diff command would otherwise make git fail to run "" (fail-closed, but a failure).
 
+- `safe.directory` as the user's own global and system config say (read from those two files
+  only, never from the repository's): git refuses a repository another user owns unless those
+  name it, and that choice is the user's, not the clone's.
+
 What is left to git: reading and writing the repository named by `-C`/`--git-dir`, and
 `ssh`/`git-upload-pack` for a DS_REPO URL (the mirror's remote; its config is ours).
 """
@@ -36,6 +41,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 
 from repro.core import cmd
+from repro.core.errors import UsageError
 
 Runner = Callable[..., cmd.CmdResult]
 
@@ -85,6 +91,9 @@ DRIVER_COMMANDS: Mapping[str, tuple[str, ...]] = {
 }
 DIFF_COMMANDS = frozenset({"diff", "show", "log", "format-patch", "whatchanged"})
 DIFF_GUARDS = ("--no-ext-diff", "--no-textconv")
+# The caller's variables that say which of the user's own config files to read for
+# `safe.directory` (and only for it).
+USER_CONFIG_VARS = frozenset({"GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM"})
 # Commands that never read an attribute-selected driver (no content conversion, no diff): they
 # run without first listing the repository's drivers.
 NO_DRIVERS = frozenset(
@@ -95,15 +104,18 @@ NO_DRIVERS = frozenset(
 )  # fmt: skip
 
 
+def quoted(setting: tuple[str, str]) -> str:
+    """One `'key=value'` word of GIT_CONFIG_PARAMETERS, quoted as git's sq_quote does."""
+    text = "=".join(setting)
+    return "'" + text.replace("'", "'\\''").replace("!", "'\\!'") + "'"
+
+
 def git_env(settings: Sequence[tuple[str, str]], environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a git call: the caller's without any GIT_*, plus ours and `settings`."""
     source = os.environ if environ is None else environ
     env = {k: v for k, v in source.items() if not k.startswith("GIT_")}
     env.update(FIXED_ENV)
-    env["GIT_CONFIG_COUNT"] = str(len(settings))
-    for n, (key, value) in enumerate(settings):
-        env[f"GIT_CONFIG_KEY_{n}"] = key
-        env[f"GIT_CONFIG_VALUE_{n}"] = value
+    env["GIT_CONFIG_PARAMETERS"] = " ".join(quoted(s) for s in settings)
     return env
 
 
@@ -114,6 +126,13 @@ def driver_settings(config_names: str) -> list[tuple[str, str]]:
         section, _, rest = name.partition(".")
         driver, _, key = rest.rpartition(".")
         if driver and key in DRIVER_COMMANDS.get(section, ()):
+            if "=" in driver:
+                # git splits a `-c` setting at its first '=': such a driver cannot be turned off.
+                raise UsageError(
+                    f"the repository's config defines a {section} driver named {driver!r}",
+                    why="its command cannot be turned off for our git calls: the name holds '='",
+                    fix=f"remove or rename {section}.{driver}.{key} in that repository's config",
+                )
             names.add((section, driver))
     out: list[tuple[str, str]] = []
     for section, driver in sorted(names):
@@ -139,6 +158,7 @@ class SafeGit:
     def __init__(self, runner: Runner | None = None) -> None:
         self.runner = runner or cmd.run  # looked up now, so a test's stand-in for cmd.run is used
         self._drivers: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        self._trusted: list[tuple[str, str]] | None = None
 
     def run(
         self,
@@ -150,6 +170,8 @@ class SafeGit:
     ) -> cmd.CmdResult:
         at, name = subcommand(args)
         settings = list(SAFE_SETTINGS)
+        if where:
+            settings += self.trusted()
         if where and name not in NO_DRIVERS:
             listed = self.drivers(tuple(where))
             if isinstance(listed, cmd.CmdResult):
@@ -170,3 +192,17 @@ class SafeGit:
                 return listed
             self._drivers[where] = driver_settings(listed.stdout)
         return self._drivers[where]
+
+    def trusted(self) -> list[tuple[str, str]]:
+        """The user's `safe.directory` entries, from their global and system config only."""
+        if self._trusted is None:
+            env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_") or k in USER_CONFIG_VARS}
+            argv = ["git", "config", "--show-scope", "-z", "--get-all", "safe.directory"]
+            found = self.runner(argv, env=env, capture=True, echo=False)
+            words = found.stdout.split("\0") if found.ok else []
+            self._trusted = [
+                ("safe.directory", value)
+                for scope, value in zip(words[0::2], words[1::2])
+                if scope in ("global", "system")
+            ]
+        return self._trusted
