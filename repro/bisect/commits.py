@@ -22,6 +22,7 @@ from typing import Any
 from repro.core import cmd
 from repro.core.errors import UsageError
 from repro.core.paths import cache_root
+from repro.core.safe_git import SafeGit
 
 UPSTREAM_URL = "https://github.com/deepspeedai/DeepSpeed"
 # "Fix the replica groups (#8060)" (squash merges) or "Merge pull request #8060 from ..."
@@ -127,12 +128,16 @@ class DsRepo:
         self.mirror = base / f"{name}-{digest}.git"
         self.trees = base / f"{name}-{digest}.trees"
         self.runner = runner
+        # Every git call, in the mirror, its work trees or the user's checkout: no GIT_* of the
+        # caller (an exported GIT_DIR would make `sparse-checkout` write into that repository),
+        # no hooks, fsmonitor or drivers (repro/core/safe_git.py).
+        self.safe = SafeGit(runner)
         self._url: str | None = None
 
     # -- git --------------------------------------------------------------------------------------
     def _git(self, *args: str, what: str, cwd: Path | None = None) -> str:
         where = ["-C", str(cwd)] if cwd else ["--git-dir", str(self.mirror)]
-        result = self.runner(["git", *where, *args], capture=True, echo=False)
+        result = self.safe.run(*args, where=where)
         if not result.ok:
             raise UsageError(
                 f"DS_REPO={self.source}: {what} failed (git exit {result.returncode})",
@@ -156,8 +161,9 @@ class DsRepo:
         if not (self.mirror / "HEAD").is_file():
             self.mirror.parent.mkdir(parents=True, exist_ok=True)
             # `--`: whatever DS_REPO holds, git takes it as the repository, never as an option.
-            clone = ["git", "clone", "--mirror", "--quiet", "--", self.source, str(self.mirror)]
-            result = self.runner(clone, capture=True)
+            result = self.safe.run(
+                "clone", "--mirror", "--quiet", "--", self.source, str(self.mirror), echo=True
+            )
             if not result.ok:
                 raise UsageError(
                     f"DS_REPO={self.source} cannot be cloned (git exit {result.returncode})",
@@ -188,8 +194,7 @@ class DsRepo:
     def is_ancestor(self, older: str, newer: str) -> bool:
         """Whether commit `older` is in the history of `newer` (both resolved SHAs)."""
         where = ["--git-dir", str(self.mirror)]
-        args = ["git", *where, "merge-base", "--is-ancestor", older, newer]
-        result = self.runner(args, capture=True, echo=False)
+        result = self.safe.run("merge-base", "--is-ancestor", older, newer, where=where)
         if result.returncode not in (0, 1):  # 1: not an ancestor; else git itself failed
             raise UsageError(
                 f"DS_REPO={self.source}: comparing {older[:12]} and {newer[:12]} failed "
@@ -221,9 +226,7 @@ class DsRepo:
             return self.source
         if self._url is not None:
             return self._url
-        result = self.runner(
-            ["git", "-C", self.source, "config", "--get", "remote.origin.url"], capture=True, echo=False
-        )
+        result = self.safe.run("config", "--get", "remote.origin.url", where=["-C", self.source])
         found = str(result.stdout).strip() if result.ok else ""
         self._url = found if is_url(found) else UPSTREAM_URL
         return self._url

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from repro.bisect.ds_layer import DeepSpeedLayer
 from repro.core import cmd
 from repro.core.errors import UsageError
+from repro.core.safe_git import SafeGit
 from repro.engines.base import EngineKind, Prepared
 from repro.matrix.model import HIDE_GPUS
 
@@ -52,9 +53,8 @@ class SourceOverlay(DeepSpeedLayer):
         inside some other repository must not borrow that repository's commit)."""
         if not (self.src / ".git").exists() or shutil.which("git") is None:
             return None
-        result = self.runner(
-            ["git", "-C", str(self.src), "rev-parse", "--short", "HEAD"], capture=True, echo=False
-        )
+        # The checkout is the user's (`git bisect run` exports GIT_DIR to its command): safe_git.
+        result = SafeGit(self.runner).run("rev-parse", "--short", "HEAD", where=["-C", str(self.src)])
         return (result.stdout.strip() or None) if result.ok else None
 
     def prepare(self, env: Any) -> Prepared:

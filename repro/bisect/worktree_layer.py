@@ -37,6 +37,7 @@ from repro.bisect.ds_layer import DeepSpeedLayer
 from repro.bisect.probe import Evaluate, Observation, ProbeSpec
 from repro.core import cmd
 from repro.core.errors import UsageError
+from repro.core.safe_git import SafeGit
 from repro.engines.base import EngineKind, Prepared
 from repro.workload.record import Outcome, Signature
 
@@ -88,9 +89,7 @@ class WorktreeLayer(DeepSpeedLayer):
         return f"{self.inner.describe()} + DeepSpeed from the work tree {self.tree}"
 
     def _short_sha(self) -> str:
-        result = self.runner(
-            ["git", "-C", str(self.tree), "rev-parse", "--short", "HEAD"], capture=True, echo=False
-        )
+        result = SafeGit(self.runner).run("rev-parse", "--short", "HEAD", where=["-C", str(self.tree)])
         return str(result.stdout).strip() if result.ok and result.stdout.strip() else "unknown"
 
     def prepare(self, env: Any) -> Prepared:

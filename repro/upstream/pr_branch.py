@@ -6,8 +6,10 @@ Checks first, writes after: the checkout must be a full (not shallow) clone with
 changes, REF must resolve, BRANCH must be new, and an author must be given or set in the checkout's
 own config. Then a detached work tree at REF is added under OUT/worktree, the fix is spliced into
 DeepSpeed's files there (repro.workload.fix, as for the shipped patches), the regression test
-goes to tests/unit/runtime/zero/, and one commit is made with hooks off (they are the checkout's
-code, not ours to run). Only when all of that worked is refs/heads/BRANCH created. OUT receives
+goes to tests/unit/runtime/zero/, and one commit is made of exactly those bytes, with hooks,
+fsmonitor and filters off (they are the checkout's code, not ours to run: repro/core/safe_git.py),
+and checked blob by blob (repro/upstream/pr_blobs.py). Only when all of that worked is
+refs/heads/BRANCH created. OUT receives
 the `git format-patch` file, COMMIT_MSG.txt, pr.json (the records) and PR_DESCRIPTION.md rendered
 from them. The work tree is removed afterwards unless keep=True (make: KEEP=1), which leaves it
 checked out on the branch for running the test. Nothing is pushed.
@@ -22,7 +24,8 @@ from pathlib import Path
 
 from repro.core import console, safe_write
 from repro.core.errors import UsageError
-from repro.upstream import pr_fix
+from repro.upstream import pr_blobs, pr_fix
+from repro.upstream.pr_blobs import Wanted
 from repro.upstream.pr_description import render
 from repro.upstream.pr_git import Checkout, Identity, Runner, check_identity
 from repro.upstream.pr_record import FileStat, PrRecord
@@ -144,6 +147,32 @@ def commit_args(ident: Identity, message: Path) -> list[str]:
     ]  # fmt: skip
 
 
+def wanted_files(changed: Mapping[str, str], blobs: Mapping[str, Blob | None]) -> dict[str, Wanted]:
+    """The bytes (and modes) the branch must hold: the changed files and the regression test."""
+    wanted = {}
+    for path, text in changed.items():
+        blob = blobs[path]
+        wanted[path] = Wanted(text.encode(), blob.executable if blob else False)
+    wanted[str(pr_fix.TEST_REL)] = Wanted(pr_fix.TEST_SOURCE.read_bytes(), False)
+    return wanted
+
+
+def commit_fix(
+    checkout: Checkout, worktree: Path, out: Path, sha: str, wanted: Mapping[str, Wanted], ident: Identity
+) -> str:
+    """Write, stage and commit exactly `wanted` in the work tree at `sha`; the new commit's SHA."""
+    for path, want in wanted.items():
+        safe_write.write_file(worktree, path, want.data, replace=True, executable=want.executable)
+    message = safe_write.write_file(
+        out, "COMMIT_MSG.txt", f"{SUBJECT}\n\n{BODY.format(test=pr_fix.TEST_REL)}".encode()
+    )
+    pr_blobs.stage(checkout, worktree, wanted)
+    checkout.git(*commit_args(ident, message), cwd=worktree, env=ident.env(), what="git commit", echo=True)
+    commit = checkout.git("rev-parse", "--verify", "HEAD", cwd=worktree, what="git rev-parse").strip()
+    pr_blobs.check_committed(checkout, worktree, sha, commit, wanted)
+    return commit
+
+
 def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
     checkout = Checkout(request.ds_repo, runner)
     checkout.preflight()
@@ -167,19 +196,7 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
     checkout.add_worktree(worktree, sha)
     kept = False
     try:
-        for path, text in changed.items():
-            blob = blobs[path]
-            executable = blob.executable if blob else False
-            safe_write.write_file(worktree, path, text.encode(), replace=True, executable=executable)
-        safe_write.write_file(worktree, str(pr_fix.TEST_REL), pr_fix.TEST_SOURCE.read_bytes(), replace=True)
-        message = safe_write.write_file(
-            out, "COMMIT_MSG.txt", f"{SUBJECT}\n\n{BODY.format(test=pr_fix.TEST_REL)}".encode()
-        )
-        checkout.git("add", "--", *changed, str(pr_fix.TEST_REL), cwd=worktree, what="git add")
-        checkout.git(
-            *commit_args(ident, message), cwd=worktree, env=ident.env(), what="git commit", echo=True
-        )
-        commit = checkout.git("rev-parse", "--verify", "HEAD", cwd=worktree, what="git rev-parse").strip()
+        commit = commit_fix(checkout, worktree, out, sha, wanted_files(changed, blobs), ident)
         files = _numstat(checkout.git("diff", "--numstat", sha, commit, "--", cwd=worktree, what="git diff"))
         patch = checkout.git(
             "format-patch",

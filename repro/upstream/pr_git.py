@@ -1,15 +1,16 @@
 """The git side of `make pr`: what a DeepSpeed checkout is (preflight) and the few writes allowed in it.
 
-Every call goes through `repro.core.cmd.run` as `git -C <checkout> ...`, with user values after
-`--` or `--end-of-options` (and refused when they start with '-'), so a REF or BRANCH cannot turn
-into a git option. The checkout's own work tree, index, HEAD and existing refs are never written:
-the only changes are one detached work tree (added and removed again) and, at the very end, one
-new branch ref created with `update-ref <ref> <sha> ""`, which git refuses if the ref exists.
+Every call goes through `repro.core.safe_git` (and so `repro.core.cmd.run`) as
+`git -C <checkout> ...`: no GIT_* variable of the caller, none of the clone's hooks, fsmonitor,
+filter or diff drivers (safe_git says how). User values come after `--` or `--end-of-options`
+(and are refused when they start with '-'), so a REF or BRANCH cannot turn into a git option.
+The checkout's own work tree, index, HEAD and existing refs are never written: the only changes
+are one detached work tree (added and removed again) and, at the very end, one new branch ref
+created with `update-ref <ref> <sha> ""`, which git refuses if the ref exists.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,20 +18,11 @@ from pathlib import Path
 
 from repro.core import cmd
 from repro.core.errors import UsageError
+from repro.core.safe_git import SafeGit
 
 Runner = Callable[..., cmd.CmdResult]
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _EMAIL = re.compile(r"^[^\s<>@]+@[^\s<>@]+$")
-# Variables that point git at another repository, index or object store than `-C` names: one left
-# exported in the user's shell (GIT_DIR from a hook, GIT_INDEX_FILE from a script) would make
-# `make pr` read or write there. Dropped for every call.
-GIT_LOCATION_VARS = frozenset(
-    {
-        "GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY", "GIT_COMMON_DIR",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_NAMESPACE", "GIT_CEILING_DIRECTORIES",
-        "GIT_DISCOVERY_ACROSS_FILESYSTEM", "GIT_PREFIX",
-    }
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,6 +101,7 @@ class Checkout:
         self.spec = spec
         self.path = Path(spec).expanduser().resolve()
         self.runner = runner or cmd.run  # looked up now, so a test's stand-in for cmd.run is used
+        self.safe = SafeGit(self.runner)
 
     def git(
         self,
@@ -130,12 +123,9 @@ class Checkout:
     def try_git(
         self, *args: str, cwd: Path | None = None, env: Mapping[str, str] | None = None, echo: bool = False
     ) -> cmd.CmdResult:
-        where = str(cwd or self.path)
-        # Hooks are the checkout's code (post-checkout on `worktree add`, DeepSpeed's pre-commit on
-        # commit): none runs for any call.
-        argv = ["git", "-C", where, "-c", "core.hooksPath=/dev/null", *args]
-        clean = {k: v for k, v in os.environ.items() if k not in GIT_LOCATION_VARS}
-        return self.runner(argv, env=clean, capture=True, echo=echo, extra_env=env)
+        # Hooks, fsmonitor and drivers are the checkout's code (post-checkout on `worktree add`,
+        # DeepSpeed's pre-commit on commit, a filter on add): none runs for any call (safe_git).
+        return self.safe.run(*args, where=("-C", str(cwd or self.path)), extra_env=env, echo=echo)
 
     # -- what the checkout is ---------------------------------------------------------------------
     def preflight(self) -> bool:

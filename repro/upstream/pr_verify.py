@@ -28,6 +28,7 @@ from typing import Any
 from repro.core import cmd, console
 from repro.core.errors import RunError, UsageError
 from repro.core.paths import cache_root
+from repro.core.safe_git import SafeGit
 from repro.upstream import pr_checks, pr_fix, pr_regression
 from repro.upstream.pr_checks import Seen, Stack
 from repro.workload.record import write_json_atomic
@@ -91,17 +92,13 @@ def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Pat
     """The commit's files at `paths` under dest/ (`git archive`: nothing in DS_REPO changes)."""
     dest.mkdir(parents=True, exist_ok=True)
     archive = dest.with_suffix(".tar")
-    listed = cmd.run(
-        ["git", "-C", ds_repo, "ls-tree", "--name-only", sha, "--", *paths], capture=True, echo=False
-    )
+    # DS_REPO's filter drivers would run on `git archive` (smudge): safe_git neutralises them.
+    git, where = SafeGit(), ["-C", ds_repo]
+    listed = git.run("ls-tree", "--name-only", sha, "--", *paths, where=where)
     present = [p for p in listed.stdout.splitlines() if p] if listed.ok else []
     if not present:
         raise UsageError(f"commit {sha[:10]} holds none of {', '.join(paths)}", why=listed.tail(5))
-    result = cmd.run(
-        ["git", "-C", ds_repo, "archive", "--format=tar", "-o", str(archive), sha, "--", *present],
-        capture=True,
-        echo=False,
-    )
+    result = git.run("archive", "--format=tar", "-o", str(archive), sha, "--", *present, where=where)
     if not result.ok:
         raise UsageError(f"git archive {sha[:10]} failed in DS_REPO={ds_repo}", why=result.tail(5))
     try:
