@@ -1,0 +1,106 @@
+"""Issue #45 (hardening, round 4): the failed cases of `make pr`, `pr-verify` and the range.
+
+Each test here failed before its fix: a failed `make pr` left COMMIT_MSG.txt that made the rerun
+refuse OUT; an OUT inside a linked work tree's or a separate git folder was accepted; a malformed
+pr.json gave a traceback; a rerun after an interrupted verification refused its own probe folder;
+RANGE_TORCH took any word and duplicates; a transient install failure stayed in the probe cache.
+Real git on the small DeepSpeed-shaped repository of tests/fixtures/ds_pr_git.py; the probes and
+surveys are the stand-ins of tests/test_pr_verify.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.bisect.driver import Folder
+from repro.cli import main as cli
+from repro.core.errors import UsageError
+from repro.upstream import pr_range, pr_verify_run
+from repro.upstream.pr_branch import PrRequest, make_pr
+from repro.upstream.pr_verify import CellCache, ProbeCall, Verification
+from tests.fixtures.ds_git import git
+from tests.fixtures.ds_pr_git import FakeDeepSpeedPr
+from tests.test_pr_verify import (  # noqa: F401 (ds, made: the fixtures, a DeepSpeed-shaped repo and its branch)
+    BUG,
+    CLEAN,
+    STACKS,
+    StandInProbe,
+    ds,
+    made,
+    regression_stand_in,
+)
+
+BRANCH = "mics-coalesced-wait"
+
+
+# -- 1. a failed `make pr` cleans what it wrote ------------------------------------------------------
+def test_a_failed_commit_leaves_out_as_it_was_so_the_rerun_takes_it(
+    ds: FakeDeepSpeedPr, tmp_path: Path
+) -> None:
+    """commit.gpgsign=true with a signer that fails: `git commit` fails after COMMIT_MSG.txt was
+    written. Once the user has fixed the signer, the same command (same OUT) must work."""
+    git(ds.path, "config", "commit.gpgsign", "true")
+    git(ds.path, "config", "gpg.program", "false")
+    out = tmp_path / "out"
+    with pytest.raises(UsageError, match="git commit failed"):
+        make_pr(PrRequest(ds_repo=str(ds.path), out=out))
+    assert not out.exists() or list(out.iterdir()) == []
+    git(ds.path, "config", "--unset", "commit.gpgsign")
+
+    make_pr(PrRequest(ds_repo=str(ds.path), out=out))
+    assert (out / "pr.json").is_file() and (out / "COMMIT_MSG.txt").is_file()
+
+
+@pytest.mark.parametrize("stop", [UsageError("update-ref refused"), KeyboardInterrupt()])
+def test_a_failure_after_format_patch_removes_the_patch_and_message(
+    ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: BaseException
+) -> None:
+    from repro.upstream.pr_git import Checkout
+
+    def fail(self: Checkout, branch: str, sha: str) -> None:
+        raise stop
+
+    out = tmp_path / "given-empty"
+    out.mkdir()  # given empty: stays, empty
+    with monkeypatch.context() as patched:
+        patched.setattr(Checkout, "create_branch", fail)
+        with pytest.raises(type(stop)):
+            make_pr(PrRequest(ds_repo=str(ds.path), out=out))
+    assert out.is_dir() and list(out.iterdir()) == []
+    make_pr(PrRequest(ds_repo=str(ds.path), out=out))
+    assert git(ds.path, "rev-parse", "--verify", "--quiet", BRANCH)
+
+
+# -- 2. OUT inside a git folder of the checkout ----------------------------------------------------
+def test_refuses_out_inside_a_linked_work_trees_git_folder(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:
+    """DS_REPO is a linked work tree: its `.git` is a file naming <main>/.git/worktrees/<name>, which
+    lies outside DS_REPO. OUT there, or in the shared <main>/.git, is refused like OUT in DS_REPO."""
+    linked = tmp_path / "linked"
+    git(ds.path, "worktree", "add", "--quiet", "--detach", str(linked), ds.master)
+    assert (linked / ".git").is_file()
+    gitdir = Path(git(linked, "rev-parse", "--absolute-git-dir"))
+    for out in (gitdir / "pr-out", ds.path / ".git" / "pr-out"):
+        with pytest.raises(UsageError, match="git folder"):
+            make_pr(PrRequest(ds_repo=str(linked), out=out))
+        assert not out.exists()
+    assert BRANCH not in git(ds.path, "branch", "--list")
+
+
+def test_refuses_out_inside_a_separate_git_folder(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:
+    """`git clone --separate-git-dir`: the clone's `.git` is a file pointing at a folder elsewhere."""
+    store = tmp_path / "store.git"
+    clone = tmp_path / "clone"
+    subprocess.run(
+        ["git", "clone", "--quiet", "--separate-git-dir", str(store), str(ds.path), str(clone)], check=True
+    )
+    git(clone, "config", "user.name", "Pat Contributor")
+    git(clone, "config", "user.email", "pat@example.invalid")
+    with pytest.raises(UsageError, match="git folder"):
+        make_pr(PrRequest(ds_repo=str(clone), out=store / "pr-out"))
+    assert not (store / "pr-out").exists()
