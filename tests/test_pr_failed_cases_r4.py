@@ -104,3 +104,51 @@ def test_refuses_out_inside_a_separate_git_folder(ds: FakeDeepSpeedPr, tmp_path:
     with pytest.raises(UsageError, match="git folder"):
         make_pr(PrRequest(ds_repo=str(clone), out=store / "pr-out"))
     assert not (store / "pr-out").exists()
+
+
+# -- 3. a malformed pr.json is a clear error -------------------------------------------------------
+def _pr_json_variants(good: dict[str, Any]) -> dict[str, str]:
+    return {
+        "not JSON": '{"ref": "master",',
+        "not an object": json.dumps([good]),
+        "a missing key": json.dumps({k: v for k, v in good.items() if k != "commit"}),
+        "a wrong type": json.dumps({**good, "files": 5}),
+        "a number for a text": json.dumps({**good, "ref_sha": 7}),
+        "not a commit": json.dumps({**good, "commit": "--output=/tmp/x"}),
+        "a bad caller": json.dumps({**good, "callers": [{"path": "x"}]}),
+        "another format": json.dumps({**good, "format": 99}),
+    }
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "not JSON",
+        "not an object",
+        "a missing key",
+        "a wrong type",
+        "a number for a text",
+        "not a commit",
+        "a bad caller",
+        "another format",
+    ],
+)
+def test_a_malformed_pr_json_is_a_usage_error_not_a_traceback(
+    made: tuple[Path, dict[str, Any]],
+    ds: FakeDeepSpeedPr,
+    capsys: pytest.CaptureFixture[str],
+    variant: str,
+) -> None:
+    out, good = made
+    (out / "pr.json").write_text(_pr_json_variants(good)[variant])
+    capsys.readouterr()
+    code = cli.main(["pr-verify", "--pr", str(out), "--ds-repo", str(ds.path)])
+    err = capsys.readouterr().err
+    assert code == UsageError.exit_code
+    assert "pr.json" in err and "what to do:" in err and "Traceback" not in err
+    assert not (out / "verify.json").exists()
+
+
+def test_the_pr_json_make_pr_writes_carries_its_format(made: tuple[Path, dict[str, Any]]) -> None:
+    _, good = made
+    assert good["format"] == 1

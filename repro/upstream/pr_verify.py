@@ -28,8 +28,10 @@ from typing import Any
 from repro.core import cmd, console
 from repro.core.errors import RunError, UsageError
 from repro.core.paths import cache_root
+from repro.core.smallfile import read_regular
 from repro.upstream import pr_checks, pr_fix, pr_regression
 from repro.upstream.pr_checks import Seen, Stack
+from repro.upstream.pr_record import pr_data_problem
 from repro.workload.record import write_json_atomic
 
 # What `import deepspeed` reads from a tree: deepspeed/ links into accelerator/ and op_builder/.
@@ -274,8 +276,25 @@ class Verification:
         return {**entry, "ref": outcomes["ref"], "branch": outcomes["branch"], "ok": ok, "why": why}
 
 
+MAX_PR_JSON_BYTES = 4 << 20
+
+
 def read_pr(folder: Path) -> dict[str, Any]:
+    """folder/pr.json as `make pr` wrote it; anything else (not JSON, a key missing or of the wrong
+    type, another format) is a UsageError that names what is wrong, before git is touched."""
     path = folder / "pr.json"
+    fix = "give PR= the OUT folder of a `make pr` run (or make the branch again with `make pr`)"
     if not path.is_file():
-        raise UsageError(f"{folder} holds no pr.json", fix="give PR= the OUT folder of a `make pr` run")
-    return dict(json.loads(path.read_text()))
+        raise UsageError(f"{folder} holds no pr.json", fix=fix)
+    try:
+        data = json.loads(read_regular(path, MAX_PR_JSON_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{path} cannot be read as JSON", why=str(exc), fix=fix) from None
+    problem = pr_data_problem(data)
+    if problem:
+        raise UsageError(
+            f"{path} is not a record `make pr` wrote: {problem}",
+            why="pr-verify takes REF, the branch's commit and the callers from it",
+            fix=fix,
+        )
+    return dict(data)
