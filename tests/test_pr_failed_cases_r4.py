@@ -152,3 +152,44 @@ def test_a_malformed_pr_json_is_a_usage_error_not_a_traceback(
 def test_the_pr_json_make_pr_writes_carries_its_format(made: tuple[Path, dict[str, Any]]) -> None:
     _, good = made
     assert good["format"] == 1
+
+
+# -- 4. a rerun after an interrupted verification resumes -----------------------------------------
+class FrontDoorLikeProbe(StandInProbe):
+    """The stand-in probe, with the real probe command's rule for its OUT (repro.bisect.driver's
+    Folder.open: refused when it holds results.json); `stop_at` interrupts that call the way a
+    Ctrl-C does, after the probe began its folder."""
+
+    def __init__(self, pr: dict[str, Any], stop_at: int | None = None) -> None:
+        super().__init__(pr)
+        self.stop_at, self.began = stop_at, []  # type: ignore[var-annotated]
+
+    def __call__(self, call: ProbeCall, ds_repo: str) -> dict[str, Any]:
+        Folder(call.out.parent, call.out).open("probe", "probe.json")  # UsageError like the command
+        (call.out / "results.json").write_text("{}\n")
+        self.began.append(call)
+        if len(self.began) == self.stop_at:
+            raise KeyboardInterrupt
+        return super().__call__(call, ds_repo)
+
+
+def test_a_rerun_after_an_interrupted_verification_resumes(
+    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr
+) -> None:
+    out, pr = made
+    first = FrontDoorLikeProbe(pr, stop_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        Verification(pr, STACKS, out, str(ds.path), probe=first, regression=regression_stand_in).run()
+    kept = json.loads((out / "verify.json").read_text())
+    assert len(kept["checks"]) == 1 and not kept["complete"]
+
+    again = FrontDoorLikeProbe(pr)
+    data = Verification(pr, STACKS, out, str(ds.path), probe=again, regression=regression_stand_in).run()
+    assert data["complete"] and data["verified"] is True
+    assert len(again.calls) == 14 - 2  # the two probes of the first check came from the cache
+    # the interrupted probe ran again, in a folder of its own beside the one it left
+    interrupted = first.began[-1].out
+    assert (interrupted / "results.json").is_file()
+    assert [c.out.name for c in again.calls if c.out.name.startswith(interrupted.name)] == [
+        f"{interrupted.name}-2"
+    ]

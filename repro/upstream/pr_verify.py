@@ -21,7 +21,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,16 @@ def log_path(out: Path) -> Path:
     """OUT's log beside it: `torch2.13.0-ref` -> `torch2.13.0-ref.log` (not with_suffix, which
     would cut the name at the version's dots)."""
     return out.parent / f"{out.name}.log"
+
+
+def fresh_folder(base: Path) -> Path:
+    """base, or base-2, base-3... when taken: a probe's or survey's OUT must be new, and an
+    interrupted earlier run left its own results.json in the first (kept: it is what it saw)."""
+    n, where = 1, base
+    while where.exists() or log_path(where).exists():
+        n += 1
+        where = base.with_name(f"{base.name}-{n}")
+    return where
 
 
 def front_door_probe(call: ProbeCall, ds_repo: str) -> Mapping[str, Any]:
@@ -214,15 +224,18 @@ class Verification:
                     f"== verify [{n}/{len(steps)}] {check.key} torch {stack.torch} ({stack.name}): "
                     f"{side} {sha[:10]}"
                 )
+                name = f"{stack.name}-{check.key.replace('@', '-')}-{side}"
                 call = ProbeCall(
-                    stack.env, stack.torch, sha, check.scenario, check.transport,
-                    folder / f"{stack.name}-{check.key.replace('@', '-')}-{side}", self.engine,
-                )  # fmt: skip
+                    stack.env, stack.torch, sha, check.scenario, check.transport, folder / name, self.engine
+                )
                 cache = self.cache or CellCache("pr-verify")
                 hit = cache.get(probe_key(call))
-                seen[side] = hit if hit is not None else dict(self.probe(call, self.ds_repo))
                 if hit is None:
-                    cache.put(probe_key(call), seen[side])
+                    # A rerun after an interruption: the probe's first folder holds what it began.
+                    call = replace(call, out=fresh_folder(call.out))
+                    hit = dict(self.probe(call, self.ds_repo))
+                    cache.put(probe_key(call), hit)
+                seen[side] = hit
             ok, why = pr_checks.judge(
                 check.expect, Seen.from_probe(seen["ref"]), Seen.from_probe(seen["branch"])
             )
