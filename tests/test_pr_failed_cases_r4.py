@@ -193,3 +193,22 @@ def test_a_rerun_after_an_interrupted_verification_resumes(
     assert [c.out.name for c in again.calls if c.out.name.startswith(interrupted.name)] == [
         f"{interrupted.name}-2"
     ]
+
+
+# -- 5. RANGE_TORCH is checked and de-duplicated ---------------------------------------------------
+@pytest.mark.parametrize("given", ["abc", "2.1.0,abc", "2.1.0+cpu", "9.9.9", "2.1.0rc1", ","])
+def test_range_torch_that_no_env_can_use_is_refused(given: str) -> None:
+    from repro.matrix.schema import load_matrix
+
+    with pytest.raises(UsageError, match="RANGE_TORCH"):
+        pr_verify_run.columns(load_matrix(), given)
+
+
+def test_range_torch_duplicates_become_one_column_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    from repro.matrix.schema import load_matrix
+
+    matrix = load_matrix()
+    newest = matrix.get(pr_verify_run.NEWEST_ENV).torch
+    got = pr_verify_run.columns(matrix, f"2.1.0, 2.1.0,2.1,{newest}")
+    assert got == [pr_range.Column("2.1.0", "cpu"), pr_range.Column(newest, "cpu-latest")]
+    assert "2.1.0" in capsys.readouterr().err
