@@ -212,3 +212,95 @@ def test_range_torch_duplicates_become_one_column_with_a_note(capsys: pytest.Cap
     got = pr_verify_run.columns(matrix, f"2.1.0, 2.1.0,2.1,{newest}")
     assert got == [pr_range.Column("2.1.0", "cpu"), pr_range.Column(newest, "cpu-latest")]
     assert "2.1.0" in capsys.readouterr().err
+
+
+# -- 6. only results are cached: an install failure is tried again ---------------------------------
+NETWORK = {
+    "outcome": "env-error",
+    "signature": "none",
+    "reason": "BuildError: venv for cpu+ds0.9.2: pip step deepspeed failed (exit 1) (ERROR: Could not "
+    "install packages due to an OSError: HTTPSConnectionPool(host='pypi.org', port=443): Max retries "
+    "exceeded)",
+    "seconds": 3.0,
+}
+
+
+class FlakySurvey:
+    """The first survey of release 0.9.2 fails to install it (the network); then it runs."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
+        self.failed = False
+
+    def __call__(
+        self, column: pr_range.Column, patch: str, versions: Sequence[str], out: Path, parallel: int
+    ) -> list[dict[str, Any]]:
+        self.calls.append((column.torch, patch, tuple(versions)))
+        probes = []
+        for v in versions:
+            if v == "0.9.2" and not self.failed:
+                self.failed = True
+                probes.append({**NETWORK, "version": v})
+            else:
+                probes.append({**(CLEAN if patch == "fixed" else BUG), "version": v})
+        return probes
+
+
+def test_an_install_failure_is_not_cached_and_is_retried(
+    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr, tmp_path: Path
+) -> None:
+    out, pr = made
+    read, _ = pr_verify_run.tag_reader(str(ds.path))
+    columns = [pr_range.Column("2.1.0", "cpu")]
+    cache = CellCache("pr-range", tmp_path / "range-cache")
+    survey, probe = FlakySurvey(), StandInProbe(pr)
+
+    def affected() -> dict[str, Any]:
+        return pr_range.AffectedRange(
+            pr, columns, ["0.9.1", "0.9.2"], out, str(ds.path), read, None,
+            cache=cache, survey=survey, probe=probe,
+        ).run()  # fmt: skip
+
+    first = affected()
+    assert first["rows"][1]["cells"]["2.1.0"]["stock"]["outcome"] == "env-error"
+    before = len(probe.calls)
+    second = affected()
+    cell = second["rows"][1]["cells"]["2.1.0"]
+    assert cell["stock"]["outcome"] == "clean" and cell["fixed"]["outcome"] == "clean"
+    # only 0.9.2 ran again (one release: a probe, not a survey), stock, then fixed as stock ran
+    assert [(c.deepspeed, c.patch) for c in probe.calls[before:]] == [
+        ("0.9.2", "stock"),
+        ("0.9.2", "fixed"),
+    ]
+    assert affected()["probes_run"] == 0  # results are cached
+
+
+def test_a_failure_cached_by_an_earlier_version_is_retried(tmp_path: Path) -> None:
+    cache = CellCache("pr-range", tmp_path / "cache")
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "k.json").write_text(json.dumps(NETWORK))
+    assert cache.get("k") is None
+    cache.put("k", NETWORK)
+    assert cache.get("k") is None
+
+
+@pytest.mark.parametrize(
+    ("probe", "kept"),
+    [
+        (BUG, True),
+        (CLEAN, True),
+        ({"outcome": "crashed", "signature": "crash", "reason": "RuntimeError: x"}, True),
+        ({"outcome": "unsupported", "signature": "none", "reason": "no MiCS"}, True),
+        # DeepSpeed installed and was imported: a result about this release and torch
+        ({"outcome": "env-error", "signature": "none", "reason": "the commit does not import: X"}, True),
+        ({"outcome": "env-error", "signature": "none", "reason": "environment: ImportError: no log"}, True),
+        (NETWORK, False),
+        ({"outcome": "env-error", "signature": "none", "reason": "the suite produced no record"}, False),
+        ({"outcome": "interrupted", "signature": "none", "reason": "Ctrl-C"}, False),
+        ({"outcome": "", "signature": "", "reason": ""}, False),
+    ],
+)
+def test_which_probes_are_cached(tmp_path: Path, probe: dict[str, Any], kept: bool) -> None:
+    cache = CellCache("pr-range", tmp_path / "cache")
+    cache.put("k", probe)
+    assert (cache.get("k") is not None) is kept

@@ -143,19 +143,22 @@ def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Pat
 
 class CellCache:
     """Probe results by a key of what decides them, one JSON file each under the cache
-    (`make clean` leaves it; delete ~/.cache/mics-repro/<name> to probe again)."""
+    (`make clean` leaves it; delete ~/.cache/mics-repro/<name> to probe again). Only results are
+    kept (pr_checks.is_result): an interrupted probe or a failed install (a pip network error)
+    is probed again next time, also when an earlier version of the tool cached it."""
 
     def __init__(self, name: str, root: Path | None = None) -> None:
         self.root = root or cache_root() / name
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
-            return dict(json.loads((self.root / f"{key}.json").read_text()))
+            found = json.loads((self.root / f"{key}.json").read_text())
         except (OSError, ValueError):
             return None
+        return dict(found) if isinstance(found, dict) and pr_checks.is_result(found) else None
 
     def put(self, key: str, probe: Mapping[str, Any]) -> None:
-        if probe.get("outcome") != "interrupted":  # an interrupted probe says nothing
+        if pr_checks.is_result(probe):
             write_json_atomic(str(self.root / f"{key}.json"), dict(probe))
 
 
