@@ -24,17 +24,15 @@ from repro.core.errors import UsageError
 from repro.upstream import pr_range, pr_verify_run
 from repro.upstream.pr_branch import PrRequest, make_pr
 from repro.upstream.pr_verify import CellCache, ProbeCall, Verification
+from tests import test_pr_verify
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import FakeDeepSpeedPr
-from tests.test_pr_verify import (  # noqa: F401 (ds, made: the fixtures, a DeepSpeed-shaped repo and its branch)
-    BUG,
-    CLEAN,
-    STACKS,
-    StandInProbe,
-    ds,
-    made,
-    regression_stand_in,
-)
+from tests.test_pr_verify import BUG, CLEAN, STACKS, StandInProbe, regression_stand_in
+
+# test_pr_verify's fixtures: a DeepSpeed-shaped repository (probe caches the test's own) and the
+# branch `make pr` made in it, with its pr.json
+ds = test_pr_verify.ds
+made = test_pr_verify.made
 
 BRANCH = "mics-coalesced-wait"
 

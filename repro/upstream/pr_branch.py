@@ -200,7 +200,10 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
             console.warn(
                 "pr: the checkout's refs or status changed beyond the new branch; check `git status` there"
             )
-        files = {"pr.json": json.dumps(record.to_dict(), indent=2) + "\n", "PR_DESCRIPTION.md": render(record)}
+        files = {
+            "pr.json": json.dumps(record.to_dict(), indent=2) + "\n",
+            "PR_DESCRIPTION.md": render(record),
+        }
         for name, text in files.items():
             safe_write.write_file(out, name, text.encode())
             written.append(name)

@@ -103,6 +103,7 @@ def pr_data_problem(data: Any) -> str | None:
         return problem
     kinds = {k.value for k in CallerKind}
     for n, caller in enumerate(data["callers"]):
-        if caller["kind"] not in kinds or not (caller.get("function") is None or _is(caller["function"], str)):
+        function = caller.get("function")
+        if caller["kind"] not in kinds or not (function is None or _is(function, str)):
             return f"`callers[{n}]` has an unknown kind {caller['kind']!r} or a function that is not text"
     return None
