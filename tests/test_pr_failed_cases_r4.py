@@ -115,6 +115,7 @@ def _pr_json_variants(good: dict[str, Any]) -> dict[str, str]:
         "not a commit": json.dumps({**good, "commit": "--output=/tmp/x"}),
         "a bad caller": json.dumps({**good, "callers": [{"path": "x"}]}),
         "another format": json.dumps({**good, "format": 99}),
+        "a flag for the format": json.dumps({**good, "format": True}),
     }
 
 
@@ -129,6 +130,7 @@ def _pr_json_variants(good: dict[str, Any]) -> dict[str, str]:
         "not a commit",
         "a bad caller",
         "another format",
+        "a flag for the format",
     ],
 )
 def test_a_malformed_pr_json_is_a_usage_error_not_a_traceback(

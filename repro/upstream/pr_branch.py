@@ -216,7 +216,10 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
 
 def _forget(out: Path, written: list[str], made_out: bool) -> None:
     for name in written:
-        safe_write.remove_file(out, name)
+        try:
+            safe_write.remove_file(out, name)
+        except UsageError as exc:  # the failure that got here is the one to report
+            console.warn(f"pr: could not remove {out / name}: {exc.what}")
     if made_out:
         try:
             out.rmdir()  # only when empty: a work tree git could not remove stays, with its warning
@@ -256,9 +259,16 @@ def _commit_in_worktree(
         commit = checkout.git("rev-parse", "--verify", "HEAD", cwd=worktree, what="git rev-parse").strip()
         files = _numstat(checkout.git("diff", "--numstat", sha, commit, "--", cwd=worktree, what="git diff"))
         patch = checkout.git(
-            "format-patch", "--no-signature", "-o", str(out), "-1", commit,
-            cwd=worktree, what="git format-patch", echo=True,
-        ).strip()  # fmt: skip
+            "format-patch",
+            "--no-signature",
+            "-o",
+            str(out),
+            "-1",
+            commit,
+            cwd=worktree,
+            what="git format-patch",
+            echo=True,
+        ).strip()
         if Path(patch).parent.resolve() == out.resolve():
             written.append(Path(patch).name)
         grep = checkout.try_git("grep", "-n", "-w", pr_fix.FUNCTION, sha, "--", GREP_PATHS)

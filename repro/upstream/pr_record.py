@@ -1,7 +1,7 @@
 """The record `make pr` leaves (pr.json): what was made, from which commit, and who calls the
 changed function there. PR_DESCRIPTION.md is rendered from it alone.
 
-`pr-verify PR=dir` reads it back from a folder the user names: `check_pr_data` takes nothing on
+`pr-verify PR=dir` reads it back from a folder the user names: `pr_data_problem` takes nothing on
 trust (a hand-edited or foreign pr.json is a UsageError naming the key, never a traceback), and
 the two commits it holds must be SHAs, since they reach git as revisions."""
 
@@ -82,7 +82,7 @@ def pr_data_problem(data: Any) -> str | None:
     if not isinstance(data, dict):
         return f"it holds {type(data).__name__}, not an object"
     version = data.get("format", FORMAT)
-    if version != FORMAT:
+    if not (_is(version, int) and version == FORMAT):
         return f"its format is {version!r}; this version of the tool reads format {FORMAT}"
     missing = [f for f in PrRecord.__dataclass_fields__ if f not in data]
     if missing:
