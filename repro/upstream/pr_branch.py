@@ -101,7 +101,24 @@ def check_out_folder(out: Path, checkout: Checkout) -> Path:
             why="the work tree and the PR files would land in the checkout make pr must not touch",
             fix="choose an OUT= outside the checkout (default: results/pr-<time>)",
         )
+    for gitdir in git_folders(checkout):
+        if resolved == gitdir or gitdir in resolved.parents:
+            raise UsageError(
+                f"OUT={out} is inside the git folder {gitdir} of DS_REPO={checkout.spec}",
+                why="a linked work tree or a separate git folder keeps the repository outside DS_REPO; "
+                "files written there would mix with git's own (refs, objects, work tree records)",
+                fix="choose an OUT= outside the checkout and its git folders (default: results/pr-<time>)",
+            )
     return resolved
+
+
+def git_folders(checkout: Checkout) -> list[Path]:
+    """The checkout's own git folder and the one its work trees share: for a linked work tree
+    (`.git` is a file) or `clone --separate-git-dir` both lie outside the checkout."""
+    found = checkout.try_git("rev-parse", "--path-format=absolute", "--git-dir", "--git-common-dir")
+    if not found.ok:
+        return []
+    return sorted({Path(line).resolve() for line in found.stdout.splitlines() if line.strip()})
 
 
 @dataclass(frozen=True)
@@ -158,19 +175,38 @@ def wanted_files(changed: Mapping[str, str], blobs: Mapping[str, Blob | None]) -
 
 
 def commit_fix(
-    checkout: Checkout, worktree: Path, out: Path, sha: str, wanted: Mapping[str, Wanted], ident: Identity
+    checkout: Checkout,
+    worktree: Path,
+    out: Path,
+    sha: str,
+    wanted: Mapping[str, Wanted],
+    ident: Identity,
+    written: list[str],
 ) -> str:
-    """Write, stage and commit exactly `wanted` in the work tree at `sha`; the new commit's SHA."""
+    """Write, stage and commit exactly `wanted` in the work tree at `sha`; the new commit's SHA.
+    `written` gains the names of the files written into OUT (removed again if the run fails)."""
     for path, want in wanted.items():
         safe_write.write_file(worktree, path, want.data, replace=True, executable=want.executable)
     message = safe_write.write_file(
         out, "COMMIT_MSG.txt", f"{SUBJECT}\n\n{BODY.format(test=pr_fix.TEST_REL)}".encode()
     )
+    written.append(message.name)
     pr_blobs.stage(checkout, worktree, wanted)
     checkout.git(*commit_args(ident, message), cwd=worktree, env=ident.env(), what="git commit", echo=True)
     commit = checkout.git("rev-parse", "--verify", "HEAD", cwd=worktree, what="git rev-parse").strip()
     pr_blobs.check_committed(checkout, worktree, sha, commit, wanted)
     return commit
+
+
+@dataclass(frozen=True)
+class Made:
+    """What the work tree step made: the commit, its diff stat and format-patch file."""
+
+    commit: str
+    files: tuple[FileStat, ...]
+    patch: str
+    grep: str  # `git grep -n -w all_gather_coalesced` at REF
+    worktree: Path | None  # kept (KEEP=1), else None
 
 
 def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
@@ -184,19 +220,67 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
     blobs = read_at(checkout, sha, targets)
     # A fix that does not apply stops here, before anything is written.
     changed = pr_fix.changed_files({p: b.text if b else None for p, b in blobs.items()})
-    mics_blob = blobs.get(pr_fix.MICS)
-    mics_source = mics_blob.text if mics_blob else ""
     console.info(
         f"pr: DS_REPO={checkout.path} REF={request.ref} ({sha[:10]}) -> branch {request.branch}; "
         f"author {ident.name} <{ident.email}> ({ident.source})"
     )
+    made_out = not out.exists()
     safe_write.claim_folder(out, option="OUT", owned_by=())
-    before = checkout.snapshot()
+    written: list[str] = []  # OUT's files this run wrote, removed again if it fails
+    try:
+        before = checkout.snapshot()
+        made = _commit_in_worktree(checkout, request, ident, sha, blobs, changed, out, written)
+        after = checkout.snapshot()
+        same = untouched(before, after, request.branch, made.commit)
+        record = _record(request, ident, sha, blobs, made, same)
+        if not record.checkout_untouched:
+            console.warn(
+                "pr: the checkout's refs or status changed beyond the new branch; check `git status` there"
+            )
+        files = {
+            "pr.json": json.dumps(record.to_dict(), indent=2) + "\n",
+            "PR_DESCRIPTION.md": render(record),
+        }
+        for name, text in files.items():
+            safe_write.write_file(out, name, text.encode())
+            written.append(name)
+    except BaseException:
+        # A failed run leaves OUT as it found it (new or empty), so the same command can run again.
+        _forget(out, written, made_out)
+        raise
+    return record
+
+
+def _forget(out: Path, written: list[str], made_out: bool) -> None:
+    for name in written:
+        try:
+            safe_write.remove_file(out, name)
+        except UsageError as exc:  # the failure that got here is the one to report
+            console.warn(f"pr: could not remove {out / name}: {exc.what}")
+    if made_out:
+        try:
+            out.rmdir()  # only when empty: a work tree git could not remove stays, with its warning
+        except OSError:
+            pass
+
+
+def _commit_in_worktree(
+    checkout: Checkout,
+    request: PrRequest,
+    ident: Identity,
+    sha: str,
+    blobs: Mapping[str, Blob | None],
+    changed: Mapping[str, str],
+    out: Path,
+    written: list[str],
+) -> Made:
+    """The fix committed in a detached work tree at REF, format-patch into OUT, then the branch.
+    The work tree goes again unless KEEP=1 (and always when a step fails)."""
     worktree = out / "worktree"
     checkout.add_worktree(worktree, sha)
     kept = False
     try:
-        commit = commit_fix(checkout, worktree, out, sha, wanted_files(changed, blobs), ident)
+        commit = commit_fix(checkout, worktree, out, sha, wanted_files(changed, blobs), ident, written)
         files = _numstat(checkout.git("diff", "--numstat", sha, commit, "--", cwd=worktree, what="git diff"))
         patch = checkout.git(
             "format-patch",
@@ -209,6 +293,8 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
             what="git format-patch",
             echo=True,
         ).strip()
+        if Path(patch).parent.resolve() == out.resolve():
+            written.append(Path(patch).name)
         grep = checkout.try_git("grep", "-n", "-w", pr_fix.FUNCTION, sha, "--", GREP_PATHS)
         checkout.create_branch(request.branch, commit)
         if request.keep:
@@ -220,36 +306,41 @@ def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
             console.warn(
                 f"pr: could not remove the work tree {worktree}; `git -C {checkout.path} worktree prune`"
             )
-    after = checkout.snapshot()
-    record = PrRecord(
+    return Made(commit, files, patch, grep.stdout, worktree if kept else None)
+
+
+def _record(
+    request: PrRequest,
+    ident: Identity,
+    sha: str,
+    blobs: Mapping[str, Blob | None],
+    made: Made,
+    checkout_untouched: bool,
+) -> PrRecord:
+    mics_blob = blobs.get(pr_fix.MICS)
+    mics_source = mics_blob.text if mics_blob else ""
+    return PrRecord(
         ref=request.ref,
         ref_sha=sha,
         branch=request.branch,
-        commit=commit,
+        commit=made.commit,
         subject=SUBJECT,
         author=f"{ident.name} <{ident.email}>",
         fix_id=fix.FIX_ID,
         changed=tuple(t.qualname for t in fix.TARGETS),
-        files=files,
+        files=made.files,
         test_path=str(pr_fix.TEST_REL),
-        patch_file=Path(patch).name,
+        patch_file=Path(made.patch).name,
         swallowed_before=pr_fix.wait_swallows(mics_source) if mics_source else False,
         callers=tuple(
             replace(c, function=pr_fix.enclosing_function(mics_source, c.line))
             if c.path == pr_fix.MICS
             else c
-            for c in pr_fix.parse_grep(grep.stdout, sha)
+            for c in pr_fix.parse_grep(made.grep, sha)
         ),
-        worktree=str(worktree) if kept else None,
-        checkout_untouched=untouched(before, after, request.branch, commit),
+        worktree=str(made.worktree) if made.worktree else None,
+        checkout_untouched=checkout_untouched,
     )
-    if not record.checkout_untouched:
-        console.warn(
-            "pr: the checkout's refs or status changed beyond the new branch; check `git status` there"
-        )
-    safe_write.write_file(out, "pr.json", (json.dumps(record.to_dict(), indent=2) + "\n").encode())
-    safe_write.write_file(out, "PR_DESCRIPTION.md", render(record).encode())
-    return record
 
 
 def untouched(before: tuple[str, str], after: tuple[str, str], branch: str, commit: str) -> bool:

@@ -112,6 +112,30 @@ class Seen:
 NO_IMPORT = "does not import"
 
 
+# An env-error that is still a result about the DeepSpeed and torch probed: DeepSpeed was installed
+# and importing it failed (a commit layer's import check, or the run's own ImportError), which a
+# rerun would only repeat. Every other env-error (a failed pip step: the network, the index; a
+# suite that wrote no record) says nothing about them and may pass another time.
+_IMPORT_FAILED = (NO_IMPORT, "environment: ImportError", "environment: ModuleNotFoundError")
+_INSTALL_FAILED = ("pip step", "BuildError")
+
+
+def is_result(probe: Mapping[str, Any]) -> bool:
+    """Whether a probe's outcome is what the probe found (worth caching), not a failure to get
+    there (install failure, interruption): only results are cached, the rest is tried again."""
+    seen = Seen.from_probe(probe)
+    finding = seen.finding
+    if finding is None:
+        return False
+    if finding is not RunFinding.NO_OUTCOME:
+        return True
+    return (
+        seen.outcome == Outcome.ENV_ERROR.value
+        and any(words in seen.reason for words in _IMPORT_FAILED)
+        and not any(words in seen.reason for words in _INSTALL_FAILED)
+    )
+
+
 def judge(expect: Expect, ref: Seen, branch: Seen) -> tuple[bool | None, str]:
     """(passed, why) for one check from its two probes; passed is None when DeepSpeed at REF and
     on the branch does not import with this torch (the check says nothing about the change)."""

@@ -33,6 +33,7 @@ from repro.core.runs import RunFinding
 from repro.upstream import pr_fix
 from repro.upstream.pr_checks import Seen
 from repro.upstream.pr_verify import CellCache, ProbeCall, ProbeRunner, front_door_probe, log_path
+from repro.upstream.pr_verify import fresh_folder as _new_folder
 from repro.workload import fix
 from repro.workload.record import write_json_atomic
 
@@ -122,15 +123,6 @@ def cause(probe: Mapping[str, Any]) -> str:
         kind, message = found[-1]
         return f"{kind}: {message.strip()}"
     return reason.split(": ", 1)[-1][:160]
-
-
-def _new_folder(base: Path) -> Path:
-    """A survey's OUT must be new: an interrupted earlier survey left its own survey.json there."""
-    n, where = 1, base
-    while where.exists():
-        n += 1
-        where = base.with_name(f"{base.name}-{n}")
-    return where
 
 
 def _ran(probe: Mapping[str, Any] | None) -> bool:
@@ -251,7 +243,7 @@ class AffectedRange:
                         sha,
                         SCENARIO,
                         "async",
-                        folder / f"torch{column.torch}-ref-{side}",
+                        _new_folder(folder / f"torch{column.torch}-ref-{side}"),
                     )
                     probe = dict(self.probe(call, self.ds_repo))
                     cache.put(cell_key(column, sha, "stock"), probe)

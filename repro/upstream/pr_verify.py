@@ -21,7 +21,7 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,10 @@ from repro.core import cmd, console
 from repro.core.errors import RunError, UsageError
 from repro.core.paths import cache_root
 from repro.core.safe_git import SafeGit
+from repro.core.smallfile import read_regular
 from repro.upstream import pr_checks, pr_fix, pr_regression
 from repro.upstream.pr_checks import Seen, Stack
+from repro.upstream.pr_record import pr_data_problem
 from repro.workload.record import write_json_atomic
 
 # What `import deepspeed` reads from a tree: deepspeed/ links into accelerator/ and op_builder/.
@@ -70,6 +72,16 @@ def log_path(out: Path) -> Path:
     """OUT's log beside it: `torch2.13.0-ref` -> `torch2.13.0-ref.log` (not with_suffix, which
     would cut the name at the version's dots)."""
     return out.parent / f"{out.name}.log"
+
+
+def fresh_folder(base: Path) -> Path:
+    """base, or base-2, base-3... when taken: a probe's or survey's OUT must be new, and an
+    interrupted earlier run left its own results.json in the first (kept: it is what it saw)."""
+    n, where = 1, base
+    while where.exists() or log_path(where).exists():
+        n += 1
+        where = base.with_name(f"{base.name}-{n}")
+    return where
 
 
 def front_door_probe(call: ProbeCall, ds_repo: str) -> Mapping[str, Any]:
@@ -128,19 +140,22 @@ def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Pat
 
 class CellCache:
     """Probe results by a key of what decides them, one JSON file each under the cache
-    (`make clean` leaves it; delete ~/.cache/mics-repro/<name> to probe again)."""
+    (`make clean` leaves it; delete ~/.cache/mics-repro/<name> to probe again). Only results are
+    kept (pr_checks.is_result): an interrupted probe or a failed install (a pip network error)
+    is probed again next time, also when an earlier version of the tool cached it."""
 
     def __init__(self, name: str, root: Path | None = None) -> None:
         self.root = root or cache_root() / name
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
-            return dict(json.loads((self.root / f"{key}.json").read_text()))
+            found = json.loads((self.root / f"{key}.json").read_text())
         except (OSError, ValueError):
             return None
+        return dict(found) if isinstance(found, dict) and pr_checks.is_result(found) else None
 
     def put(self, key: str, probe: Mapping[str, Any]) -> None:
-        if probe.get("outcome") != "interrupted":  # an interrupted probe says nothing
+        if pr_checks.is_result(probe):
             write_json_atomic(str(self.root / f"{key}.json"), dict(probe))
 
 
@@ -209,15 +224,18 @@ class Verification:
                     f"== verify [{n}/{len(steps)}] {check.key} torch {stack.torch} ({stack.name}): "
                     f"{side} {sha[:10]}"
                 )
+                name = f"{stack.name}-{check.key.replace('@', '-')}-{side}"
                 call = ProbeCall(
-                    stack.env, stack.torch, sha, check.scenario, check.transport,
-                    folder / f"{stack.name}-{check.key.replace('@', '-')}-{side}", self.engine,
-                )  # fmt: skip
+                    stack.env, stack.torch, sha, check.scenario, check.transport, folder / name, self.engine
+                )
                 cache = self.cache or CellCache("pr-verify")
                 hit = cache.get(probe_key(call))
-                seen[side] = hit if hit is not None else dict(self.probe(call, self.ds_repo))
                 if hit is None:
-                    cache.put(probe_key(call), seen[side])
+                    # A rerun after an interruption: the probe's first folder holds what it began.
+                    call = replace(call, out=fresh_folder(call.out))
+                    hit = dict(self.probe(call, self.ds_repo))
+                    cache.put(probe_key(call), hit)
+                seen[side] = hit
             ok, why = pr_checks.judge(
                 check.expect, Seen.from_probe(seen["ref"]), Seen.from_probe(seen["branch"])
             )
@@ -271,8 +289,25 @@ class Verification:
         return {**entry, "ref": outcomes["ref"], "branch": outcomes["branch"], "ok": ok, "why": why}
 
 
+MAX_PR_JSON_BYTES = 4 << 20
+
+
 def read_pr(folder: Path) -> dict[str, Any]:
+    """folder/pr.json as `make pr` wrote it; anything else (not JSON, a key missing or of the wrong
+    type, another format) is a UsageError that names what is wrong, before git is touched."""
     path = folder / "pr.json"
+    fix = "give PR= the OUT folder of a `make pr` run (or make the branch again with `make pr`)"
     if not path.is_file():
-        raise UsageError(f"{folder} holds no pr.json", fix="give PR= the OUT folder of a `make pr` run")
-    return dict(json.loads(path.read_text()))
+        raise UsageError(f"{folder} holds no pr.json", fix=fix)
+    try:
+        data = json.loads(read_regular(path, MAX_PR_JSON_BYTES).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
+        raise UsageError(f"{path} cannot be read as JSON", why=str(exc), fix=fix) from None
+    problem = pr_data_problem(data)
+    if problem:
+        raise UsageError(
+            f"{path} is not a record `make pr` wrote: {problem}",
+            why="pr-verify takes REF, the branch's commit and the callers from it",
+            fix=fix,
+        )
+    return dict(data)

@@ -10,9 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from repro.core import console, safe_write
-from repro.core.errors import UsageError
+from repro.core.errors import MatrixError, PythonVersionError, UsageError
 from repro.core.scrub import Scrubber, hand_out
+from repro.matrix import compat
 from repro.upstream import pr_description, pr_range, pr_verify
 from repro.upstream.pr_checks import Stack
 from repro.upstream.pr_fix import MICS
@@ -30,11 +33,48 @@ def stacks(matrix: Any) -> list[Stack]:
 
 
 def columns(matrix: Any, given: str | None) -> list[pr_range.Column]:
+    """The range's torch columns: RANGE_TORCH= (each checked, duplicates dropped with a note) or
+    the default, torch 2.0.1, 2.1.0, 2.3.1 and the matrix's newest."""
     newest = matrix.get(NEWEST_ENV).torch
-    torches = (
-        [t.strip() for t in given.split(",") if t.strip()] if given else [*pr_range.OLDER_TORCHES, newest]
-    )
-    return [pr_range.Column(t, NEWEST_ENV if t == newest else REPORTER_ENV) for t in torches]
+    if given is None:
+        return [_column(matrix, t, newest) for t in (*pr_range.OLDER_TORCHES, newest)]
+    chosen: dict[Version, pr_range.Column] = {}
+    for text in (t.strip() for t in given.split(",") if t.strip()):
+        column = _column(matrix, text, newest)
+        same = chosen.setdefault(Version(column.torch), column)
+        if same is not column:
+            console.warn(f"RANGE_TORCH: torch {text} is given twice ({same.torch}): one column")
+    if not chosen:
+        raise UsageError(f"RANGE_TORCH={given} names no torch", fix="e.g. RANGE_TORCH=2.1.0,2.3.1")
+    return list(chosen.values())
+
+
+def _column(matrix: Any, text: str, newest: str) -> pr_range.Column:
+    """One torch of the range, refused unless the matrix can derive the column's env with it
+    (a version, no local label, wheels for that env's Python: what the range's probes need)."""
+    try:
+        version = Version(text)
+    except InvalidVersion:
+        version = None
+    env = NEWEST_ENV if version is not None and version == Version(newest) else REPORTER_ENV
+    try:
+        if version is None or version.local is not None or version.is_prerelease or version.is_devrelease:
+            raise UsageError(f"{text!r} is not a torch release", fix="give release numbers such as 2.1.0")
+        if compat.torch_pythons(str(version)) is None:
+            raise UsageError(
+                f"torch {version} is not a release repro/matrix/compat.py knows",
+                why="its table of torch releases and the Pythons their wheels cover does not list "
+                f"torch {compat.minor(str(version))}, so no env of the range can be checked for it",
+                fix=f"give a listed release ({', '.join(compat.TORCH_PYTHONS)}), or add it there",
+            )
+        matrix.derive(env, torch=str(version))
+    except (UsageError, MatrixError, PythonVersionError) as exc:
+        raise UsageError(
+            f"RANGE_TORCH={text!r} cannot be a column of the range",
+            why=exc.what + (f" ({exc.why})" if exc.why else ""),
+            fix=exc.fix or "give torch releases the matrix can install, e.g. RANGE_TORCH=2.1.0,2.3.1",
+        ) from None
+    return pr_range.Column(newest if env == NEWEST_ENV else str(version), env)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
