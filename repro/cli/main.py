@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import unicodedata
 from collections.abc import Sequence
 
 from repro.cli.registry import SPECS, Handler
@@ -104,12 +105,27 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
         console.close()  # a live display (repro/core/progress.py) leaves the terminal as it found it
 
 
+# Zero-width (non-)joiners are format characters that Persian, the Indic scripts and emoji need to
+# be written at all: a folder name may hold them. Every other format character is invisible (or
+# reorders what is shown, the bidi controls) and has no place in a name, path or command.
+_JOINERS = frozenset("\u200c\u200d")
+
+
 def _control_character(text: str) -> str | None:
-    """How to name the first control character in `text` (C0, DEL or C1), or None."""
+    """How to name the first control character in `text`, or None: C0, DEL and C1 (U+0085 NEL
+    among them); the line and paragraph separators U+2028/U+2029, which Python's splitlines(),
+    editors and JavaScript take as line breaks; format characters (category Cf: the bidi marks,
+    embeddings, overrides and isolates, zero-width spaces, the BOM), which make the value read
+    as something it is not."""
     names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
     for ch in text:
         if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
             return names.get(ch, f"the control character U+{ord(ch):04X}")
+        kind = unicodedata.category(ch)
+        if kind in ("Zl", "Zp"):
+            return f"the {'line' if kind == 'Zl' else 'paragraph'} separator U+{ord(ch):04X}"
+        if kind == "Cf" and ch not in _JOINERS:
+            return f"the invisible format character U+{ord(ch):04X}"
     return None
 
 
@@ -130,7 +146,8 @@ def refuse_control_characters(argv: Sequence[str]) -> None:
         raise UsageError(
             f"the value of {option} holds {found}",
             why="values are names, numbers, paths or one-line commands; a control character in one "
-            "would split the make and shell lines the tool runs and prints",
+            "would split the make and shell lines the tool runs and prints, and an invisible or bidi "
+            "one makes them read as something they are not",
             fix=f"give {option} without it (several commands: put them in a script and run that)",
         )
 
