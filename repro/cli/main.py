@@ -67,12 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose value is the user's free text and may itself start with `-`: make passes
+# PACKAGES="--extra-index-url=..." as `--packages '--extra-index-url=...'`, which argparse took for
+# an option of its own ("expected one argument"), so the check that says why pip options are not
+# taken (repro/engines/jobdeps.py) was never reached. Such a value is attached as `--packages=...`.
+_FREE_TEXT_OPTIONS = frozenset({"--packages", "--requirements"})
+
+
+def attach_free_text_values(argv: Sequence[str]) -> list[str]:
+    """`argv` with each free-text option's value attached to it when that value starts with `-`."""
+    out: list[str] = []
+    taken = False
+    for i, arg in enumerate(argv):
+        if taken:
+            taken = False
+            continue
+        taken = arg in _FREE_TEXT_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-")
+        out.append(f"{arg}={argv[i + 1]}" if taken else arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -> int:
     """Parse, dispatch, and turn every ReproError into its exit code. `handler` replaces the
     registered one (tests drive `git bisect run` through here with a scripted probe)."""
     if argv is None:  # a real command line (tests pass argv): SIGTERM/SIGHUP act like Ctrl-C
         install_stop_handlers()
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = attach_free_text_values(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     chosen = next((a for a in args_list if a in SPECS), None)
     error_exit = SPECS[chosen].error_exit if chosen else None
