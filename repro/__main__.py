@@ -43,7 +43,9 @@ def missing_packages(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> 
     return [name for name in wanted if importlib.util.find_spec(name) is None]
 
 
-def packages_missing(missing: list[str], version: tuple[int, ...] = tuple(sys.version_info[:3])) -> str | None:
+def packages_missing(
+    missing: list[str], version: tuple[int, ...] = tuple(sys.version_info[:3])
+) -> str | None:
     """The message for an interpreter that lacks the tool's packages, else None: what to install,
     and, on a Python newer than the reporter's torch takes, which Python to install instead."""
     if not missing:
@@ -63,8 +65,8 @@ def packages_missing(missing: list[str], version: tuple[int, ...] = tuple(sys.ve
         )
         lines.append(
             f"  fix: install Python {newest} (`uv python install {newest}`, or your distribution's "
-            f"python{newest}) and run make without PYTHON= (BOOTSTRAP_PYTHON=python{newest} if python3 is not "
-            f"it); or install the packages into this Python: {sys.executable} -m pip install -e ."
+            f"python{newest}) and run make without PYTHON= (BOOTSTRAP_PYTHON=python{newest} if python3 "
+            f"is not it); or install the packages into this Python: {sys.executable} -m pip install -e ."
         )
     else:
         lines.append(

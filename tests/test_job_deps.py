@@ -371,7 +371,17 @@ def test_a_pip_option_in_packages_is_refused_with_the_reason(
     tmp_path: Path, packages: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # make passes PACKAGES= as `--packages VALUE`; argparse took a VALUE starting with - for an option
-    argv = ["run", "--results-root", str(tmp_path), "--engine", "venv", "--cmd", "true", "--packages", packages]
+    argv = [
+        "run",
+        "--results-root",
+        str(tmp_path),
+        "--engine",
+        "venv",
+        "--cmd",
+        "true",
+        "--packages",
+        packages,
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "pip options are not taken here" in err and "expected one argument" not in err

@@ -53,10 +53,15 @@ class Requested:
         where: dict[str, str] = {}
         if python is not None:
             parts = python.split(".")
-            where = {"python_version": ".".join(parts[:2]), "python_full_version": ".".join((parts + ["0"])[:3])}
+            where = {
+                "python_version": ".".join(parts[:2]),
+                "python_full_version": ".".join((parts + ["0"])[:3]),
+            }
         try:
             return Marker(self.marker).evaluate(where)
-        except UndefinedEnvironmentName:  # a marker on a name pip sets itself (`extra`): checked as if it held
+        except (
+            UndefinedEnvironmentName
+        ):  # a marker on a name pip sets itself (`extra`): checked as if it held
             return True
 
     def pip_line(self, path: str | None = None) -> str:

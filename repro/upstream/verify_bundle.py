@@ -76,7 +76,11 @@ class Comparison:
         """The rerun ran on another transport than the manifest's run: not the same run, whatever
         its outcome (a job's transport comes from the manifest's job, its expectation from its
         records; the two can disagree in a bundle made by hand or damaged)."""
-        return self.expected is not None and self.transport is not None and self.transport != self.expected.transport
+        return (
+            self.expected is not None
+            and self.transport is not None
+            and self.transport != self.expected.transport
+        )
 
     @property
     def exact(self) -> bool:
@@ -114,7 +118,9 @@ class Comparison:
         if self.timing_only and self.expected is not None:
             note = f" (same IllegalWork evidence; whether losses part is a race on {self.expected.transport})"
         elif self.other_transport and self.expected is not None:
-            note = f" (ran on the {self.transport} transport, the manifest's run on {self.expected.transport})"
+            note = (
+                f" (ran on the {self.transport} transport, the manifest's run on {self.expected.transport})"
+            )
         # outcome/signature come from records written inside the bundle's image: shown escaped.
         return printable(f"{tag} {self.run_name:<34} expected {want:<36} got {got}{note}")
 
