@@ -383,6 +383,41 @@ def test_verify_takes_the_other_illegal_work_signature_only_where_it_is_a_race(
             verify_bundle.require_match(verified)
 
 
+# Issue #45 item 4: the rerun's own transport was never read; `ok~` was given to a rerun on the
+# strict transport, where the two IllegalWork signatures are different results, not a race.
+@pytest.mark.parametrize(
+    ("ran_on", "got", "tag"),
+    [
+        # the manifest's run was on async, the rerun on strict with the other signature: no race there
+        ("strict", "illegal-work-warnings", "DIFF"),
+        # the same outcome and signature, but on another transport: not the manifest's run
+        ("strict", "illegal-work-divergence", "DIFF"),
+        ("sync", "illegal-work-divergence", "DIFF"),
+        # async both times: the race the ok~ is for
+        ("async", "illegal-work-warnings", "ok~ "),
+        ("async", "illegal-work-divergence", "ok  "),
+    ],
+)
+def test_verify_compares_the_transport_the_rerun_ran_on(
+    tmp_path: Path, host: dict[str, str], ran_on: str, got: str, tag: str
+) -> None:
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    records = _recorded(result.folder)
+    run_name = "mics-stock-fp32-async-w2"
+    run = next(r for r in records if r["run_name"] == run_name)
+    assert (run["transport"], run["signature"]) == ("async", "illegal-work-divergence")
+    run.update(transport=ran_on, signature=got)
+    verified = _verify_returning(result, client, records, tmp_path / "v")
+    mine = next(c for c in verified.comparisons if c.run_name == run_name)
+    assert mine.line().startswith(tag), mine.line()
+    assert verified.ok == (tag != "DIFF")
+    if tag == "DIFF":
+        assert f"ran on the {ran_on} transport, the manifest's run on async" in mine.line()
+        with pytest.raises(BundleError, match="did not reproduce the outcomes"):
+            verify_bundle.require_match(verified)
+
+
 @pytest.mark.parametrize("reuse_image", [False, True])  # REUSE_IMAGE=1 still checks the tarball
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_image_tarball_is_a_clear_error(

@@ -239,3 +239,34 @@ def test_an_env_named_twice_is_refused(
 ) -> None:
     assert run(["repro", "--env", "cpu,cpu", "--dry-run"], tmp_path) == UsageError.exit_code
     assert "more than once" in capsys.readouterr().err
+
+
+# Issue #45 item 2: Unicode's own line breaks and format characters passed the control-character
+# check: U+2028 splits a line for Python's splitlines(), editors and JavaScript; a bidi override
+# or isolate makes a printed reproduce line read as another command (Trojan Source).
+@pytest.mark.parametrize(
+    ("char", "named"),
+    [
+        ("\u2028", "the line separator U+2028"),
+        ("\u2029", "the paragraph separator U+2029"),
+        ("\u0085", "the control character U+0085"),
+        ("\u200e", "the invisible format character U+200E"),
+        ("\u200f", "the invisible format character U+200F"),
+        *((chr(c), f"the invisible format character U+{c:04X}") for c in range(0x202A, 0x202F)),
+        *((chr(c), f"the invisible format character U+{c:04X}") for c in range(0x2066, 0x206A)),
+        ("\ufeff", "the invisible format character U+FEFF"),
+    ],
+)
+def test_unicode_line_breaks_and_format_characters_are_refused_like_controls(
+    char: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["repro", "--dry-run", "--env", f"cpu{char}x"]) == 2
+    err = capsys.readouterr().err
+    assert f"the value of --env holds {named}" in err
+    assert char not in err
+
+
+def test_joiners_that_scripts_need_are_not_refused() -> None:
+    # Persian and the Indic scripts (and emoji) are written with zero-width (non-)joiners.
+    assert cli._control_character("/home/u/\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645/job") is None
+    assert cli._control_character("/data/\u0915\u094d\u200d\u0937/run") is None

@@ -50,6 +50,50 @@ def test_python_38_through_the_front_door(real_subprocess: None) -> None:
     assert "needs Python >= 3.9" in done.stderr and "Traceback" not in done.stderr
 
 
+# Issue #45 item 3: `make repro DRY_RUN=1 PYTHON=<a system Python 3.12>` ran the tool with an
+# interpreter that lacks its packages: a ModuleNotFoundError traceback. `-S` (no site-packages)
+# makes any interpreter that bare, whatever this machine has installed into it.
+def test_an_interpreter_without_the_tools_packages_gets_a_message_not_a_traceback() -> None:
+    message = entry.packages_missing(["packaging", "jinja2"], (3, 12, 1))
+    assert message is not None
+    assert "needs the packages packaging, jinja2" in message and "Python 3.12.1" in message
+    assert "torch 2.1" in message and "install Python 3.11" in message and "-m pip install -e ." in message
+    older = entry.packages_missing(["packaging"], (3, 10, 4))
+    assert older is not None and "install Python" not in older and "without PYTHON=" in older
+    assert entry.packages_missing([], (3, 12, 1)) is None
+    assert entry.missing_packages() == []  # the interpreter running the tests has them all
+
+
+def _newer_python() -> str | None:
+    """A CPython newer than torch 2.1 takes (3.12+), if this machine has one."""
+    for name in ("python3.13", "python3.12"):
+        found = shutil.which(name)
+        if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
+            return found
+    pyenv = Path.home() / ".pyenv" / "versions"
+    for path in sorted(pyenv.glob("3.1[2-9].*/bin/python3")) if pyenv.is_dir() else []:
+        return str(path)
+    return None
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="GNU make is not installed")
+def test_make_repro_dry_run_with_a_bare_python_312_says_what_to_install(real_subprocess: None) -> None:
+    newer = _newer_python()
+    if newer is None:
+        pytest.skip("no Python 3.12+ on this machine (the message itself is tested above)")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MAKEFLAGS", "MAKELEVEL")}
+    done = subprocess.run(
+        ["make", "--no-print-directory", "repro", "DRY_RUN=1", f"PYTHON={newer} -S"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert f"Error {PythonVersionError.exit_code}" in done.stderr, done.stderr
+    assert "needs the packages packaging" in done.stderr and "install Python 3.11" in done.stderr
+
+
 def _subsets(items: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [c for n in range(1, len(items) + 1) for c in itertools.combinations(items, n)]
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from repro.cli.main import main
 from repro.core.errors import BuildError, UsageError
 from repro.core.results import InvocationDir, invocation_meta
 from repro.engines import jobdeps
@@ -291,3 +292,97 @@ def test_the_jobs_packages_go_into_the_wheelhouse_for_the_envs_python(
         "transformers==4.40.2",
         "tokenizers==0.19.1",
     ]
+
+
+# -- issue #45 item 1: requirements files as pip reads them -------------------------------------
+SIX_HASH = "sha256:8abb2f1d86890a2dfb989f9a77cfcfd3e47c2a354b01111771326f8aa26e0254"
+SIX_HASH_2 = "sha256:1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926"
+
+
+def test_a_hashed_requirements_file_is_read_with_its_hashes(tmp_path: Path) -> None:
+    # pip-compile --generate-hashes: each --hash on a line of its own, joined by backslashes.
+    req = tmp_path / "requirements.txt"
+    req.write_text(
+        f"# generated\nsix==1.16.0 \\\n    --hash={SIX_HASH} \\\n    --hash {SIX_HASH_2}\n"
+        "    # via -r requirements.in\n"
+    )
+    deps = jobdeps.parse(str(req), None)
+    assert deps is not None
+    assert [(r.name, r.specifier, r.hashes) for r in deps.requested] == [
+        ("six", "==1.16.0", (SIX_HASH, SIX_HASH_2))
+    ]
+    # pip gets the hashes back, so it checks what it installs; the layer is named by them too
+    assert deps.requirements_text() == f"six==1.16.0 --hash={SIX_HASH} --hash={SIX_HASH_2}\n"
+    req.write_text(f"six==1.16.0 \\\n    --hash={SIX_HASH}\n")
+    assert jobdeps.parse(str(req), None).digest() != deps.digest()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("text", "packages", "said"),
+    [
+        # pip checks hashes for all requirements or none: say so before anything is built
+        (f"six==1.16.0 --hash={SIX_HASH}\naccelerate==0.25.0\n", None, "but not accelerate"),
+        (f"six==1.16.0 --hash={SIX_HASH}\n", "einops", "but not einops"),
+        (f"six>=1.16 --hash={SIX_HASH}\n", None, "but not six"),
+        # another per-requirement option is still not taken
+        ("six==1.16.0 \\\n    --config-settings=x=y\n", None, "other than --hash"),
+    ],
+)
+def test_a_hashed_file_pip_would_refuse_is_refused_here(
+    tmp_path: Path, text: str, packages: str | None, said: str
+) -> None:
+    req = tmp_path / "requirements.txt"
+    req.write_text(text)
+    with pytest.raises(UsageError, match=said) as err:
+        jobdeps.parse(str(req), packages)
+    assert err.value.exit_code == 2
+
+
+def test_a_utf8_bom_at_the_start_of_the_file_is_not_part_of_the_first_line(tmp_path: Path) -> None:
+    req = tmp_path / "requirements.txt"
+    for first in ("six==1.16.0", "# written on Windows"):
+        req.write_bytes(f"\ufeff{first}\r\neinops==0.7.0\r\n".encode())
+        deps = jobdeps.parse(str(req), None)
+        assert deps is not None
+        assert deps.lines == (*(("six==1.16.0",) if first.startswith("six") else ()), "einops==0.7.0")
+
+
+def test_a_requirement_its_marker_excludes_does_not_pin_anything(tmp_path: Path) -> None:
+    req = tmp_path / "requirements.txt"
+    req.write_text('torch==2.3.0; python_version < "3.8"\ntransformers==4.36.2\n')
+    deps = jobdeps.parse(str(req), None)
+    assert deps is not None
+    # pip skips the line on every Python the lab runs on: torch stays the env's 2.1.0
+    jobdeps.check_pins(deps, PINS, env_id="cpu")
+    jobdeps.check_pins(deps, PINS, env_id="cpu", python="3.10")
+    # the marker is read for the env's Python, not this tool's
+    req.write_text('torch==2.3.0; python_version >= "3.11"\n')
+    newer = jobdeps.parse(str(req), None)
+    assert newer is not None
+    jobdeps.check_pins(newer, PINS, env_id="cpu", python="3.10")
+    with pytest.raises(UsageError, match="would move cpu's pin torch==2.1.0"):
+        jobdeps.check_pins(newer, PINS, env_id="cpu", python="3.11.9")
+
+
+@pytest.mark.parametrize(
+    "packages", ["--extra-index-url=https://example.org/simple", "-ihttps://example.org/simple"]
+)
+def test_a_pip_option_in_packages_is_refused_with_the_reason(
+    tmp_path: Path, packages: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # make passes PACKAGES= as `--packages VALUE`; argparse took a VALUE starting with - for an option
+    argv = [
+        "run",
+        "--results-root",
+        str(tmp_path),
+        "--engine",
+        "venv",
+        "--cmd",
+        "true",
+        "--packages",
+        packages,
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "pip options are not taken here" in err and "expected one argument" not in err
+    assert not list(tmp_path.iterdir())  # refused before anything was made

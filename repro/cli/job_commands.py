@@ -190,7 +190,7 @@ def cmd_shell(args: argparse.Namespace) -> int:
     env = _env(args)
     deps = jobdeps.parse(args.requirements, args.packages)
     if deps is not None:
-        jobdeps.check_pins(deps, env.package_pins(), env_id=env.id)
+        jobdeps.check_pins(deps, env.package_pins(), env_id=env.id, python=env.python)
     engine = _engine(args.engine, shell=True)
     engine.preflight(env)
     prepared = engine.prepare(env)

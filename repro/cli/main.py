@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import unicodedata
 from collections.abc import Sequence
 
 from repro.cli.registry import SPECS, Handler
@@ -66,12 +67,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Options whose value is the user's free text and may itself start with `-`: make passes
+# PACKAGES="--extra-index-url=..." as `--packages '--extra-index-url=...'`, which argparse took for
+# an option of its own ("expected one argument"), so the check that says why pip options are not
+# taken (repro/engines/jobdeps.py) was never reached. Such a value is attached as `--packages=...`.
+_FREE_TEXT_OPTIONS = frozenset({"--packages", "--requirements"})
+
+
+def attach_free_text_values(argv: Sequence[str]) -> list[str]:
+    """`argv` with each free-text option's value attached to it when that value starts with `-`."""
+    out: list[str] = []
+    taken = False
+    for i, arg in enumerate(argv):
+        if taken:
+            taken = False
+            continue
+        taken = arg in _FREE_TEXT_OPTIONS and i + 1 < len(argv) and argv[i + 1].startswith("-")
+        out.append(f"{arg}={argv[i + 1]}" if taken else arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -> int:
     """Parse, dispatch, and turn every ReproError into its exit code. `handler` replaces the
     registered one (tests drive `git bisect run` through here with a scripted probe)."""
     if argv is None:  # a real command line (tests pass argv): SIGTERM/SIGHUP act like Ctrl-C
         install_stop_handlers()
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    args_list = attach_free_text_values(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     chosen = next((a for a in args_list if a in SPECS), None)
     error_exit = SPECS[chosen].error_exit if chosen else None
@@ -104,12 +125,27 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
         console.close()  # a live display (repro/core/progress.py) leaves the terminal as it found it
 
 
+# Zero-width (non-)joiners are format characters that Persian, the Indic scripts and emoji need to
+# be written at all: a folder name may hold them. Every other format character is invisible (or
+# reorders what is shown, the bidi controls) and has no place in a name, path or command.
+_JOINERS = frozenset("\u200c\u200d")
+
+
 def _control_character(text: str) -> str | None:
-    """How to name the first control character in `text` (C0, DEL or C1), or None."""
+    """How to name the first control character in `text`, or None: C0, DEL and C1 (U+0085 NEL
+    among them); the line and paragraph separators U+2028/U+2029, which Python's splitlines(),
+    editors and JavaScript take as line breaks; format characters (category Cf: the bidi marks,
+    embeddings, overrides and isolates, zero-width spaces, the BOM), which make the value read
+    as something it is not."""
     names = {"\n": "a newline", "\r": "a carriage return", "\t": "a tab"}
     for ch in text:
         if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
             return names.get(ch, f"the control character U+{ord(ch):04X}")
+        kind = unicodedata.category(ch)
+        if kind in ("Zl", "Zp"):
+            return f"the {'line' if kind == 'Zl' else 'paragraph'} separator U+{ord(ch):04X}"
+        if kind == "Cf" and ch not in _JOINERS:
+            return f"the invisible format character U+{ord(ch):04X}"
     return None
 
 
@@ -130,7 +166,8 @@ def refuse_control_characters(argv: Sequence[str]) -> None:
         raise UsageError(
             f"the value of {option} holds {found}",
             why="values are names, numbers, paths or one-line commands; a control character in one "
-            "would split the make and shell lines the tool runs and prints",
+            "would split the make and shell lines the tool runs and prints, and an invisible or bidi "
+            "one makes them read as something they are not",
             fix=f"give {option} without it (several commands: put them in a script and run that)",
         )
 

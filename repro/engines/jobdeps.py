@@ -17,10 +17,11 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from packaging.markers import Marker, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
@@ -40,6 +41,33 @@ class Requested:
     specifier: str  # "" = any version; a local wheel: "==<its version>"
     url: bool = False  # `name @ url`: a version the index does not decide
     wheel: str | None = None  # a local wheel file
+    marker: str | None = None  # `; python_version < "3.8"`: pip installs it only where this holds
+    hashes: tuple[str, ...] = ()  # `--hash=sha256:...` options of a hashed requirements file
+
+    def applies(self, python: str | None) -> bool:
+        """Whether pip installs it under CPython `python` ("3.10"; None: this tool's own Python):
+        a requirement whose environment marker is false there is skipped by pip, so it cannot
+        move a pin there either."""
+        if self.marker is None:
+            return True
+        where: dict[str, str] = {}
+        if python is not None:
+            parts = python.split(".")
+            where = {
+                "python_version": ".".join(parts[:2]),
+                "python_full_version": ".".join((parts + ["0"])[:3]),
+            }
+        try:
+            return Marker(self.marker).evaluate(where)
+        except (
+            UndefinedEnvironmentName
+        ):  # a marker on a name pip sets itself (`extra`): checked as if it held
+            return True
+
+    def pip_line(self, path: str | None = None) -> str:
+        """The line pip reads: `path` in place of a local wheel's own (relocated into an image),
+        with its hashes, so pip checks every file it installs against them."""
+        return " ".join([path or self.line, *(f"--hash={h}" for h in self.hashes)])
 
 
 @dataclass(frozen=True)
@@ -63,7 +91,7 @@ class JobDeps:
         line counts by its file name, not its folder: the same wheel from another folder (a
         fresh checkout, a temp dir) installs the same layer, so it is reused, not rebuilt."""
         h = hashlib.sha256()
-        for line in sorted(Path(r.wheel).name if r.wheel else r.line for r in self.requested):
+        for line in sorted(r.pip_line(Path(r.wheel).name if r.wheel else None) for r in self.requested):
             h.update(line.encode() + b"\0")
         for wheel in sorted(self.wheels):
             h.update(hashlib.sha256(Path(wheel).read_bytes()).digest())
@@ -72,7 +100,7 @@ class JobDeps:
     def requirements_text(self, wheel_dir: str | None = None) -> str:
         """The requirements file pip gets; `wheel_dir` relocates local wheels (inside an image)."""
         lines = [
-            f"{wheel_dir.rstrip('/')}/{Path(r.wheel).name}" if (r.wheel and wheel_dir) else r.line
+            r.pip_line(f"{wheel_dir.rstrip('/')}/{Path(r.wheel).name}" if (r.wheel and wheel_dir) else None)
             for r in self.requested
         ]
         return "".join(f"{line}\n" for line in lines)
@@ -97,11 +125,10 @@ def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = 
     given_file = None
     if requirements:
         path = Path(requirements).expanduser()
-        for number, raw in enumerate(read_requirements(requirements).splitlines(), 1):
-            line = raw.split(" #", 1)[0].strip()
-            if line and not line.startswith("#"):
-                where = f"REQUIREMENTS={requirements}, line {number}"
-                found.append(_requested(line, path.resolve().parent, where, quote=False))
+        for number, line in logical_lines(read_requirements(requirements)):
+            where = f"REQUIREMENTS={requirements}, line {number}"
+            text, hashes = _split_hashes(line, where)
+            found.append(replace(_requested(text, path.resolve().parent, where, quote=False), hashes=hashes))
         given_file = str(path.resolve())  # absolute: a reproduce line works from any folder
     try:
         words = shlex.split(packages or "")
@@ -118,10 +145,72 @@ def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = 
             f"REQUIREMENTS={requirements} names no package",
             fix="list one package a line, or drop REQUIREMENTS=",
         )
+    _check_all_hashed(found)
     # PACKAGES as pip reads them (a local wheel by its absolute path), for the reproduce line.
     return JobDeps(
         tuple(found), requirements_file=given_file, packages=shlex.join(r.line for r in listed) or None
     )
+
+
+# pip's comment: `#` at the start of a line or after whitespace, to the end of the line.
+_COMMENT = re.compile(r"(^|\s+)#.*$")
+# A per-requirement hash option, as pip takes it: `--hash=sha256:<hex>` or `--hash sha256:<hex>`.
+_HASH = re.compile(r"--hash(?:=|\s+)((?:sha256|sha384|sha512):[0-9a-fA-F]+)")
+
+
+def logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(number of its first line, text) for each requirement of a requirements file as pip reads
+    it: a line ending in a backslash goes on in the next (hashed requirements put each `--hash` on
+    a line of its own), a comment line ends the continuation, comments and blank lines are dropped."""
+    held: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not held:
+            start = number
+        if raw.endswith("\\") and not _COMMENT.match(raw):
+            held.append(raw[:-1])
+            continue
+        line = _COMMENT.sub("", "".join(held) + (" " + raw if held and _COMMENT.match(raw) else raw)).strip()
+        held = []
+        if line:
+            yield start, line
+    last = _COMMENT.sub("", "".join(held)).strip()  # the file ended on a backslash
+    if last:
+        yield start, last
+
+
+def _split_hashes(line: str, where: str) -> tuple[str, tuple[str, ...]]:
+    """A requirement line's text before its options, and its `--hash` values. pip reads options
+    from the first word that starts with `-`; any option but --hash is refused by _requested."""
+    words = line.split()
+    first = next((i for i, word in enumerate(words) if word.startswith("-")), len(words))
+    text, options = " ".join(words[:first]), " ".join(words[first:])
+    if not text or not options:
+        return line, ()
+    hashes = tuple(m[1] for m in _HASH.finditer(options))
+    if _HASH.sub("", options).strip():
+        raise UsageError(
+            f"{where}: pip options other than --hash are not taken here",
+            why="packages come from PyPI and the lab's wheelhouse, with the env's packages as constraints",
+            fix="keep the requirement and its --hash=sha256:... options only",
+        )
+    return text, hashes
+
+
+def _check_all_hashed(found: Sequence[Requested]) -> None:
+    """pip checks hashes for all requirements or none: once one has `--hash`, every requirement must
+    be pinned with `==` and hashed (pip's hash-checking mode). Said here, before anything is built."""
+    if not any(r.hashes for r in found):
+        return
+    bare = [r.name for r in found if not r.hashes or r.url or not r.specifier.startswith("==")]
+    if bare:
+        raise UsageError(
+            f"REQUIREMENTS= has hashed requirements, but not {', '.join(bare)}",
+            why="pip checks hashes for every requirement or none: with one --hash, each requirement "
+            "(PACKAGES= too) must be pinned with == and carry its --hash",
+            fix="add name==version --hash=sha256:... for each (pip-compile --generate-hashes writes "
+            "them), or drop the hashes",
+        )
 
 
 # A requirements file is a few hundred bytes; REQUIREMENTS=/dev/zero or a 200 MB file is a mistake.
@@ -160,7 +249,7 @@ def read_requirements(given: str) -> str:
     except OSError as exc:
         raise UsageError(f"REQUIREMENTS={given} cannot be read: {exc.strerror}", fix=_FILE_FIX) from None
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a BOM (Windows editors write one) is not text
     except UnicodeDecodeError:
         raise UsageError(f"REQUIREMENTS={given} is not UTF-8 text", fix=_FILE_FIX) from None
 
@@ -198,7 +287,8 @@ def _requested(text: str, base: Path, where: str, *, quote: bool = True) -> Requ
             f"{where}:{shown} is not a requirement" + (f": {exc}" if quote else ""),
             fix="e.g. transformers==4.36.2" + ("" if quote else " (open the file at that line)"),
         ) from None
-    return Requested(text, canonicalize_name(req.name), str(req.specifier), url=bool(req.url))
+    marker = str(req.marker) if req.marker else None
+    return Requested(text, canonicalize_name(req.name), str(req.specifier), url=bool(req.url), marker=marker)
 
 
 def pins_from_freeze(text: str) -> dict[str, str]:
@@ -215,12 +305,14 @@ def constraints(pins: Mapping[str, str]) -> str:
     return "".join(f"{name}=={version}\n" for name, version in sorted(pins.items()))
 
 
-def check_pins(deps: JobDeps, pins: Mapping[str, str], *, env_id: str) -> None:
-    """Refuse (exit 2) a requirement that names a package the env holds at a version it excludes."""
+def check_pins(deps: JobDeps, pins: Mapping[str, str], *, env_id: str, python: str | None = None) -> None:
+    """Refuse (exit 2) a requirement that names a package the env holds at a version it excludes.
+    `python`: the env's CPython ("3.10"), for environment markers; a requirement pip skips there
+    (`torch==2.3.0; python_version < "3.8"`) moves nothing."""
     have = {str(canonicalize_name(k)): v for k, v in pins.items()}
     for req in deps.requested:
         pin = have.get(req.name)
-        if pin is None:
+        if pin is None or not req.applies(python):
             continue
         moves = req.url or not SpecifierSet(req.specifier).contains(pin, prereleases=True)
         if moves:

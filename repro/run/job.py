@@ -380,7 +380,7 @@ def execute_job(
     if not hasattr(engine, "run_job"):
         raise UsageError(f"the {engine.kind.value} engine cannot run custom commands", fix="use ENGINE=venv")
     if request.deps is not None:  # refused at the front door, before anything is built
-        jobdeps.check_pins(request.deps, env.package_pins(), env_id=env.id)
+        jobdeps.check_pins(request.deps, env.package_pins(), env_id=env.id, python=env.python)
         if not hasattr(engine, "prepare_job"):
             raise UsageError(
                 f"the {engine.kind.value} engine cannot add a job's packages",

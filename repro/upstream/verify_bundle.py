@@ -69,23 +69,39 @@ class Comparison:
     expected: Expected | None
     outcome: str | None
     signature: str | None
+    transport: str | None = None  # what the rerun's record says it ran on (None: not recorded)
+
+    @property
+    def other_transport(self) -> bool:
+        """The rerun ran on another transport than the manifest's run: not the same run, whatever
+        its outcome (a job's transport comes from the manifest's job, its expectation from its
+        records; the two can disagree in a bundle made by hand or damaged)."""
+        return (
+            self.expected is not None
+            and self.transport is not None
+            and self.transport != self.expected.transport
+        )
 
     @property
     def exact(self) -> bool:
-        return self.expected is not None and (self.outcome, self.signature) == (
-            self.expected.outcome,
-            self.expected.signature,
+        return (
+            self.expected is not None
+            and not self.other_transport
+            and (self.outcome, self.signature) == (self.expected.outcome, self.expected.signature)
         )
 
     @property
     def timing_only(self) -> bool:
-        """Reproduced both times with the same IllegalWork evidence, on a racy transport; only
-        whether the losses parted differs."""
+        """Reproduced both times with the same IllegalWork evidence, both on a racy transport; only
+        whether the losses parted differs. The rerun's own record must say so: on the strict
+        transport the two signatures are different results, not a race."""
         exp = self.expected
         return (
             exp is not None
             and not self.exact
+            and not self.other_transport
             and exp.transport in RACY_TRANSPORTS
+            and self.transport in RACY_TRANSPORTS
             and exp.outcome == self.outcome == Outcome.REPRODUCED.value
             and {exp.signature, str(self.signature)} <= SAME_EVIDENCE
         )
@@ -101,6 +117,10 @@ class Comparison:
         note = ""
         if self.timing_only and self.expected is not None:
             note = f" (same IllegalWork evidence; whether losses part is a race on {self.expected.transport})"
+        elif self.other_transport and self.expected is not None:
+            note = (
+                f" (ran on the {self.transport} transport, the manifest's run on {self.expected.transport})"
+            )
         # outcome/signature come from records written inside the bundle's image: shown escaped.
         return printable(f"{tag} {self.run_name:<34} expected {want:<36} got {got}{note}")
 
@@ -139,13 +159,23 @@ def compare(expected: Sequence[Expected], records: Sequence[Mapping[str, Any]]) 
         rec = by_name.pop(exp.run_name, None)
         out.append(
             Comparison(
-                exp.run_name, exp, rec.get("outcome") if rec else None, rec.get("signature") if rec else None
+                exp.run_name,
+                exp,
+                rec.get("outcome") if rec else None,
+                rec.get("signature") if rec else None,
+                _transport(rec),
             )
         )
     out += [
-        Comparison(name, None, r.get("outcome"), r.get("signature")) for name, r in sorted(by_name.items())
+        Comparison(name, None, r.get("outcome"), r.get("signature"), _transport(r))
+        for name, r in sorted(by_name.items())
     ]
     return tuple(out)
+
+
+def _transport(rec: Mapping[str, Any] | None) -> str | None:
+    value = rec.get("transport") if rec else None
+    return str(value) if value is not None else None
 
 
 def suite_timeout(manifest: Manifest) -> float | None:

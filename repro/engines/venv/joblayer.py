@@ -72,7 +72,8 @@ def ensure_layer(
     with build_lock(final.with_name(f".{final.name}.lock")):
         base_pins = _freeze(base / "bin" / "python", env_id, "the env's packages")
         # The refusal comes before anything is installed: the env's pins, then all it holds.
-        jobdeps.check_pins(deps, base_pins, env_id=env_id)
+        python = _python_version(str(base / "bin" / "python"), env_id)
+        jobdeps.check_pins(deps, base_pins, env_id=env_id, python=python)
         info = _read(final)
         if (
             info is not None
