@@ -30,9 +30,11 @@ def python_too_old(version: tuple[int, ...] = tuple(sys.version_info[:3])) -> st
     )
 
 
-# pyproject.toml's dependencies by their import names; `rich` is left out: without it the tool
-# prints plain lines (repro/core/progress.py).
-HOST_PACKAGES = ("packaging", "jinja2", "docker", "matplotlib")
+# pyproject.toml's dependencies that every command imports, by their import names. `docker` and
+# `matplotlib` are imported where they are used (the Docker engine, the report's plots), so a GPU
+# host's own Python can run `python -m repro gpu-check` (venv engine) without them; `rich` is left
+# out too: without it the tool prints plain lines (repro/core/progress.py).
+HOST_PACKAGES = ("packaging", "jinja2")
 # The newest Python every env's torch has wheels for (torch 2.1, the reporter's: 3.8 to 3.11).
 NEWEST_FOR_EVERY_ENV = (3, 11)
 
