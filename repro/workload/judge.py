@@ -426,7 +426,7 @@ def judge(
     unhooked = _unhooked(own, patch=patch, exit_code=exit_code, used_deepspeed=used_deepspeed, device=device)
     if unhooked:
         return Judgement("env-error", "none", unhooked, None)
-    if framework_raised_illegal_work(exc, framework_dirs):
+    if _the_bugs_crash(own, framework_dirs):
         assert exc is not None
         extra = (
             f"; {own.illegal_work_messages} IllegalWork messages before it"
@@ -439,7 +439,7 @@ def judge(
             f"crash raised from an IllegalWork object: {exc['type']}: {exc['message']}{extra}",
             None,
         )
-    if lost_coalesced_work(exc) and raised_in_framework(exc, framework_dirs):
+    if lost_coalesced_work(exc) and (raised_in_framework(exc, framework_dirs) or not own.hook_signed):
         assert exc is not None
         return Judgement(
             "reproduced",
@@ -456,6 +456,14 @@ def judge(
         note = "the command never imported DeepSpeed, so the bug cannot show; judged by its exit code only"
         return Judgement("clean", "none", f"exit code 0; {note}", None, (note,))
     return _evidence(own, patch, other, other_clean)
+
+
+def _the_bugs_crash(own: Parsed, framework_dirs: tuple[str, ...]) -> bool:
+    """The crash was raised from an _IllegalWork object in torch's or DeepSpeed's code. Results of
+    a runner from before signing (no hook_signed) are judged as then: by the exception's words."""
+    if not own.hook_signed:
+        return raised_from_illegal_work(own.exception)
+    return framework_raised_illegal_work(own.exception, framework_dirs)
 
 
 def _not_the_bug(exc: dict[str, Any] | None) -> str:
