@@ -183,3 +183,23 @@ def test_deepspeed_launcher_on_cpu(project: Path, tmp_path: Path) -> None:
     [run] = json.loads((out / "results.json").read_text())["runs"]
     assert (run["outcome"], run["world_size"]) == ("reproduced", 2)
     assert run["illegal_work_messages"] > 0
+
+
+def test_stock_evidence_is_the_hooks_signed_count(custom_run: tuple[Path, dict[str, Any]]) -> None:
+    """The real job's IllegalWork evidence comes from the hook's signed records (every rank's
+    record verified with the run's key, none forged), not from its log lines, and the job left
+    nothing of its own in its results folder."""
+    _, results = custom_run
+    runs = {r["patch"]: r for r in results["runs"]}
+    for record in runs.values():
+        job = record["job"]
+        assert job["hook_signed"] is True and job["forged_hook_records"] == [] and job["job_wrote"] == []
+        assert (
+            job["deepspeed_imported"] and record["ran_on"]["processes"] == 2
+        )  # both ranks' records verified
+    stock = runs["stock"]
+    assert stock["outcome"] == "reproduced" and stock["signature"].startswith("illegal-work-")
+    assert stock["job"]["illegal_work_by_hook"] > 0
+    assert stock["illegal_work_messages"] == stock["job"]["illegal_work_by_hook"]
+    assert "counted by the hook" in stock["reason"]
+    assert runs["fixed"]["job"]["illegal_work_by_hook"] == 0

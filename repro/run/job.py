@@ -197,10 +197,7 @@ def build_records(
     platform: str | None = None,
 ) -> list[RunRecord]:
     """Judge every patch's run against the other's and make the records (pure)."""
-    parsed = {
-        raw.patch: judge.with_hook(judge.parse(raw.log_text, loss_regex), raw.job.get("hook_reports") or [])
-        for raw in raws
-    }
+    parsed = {raw.patch: _parse(raw, loss_regex) for raw in raws}
     fixed_raw = next((r for r in raws if r.patch == "fixed"), None)
     fixed_clean = False
     verdicts: dict[str, ladder.Judgement] = {}
@@ -236,9 +233,33 @@ def build_records(
     return records
 
 
+def _parse(raw: RawRun, loss_regex: str | None) -> judge.Parsed:
+    """The log, and the hook's records the runner verified (`hook_signed`: a runner that signs;
+    an older one's records count as before)."""
+    job = raw.job
+    forged = [f for f in job.get("forged_hook_records") or [] if isinstance(f, dict)]
+    return judge.with_hook(
+        judge.parse(raw.log_text, loss_regex),
+        job.get("hook_reports") or [],
+        forged=forged,
+        signed=job.get("hook_signed") is True,
+    )
+
+
+def job_wrote(job: dict[str, Any]) -> str:
+    """The verdict's words for files the job left in its results folder ("" when none)."""
+    paths = [str(p) for p in job.get("job_wrote") or []]
+    return f"the job wrote into the results folder: {', '.join(paths)}" if paths else ""
+
+
 def _say_where_evidence_came_from(record: RunRecord, parsed: judge.Parsed, zero_from: int | None) -> None:
-    """A job's own log may hide the evidence: the reason (summary, report) says where it came from."""
-    extra = [judge.hidden_illegal_work(parsed)]
+    """A job's own log may hide the evidence, or hold lines the job printed itself: the reason
+    (summary, report) says where the evidence came from and what was not counted."""
+    extra = [
+        judge.hidden_illegal_work(parsed),
+        judge.log_only_illegal_work(parsed),
+        judge.forged_records(parsed),
+    ]
     if zero_from is not None:
         extra.append(
             f"NaN losses logged as 0.0 from step {zero_from}: the fixed run's losses there are finite "
@@ -252,6 +273,8 @@ def _say_where_evidence_came_from(record: RunRecord, parsed: judge.Parsed, zero_
         job["illegal_work_in_log"] = parsed.illegal_work_in_log
         job["illegal_work_by_hook"] = parsed.illegal_work_by_hook
         job["nan_logged_as_zero_from"] = zero_from
+        job["hook_signed"] = parsed.hook_signed
+        job["forged_hook_records"] = parsed.forged_hook_records
 
 
 def _judge_one(
@@ -269,7 +292,15 @@ def _judge_one(
         other=other,
         other_clean=other_clean,
         device=str(raw.job.get("device") or "gpu"),
+        framework_dirs=framework_dirs(reports),
     )
+
+
+def framework_dirs(reports: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The torch.distributed and DeepSpeed folders the job's hooked processes imported (from the
+    hook's verified records): where the bug's exception must be raised to count."""
+    found = {str(d) for r in reports for d in (r.get("framework_dirs") or []) if isinstance(d, str) and d}
+    return tuple(sorted(found))
 
 
 def _record(
@@ -291,6 +322,8 @@ def _record(
         reason = f"{job['hang_detail']}; {len(job.get('stacks') or {})} Python stacks recorded"
     if job.get("survivors"):
         reason += f"; processes still alive after SIGKILL: {job['survivors']}"
+    if job_wrote(job):
+        reason += f"; {job_wrote(job)}"
     engine: dict[str, Any] = next((r["engine"] for r in reports if r.get("engine")), {})
     notes = list(verdict.notes)
     dtype = engine.get("dtype")
@@ -340,6 +373,7 @@ def _record(
             "rendezvous": job.get("rendezvous"),  # the port the run got (job.py `rendezvous`)
             "hook_pth": job.get("hook_pth"),
             "first_parting_step": parting,
+            "job_wrote": [str(p) for p in job.get("job_wrote") or []],  # into OUT besides the lab's files
         },
     )
     return record  # type: ignore[return-value]

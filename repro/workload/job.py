@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -34,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from repro.workload import collectives, hangwatch, hookpth
+from repro.workload import collectives, hangwatch, hookpth, hooksign, outwrites
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
 from repro.workload.parentwatch import follow_tool
@@ -236,6 +237,9 @@ class _Tee(threading.Thread):
         super().__init__(daemon=True)
         self.proc, self.log_path = proc, log_path
         self.last_output = time.time()
+        # What this thread wrote: a log that holds anything else was written by the job too.
+        self.written = 0
+        self.digest = hashlib.sha256()
 
     def run(self) -> None:
         assert self.proc.stdout is not None
@@ -244,6 +248,8 @@ class _Tee(threading.Thread):
                 self.last_output = time.time()
                 log.write(chunk)
                 log.flush()
+                self.written += len(chunk)
+                self.digest.update(chunk)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
 
@@ -283,6 +289,9 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     )
     port_env, port_info = rendezvous(args.cmd, env)
     env.update(port_env)
+    key = hooksign.new_key()  # this run's: the hook signs its records with it (hooksign.py)
+    env[hooksign.KEY_VAR] = key
+    before = outwrites.snapshot(out)
     shell = shutil.which("bash") or "/bin/sh"
     started = time.time()
     start = time.monotonic()
@@ -296,6 +305,44 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     )
     tee = _Tee(proc, os.path.join(out, JOB_LOG))
     tee.start()
+    status, detail, stacks, survivors = _watch(args, proc, tee, job_dir, start, env.get("PATH"))
+    if status is None and stopped_by_signal(proc.returncode):
+        status = "interrupted"  # SIGHUP/SIGTERM reached the command itself: stopped, not crashed
+    if status is None and (any(alive(p) for p in _pids(job_dir)) or _group_alive(proc.pid)):
+        survivors = stop_everything(proc, job_dir)  # leftovers of a finished command must not outlive it
+    tee.join(timeout=10)
+    return {
+        "status": status,
+        "exit_code": proc.returncode,
+        "hang_detail": detail,
+        "wall_s": round(time.monotonic() - start, 3),
+        "started_at": started,
+        "stacks": stacks,
+        "survivors": survivors,
+        "processes": {str(k): v for k, v in _pids(job_dir).items()},
+        **_evidence(out, job_dir, key, before, tee),
+        "hook_pth": pth,
+        "rendezvous": port_info,
+        "versions": _versions(),
+        "log": JOB_LOG,
+        "command": args.cmd,
+        "workdir": args.workdir,
+        "patch": args.patch,
+        "device": args.device,
+        "transport": args.transport if args.device == "cpu" else "native",
+    }
+
+
+def _watch(
+    args: argparse.Namespace,
+    proc: subprocess.Popen[bytes],
+    tee: _Tee,
+    job_dir: str,
+    start: float,
+    path: str | None,
+) -> tuple[str | None, str, dict[str, str], list[int]]:
+    """Wait for the command while the hang rules watch it (module docstring): (status "hung",
+    "interrupted" or None, the hang's detail, the stacks, the survivors)."""
     status: str | None = None
     detail = ""
     stacks: dict[str, str] = {}
@@ -318,7 +365,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
                     detail = f"exceeded the {args.timeout:g} s time limit"
                 status = "hung"
                 stacks = dump_stacks(job_dir)
-                spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), env.get("PATH"))
+                spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), path)
                 stacks.update(spied)
                 if unseen:
                     detail += (
@@ -331,42 +378,35 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     except KeyboardInterrupt:
         status = "interrupted"
         survivors = stop_everything(proc, job_dir)
-    if status is None and stopped_by_signal(proc.returncode):
-        status = "interrupted"  # SIGHUP/SIGTERM reached the command itself: stopped, not crashed
-    if status is None and (any(alive(p) for p in _pids(job_dir)) or _group_alive(proc.pid)):
-        survivors = stop_everything(proc, job_dir)  # leftovers of a finished command must not outlive it
-    tee.join(timeout=10)
+    return status, detail, stacks, survivors
+
+
+def _evidence(
+    out: str, job_dir: str, key: str, before: dict[str, tuple[int, int]], tee: _Tee
+) -> dict[str, Any]:
+    """What job.json says of the evidence the job could reach: the hook's records whose signature
+    verified (hooksign.py), the others, and what the job wrote into OUT (outwrites.py)."""
+    trusted, forged = _reports(job_dir, key.encode())
+    copied = None if tee.is_alive() else (tee.written, tee.digest.hexdigest())
     return {
-        "status": status,
-        "exit_code": proc.returncode,
-        "hang_detail": detail,
-        "wall_s": round(time.monotonic() - start, 3),
-        "started_at": started,
-        "stacks": stacks,
-        "survivors": survivors,
-        "processes": {str(k): v for k, v in _pids(job_dir).items()},
-        "hook_reports": _reports(job_dir),
-        "hook_pth": pth,
-        "rendezvous": port_info,
-        "versions": _versions(),
-        "log": JOB_LOG,
-        "command": args.cmd,
-        "workdir": args.workdir,
-        "patch": args.patch,
-        "device": args.device,
-        "transport": args.transport if args.device == "cpu" else "native",
+        "hook_reports": trusted,
+        "hook_signed": True,  # the reports above are those whose signature verified
+        "forged_hook_records": forged,
+        "job_wrote": outwrites.job_writes(out, before, JOB_LOG, copied),
     }
 
 
-def _reports(job_dir: str) -> list[dict[str, Any]]:
-    found = []
+def _reports(job_dir: str, key: bytes) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The hook's records (signature verified, hooksign.py) and the others, named by file."""
+    found: list[tuple[str, Any]] = []
     for path in sorted(glob.glob(os.path.join(job_dir, "hook", "*.json"))):
         try:
             with open(path) as fh:
-                found.append(json.load(fh))
-        except (OSError, ValueError):
-            continue
-    return found
+                found.append((os.path.basename(path), json.load(fh)))
+        except (OSError, ValueError, RecursionError):
+            found.append((os.path.basename(path), None))
+    trusted, forged = hooksign.sort_records(found, key)
+    return trusted, [{**f, "file": f"job/hook/{f['file']}"} for f in forged]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,10 @@ DeepSpeed's launcher children inherit them:
                         and `ran_on` once the process joined a process group) and, once it calls
                         a torch.distributed collective, collectives/<pid>.json (the record the
                         job runner's hang watcher reads, repro/workload/collectives.py)
+  MICS_REPRO_HOOK_KEY   the run's key: taken out of os.environ at start, before the job's code
+                        runs, handed on only to the processes this one starts, and used to sign
+                        hook/<pid>.json (repro/workload/hooksign.py), so a record the job writes
+                        itself never counts
 
 Nothing runs at start that imports DeepSpeed or torch: the work waits for the process's own
 `import deepspeed` (a meta path finder wraps that one module's loader), so a command that never
@@ -38,6 +42,8 @@ import time
 from collections.abc import Mapping
 from typing import Any, Callable
 
+from repro.workload import hooksign
+
 _OPEN: list[Any] = []  # stack files must stay open for faulthandler
 _REPORT: dict[str, Any] = {}
 _STATE: dict[str, Any] = {}
@@ -48,6 +54,10 @@ def activate(environ: Mapping[str, str]) -> None:
     if _STATE.get("active"):
         return
     _STATE["active"] = True
+    key = hooksign.take_key(os.environ)  # first: the job's own code must not find it there
+    _STATE["sign"] = _signer(key)
+    if key:
+        _pass_key_to_children(key)
     patch = environ.get("MICS_REPRO_PATCH", "stock")
     device = environ.get("MICS_REPRO_DEVICE", "gpu")
     job_dir = environ.get("MICS_REPRO_JOB_DIR") or None
@@ -63,6 +73,48 @@ def activate(environ: Mapping[str, str]) -> None:
     if job_dir:
         sys.meta_path.insert(0, _AfterImport("torch", _on_torch))
     atexit.register(_write_report)
+
+
+def _signer(key: bytes | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """Signs with the key held in this closure only (not in a module attribute the job might read)."""
+
+    def sign(record: dict[str, Any]) -> dict[str, Any]:
+        return hooksign.sign(record, key)
+
+    return sign
+
+
+def _pass_key_to_children(key: bytes) -> None:
+    """Launchers (torchrun, DeepSpeed's runner) start their ranks with subprocess.Popen and an
+    environment copied from os.environ, which no longer holds the key: every Popen of this process
+    gets it back in the child's environment, so the ranks' hooks sign with the same key."""
+    import subprocess
+
+    original = subprocess.Popen.__init__
+    if getattr(original, "_mics_repro", False):
+        return
+    value = key.decode()
+    env_index = (
+        9  # Popen(args, bufsize, executable, stdin, stdout, stderr, preexec_fn, close_fds, shell, cwd, env)
+    )
+
+    def with_key(env: Any) -> Any:
+        try:
+            merged = dict(os.environ if env is None else env)
+        except (TypeError, ValueError):
+            return env
+        merged[hooksign.KEY_VAR] = value
+        return merged
+
+    def __init__(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+        if len(rest) > env_index:
+            rest = (*rest[:env_index], with_key(rest[env_index]), *rest[env_index + 1 :])
+        else:
+            kwargs["env"] = with_key(kwargs.get("env"))
+        original(self, args, *rest, **kwargs)
+
+    __init__._mics_repro = True  # type: ignore[attr-defined]
+    subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]
 
 
 def _arm_stack_dump(job_dir: str) -> None:
@@ -159,7 +211,11 @@ def _on_deepspeed(deepspeed: Any) -> None:
             _REPORT["fix_error"] = f"{type(exc).__name__}: {exc}"
     from repro.workload import logcount
 
-    _STATE["counter"] = logcount.install()
+    # Only DeepSpeed's own code counts: a job that logs the words to DeepSpeed's logger does not.
+    package_file = getattr(deepspeed, "__file__", None)
+    origin = os.path.dirname(os.path.abspath(package_file)) if package_file else None
+    _STATE["counter"] = logcount.install(origin=origin)
+    _REPORT["framework_dirs"] = _framework_dirs(origin)
     _heartbeat_on_step(deepspeed)
     _watch_process_group()
     _write_report()
@@ -203,6 +259,17 @@ def _install_cpu(deepspeed: Any) -> None:
     for module in (comm, sys.modules.get("deepspeed.comm.comm"), deepspeed):
         if module is not None and getattr(module, "init_distributed", None) is original:
             setattr(module, "init_distributed", init_distributed)  # noqa: B010 - a module of DeepSpeed's
+
+
+def _framework_dirs(deepspeed_dir: str | None) -> list[str]:
+    """The folders whose code may raise the bug's exception: DeepSpeed's package and
+    torch.distributed's (torch is imported by now: DeepSpeed imports it)."""
+    found = [deepspeed_dir] if deepspeed_dir else []
+    dist = sys.modules.get("torch.distributed")
+    dist_file = getattr(dist, "__file__", None)
+    if dist_file:
+        found.append(os.path.dirname(os.path.abspath(dist_file)))
+    return found
 
 
 def _heartbeat_on_step(deepspeed: Any) -> None:
@@ -292,6 +359,7 @@ def _write_report() -> None:
     if counter is not None:
         _REPORT["illegal_work_failures"] = counter.failures
         _REPORT["illegal_work_lines"] = counter.lines
+        _REPORT["illegal_work_not_from_deepspeed"] = counter.foreign
     job_dir = _STATE.get("job_dir")
     if not job_dir or "deepspeed" not in _REPORT:
         return  # only processes that used DeepSpeed report; the others leave a pid file only
@@ -299,5 +367,5 @@ def _write_report() -> None:
     path = os.path.join(job_dir, "hook", f"{os.getpid()}.json")
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
-        json.dump(_REPORT, fh, default=str)
+        json.dump(_STATE["sign"](_REPORT), fh)
     os.replace(tmp, path)

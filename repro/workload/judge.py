@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from repro.workload import ladder
-from repro.workload.crash_signs import lost_coalesced_work, raised_from_illegal_work
+from repro.workload.crash_signs import (
+    lost_coalesced_work,
+    raised_from_illegal_work,
+    raised_in_framework,
+    raising_file,
+)
 from repro.workload.ladder import Judgement
 
 # The ladder's tolerance for a user's job: its other run is the same command with a different patch,
@@ -100,6 +105,10 @@ class Parsed:
     address_in_use: str | None = None  # the line saying the rendezvous port was taken
     illegal_work_in_log: int = 0  # what the log alone shows, before the hook's count is merged in
     illegal_work_by_hook: int = 0
+    # The runner verified the hook's signatures (repro/workload/hooksign.py): only the hook's count
+    # is evidence then, the log's is corroboration. False: a runner before signing, or no runner.
+    hook_signed: bool = False
+    forged_hook_records: list[dict[str, str]] = field(default_factory=list)
 
 
 def _float(text: str) -> float:
@@ -185,9 +194,10 @@ def _exception(lines: list[str]) -> dict[str, Any] | None:
     waiting a lost work) if any rank had it, else the first traceback (a launcher's own traceback,
     e.g. torchrun's ChildFailedError, comes after the rank's that caused it)."""
     found = _tracebacks(lines)
+    bug = [t for t in found if raised_from_illegal_work(t) or lost_coalesced_work(t)]
     return next(
-        (t for t in found if raised_from_illegal_work(t) or lost_coalesced_work(t)),
-        found[0] if found else None,
+        (t for t in bug if raised_in_framework(t)),
+        bug[0] if bug else (found[0] if found else None),
     )
 
 
@@ -247,12 +257,60 @@ def _overflows(lines: list[str], out: Parsed) -> None:
     out.overflow_patterns = sorted(set(used))
 
 
-def with_hook(parsed: Parsed, reports: list[dict[str, Any]]) -> Parsed:
-    """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them)."""
-    hidden = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
-    parsed.illegal_work_by_hook = hidden
-    parsed.illegal_work_messages = max(parsed.illegal_work_messages, hidden)
+@dataclass(frozen=True)
+class Evidence:
+    """A run's IllegalWork evidence by how far it can be trusted."""
+
+    counted: int  # failures the hook counted in DeepSpeed's logger, from records signed for this run
+    in_log: int  # failure lines in the job's log: corroboration only, the job can print them
+    forged: tuple[dict[str, str], ...]  # hook records whose signature did not verify: {"file", "why"}
+    signed: bool  # False: the runner verified no signatures (before signing): the log counts as before
+
+    def messages(self) -> int:
+        """The count the verdict rests on."""
+        return self.counted if self.signed else max(self.in_log, self.counted)
+
+
+def evidence(
+    in_log: int,
+    reports: list[dict[str, Any]],
+    forged: list[dict[str, str]] | None = None,
+    signed: bool = False,
+) -> Evidence:
+    """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them);
+    `reports` are the hook records the runner verified, `forged` the ones it did not."""
+    counted = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
+    return Evidence(counted, in_log, tuple(forged or ()), signed)
+
+
+def with_hook(
+    parsed: Parsed,
+    reports: list[dict[str, Any]],
+    forged: list[dict[str, str]] | None = None,
+    signed: bool = False,
+) -> Parsed:
+    found = evidence(parsed.illegal_work_in_log, reports, forged, signed)
+    parsed.illegal_work_by_hook = found.counted
+    parsed.illegal_work_messages = found.messages()
+    parsed.hook_signed, parsed.forged_hook_records = signed, list(found.forged)
     return parsed
+
+
+def log_only_illegal_work(parsed: Parsed) -> str:
+    """The words for IllegalWork lines the log shows and the hook did not count ("" otherwise)."""
+    if not parsed.hook_signed or parsed.illegal_work_by_hook or not parsed.illegal_work_in_log:
+        return ""
+    return (
+        f"{parsed.illegal_work_in_log} IllegalWork messages in the job's log, not counted: the hook "
+        "counted none from DeepSpeed (a log line is corroboration only: the job can print it)"
+    )
+
+
+def forged_records(parsed: Parsed) -> str:
+    if not parsed.forged_hook_records:
+        return ""
+    named = ", ".join(f"{f.get('file')} ({f.get('why')})" for f in parsed.forged_hook_records)
+    return f"forged hook records, not counted: {named}"
 
 
 def hidden_illegal_work(parsed: Parsed) -> str:
@@ -320,10 +378,13 @@ def judge(
     other: Parsed | None = None,
     other_clean: bool = False,
     device: str = "gpu",
+    framework_dirs: tuple[str, ...] = (),
 ) -> Judgement:
     """One run. `other` is the parse of the same command with the other patch (None when it was
     not run); `other_clean` says whether that run ended clean (only then is it a control).
-    `used_deepspeed`: some process imported DeepSpeed with the hook active (it reported)."""
+    `used_deepspeed`: some process imported DeepSpeed with the hook active (it reported).
+    `framework_dirs`: the torch.distributed and DeepSpeed folders the hook saw imported; only an
+    exception raised from a file there is the bug's (crash_signs.raised_in_framework)."""
     if status in ("hung", "interrupted"):
         why = "no output and no heartbeat within the stall limit, or the time limit reached"
         return Judgement(
@@ -351,16 +412,31 @@ def judge(
     unhooked = _unhooked(own, patch=patch, exit_code=exit_code, used_deepspeed=used_deepspeed, device=device)
     if unhooked:
         return Judgement("env-error", "none", unhooked, None)
-    bug = ladder.crash(exc, "", own.illegal_work_messages)
+    # A signed run's crash is the bug only when torch's or DeepSpeed's code raised it; results of a
+    # runner from before signing (no hook_signed) are judged as then, by the exception's words.
+    in_framework = not own.hook_signed or raised_in_framework(exc, framework_dirs)
+    bug = ladder.crash(exc, "", own.illegal_work_messages, in_framework=in_framework)
     if bug is not None:
         return bug
     if exit_code not in (0, None):
         summary = f"{exc['type']}: {exc['message']}" if exc else "no Python exception in the log"
-        return Judgement("crashed", "crash", f"exit code {exit_code}: {summary}", None)
+        why_not = _not_the_bug(exc)
+        return Judgement("crashed", "crash", f"exit code {exit_code}: {summary}{why_not}", None)
     if not used_deepspeed:
         note = "the command never imported DeepSpeed, so the bug cannot show; judged by its exit code only"
         return Judgement("clean", "none", f"exit code 0; {note}", None, (note,))
     return _evidence(own, patch, other, other_clean)
+
+
+def _not_the_bug(exc: dict[str, Any] | None) -> str:
+    """Why a crash that names IllegalWork is not counted as the bug ("" for any other crash)."""
+    if not (raised_from_illegal_work(exc) or lost_coalesced_work(exc)):
+        return ""
+    where = raising_file(exc) or "no frame in its traceback"
+    return (
+        f" (it names the bug's error, but the frame that raised it is not torch.distributed's or "
+        f"DeepSpeed's: {where}; not counted as the bug)"
+    )
 
 
 def _unhooked(own: Parsed, *, patch: str, exit_code: int | None, used_deepspeed: bool, device: str) -> str:
@@ -394,6 +470,8 @@ def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) 
         words=ladder.JOB_WORDS,
         missing_diverges=False,
         non_finite_beside_control=True,
+        illegal_work_source=_corroboration(own),
+        none_source=" from DeepSpeed" if own.hook_signed else "",
     )
     compared = (
         "losses match the fixed run's"
@@ -401,6 +479,13 @@ def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) 
         else f"{len(own.losses)} finite losses"
     )
     return ladder.weigh(evidence, compared=compared, notes=notes)
+
+
+def _corroboration(own: Parsed) -> str:
+    """What stands beside the hook's count: the log's lines, which corroborate and never count."""
+    if not own.hook_signed:
+        return ""
+    return f" counted by the hook (the job's log shows {own.illegal_work_in_log}: corroboration)"
 
 
 def patterns_used(parsed: Parsed, loss_regex: str | None) -> dict[str, Any]:

@@ -77,9 +77,13 @@ def first_non_finite(losses: Losses) -> int | None:
     return next((i for i, v in enumerate(losses) if v is None), None)
 
 
-def crash(exc: dict[str, Any] | None, where: str, illegal_work: int) -> Judgement | None:
-    """The crash rungs that are the bug; None for any other failure (the caller words it)."""
-    if not exc:
+def crash(
+    exc: dict[str, Any] | None, where: str, illegal_work: int, *, in_framework: bool = True
+) -> Judgement | None:
+    """The crash rungs that are the bug; None for any other failure (the caller words it).
+    `in_framework`: the frame that raised it is torch.distributed's or DeepSpeed's (a user's job
+    may raise the bug's words itself; the suite's ranks run our own model, which raises none)."""
+    if not exc or not in_framework:
         return None
     summary = f"{exc.get('type')}: {exc.get('message')}"
     if raised_from_illegal_work(exc):
@@ -149,6 +153,8 @@ class Evidence:
     storm_possible: bool = True  # an overflow storm can count (the suite: fp16 runs only)
     missing_diverges: bool = True  # see first_divergent_step
     non_finite_beside_control: bool = False  # NaN/inf is evidence even where a control matched (own jobs)
+    illegal_work_source: str = ""  # after "N IllegalWork messages": who counted them, what corroborates
+    none_source: str = ""  # after "no IllegalWork messages": whose messages were looked for
 
 
 def _parting(ev: Evidence) -> tuple[int | None, list[str]]:
@@ -186,7 +192,7 @@ def weigh(ev: Evidence, *, compared: str = "", notes: Sequence[str] = ()) -> Jud
     if storm:
         evidence.append(storm)
     if ev.illegal_work:
-        evidence.insert(0, f"{ev.illegal_work} IllegalWork messages")
+        evidence.insert(0, f"{ev.illegal_work} IllegalWork messages{ev.illegal_work_source}")
     reason = "; ".join(evidence)
     kept = tuple(notes)
     if ev.illegal_work and (parted is not None or storm):
@@ -198,7 +204,7 @@ def weigh(ev: Evidence, *, compared: str = "", notes: Sequence[str] = ()) -> Jud
         return Judgement("reproduced", "divergence", reason, parted, kept)
     if storm:
         return Judgement("reproduced", "overflow-storm", reason, None, kept)
-    clean = ev.words.prefix + _join("no IllegalWork messages", compared)
+    clean = ev.words.prefix + _join(f"no IllegalWork messages{ev.none_source}", compared)
     return Judgement("clean", "none", clean, None, kept)
 
 

@@ -68,7 +68,12 @@ Record keys (`RECORD_KEYS`):
                        "processes" (pid: argv of every hooked Python process), "loss_steps",
                        "requirements" (REQUIREMENTS=/PACKAGES=: the lines, the layer or image, its
                        base and the packages it added; null without), "illegal_work_in_log" /
-                       "illegal_work_by_hook" (the two counts), "nan_logged_as_zero_from" (step),
+                       "illegal_work_by_hook" (the two counts; with "hook_signed" true only the
+                       hook's is evidence, the log's corroborates), "hook_signed" (the runner
+                       verified the hook's signatures, repro/workload/hooksign.py),
+                       "forged_hook_records" ([{"file", "why"}]: hook records that did not verify,
+                       not counted), "job_wrote" (paths the job created or changed in its results
+                       folder besides the lab's files), "nan_logged_as_zero_from" (step),
                        "rendezvous" ({"port", "set_by": "repro" | "job"}), "hook_pth" (the hook's
                        .pth in the env's site-packages, or null)}
 """

@@ -1,0 +1,94 @@
+"""Signed hook records: evidence a custom job cannot forge by writing files.
+
+The job runner (repro/workload/job.py) makes a random key for each run and hands it to the hook in
+KEY_VAR. The hook takes it out of `os.environ` at interpreter start, before any of the job's code
+runs (`take_key`), passes it only into the environment of the processes it starts
+(jobhook.py), and signs every record it writes (`sign`: HMAC-SHA256 over the record's canonical
+JSON). After the run the runner sorts the records (`sort_records`): a record whose MAC does not
+verify with the run's key, that has none, or whose file name is not its own pid, is not the hook's
+and never counts; the record and the verdict name it.
+
+What this stops: a job that writes or edits `hook/<pid>.json` (the files are in a folder the job
+can reach through MICS_REPRO_JOB_DIR). What it does not stop: a job that sets out to dig the key
+out of its own process (the hook's memory, /proc/self/environ) or out of a child's environment;
+that is an attack on the lab, not a forgery by mistake, and docs/own-job.md says so.
+
+Runs inside the environments: standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import re
+from collections.abc import MutableMapping
+from typing import Any
+
+KEY_VAR = "MICS_REPRO_HOOK_KEY"
+MAC_FIELD = "mac"
+_RECORD_NAME = re.compile(r"^(?P<pid>\d+)\.json$")
+
+
+def new_key() -> str:
+    return os.urandom(32).hex()
+
+
+def take_key(environ: MutableMapping[str, str]) -> bytes | None:
+    """The run's key, removed from `environ` (os.environ: unset for the process too)."""
+    value = environ.pop(KEY_VAR, None)
+    return value.encode() if value else None
+
+
+def _payload(record: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in record.items() if k != MAC_FIELD}
+    return json.dumps(body, sort_keys=True, default=str, separators=(",", ":")).encode()
+
+
+def mac(record: dict[str, Any], key: bytes) -> str:
+    return hmac.new(key, _payload(record), hashlib.sha256).hexdigest()
+
+
+def sign(record: dict[str, Any], key: bytes | None) -> dict[str, Any]:
+    """The record as written: JSON-normalised (what a reader gets back) with its MAC, or as it is
+    without a key (a process the run's key did not reach)."""
+    body: dict[str, Any] = json.loads(json.dumps(record, default=str))
+    if key:
+        body[MAC_FIELD] = mac(body, key)
+    return body
+
+
+def why_not_signed(record: Any, file_name: str, key: bytes) -> str:
+    """ "" when the record is the hook's (its MAC verifies and it sits under its own pid), else why not."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    given = record.get(MAC_FIELD)
+    if not isinstance(given, str):
+        return "no signature"
+    if not hmac.compare_digest(given, mac(record, key)):
+        return "signature does not verify"
+    m = _RECORD_NAME.match(file_name)
+    if m is None or str(record.get("pid")) != m["pid"]:
+        return f"signed for pid {record.get('pid')}, found as {file_name}"
+    return ""
+
+
+def sort_records(
+    found: list[tuple[str, Any]], key: bytes | None
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """(the hook's records without their MAC, the others as {"file", "why"}) from (file name,
+    parsed JSON) pairs. Without a key (a runner that gave none) every record is taken as before."""
+    trusted: list[dict[str, Any]] = []
+    forged: list[dict[str, str]] = []
+    for name, record in found:
+        why = (
+            why_not_signed(record, name, key)
+            if key
+            else ("" if isinstance(record, dict) else "not a JSON object")
+        )
+        if why:
+            forged.append({"file": name, "why": why})
+            continue
+        trusted.append({k: v for k, v in record.items() if k != MAC_FIELD})
+    return trusted, forged
