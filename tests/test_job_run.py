@@ -163,3 +163,48 @@ def test_shell_execs_an_interactive_shell_with_the_hook_on(
         "cpu",
     )
     assert env["PYTHONPATH"].split(":")[0].endswith("repro/workload/hook")
+
+
+class OneRankEngine(FakeJobEngine):
+    """The job's launcher started one rank where its command asked for two (accelerate launch
+    without --multi_gpu on a host without GPUs)."""
+
+    def run_job(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, *rest: Any, **kw: Any
+    ) -> SuiteRun:
+        run = super().run_job(prepared, args, out_dir, *rest, **kw)
+        job = json.loads((out_dir / "job.json").read_text())
+        job["hook_reports"][0]["engine"]["world_size"] = 1
+        (out_dir / "job.json").write_text(json.dumps(job))
+        return run
+
+
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("accelerate launch --num_processes 2 loop.py", "add --multi_gpu"),
+        ("torchrun --nproc_per_node 2 loop.py", "check the launcher's arguments"),
+    ],
+)
+def test_a_job_that_started_fewer_ranks_than_it_asked_for_is_told_so(
+    tmp_path: Path, command: str, says: str
+) -> None:
+    work = tmp_path / "proj"
+    work.mkdir()
+    env = load_matrix().get("cpu")
+    request = JobRequest(env_id="cpu", command=command, workdir=work)
+    invocation = InvocationDir(tmp_path / "out", invocation_meta(["run"], "make run"))
+    (tmp_path / "out").mkdir()
+    records = execute_job(request, env, OneRankEngine(), invocation, say=lambda _: None)
+    for record in records:
+        [note] = [n for n in record["job"]["notes"] if "asks for 2 ranks" in n]
+        assert "but 1 started" in note and says in note
+    assert any("asks for 2 ranks" in line and says in line for line in custom_lines(records))
+    two = execute_job(
+        request,
+        env,
+        FakeJobEngine(),
+        InvocationDir(tmp_path / "two", invocation_meta(["run"], "m")),
+        say=lambda _: None,
+    )
+    assert not any("asks for" in n for r in two for n in r["job"]["notes"])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from repro.core import console
+from repro.core import console, launchers
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
@@ -326,6 +326,13 @@ def _record(
         reason += f"; {job_wrote(job)}"
     engine: dict[str, Any] = next((r["engine"] for r in reports if r.get("engine")), {})
     notes = list(verdict.notes)
+    ran_on = job_ran_on(reports, platform)
+    fewer = launchers.shortfall(
+        launchers.asked_ranks(str(job.get("command") or ""), Path(str(job.get("workdir") or "."))),
+        engine.get("world_size") or ran_on.get("processes"),
+    )
+    if fewer:
+        notes.append(fewer)
     dtype = engine.get("dtype")
     if dtype is None:  # the report needs one; say it was not seen
         dtype = "fp32"
@@ -357,7 +364,7 @@ def _record(
         timeout_s=timeout_s,
         fix=first.get("fix") if raw.patch == "fixed" else None,
         transport_info=first.get("transport_info") or {},
-        ran_on=job_ran_on(reports, platform),
+        ran_on=ran_on,
         job={
             "command": job.get("command"),
             "workdir": job.get("workdir"),
