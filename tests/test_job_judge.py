@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from repro.workload import judge, ladder
 
 DS_ILLEGAL = """\
@@ -286,3 +288,52 @@ LOST_WORK_CRASH = (
 def test_crash_on_the_lost_coalesced_work_is_the_bug_in_a_users_job() -> None:
     verdict = _judge(LOST_WORK_CRASH, exit_code=1)
     assert (verdict.outcome, verdict.signature) == ("reproduced", "lost-work-crash")
+
+
+# accelerate's port check in a container whose /etc/hosts is empty: the job dies before DeepSpeed.
+NO_LOCALHOST = """\
+Traceback (most recent call last):
+  File "/venv/bin/accelerate", line 8, in <module>
+    sys.exit(main())
+  File "/venv/lib/python3.11/site-packages/accelerate/utils/other.py", line 230, in is_port_in_use
+    return s.connect_ex(("localhost", port)) == 0
+socket.gaierror: [Errno -3] Temporary failure in name resolution
+"""
+
+
+def test_an_early_failure_is_the_same_outcome_stock_and_fixed_and_its_exception_is_named() -> None:
+    """A job that dies before importing DeepSpeed failed the same way whatever the patch: both runs
+    are `crashed` with the exception named; no hint about -S or the hook's .pth (the hook was not
+    missing from a process that imported DeepSpeed: none did)."""
+    runs = {
+        patch: _one(NO_LOCALHOST, patch=patch, exit_code=1, used=False, device="cpu")
+        for patch in ("stock", "fixed")
+    }
+    for got in runs.values():
+        assert (got.outcome, got.signature) == ("crashed", "crash")
+        assert "socket.gaierror: [Errno -3] Temporary failure in name resolution" in got.reason
+        assert judge.NO_HOOKED_DEEPSPEED not in got.reason and "-S" not in got.reason
+
+
+@pytest.mark.parametrize(
+    ("last", "kind", "message"),
+    [
+        ("KeyError: 'input_ids'", "KeyError", "'input_ids'"),
+        ("KeyboardInterrupt", "KeyboardInterrupt", ""),
+        ("ssl.SSLError: [SSL] bad", "ssl.SSLError", "[SSL] bad"),
+        ("SystemExit: 2", "SystemExit", "2"),
+    ],
+)
+def test_any_exception_line_ends_a_traceback(last: str, kind: str, message: str) -> None:
+    log = f'Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n    f()\n{last}\n'
+    exc = judge.parse(log).exception
+    assert exc is not None and (exc["type"], exc["message"]) == (kind, message)
+
+
+def test_a_ranks_own_output_inside_anothers_traceback_is_not_its_exception() -> None:
+    log = (
+        'Traceback (most recent call last):\n  File "t.py", line 1, in <module>\n'
+        "loss: 2.3\nEpoch: 1\nValueError: bad\n"
+    )
+    exc = judge.parse(log).exception
+    assert exc is not None and (exc["type"], exc["message"]) == ("ValueError", "bad")

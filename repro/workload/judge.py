@@ -11,7 +11,8 @@ ways a job fails to be evidence at all:
   unsupported          fixed run whose DeepSpeed the fix cannot patch (it ran as stock)
   env-error            the command could not start (exit 126/127) or torch/DeepSpeed are missing;
                        no hooked process imported DeepSpeed where the hook was needed (a fixed
-                       run, or a CPU run that failed), so the fix or the CPU shims never applied;
+                       run, or a CPU run that failed, whose log shows DeepSpeed at work), so the
+                       fix or the CPU shims never applied;
                        the rendezvous port was taken ("address already in use")
   reproduced           an exception raised from an _IllegalWork object; IllegalWork messages;
                        or (stock run) losses that leave the fixed run's / an overflow storm the
@@ -63,7 +64,27 @@ OVERFLOW_PATTERNS: dict[str, str] = {
     "megatron-scale": rf"\|\s*loss scale:\s*(?P<scale>{_NUM})\s*\|",
 }
 _PREFIX = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s?|worker-\d+:\s?|\d+:\s(?=\S))")
-_EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)): ?(?P<message>.*)$")
+# The line that ends a traceback: `Type: message`, or a bare `Type`. The type is dotted (a module's
+# exception: `socket.gaierror`, `ssl.SSLError`) or named like an exception (`KeyError`,
+# `KeyboardInterrupt`, `SystemExit`, `StopIteration`, `ChildFailedError`...): a rank's own output,
+# interleaved with another rank's traceback (`loss: 2.3`, `Epoch: 1`), is neither.
+_EXC_NAME = (
+    r"(?:(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*|[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Iteration|Failure))"
+)
+_EXC_LINE = re.compile(
+    rf"^(?:(?P<type>{_EXC_NAME}): ?(?P<message>.*)"
+    r"|(?P<bare>\w*(?:Error|Exception|Interrupt|Exit|Iteration)))$"
+)
+
+
+def _exception_line(line: str) -> tuple[str, str] | None:
+    """(type, message) when the line is the one that ends a traceback."""
+    m = _EXC_LINE.match(line)
+    if not m:
+        return None
+    return (m["type"], m["message"]) if m["type"] else (m["bare"], "")
+
+
 _MISSING = re.compile(r"No module named '(?P<name>torch|deepspeed)'")
 # How the job's shell says a program cannot start (exit 127/126): bash ("bash: line 1: torchrun:
 # command not found", "bash: ./x: No such file or directory", "bash: ./x: Permission denied",
@@ -175,12 +196,12 @@ def _tracebacks(lines: list[str]) -> list[dict[str, Any]]:
         if not line.startswith("Traceback (most recent call last)"):
             continue
         for i in range(start + 1, len(lines)):
-            m = _EXC_LINE.match(lines[i])
+            m = _exception_line(lines[i])
             if m:
                 found.append(
                     {
-                        "type": m["type"],
-                        "message": m["message"],
+                        "type": m[0],
+                        "message": m[1],
                         "rank": None,
                         "traceback": "\n".join(lines[start : i + 1])[-4000:],
                     }
@@ -208,7 +229,7 @@ def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
     failure, marker = re.compile(ILLEGAL_WORK_FAILURE), re.compile(ILLEGAL_WORK_LINE)
     in_traceback = False
     for line in lines:
-        ends = in_traceback and bool(_EXC_LINE.match(line))
+        ends = in_traceback and _exception_line(line) is not None
         in_traceback = line.startswith("Traceback") or (in_traceback and not ends)
         if in_traceback or ends:
             continue  # the exception's own text is evidence of a crash, not a message
@@ -441,8 +462,8 @@ def _not_the_bug(exc: dict[str, Any] | None) -> str:
 
 def _unhooked(own: Parsed, *, patch: str, exit_code: int | None, used_deepspeed: bool, device: str) -> str:
     """Why the run says nothing about the fix when no hooked process imported DeepSpeed: the job
-    replaced the hook's way in (or ran Python with -S). A fixed run that failed, or used DeepSpeed
-    unhooked, ran without the fix; a CPU run that failed using DeepSpeed ran without the CPU shims.
+    replaced the hook's way in (or ran Python with -S). A fixed run whose log shows DeepSpeed at work
+    unhooked ran without the fix; a CPU run that failed using DeepSpeed ran without the CPU shims.
     "" when the hook was not needed or reached DeepSpeed."""
     if used_deepspeed:
         return ""
@@ -451,7 +472,9 @@ def _unhooked(own: Parsed, *, patch: str, exit_code: int | None, used_deepspeed:
         " (it was started with -S, or the hook's site-packages .pth could not be written: "
         "see hook_pth in the job's job.json)"
     )
-    if patch == "fixed" and (failed or own.mentions_deepspeed):
+    # Only where DeepSpeed was at work: a run that failed before importing it (a bad argument, a
+    # name that does not resolve) failed the same way stock or fixed, and is judged like stock.
+    if patch == "fixed" and own.mentions_deepspeed:
         return f"the fix could not be applied: {NO_HOOKED_DEEPSPEED}{hint}"
     if device == "cpu" and failed and own.mentions_deepspeed:
         return f"the CPU shims could not be installed: {NO_HOOKED_DEEPSPEED}{hint}"
