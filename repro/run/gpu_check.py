@@ -107,11 +107,11 @@ class _Runner:
         if kind is StepKind.REPRO or kind is StepKind.HIDDEN:
             out = self.folder / kind.value
             code = self.device.cli([*step.cli, "--out", str(out)], step.hide_gpus, step.timeout_s)
-            if kind is StepKind.HIDDEN:
-                return judge.hidden(code)
             results = out / RESULTS_FILE
             found = rec_files.load(results, _RUNS_OF, "results file") if results.is_file() else {}
             runs = found.get("runs", [])
+            if kind is StepKind.HIDDEN:
+                return judge.hidden(runs, code)
             return judge.repro(runs, code, self.gpus)
         if kind is StepKind.MICS_SMOKE:
             return self._smoke(step)
