@@ -43,9 +43,10 @@ RECIPE = "2"  # 2: torch pinned with its build's local label; GPUs hidden with R
 DERIVED_DOCKERFILE_DIR = "build/docker"
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 TOOLING = ("pip", "setuptools", "wheel")  # installed first, into the fresh venv
-# DeepSpeed's setup.py (0.13.x) runs `nvcc` whenever torch sees a CUDA GPU and builds a path from
-# ROCM_HOME (None without /opt/rocm: TypeError) on a ROCm torch that sees one; DS_BUILD_OPS=0 does not
-# skip either. A host with only a driver must therefore hide its GPUs from the install step
+# DeepSpeed's setup.py (0.13.x) runs `nvcc` whenever torch sees a CUDA GPU; on a ROCm torch that sees
+# one without ROCM_HOME (no /opt/rocm), its is_rocm_pytorch() answers False and it asks
+# installed_cuda_version() instead, which raises MissingCUDAException (no CUDA_HOME). DS_BUILD_OPS=0
+# skips neither. A host with only a driver must therefore hide its GPUs from the install step
 # (venv engine, Dockerfiles, source overlays alike); `docker build` sees none anyway. HIDE_GPUS
 # (repro/workload/device.py) says why it takes three variables.
 
