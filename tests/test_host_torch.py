@@ -14,7 +14,7 @@ from repro.engines.docker.engine import refuse_host_torch
 from repro.engines.venv import host_torch
 from repro.engines.wheelhouse import DownloadPlan
 from repro.matrix.schema import load_matrix
-from tests.test_gpu_check import H200, FakeDevice, fake, run_check  # noqa: F401 (fake: the fixture)
+from tests.test_gpu_check import H200, FakeDevice, run_check
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "env_matrix" / "examples" / "host-torch.toml"
@@ -35,7 +35,9 @@ def test_the_example_env_takes_torch_from_the_host_and_installs_the_rest() -> No
     assert steps["torch"] == ()  # the host's torch is checked, never installed
     assert "deepspeed==0.19.6" in steps["deepspeed"] and "nvidia-ml-py==13.615.71" in steps["deepspeed-deps"]
     pins = env.pins()
-    assert pins["torch_from"] == "host" and pins["torch_build"] == "2.11.0+cu130" and pins["torch"] == "2.11.0"
+    assert (
+        pins["torch_from"] == "host" and pins["torch_build"] == "2.11.0+cu130" and pins["torch"] == "2.11.0"
+    )
     wanted = DownloadPlan.for_env(env, "3.12").pinned()
     assert not any(s.startswith(("torch", "numpy")) for s in wanted)  # the wheelhouse needs neither
 
@@ -44,7 +46,9 @@ def test_envs_from_an_index_keep_their_pins() -> None:
     for env_id in load_matrix().ids():
         env = load_matrix().get(env_id)
         assert not env.host_torch and "torch_from" not in env.pins()
-        assert any(s.startswith("torch") for s in next(s for s in env.install_steps() if s.name == "torch").specs)
+        assert any(
+            s.startswith("torch") for s in next(s for s in env.install_steps() if s.name == "torch").specs
+        )
 
 
 def test_torch_from_is_checked(tmp_path: Path) -> None:
@@ -84,6 +88,19 @@ def test_the_venv_links_the_host_sites_after_its_own(tmp_path: Path) -> None:
     assert host_torch.linked_sites(tmp_path / "venv") == ["/opt/torch/.venv/lib/python3.12/site-packages"]
 
 
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """tests/test_gpu_check.py's: the fake device stands in for the host."""
+    made: dict[str, Any] = {}
+
+    def install(device: FakeDevice) -> None:
+        made["device"] = device
+        monkeypatch.setattr("repro.run.gpu_check_device.HostDevice", lambda: device)
+
+    made["install"] = install
+    return made
+
+
 class _Recording(FakeDevice):
     def __init__(self, *a: Any, **k: Any) -> None:
         super().__init__(*a, **k)
@@ -107,3 +124,28 @@ def test_gpu_check_hands_its_matrix_to_repro_and_check_fix(fake: dict[str, Any],
 def test_list_reads_the_example_matrix(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["list", "--matrix", str(EXAMPLE)]) == 0
     assert "cuda-host-t211" in capsys.readouterr().out
+
+
+def _dist(site: Path, name: str, version: str) -> None:
+    info = site / f"{name}-{version}.dist-info"
+    (site / name).mkdir(parents=True)
+    (site / name / "__init__.py").write_text("")
+    info.mkdir()
+    (info / "RECORD").write_text(f"{name}/__init__.py,,\n{info.name}/RECORD,,\n")
+
+
+def test_a_host_torch_venv_is_whole_with_the_hosts_torch(tmp_path: Path) -> None:
+    from repro.engines.venv import intact
+    from repro.engines.venv.engine import VenvEngine, VenvMarker
+
+    host = tmp_path / "host" / "lib" / "python3.12" / "site-packages"
+    _dist(host, "torch", "2.11.0+cu130")
+    venv = tmp_path / "venv"
+    own = venv / "lib" / "python3.12" / "site-packages"
+    _dist(own, "deepspeed", "0.19.6")
+    host_torch.link_host(own, [str(host)])
+    marker = VenvMarker("cuda-host-t211", {"torch_from": "host"}, "3.12")
+    # Reused, not rebuilt on every command (the rehearsal rebuilt it: "torch is not installed in it").
+    assert intact.damage(VenvEngine._sites(venv, marker)) is None
+    (host / "torch" / "__init__.py").unlink()
+    assert "torch/__init__.py" in (intact.damage(VenvEngine._sites(venv, marker)) or "")

@@ -290,9 +290,11 @@ class VenvEngine:
 
     @staticmethod
     def _sites(venv: Path, marker: VenvMarker) -> list[Path]:
-        """Where the venv's packages are: its own site-packages, then its base's for a layer."""
+        """Where the venv's packages are: its own site-packages, then its base's for a layer, then
+        the host's for a host-torch venv (its torch is there, not in the venv)."""
         base = [Path(str(marker.layered_on["venv"]))] if marker.layered_on else []
-        return [site for folder in (venv, *base) for site in intact.site_packages(folder)]
+        own = [site for folder in (venv, *base) for site in intact.site_packages(folder)]
+        return [*own, *(Path(site) for site in host_torch.linked_sites(venv))]
 
     def _base_intact(self, marker: VenvMarker) -> bool:
         if not marker.layered_on:
