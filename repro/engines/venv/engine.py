@@ -383,9 +383,13 @@ class VenvEngine:
         started = time.monotonic()
         try:
             with console.task(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)"):
-                self._check(cmd.run([interp.path, "-m", "venv", str(tmp)]), env, "creating the venv")
+                # A host torch's Python may be a distribution's without ensurepip (Debian/Ubuntu
+                # without python3.X-venv): its venv gets pip from the wheelhouse instead.
+                bare = ["--without-pip"] if env.host_torch else []
+                self._check(cmd.run([interp.path, "-m", "venv", *bare, str(tmp)]), env, "creating the venv")
                 py = str(tmp / "bin" / "python")
                 if env.host_torch:
+                    self._pip_from_wheelhouse(env, interp, py)
                     self._link_host_torch(env, interp, py)
                 # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
                 # of one env hold the same packages; the wheelhouse is tried first by each of them.
@@ -423,6 +427,19 @@ class VenvEngine:
                 why="\n".join(fatal),
                 fix="fix the cause and rerun; nothing half-built was kept",
             )
+
+    def _pip_from_wheelhouse(self, env: Env, interp: Interpreter, py: str) -> None:
+        """pip into a venv made --without-pip: the pinned pip wheel runs itself (`python pip.whl/pip`)."""
+        spec = next(s for s in env.tooling if compat.split_pin(s)[0] == "pip")
+        wheels = [w for w in self.wheelhouse.files_for(spec, interp.minor) if w.name.endswith(".whl")]
+        if not wheels:
+            raise BuildError(
+                f"venv for {env.id}: the wheelhouse has no {spec} wheel to start pip with",
+                why=f"a host-torch venv is made without pip and takes it from {self.wheelhouse.path}",
+                fix=f"put the {spec} wheel into the wheelhouse (`pip download --no-deps {spec}`)",
+            )
+        argv = [py, f"{wheels[0]}/pip", "install", "--no-deps", *self._sources(True), spec]
+        self._check(cmd.run(argv, capture=True), env, f"installing {spec} from the wheelhouse")
 
     def _link_host_torch(self, env: Env, interp: Interpreter, py: str) -> None:
         """torch_from = "host": the new venv sees the host Python's site-packages after its own,
