@@ -92,7 +92,8 @@ def foreign_complaints(check_output: str, ours: Iterable[str]) -> tuple[list[str
     pins, which fail the build; those only about the host's own packages, which are noted):
     a host venv holds packages (transformers, accelerate...) whose requirements are not ours."""
     mine = {canonicalize_name(n) for n in ours}
-    fatal, noted = [], []
+    fatal: list[str] = []
+    noted: list[str] = []
     for line in check_output.splitlines():
         words = {canonicalize_name(m.group(0)) for m in (_NAME.match(w) for w in line.split()) if m}
         if not line.strip() or line.startswith("No broken requirements"):
