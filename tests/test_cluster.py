@@ -42,7 +42,7 @@ def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path
     assert "docker-archive://$scratch/image.tar" in sbatch and '"$RUNTIME" build "$SIF"' in sbatch
     launch = (out / "launch-node.sh").read_text()
     assert "--rdzv_backend c10d" in launch and '--rdzv_endpoint "$head_address:$PORT"' in launch
-    # the device nodes, not --rocm: that would put the host's ROCm libraries ahead of the image's
+    # the device nodes, not --rocm: torch's wheel ignores its library path ($ORIGIN rpaths)
     assert "flags+=(--bind /dev/kfd --bind /dev/dri)" in launch and "--nv" not in launch
     assert "(--rocm)" not in launch and "MICS_REPRO_HOST_ROCM=" in launch
     assert os.access(out / "launch-node.sh", os.X_OK) and os.access(out / "mics-hier.sbatch", os.X_OK)

@@ -75,6 +75,18 @@ def record(scenario: str, patch: str, outcome: str, gpus: list[str]) -> dict[str
     }
 
 
+def not_run(scenario: str, patch: str) -> dict[str, Any]:
+    """A record of a run the suite never launched because torch saw no GPU."""
+    return {
+        "scenario": scenario,
+        "patch": patch,
+        "outcome": "env-error",
+        "transport": "native",
+        "reason": "env platform is cuda but torch (CUDA 12.1 build) sees no GPU",
+        "ran_on": {"device": None, "gpus": [], "ran": False},
+    }
+
+
 class FakeDevice:
     """A GPU host as gpu-check sees it; `answers` overrides what a step gets."""
 
@@ -109,10 +121,14 @@ class FakeDevice:
     def cli(self, args: Sequence[str], hide_gpus: bool, timeout_s: float) -> int:
         command = args[0]
         self.calls.append(("cli", (command, hide_gpus)))
-        if command == "check-fix":
-            return int(self.answers.get("hidden_exit", 6))
         out = Path(args[args.index("--out") + 1])
         out.mkdir(parents=True)
+        if command == "check-fix":  # GPUs hidden: torch saw none, every run env-error, none launched
+            hidden = self.answers.get("hidden_runs")
+            if hidden is None:
+                hidden = [not_run("zero3", "fixed"), not_run("mics", "fixed")]
+            (out / "results.json").write_text(json.dumps({"runs": hidden}))
+            return int(self.answers.get("hidden_exit", 6))
         names = [str(g.get("name") or g.get("arch")) for g in self.gpus]
         runs = self.answers.get("runs") or [record("zero3", "stock", "clean", names[:1])]
         if len(self.gpus) > 1 and "runs" not in self.answers:
@@ -191,6 +207,40 @@ def test_a_fix_that_does_not_gather_fails_the_check(fake: dict[str, Any], tmp_pa
 def test_hidden_gpus_must_verify_nothing(fake: dict[str, Any], tmp_path: Path) -> None:
     code, data = run_check(fake, FakeDevice(H200, hidden_exit=0), tmp_path)
     assert code == 15 and verdicts(data)["check-fix-hidden"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "runs",
+    [
+        # A 1-GPU host where hiding did not work: zero3 ran on the GPU, MiCS is unsupported (1 GPU).
+        [
+            {**record("zero3", "fixed", "clean", ["NVIDIA H200"]), "ran_on": {"device": "gpu", "ran": True}},
+            {**record("mics", "fixed", "unsupported", []), "ran_on": {"device": None, "ran": False}},
+        ],
+        # A control that crashed (it ran: nothing says the GPUs were hidden).
+        [{**record("zero3", "fixed", "crashed", ["NVIDIA H200"]), "ran_on": {"device": "gpu", "ran": True}}],
+        # env-error, but a record that does not say nothing ran.
+        [{**not_run("zero3", "fixed"), "ran_on": {"device": "gpu", "gpus": ["NVIDIA H200"]}}],
+        # No record at all (check-fix died before writing one).
+        [],
+    ],
+    ids=["gpus-seen-mics-unsupported", "crashed-control", "ran-not-recorded", "no-records"],
+)
+def test_exit_6_alone_is_no_proof_the_gpus_were_hidden(
+    fake: dict[str, Any], tmp_path: Path, runs: list[dict[str, Any]]
+) -> None:
+    code, data = run_check(fake, FakeDevice(H200, hidden_exit=6, hidden_runs=runs), tmp_path)
+    hidden = next(s for s in data["steps"] if s["step"] == "check-fix-hidden")
+    assert code == 15 and hidden["verdict"] == "failed", hidden["summary"]
+    assert hidden["facts"]["exit_code"] == 6
+
+
+def test_hidden_proof_names_the_records(fake: dict[str, Any], tmp_path: Path) -> None:
+    code, data = run_check(fake, FakeDevice(H200), tmp_path)
+    hidden = next(s for s in data["steps"] if s["step"] == "check-fix-hidden")
+    assert code == 0 and hidden["verdict"] == "proven"
+    assert [r["ran"] for r in hidden["facts"]["runs"]] == [False, False]
+    assert "torch saw none" in hidden["summary"]
 
 
 def test_zero3_on_cpu_is_no_proof_for_a_gpu(fake: dict[str, Any], tmp_path: Path) -> None:

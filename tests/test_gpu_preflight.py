@@ -218,7 +218,9 @@ def test_unreadable_topology_skips_only_the_arch_check(tmp_path: Path) -> None:
         ({"HIP_VISIBLE_DEVICES": "0,1"}, 2),
         ({"ROCR_VISIBLE_DEVICES": "3"}, 1),
         ({"CUDA_VISIBLE_DEVICES": "0,1,2,3"}, 4),
-        ({"HIP_VISIBLE_DEVICES": ""}, 0),
+        # Empty, HIP_VISIBLE_DEVICES hides nothing (ROCm/hip#3001); ROCR_VISIBLE_DEVICES hides all.
+        ({"HIP_VISIBLE_DEVICES": ""}, 8),
+        ({"ROCR_VISIBLE_DEVICES": ""}, 0),
         ({"ROCR_VISIBLE_DEVICES": "0,1,2", "HIP_VISIBLE_DEVICES": "0,1"}, 2),
         ({"CUDA_VISIBLE_DEVICES": "-1"}, 0),
         ({"HIP_VISIBLE_DEVICES": "0,1,-1,2"}, 2),

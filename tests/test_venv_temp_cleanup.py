@@ -115,7 +115,7 @@ root, pid_file = Path(sys.argv[1]), sys.argv[2]
 signals.install_stop_handlers()
 step = SimpleNamespace(name="torch", specs=("torch==2.1.0",), environment=(), check=False,
                        pip_install_args=lambda index: ["install", "torch==2.1.0"])
-env = SimpleNamespace(id="cpu", install_steps=lambda: [step])
+env = SimpleNamespace(id="cpu", install_steps=lambda: [step], host_torch=False)
 engine = ve.VenvEngine(root=root, wheelhouse=SimpleNamespace(path=root / "wheels", offline=True))
 
 def pip(argv, environment, tmp, env, what):

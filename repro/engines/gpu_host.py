@@ -169,9 +169,20 @@ def _listed(value: str) -> int:
     return count
 
 
+# Set but empty, these hide nothing: HIP ignored an empty HIP_VISIBLE_DEVICES and still showed every
+# AMD GPU (ROCm 5.2, ROCm/hip#3001), where an empty ROCR_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES hid
+# them all. Counting it as "no GPUs" stopped gpu-check and the preflight on a host whose GPUs torch sees.
+EMPTY_HIDES_NOTHING = frozenset({"HIP_VISIBLE_DEVICES"})
+
+
 def visible_limit(environ: Mapping[str, str], names: tuple[str, ...]) -> int | None:
-    """The fewest GPUs any set visibility variable allows (an empty value hides all), None if unset."""
-    limits = [_listed(environ[n]) for n in names if n in environ]
+    """The fewest GPUs any set visibility variable allows (an empty value hides all, except where
+    EMPTY_HIDES_NOTHING says the runtime ignores it), None if none narrows the set."""
+    limits = [
+        _listed(environ[n])
+        for n in names
+        if n in environ and not (n in EMPTY_HIDES_NOTHING and not environ[n].strip())
+    ]
     return min(limits) if limits else None
 
 

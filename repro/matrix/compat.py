@@ -81,6 +81,7 @@ CUDA_INDEXES: tuple[tuple[str, tuple[WheelIndex, ...]], ...] = (
     (">=2.7,<2.8", _indexes("cu118", "cu126", "cu128", certain=False)),
     (">=2.8,<2.9", _indexes("cu126", "cu128", "cu129", certain=False)),
     (">=2.9,<2.10", _indexes("cu126", "cu128", "cu130", certain=False)),
+    (">=2.10,<2.12", _indexes("cu126", "cu128", "cu130", certain=False)),
 )
 
 CPU_INDEX = WheelIndex("cpu")

@@ -43,9 +43,16 @@ RECIPE = "2"  # 2: torch pinned with its build's local label; GPUs hidden with R
 DERIVED_DOCKERFILE_DIR = "build/docker"
 _TAG_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 TOOLING = ("pip", "setuptools", "wheel")  # installed first, into the fresh venv
-# DeepSpeed's setup.py (0.13.x) runs `nvcc` whenever torch sees a CUDA GPU and builds a path from
-# ROCM_HOME (None without /opt/rocm: TypeError) on a ROCm torch that sees one; DS_BUILD_OPS=0 does not
-# skip either. A host with only a driver must therefore hide its GPUs from the install step
+# Where an env's torch comes from (envs.toml `torch_from`): its wheel index (every env of the lab's
+# own matrix), or the Python the venv is made from, as that host has it installed (an air-gapped or
+# HPC GPU host whose torch cannot be downloaded there; the venv engine only: docs/gpu-hosts.md).
+TORCH_FROM_INDEX = "index"
+TORCH_FROM_HOST = "host"
+TORCH_FROM = (TORCH_FROM_INDEX, TORCH_FROM_HOST)
+# DeepSpeed's setup.py (0.13.x) runs `nvcc` whenever torch sees a CUDA GPU; on a ROCm torch that sees
+# one without ROCM_HOME (no /opt/rocm), its is_rocm_pytorch() answers False and it asks
+# installed_cuda_version() instead, which raises MissingCUDAException (no CUDA_HOME). DS_BUILD_OPS=0
+# skips neither. A host with only a driver must therefore hide its GPUs from the install step
 # (venv engine, Dockerfiles, source overlays alike); `docker build` sees none anyway. HIDE_GPUS
 # (repro/workload/device.py) says why it takes three variables.
 
@@ -166,6 +173,12 @@ class Env:
     # (for_python); None for an Env made by hand, which then keeps its pins.
     tables: PinTables | None = field(default=None, compare=False, repr=False)
     python_choice: PythonChoice | None = field(default=None, compare=False)  # set by for_python
+    torch_from: str = TORCH_FROM_INDEX  # TORCH_FROM_HOST: the host Python's own torch, checked, not installed
+
+    @property
+    def host_torch(self) -> bool:
+        """Whether torch (and what came with it, numpy...) is the host's, not installed by the tool."""
+        return self.torch_from == TORCH_FROM_HOST
 
     @property
     def is_derived(self) -> bool:
@@ -237,9 +250,11 @@ class Env:
         return [*self.torch_requirements(), *self.deepspeed_deps]
 
     def install_steps(self) -> tuple[InstallStep, ...]:
+        # A host torch is not installed: the host's is checked against the pin instead.
+        torch = () if self.host_torch else tuple(self.torch_requirements())
         return (
             InstallStep("tooling", self.tooling),
-            InstallStep("torch", tuple(self.torch_requirements()), index_url=self.torch_index),
+            InstallStep("torch", torch, index_url=self.torch_index),
             InstallStep("deepspeed-deps", self.deepspeed_deps, no_deps=True, check=True),
             # DeepSpeed's setup.py imports torch, and its own ops stay unbuilt (JIT-compiled on use).
             InstallStep(
@@ -254,6 +269,8 @@ class Env:
     def package_pins(self) -> dict[str, str]:
         """Every installed package -> exact version (torch and DeepSpeed included)."""
         out: dict[str, str] = {}
+        if self.host_torch:  # not installed, still pinned: the host's must be this one
+            out["torch"] = compat.split_pin(compat.torch_spec(self.torch, self.torch_index))[1]
         for step in self.install_steps():
             for spec in step.specs:
                 name, version = compat.split_pin(spec)
@@ -273,6 +290,9 @@ class Env:
             out["rocm"] = self.rocm
         if self.cuda is not None:
             out["cuda"] = self.cuda
+        if self.host_torch:  # only then: every other env keeps its pins_key (and venv, image)
+            out["torch_from"] = self.torch_from
+            out["torch_build"] = self.torch_version() or self.torch
         out.update(self.package_pins())
         return dict(sorted(out.items()))
 

@@ -23,6 +23,9 @@ from repro.matrix.compat import Platform
 from repro.matrix.model import (
     DEFAULT_MATRIX,
     TOOLING,
+    TORCH_FROM,
+    TORCH_FROM_HOST,
+    TORCH_FROM_INDEX,
     Env,
     Matrix,
     PinTables,
@@ -50,6 +53,7 @@ ENV_KEYS = (
     "rocm",
     "cuda",
     "notes",
+    "torch_from",
 )
 REQUIRED_ENV_KEYS = ("platform", "base_image", "python", "torch", "deepspeed", "notes")
 NUMPY_KEYS = ("numpy1_below_torch", "numpy1")
@@ -250,6 +254,7 @@ def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> En
     if platform is not None:
         _check_platform_keys(checker, env_id, platform, text, torch)
     own = _check_extra_pins(checker, env_id, raw.get("extra_pins", []), tables)
+    torch_from = _check_torch_from(checker, env_id, text["torch_from"], own)
     if len(checker.problems) > before or platform is None or not (python and torch and deepspeed):
         return None
     needed = tables.closure(compat.deepspeed_packages(deepspeed, platform))
@@ -276,7 +281,30 @@ def check_env(checker: _Checker, env_id: str, raw: Any, tables: PinTables) -> En
         tooling=tooling,
         deepspeed_deps=deps,
         tables=tables,
+        torch_from=torch_from,
     )
+
+
+def _check_torch_from(checker: _Checker, env_id: str, value: str | None, own: tuple[str, ...]) -> str:
+    """`torch_from`: "index" (the default) or "host" (the venv's Python brings torch; checked
+    against the pin, never installed, so the env's own extra_pins would have nowhere to go)."""
+    if value is None:
+        return TORCH_FROM_INDEX
+    if value not in TORCH_FROM:
+        checker.add(
+            env_id,
+            "torch_from",
+            f"'{value}' is not one of {', '.join(TORCH_FROM)}",
+            closest(value, TORCH_FROM),
+        )
+        return TORCH_FROM_INDEX
+    if value == TORCH_FROM_HOST and own:
+        checker.add(
+            env_id,
+            "extra_pins",
+            'with torch_from = "host" the torch layer is the host\'s: these would not be installed',
+        )
+    return value
 
 
 def _check_base_image(checker: _Checker, env_id: str, image: str | None) -> None:

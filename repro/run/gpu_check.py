@@ -89,8 +89,13 @@ def choose_env(facts: dict[str, Any], matrix: Matrix, env_id: str | None) -> Env
 
 
 class _Runner:
-    def __init__(self, env: Env, gpus: int, device: Device, folder: Path, say: Callable[[str], None]) -> None:
+    def __init__(
+        self, env: Env, gpus: int, device: Device, folder: Path, matrix: Path, say: Callable[[str], None]
+    ) -> None:
         self.env, self.gpus, self.device, self.folder, self.say = env, gpus, device, folder, say
+        # `repro` and `check-fix` load the matrix again: the one this check's env came from
+        # (MATRIX=), or they would look the env up in env_matrix/envs.toml.
+        self.matrix = matrix
         self.prepared: Prepared | None = None
 
     def run(self, step: Step, facts: dict[str, Any]) -> StepResult:
@@ -106,12 +111,13 @@ class _Runner:
             return self._probe(step)
         if kind is StepKind.REPRO or kind is StepKind.HIDDEN:
             out = self.folder / kind.value
-            code = self.device.cli([*step.cli, "--out", str(out)], step.hide_gpus, step.timeout_s)
-            if kind is StepKind.HIDDEN:
-                return judge.hidden(code)
+            args = [*step.cli, "--matrix", str(self.matrix), "--out", str(out)]
+            code = self.device.cli(args, step.hide_gpus, step.timeout_s)
             results = out / RESULTS_FILE
             found = rec_files.load(results, _RUNS_OF, "results file") if results.is_file() else {}
             runs = found.get("runs", [])
+            if kind is StepKind.HIDDEN:
+                return judge.hidden(runs, code)
             return judge.repro(runs, code, self.gpus)
         if kind is StepKind.MICS_SMOKE:
             return self._smoke(step)
@@ -181,7 +187,7 @@ def gpu_check(
             why=f"found {len(facts.get('gpus') or [])} GPU(s), *_VISIBLE_DEVICES leave none",
             fix="unset or widen CUDA_VISIBLE_DEVICES / HIP_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES",
         )
-    runner = _Runner(env, gpus, device, folder, say)
+    runner = _Runner(env, gpus, device, folder, matrix.path, say)
     done: dict[StepKind, StepResult] = {}
     started_at = utc_now()
     for step in plan_steps(env.id, gpus):

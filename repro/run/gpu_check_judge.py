@@ -195,18 +195,51 @@ def mics_smoke(records: Mapping[str, Mapping[str, Any] | None], exit_codes: Mapp
     )
 
 
-def hidden(exit_code: int) -> StepResult:
-    facts: dict[str, object] = {"exit_code": exit_code, "expected": HIDDEN_EXPECTED_EXIT}
-    if exit_code == HIDDEN_EXPECTED_EXIT:
+def _ran(run: Mapping[str, Any]) -> object:
+    ran_on = run.get("ran_on")
+    return ran_on.get("ran") if isinstance(ran_on, Mapping) else None
+
+
+def _not_run(run: Mapping[str, Any]) -> bool:
+    """The record of a run that was never launched because torch saw no GPU (`env-error`, and its
+    `ran_on.ran` false: the suite's own words that nothing ran)."""
+    return run.get("outcome") == Outcome.ENV_ERROR.value and _ran(run) is False
+
+
+def hidden(runs: Sequence[Mapping[str, Any]], exit_code: int) -> StepResult:
+    """Proven from the records, not from the exit code alone: exit 6 also comes from a 1-GPU host
+    whose MiCS runs are `unsupported` (the GPUs were seen, nothing verified) and from a crashed
+    control. Only every run recorded `env-error` with nothing run shows the GPUs were hidden."""
+    facts: dict[str, object] = {
+        "exit_code": exit_code,
+        "expected": HIDDEN_EXPECTED_EXIT,
+        "runs": [{"scenario": r.get("scenario"), "outcome": r.get("outcome"), "ran": _ran(r)} for r in runs],
+    }
+    seen = [r for r in runs if not _not_run(r)]
+    if not runs or seen:
+        what = (
+            "no run record"
+            if not runs
+            else ", ".join(f"{r.get('scenario')} {r.get('patch')} {r.get('outcome')}" for r in seen)
+        )
         return StepResult(
             StepKind.HIDDEN,
-            Verdict.PROVEN,
-            f"with the GPUs hidden check-fix verified nothing and exited {exit_code}",
+            Verdict.FAILED,
+            f"with the GPUs hidden check-fix exited {exit_code}, but its records do not show the GPUs "
+            f"hidden (every run env-error, nothing run): {what}",
+            facts,
+        )
+    if exit_code != HIDDEN_EXPECTED_EXIT:
+        return StepResult(
+            StepKind.HIDDEN,
+            Verdict.FAILED,
+            f"with the GPUs hidden check-fix exited {exit_code}, not {HIDDEN_EXPECTED_EXIT}",
             facts,
         )
     return StepResult(
         StepKind.HIDDEN,
-        Verdict.FAILED,
-        f"with the GPUs hidden check-fix exited {exit_code}, not {HIDDEN_EXPECTED_EXIT}",
+        Verdict.PROVEN,
+        f"with the GPUs hidden torch saw none: {len(runs)} run(s) env-error, none ran; "
+        f"check-fix verified nothing and exited {exit_code}",
         facts,
     )

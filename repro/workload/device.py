@@ -220,6 +220,19 @@ def dropped_env() -> dict[str, str]:
     return {str(k): str(v) for k, v in dropped.items()} if isinstance(dropped, dict) else {}
 
 
+UNKNOWN_ARCH = "unknown"
+
+
+def gpu_arch(props: Any, *, rocm: bool) -> str:
+    """A GPU's arch as its platform names it: ROCm's gcnArchName ("gfx90a:sramecc+:xnack-"), CUDA's
+    compute capability ("sm_90"). On ROCm the major/minor fields are no CUDA capability (HIP maps
+    its own numbers there: an MI100 would read as sm_90), so without gcnArchName it is unknown."""
+    if rocm:
+        arch = getattr(props, "gcnArchName", None)
+        return str(arch) if arch else UNKNOWN_ARCH
+    return f"sm_{props.major}{props.minor}"
+
+
 def ran_on(device: str, backend: str | None) -> dict[str, Any]:
     """What a rank actually used (train.py, rank 0, after the process group is up)."""
     found: dict[str, Any] = {
@@ -255,9 +268,7 @@ def ran_on(device: str, backend: str | None) -> dict[str, Any]:
     for i in range(count):
         props = torch.cuda.get_device_properties(i)
         found["gpus"].append(str(props.name))
-        # ROCm: gcnArchName (e.g. "gfx90a:sramecc+:xnack-"); CUDA: compute capability "sm_90".
-        arch = getattr(props, "gcnArchName", None) if found["hip"] else None
-        found["arch"].append(str(arch) if arch else f"sm_{props.major}{props.minor}")
+        found["arch"].append(gpu_arch(props, rocm=bool(found["hip"])))
     try:
         nccl = torch.cuda.nccl.version()
         found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)

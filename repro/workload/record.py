@@ -42,9 +42,10 @@ Record keys (`RECORD_KEYS`):
   started_at          ISO 8601 UTC
   ran_on              what the run really used (repro/workload/device.py), from rank 0:
                       {"device": "cpu" | "gpu" | null (never launched), "backend": "gloo" | "nccl",
-                       "gpu_count", "gpus": [names], "arch": [gfx arch (ROCm gcnArchName) or
-                       "sm_XY" (CUDA compute capability)], "hip", "cuda" (torch.version.*), "nccl"
-                       (NCCL/RCCL version), "ran": bool, "visible_devices": {*_VISIBLE_DEVICES},
+                       "gpu_count", "gpus": [names], "arch": [gfx arch (ROCm gcnArchName;
+                       "unknown" without it) or "sm_XY" (CUDA compute capability)], "hip",
+                       "cuda" (torch.version.*), "nccl" (NCCL/RCCL version), "ran": bool,
+                       "visible_devices": {*_VISIBLE_DEVICES},
                        "passed_env": {host NCCL_*/RCCL_*/HSA_*/MIOPEN_*/*_VISIBLE_DEVICES the engine
                        passed (repro/engines/passthrough.py)}, "dropped_env": {host NCCL network
                        settings (NCCL_SOCKET_IFNAME, NCCL_IB_*...) held back from a networkless

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from repro.core import console
 from repro.core.cmd import STOP_GRACE_S as HOST_STOP_GRACE_S
-from repro.core.errors import BuildError, RunError
+from repro.core.errors import BuildError, RunError, UsageError
 from repro.core.paths import cache_root
 from repro.core.printable import printable
 from repro.engines import jobdeps
@@ -127,6 +127,7 @@ class DockerEngine:
         return f"Docker {version.get('Version', '?')} (API {version.get('ApiVersion', '?')})"
 
     def preflight(self, env: Env) -> None:
+        refuse_host_torch(env)
         check_devices(env, docker=DockerFacts.from_info(self.client.info()))
 
     # -- images ------------------------------------------------------------------------------
@@ -143,6 +144,7 @@ class DockerEngine:
         return str(self.client.images.get(ref).id)
 
     def prepare(self, env: Env) -> Prepared:
+        refuse_host_torch(env)
         tag = env.image_tag()
         ca = ca_bundle()
         args = image_args(self.base_override, self.extra_args)
@@ -832,3 +834,13 @@ def extract_tree(fileobj: Any, dest: Path, max_bytes: int = RESULTS_MAX_BYTES) -
     except (tarfile.TarError, OSError) as exc:
         console.warn(f"warning: the container's results archive is unreadable: {type(exc).__name__}: {exc}")
     return len(written)
+
+
+def refuse_host_torch(env: Env) -> None:
+    """An env whose torch is the host Python's (`torch_from = "host"`) has no image to build: an
+    image cannot hold the host's torch, and a download is what such an env exists to avoid."""
+    if env.host_torch:
+        raise UsageError(
+            f'env {env.id} takes torch from the host\'s Python (torch_from = "host"): no image can hold it',
+            fix="use ENGINE=venv (make gpu-check always does), or an env whose torch comes from an index",
+        )

@@ -31,7 +31,7 @@ from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, Su
 from repro.engines.passthrough import run_environment
 from repro.engines.torch_check import PROBE as TORCH_PROBE
 from repro.engines.torch_check import build_problem
-from repro.engines.venv import intact, joblayer
+from repro.engines.venv import host_torch, intact, joblayer
 from repro.engines.venv.layer import (
     PURELIB,
     Candidate,
@@ -43,6 +43,7 @@ from repro.engines.venv.layer import (
 )
 from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, venv_argv
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
+from repro.matrix import compat
 from repro.matrix.model import no_usable_python
 
 if TYPE_CHECKING:
@@ -148,6 +149,8 @@ class VenvEngine:
         image = env.image_python
         others = sorted((p for p in accepted or () if p != image), key=_pair, reverse=True)
         default = [sys.executable, *(f"python{p}" for p in (image, *others))]
+        if env.host_torch:  # the Python whose torch the env takes, never another one found on PATH
+            default = [sys.executable]
         candidates = [self.python_override] if self.python_override else default
         seen: list[Interpreter] = []
         broken: list[str] = []
@@ -211,6 +214,8 @@ class VenvEngine:
                 # The marker says what was installed; pip's RECORDs say whether it is all still there.
                 damaged = intact.damage(self._sites(final, have))
                 if damaged is None:
+                    if env.host_torch:  # the host may have changed its torch since
+                        self._check_host_torch(env, str(final / "bin" / "python"))
                     on = f", layered on {have.layered_on['venv']}" if have.layered_on else ""
                     console.info(f"venv: reusing {final} (pins match{on})")
                     return self._prepared(env, final, reused=True, marker=have)
@@ -225,7 +230,7 @@ class VenvEngine:
                     else "no marker: an unfinished or foreign venv"
                 )
                 console.info(f"venv: rebuilding {final} ({why})")
-            plan = None if layering_disabled() else self.layer_plan(env, want)
+            plan = None if layering_disabled() or env.host_torch else self.layer_plan(env, want)
             if plan is not None:
                 marker = self._build_layer(env, interp, want, final, plan)
                 return self._prepared(env, final, reused=False, marker=marker)
@@ -250,6 +255,8 @@ class VenvEngine:
         details = {"python": str(venv / "bin" / "python"), "platform": env.platform.value}
         if env.python_choice is not None:  # gpu-check's build step records which Python and why
             details["python_choice"] = env.python_choice.describe()
+        if env.host_torch:  # the records say torch is the host's, and from where
+            details["torch_from"] = "host: " + ", ".join(host_torch.linked_sites(venv))
         label = str(venv)
         if marker is not None and marker.layered_on:
             details["layered_on"] = str(marker.layered_on["venv"])
@@ -283,9 +290,11 @@ class VenvEngine:
 
     @staticmethod
     def _sites(venv: Path, marker: VenvMarker) -> list[Path]:
-        """Where the venv's packages are: its own site-packages, then its base's for a layer."""
+        """Where the venv's packages are: its own site-packages, then its base's for a layer, then
+        the host's for a host-torch venv (its torch is there, not in the venv)."""
         base = [Path(str(marker.layered_on["venv"]))] if marker.layered_on else []
-        return [site for folder in (venv, *base) for site in intact.site_packages(folder)]
+        own = [site for folder in (venv, *base) for site in intact.site_packages(folder)]
+        return [*own, *(Path(site) for site in host_torch.linked_sites(venv))]
 
     def _base_intact(self, marker: VenvMarker) -> bool:
         if not marker.layered_on:
@@ -374,8 +383,14 @@ class VenvEngine:
         started = time.monotonic()
         try:
             with console.task(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)"):
-                self._check(cmd.run([interp.path, "-m", "venv", str(tmp)]), env, "creating the venv")
+                # A host torch's Python may be a distribution's without ensurepip (Debian/Ubuntu
+                # without python3.X-venv): its venv gets pip from the wheelhouse instead.
+                bare = ["--without-pip"] if env.host_torch else []
+                self._check(cmd.run([interp.path, "-m", "venv", *bare, str(tmp)]), env, "creating the venv")
                 py = str(tmp / "bin" / "python")
+                if env.host_torch:
+                    self._pip_from_wheelhouse(env, interp, py)
+                    self._link_host_torch(env, interp, py)
                 # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
                 # of one env hold the same packages; the wheelhouse is tried first by each of them.
                 for step in env.install_steps():
@@ -388,13 +403,65 @@ class VenvEngine:
                     with console.task(f"venv: {step.name}: {' '.join(step.specs)}"):
                         self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
                         if step.check:
-                            check = cmd.run([py, "-m", "pip", "check"], capture=True)
-                            self._check(check, env, f"pip check after {step.name}")
+                            self._pip_check(env, py, step.name)
                 self._install_finished(env, py, tmp, final, marker)
             console.info(f"venv: ready in {time.monotonic() - started:.0f} s: {final}")
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
+
+    def _pip_check(self, env: Env, py: str, step: str) -> None:
+        """`pip check`: the pinned closure is complete. With a host torch the venv also sees the
+        host's packages; their own broken requirements are noted, not ours to fail on."""
+        check = cmd.run([py, "-m", "pip", "check"], capture=True)
+        if check.ok or not env.host_torch:
+            self._check(check, env, f"pip check after {step}")
+            return
+        ours = [compat.split_pin(s)[0] for s in (*env.tooling, *env.deepspeed_deps)] + ["deepspeed"]
+        fatal, noted = host_torch.foreign_complaints(check.stdout + check.stderr, ours)
+        for line in noted:
+            console.info(f"venv: pip check (the host's packages, not the env's pins): {line}")
+        if fatal:
+            raise BuildError(
+                f"venv for {env.id}: pip check after {step} failed",
+                why="\n".join(fatal),
+                fix="fix the cause and rerun; nothing half-built was kept",
+            )
+
+    def _pip_from_wheelhouse(self, env: Env, interp: Interpreter, py: str) -> None:
+        """pip into a venv made --without-pip: the pinned pip wheel runs itself (`python pip.whl/pip`)."""
+        spec = next(s for s in env.tooling if compat.split_pin(s)[0] == "pip")
+        wheels = [w for w in self.wheelhouse.files_for(spec, interp.minor) if w.name.endswith(".whl")]
+        if not wheels:
+            raise BuildError(
+                f"venv for {env.id}: the wheelhouse has no {spec} wheel to start pip with",
+                why=f"a host-torch venv is made without pip and takes it from {self.wheelhouse.path}",
+                fix=f"put the {spec} wheel into the wheelhouse (`pip download --no-deps {spec}`)",
+            )
+        argv = [py, f"{wheels[0]}/pip", "install", "--no-deps", *self._sources(True), spec]
+        self._check(cmd.run(argv, capture=True), env, f"installing {spec} from the wheelhouse")
+
+    def _link_host_torch(self, env: Env, interp: Interpreter, py: str) -> None:
+        """torch_from = "host": the new venv sees the host Python's site-packages after its own,
+        and the torch it finds there must be the env's pin before anything is installed."""
+        found = host_torch.host_sites(interp.path)
+        purelib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
+        self._check(purelib, env, "locating the venv's site-packages")
+        host_torch.link_host(Path(purelib.stdout.strip()), found.sites)
+        console.info(f"venv: torch from the host ({found.torch_dir}), not installed")
+        self._check_host_torch(env, py)
+
+    def _check_host_torch(self, env: Env, py: str) -> None:
+        result = cmd.run([py, "-c", host_torch.BUILD_PROBE], capture=True, echo=False)
+        self._check(result, env, "importing the host's torch")
+        lines = result.stdout.splitlines()
+        wrong = build_problem(env, lines[0] if lines else "")
+        if wrong:
+            raise BuildError(
+                f'the host\'s torch is not the one env {env.id} pins (torch_from = "host")',
+                why=f"{wrong} ({lines[1] if len(lines) > 1 else '?'})",
+                fix="install the pinned torch into the host's Python, or pin the host's torch in the env",
+            )
 
     def _install_finished(self, env: Env, py: str, tmp: Path, final: Path, marker: VenvMarker) -> None:
         """Check the built venv (full or layer), point it at its final path, write the marker last

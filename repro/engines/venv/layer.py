@@ -37,6 +37,7 @@ STACK_KEYS = frozenset(
         "pip",
         "setuptools",
         "wheel",
+        "torch_from",  # a host-torch venv (repro/engines/venv/host_torch.py) is no base, nor layered
     }
 )
 MAY_DIFFER = frozenset({"deepspeed"})
