@@ -16,6 +16,7 @@ import html
 import json
 import shlex
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from repro.matrix.schema import load_matrix
 from repro.report import build_report
 from repro.run.job import JobRequest, execute_job, reproduce_line
 from repro.upstream import bundle, issue
+from repro.upstream.bundle_files import IMAGE_FILE
 from repro.upstream.scrub import Scrubber
 from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
 from tests.test_bundle_custom import JobDocker, project
@@ -52,7 +54,7 @@ def job_results(root: Path, work: Path, command: str, client: FakeClient) -> Pat
     out.mkdir(parents=True)
     argv = ["run", "--env", "cpu", "--workdir", str(work), "--cmd", command]
     invocation = InvocationDir(out, invocation_meta(argv, reproduce_line(request)))
-    execute_job(request, env, JobDocker(client), invocation, say=str)
+    execute_job(request, env, JobDocker(client), invocation, say=lambda _line: None)
     return out
 
 
@@ -103,7 +105,7 @@ SURVEY_CMD = "python train.py --password 'hunter2 horse' -u alice:Wh1sper-42"
 def test_a_survey_of_a_command_with_a_secret_keeps_it_out_of_issue_md(tmp_path: Path) -> None:
     """`make survey CMD=...`: the survey's line and each probe's line quote CMD= once more."""
     line = f"make survey AXIS=deepspeed FROM=0.19.0 TO=0.19.6 ENV=cpu-latest CMD={shlex.quote(SURVEY_CMD)}"
-    probe = {
+    probe: dict[str, Any] = {
         "outcome": "clean",
         "signature": "none",
         "verdict": "",
@@ -114,9 +116,14 @@ def test_a_survey_of_a_command_with_a_secret_keeps_it_out_of_issue_md(tmp_path: 
         "versions": {"python": "3.11.7", "torch": "2.13.0", "deepspeed": "0.19.2"},
     }
     hung = {**probe, "outcome": "hung", "signature": "hang", "reason": "hung"}
-    change = {"before": "0.19.2", "after": "0.19.3", "outcome_before": "clean", "outcome_after": "hung"}
+    change: dict[str, Any] = {
+        "before": "0.19.2",
+        "after": "0.19.3",
+        "outcome_before": "clean",
+        "outcome_after": "hung",
+    }
     change |= {"signature_before": "none", "signature_after": "hang", "unknown_between": []}
-    data = {
+    data: dict[str, Any] = {
         "kind": "survey",
         "axis": "deepspeed",
         "env": "cpu-latest",
@@ -172,7 +179,7 @@ def test_a_bundle_of_a_job_with_a_secret_in_its_command_holds_it_nowhere(
     texts = {
         p.relative_to(result.folder).as_posix(): p.read_bytes().decode("latin-1")
         for p in sorted(result.folder.rglob("*"))
-        if p.is_file() and p.name != bundle.IMAGE_FILE
+        if p.is_file() and p.name != IMAGE_FILE
     }
     for name in ("README.md", "ISSUE_COMMENT.md", "manifest.json", "report/REPORT.md", "report/report.html"):
         assert name in texts

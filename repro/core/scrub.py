@@ -222,9 +222,9 @@ class Scrubber:
                         out[i] = "<secret>"
             return out
         if isinstance(value, dict):
+            kinds = {k: command_scrub.command_kind(k) or inner for k in value}
             return {
-                self.text(k) if isinstance(k, str) else k: self._data(v, command_scrub.command_kind(k) or inner)
-                for k, v in value.items()
+                self.text(k) if isinstance(k, str) else k: self._data(v, kinds[k]) for k, v in value.items()
             }
         return value
 
@@ -324,7 +324,8 @@ def _placeholder_of(value: str) -> str:
 def _worth_a_rule(value: str) -> bool:
     """A value long enough to replace wherever it appears without garbling the evidence around it
     (`pw` would hit every `pwd`); shorter ones are replaced where their option names them."""
-    return len(value) >= MIN_SECRET and value.lower() not in TRIVIAL_VALUES and not PLACEHOLDER.fullmatch(value)
+    trivial = value.lower() in TRIVIAL_VALUES or PLACEHOLDER.fullmatch(value) is not None
+    return len(value) >= MIN_SECRET and not trivial
 
 
 def _constant(value: str) -> Callable[[re.Match[str]], str]:

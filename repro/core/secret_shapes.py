@@ -253,12 +253,14 @@ CODE_PATTERNS: tuple[ValuePattern, ...] = (*VALUE_PATTERNS[:-2], *_named(bare=Fa
 
 
 # -- secrets in an argv: a command line split into its words (shlex) ---------------------------------
-# Options whose value is `user:password` (curl -u/--user/-U/--proxy-user, wget-style --user): the
+# Options whose value is `user:password` (curl -u/--user/--proxy-user, wget-style --user): the
 # part after the first colon is the secret. Without a colon the value is only a name (or, for
-# `python -u`, no value at all), so nothing is taken.
-USER_OPTIONS = frozenset({"-u", "--user", "-U", "--proxy-user"})
+# `python -u` and `pip install --user`, no value at all), so nothing is taken; nor from a URL
+# (`pip install --user git+https://...`: its credentials have a shape of their own) or a
+# `uid:gid` (`docker run -u 1000:1000`).
+USER_OPTIONS = frozenset({"-u", "--user", "--proxy-user"})
 _OPTION_EQ = re.compile(r"(--?[A-Za-z][A-Za-z0-9_-]*)=", re.DOTALL)
-_ATTACHED_USER = re.compile(r"-[uU](?=[^\s:=-][^\s:]*:.)")  # curl -ualice:pw
+_ATTACHED_USER = re.compile(r"-u(?=[^\s:=-][^\s:]*:.)")  # curl -ualice:pw
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]{0,63})=", re.DOTALL)
 # A value that names another place instead of holding the secret: `$HF_TOKEN`, `${HF_TOKEN}`.
 _REFERENCE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
@@ -300,8 +302,10 @@ def _argv_value(prev: str, arg: str) -> tuple[int, int] | None:
 
 
 def _password_of(arg: str, start: int) -> tuple[int, int] | None:
-    colon = arg.find(":", start)
-    return None if colon < 0 else (colon + 1, len(arg))
+    user, colon, password = arg[start:].partition(":")
+    if not colon or not user or "//" in arg[start:] or (user.isdigit() and password.isdigit()):
+        return None
+    return start + len(user) + 1, len(arg)
 
 
 def _is_value(value: str) -> bool:
