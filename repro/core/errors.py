@@ -141,6 +141,15 @@ class LeakError(BundleError):
     exit_code = 19
 
 
+class CommandSecretError(LeakError):
+    """A secret of the user's own command line (`--password X`, `-u user:pass`, `TOKEN=x python
+    ...`) would be handed out where it cannot be replaced (a file named after it): refused, and
+    what the command wrote is removed. Not a bug of the scrubber (LeakError's exit 19): the user's
+    input must change, so it has an exit code of its own."""
+
+    exit_code = 24
+
+
 class FixNotResolvedError(ReproError):
     """`check-fix`: the fixed runs did not come out clean."""
 

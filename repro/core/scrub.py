@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.core.errors import LeakError
+from repro.core import command_scrub
+from repro.core.errors import CommandSecretError, LeakError
 from repro.core.secret_shapes import (
     CODE_PATTERNS,
     PLACEHOLDER,
@@ -81,6 +82,7 @@ class Kind(enum.Enum):
     LITERAL = "literal"  # anywhere (secrets: a partial match is still a leak)
     PATH = "path"  # a path prefix: not when the next character continues a name (/home/al vs /home/alice)
     WORD = "word"  # a whole word (host and user names)
+    COMMAND = "command"  # a secret value of a recorded command line: anywhere, like LITERAL
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,27 @@ class Scrubber:
         rules = [*self.rules, *(r for r in extra if r.secret not in known)]
         return Scrubber(tuple(sorted(rules, key=lambda r: (-len(r.secret), r.secret))))
 
+    def with_command_secrets(self, records: Any) -> Scrubber:
+        """This scrubber plus every secret value of the command lines in `records` (a results,
+        bisect or survey file, a run record): each replaced wherever it appears in any text, in
+        every form a rendering may give it (command_scrub.renderings), not only where its option
+        name stands next to it."""
+        known = {r.secret for r in self.rules}
+        extra: dict[str, Rule] = {}
+        for value in command_scrub.secret_values(records):
+            for form in command_scrub.renderings(value.strip()):
+                if form not in known and _worth_a_rule(form):
+                    extra[form] = Rule(form, _placeholder_of(form), Kind.COMMAND)
+        if not extra:
+            return self
+        rules = [*self.rules, *extra.values()]
+        return Scrubber(tuple(sorted(rules, key=lambda r: (-len(r.secret), r.secret))))
+
+    def command(self, line: str) -> str:
+        """A command line with its secrets replaced word by word before it is quoted again
+        (command_scrub.scrub_line), then scrubbed as any text."""
+        return self.text(command_scrub.scrub_line(line)[0])
+
     def text(self, text: str, form: Form | None = None) -> str:
         """`text` scrubbed; `form` Form.CODE: source code, where an unquoted value is code."""
         for rule in self.rules:
@@ -176,12 +199,22 @@ class Scrubber:
         return text
 
     def data(self, value: Any) -> Any:
-        """Every string inside a JSON-like value, keys included; in a list (an argv), the
-        argument after `--password` or `--api-key` is its value and replaced whole."""
+        """Every string inside a JSON-like value, keys included, also by the secret values of
+        the command lines it holds (with_command_secrets). A command line (a key such as
+        "command", "argv", "reproduce": command_scrub.command_key) loses its secrets word by word
+        before its quoting is seen; in a list (an argv), the argument after `--password` or
+        `--api-key` is its value and replaced whole."""
+        return self.with_command_secrets(value)._data(value, None)
+
+    def _data(self, value: Any, kind: str | None) -> Any:
+        """`kind`: command_scrub.ARGV or LINE when `value` is (or holds) command lines."""
+        inner = command_scrub.LINE if kind is not None else None
         if isinstance(value, str):
-            return self.text(value)
+            return self.command(value) if kind is not None else self.text(value)
         if isinstance(value, list):
-            out = [self.data(v) for v in value]
+            if kind == command_scrub.ARGV and all(isinstance(v, str) for v in value):
+                value = command_scrub.scrub_argv(value)[0]
+            out = [self._data(v, inner) for v in value]
             for i in range(1, len(out)):
                 prev, item = value[i - 1], out[i]
                 if isinstance(prev, str) and takes_secret(prev) and isinstance(item, str):
@@ -189,8 +222,17 @@ class Scrubber:
                         out[i] = "<secret>"
             return out
         if isinstance(value, dict):
-            return {self.text(k) if isinstance(k, str) else k: self.data(v) for k, v in value.items()}
+            kinds = {k: command_scrub.command_kind(k) or inner for k in value}
+            return {
+                self.text(k) if isinstance(k, str) else k: self._data(v, kinds[k]) for k, v in value.items()
+            }
         return value
+
+    def command_leaks(self, text: str, form: Form | None = None) -> bool:
+        """Whether `text` still holds a secret value of a recorded command line (Kind.COMMAND)."""
+        plain = DATA_URI.sub("", text)
+        texts = [plain, html.unescape(plain)] if form is Form.HTML else [plain]
+        return any(r.kind is Kind.COMMAND and r.secret in seen for r in self.rules for seen in texts)
 
     def leaks(self, text: str, form: Form | None = None) -> list[str]:
         """Placeholders of the values and shapes still present in `text` (never the values
@@ -241,7 +283,10 @@ def hand_out(text: str, scrubber: Scrubber, name: str, form: Form = Form.TEXT) -
 
 def refuse_leaks(text: str, scrubber: Scrubber, name: str, form: Form = Form.TEXT) -> None:
     """Raise LeakError when `text` still holds a value or shape the scrubber knows (the message
-    names the kinds, never the values)."""
+    names the kinds, never the values); CommandSecretError when what it holds is a secret of the
+    recorded command line."""
+    if scrubber.command_leaks(text, form):
+        raise command_secret_error([name])
     hits = scrubber.leaks(text, form)
     if hits:
         raise LeakError(
@@ -251,6 +296,36 @@ def refuse_leaks(text: str, scrubber: Scrubber, name: str, form: Form = Form.TEX
             fix="report this as a bug of mics-repro with the kinds above; until it is fixed, remove "
             "the secret from the results folder, the command line or the environment and run again",
         )
+
+
+def command_secret_error(where: Iterable[str]) -> CommandSecretError:
+    """The refusal when a secret of the command line would be handed out (in a file's name, in a
+    form no rendering replaces). `where`: the files, never the value."""
+    return CommandSecretError(
+        f"refused: {', '.join(where)} would hand out a secret from the recorded command line "
+        "(a --password/--token/--api-key value, a user:password, a NAME=value whose name says secret)",
+        why="the value could not be replaced there (the secret itself is not shown here); "
+        "nothing was handed out: what this command wrote is removed",
+        fix="keep secrets off the command line: let the job read them from an environment variable "
+        "or a file (e.g. --password-file), rename any file named after one, run the job again "
+        "(`make run RESUME=1` does not help: the record keeps the command) and then bundle or report it",
+    )
+
+
+def _placeholder_of(value: str) -> str:
+    """What replaces a command's secret value: what its token shapes become (`Bearer <jwt>`, as
+    in any other text), else `<secret>`."""
+    shaped = value
+    for pattern in VALUE_PATTERNS:
+        shaped = pattern.sub(shaped)
+    return shaped if shaped != value else command_scrub.PLACEHOLDER
+
+
+def _worth_a_rule(value: str) -> bool:
+    """A value long enough to replace wherever it appears without garbling the evidence around it
+    (`pw` would hit every `pwd`); shorter ones are replaced where their option names them."""
+    trivial = value.lower() in TRIVIAL_VALUES or PLACEHOLDER.fullmatch(value) is not None
+    return len(value) >= MIN_SECRET and not trivial
 
 
 def _constant(value: str) -> Callable[[re.Match[str]], str]:

@@ -15,7 +15,7 @@ shapes below follow its plugins where it has one (GitLab prefixes, JWT, AWS, Sla
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 # Matched anywhere in the name: compounds that are secret wherever they appear.
@@ -141,7 +141,12 @@ def _secret_option(match: re.Match[str]) -> bool:
 _ESCAPED = r'\\"(?P<ve>(?:(?!\\")[^\n"])*)(?:\\")?'
 _DOUBLE = r'"(?P<vd>(?:[^"\\\n]|\\.)*)"?'
 _SINGLE = r"""'(?P<vs>[^'\n"]*)'?"""
-_QUOTED = rf"(?:{_ESCAPED}|{_DOUBLE}|{_SINGLE})"
+# A value single-quoted inside a word that is single-quoted again: `make run CMD='... --password
+# '"'"'a b'"'"''` (how shlex.quote closes, quotes and reopens a quote), `'\''`, and both as JSON
+# escapes them. Matched before _SINGLE, which would stop at the first inner quote.
+_REQUOTE = r"""'(?:"'"|\\"'\\"|\\'|\\\\')'"""
+_NESTED = rf"{_REQUOTE}(?P<vn>(?:(?!{_REQUOTE})[^\n])*)(?:{_REQUOTE})?"
+_QUOTED = rf"(?:{_NESTED}|{_ESCAPED}|{_DOUBLE}|{_SINGLE})"
 _NAME = r"(?P<name>[A-Za-z_][A-Za-z0-9_-]{1,63})"
 _TOKEN_CHARS = r"[A-Za-z0-9_-]"
 
@@ -245,3 +250,65 @@ VALUE_PATTERNS: tuple[ValuePattern, ...] = (
 
 # Source code (a job's working directory): quoted values only for a name that says secret.
 CODE_PATTERNS: tuple[ValuePattern, ...] = (*VALUE_PATTERNS[:-2], *_named(bare=False))
+
+
+# -- secrets in an argv: a command line split into its words (shlex) ---------------------------------
+# Options whose value is `user:password` (curl -u/--user/--proxy-user, wget-style --user): the
+# part after the first colon is the secret. Without a colon the value is only a name (or, for
+# `python -u` and `pip install --user`, no value at all), so nothing is taken; nor from a URL
+# (`pip install --user git+https://...`: its credentials have a shape of their own) or a
+# `uid:gid` (`docker run -u 1000:1000`).
+USER_OPTIONS = frozenset({"-u", "--user", "--proxy-user"})
+_OPTION_EQ = re.compile(r"(--?[A-Za-z][A-Za-z0-9_-]*)=", re.DOTALL)
+_ATTACHED_USER = re.compile(r"-u(?=[^\s:=-][^\s:]*:.)")  # curl -ualice:pw
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]{0,63})=", re.DOTALL)
+# A value that names another place instead of holding the secret: `$HF_TOKEN`, `${HF_TOKEN}`.
+_REFERENCE = re.compile(r"\$\{?[A-Za-z_][A-Za-z0-9_]*\}?")
+# Switch values of secret-named options and variables (--use_auth_token=true, HF_HUB_DISABLE_TOKEN=1).
+_SWITCH_VALUES = frozenset({"", "0", "1", "true", "false", "none", "null", "yes", "no", "on", "off"})
+
+
+def argv_secret_spans(argv: Sequence[str]) -> list[tuple[int, int, int]]:
+    """Where the secrets are in `argv`, as (index, start, end) inside argv[index]: the argument
+    after `--password`/`--token`/`--api-key` (takes_secret), the value of `--password=X`, the
+    password of `-u user:pass`/`--user=user:pass`, the value of a `NAME=value` assignment whose name
+    says secret (`PASSWORD=x python ...`, `hub.token=x`). Token shapes and URL credentials inside
+    an argument are found by VALUE_PATTERNS, like anywhere else."""
+    found = []
+    for index, arg in enumerate(argv):
+        span = _argv_value(argv[index - 1] if index else "", arg)
+        if span is not None and _is_value(arg[span[0] : span[1]]):
+            found.append((index, *span))
+    return found
+
+
+def _argv_value(prev: str, arg: str) -> tuple[int, int] | None:
+    if takes_secret(prev):
+        return None if arg.startswith("-") else (0, len(arg))
+    if prev in USER_OPTIONS:
+        return _password_of(arg, 0)
+    if (option := _OPTION_EQ.match(arg)) is not None:
+        if takes_secret(option.group(1)):
+            return option.end(), len(arg)
+        return _password_of(arg, option.end()) if option.group(1) in USER_OPTIONS else None
+    if (attached := _ATTACHED_USER.match(arg)) is not None:
+        return _password_of(arg, attached.end())
+    if (assign := _ASSIGNMENT.match(arg)) is not None:
+        name, value = assign.group(1), arg[assign.end() :]
+        if name.upper() in ("PWD", "OLDPWD") and value.startswith("/"):
+            return None  # the working directory: a path, scrubbed as one by the host rules
+        return (assign.end(), len(arg)) if secret_name(name) else None
+    return None
+
+
+def _password_of(arg: str, start: int) -> tuple[int, int] | None:
+    user, colon, password = arg[start:].partition(":")
+    if not colon or not user or "//" in arg[start:] or (user.isdigit() and password.isdigit()):
+        return None
+    return start + len(user) + 1, len(arg)
+
+
+def _is_value(value: str) -> bool:
+    return not (
+        value.lower() in _SWITCH_VALUES or _REFERENCE.fullmatch(value) or PLACEHOLDER.fullmatch(value.strip())
+    )

@@ -102,8 +102,17 @@ def build_report(
     secret's shape, not its paths (a report read here links to the run's logs). The records are
     scrubbed as they are read and each written text passes `hand_out`: nothing is written when a
     secret survives (LeakError)."""
-    scrubber = Scrubber.secrets() if scrubber is None else scrubber
-    merged = load_and_merge([Path(d) for d in result_dirs], scrubber.data)
+    active = Scrubber.secrets() if scrubber is None else scrubber
+
+    def clean(data: object) -> object:
+        # Each folder's command lines add their secret values to what every text here replaces
+        # (quoted or escaped as they may be rendered), before anything is read from the folder.
+        nonlocal active
+        active = active.with_command_secrets(data)
+        return active.data(data)
+
+    merged = load_and_merge([Path(d) for d in result_dirs], clean)
+    scrubber = active
     answers = answer_all(merged, gpu_env_ids() if gpu_env_hint is None else gpu_env_hint)
     table = rows(merged)
     out_dir = safe_write.claim_folder(Path(out_dir), option="OUT", owned_by=OWNED_BY)

@@ -15,7 +15,9 @@
 Plan as data (`BundleRequest` -> `make_bundle`), Docker behind `repro.upstream.bundle_image`. Every text
 goes through `repro.core.scrub` on its way in (the records before anything is rendered from them, each
 written text through `hand_out`), and the finished folder is scanned again: a bundle that still contains
-a host value or a secret's shape is refused (LeakError), not shipped.
+a host value or a secret's shape is refused (LeakError), not shipped, and what it wrote is removed. A
+secret of the recorded command line is replaced by value wherever it appears; one that cannot be (a
+file named after it) is refused with CommandSecretError (exit 24).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import datetime as dt
 import json
 import re
 import shlex
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +36,7 @@ import jinja2
 
 from repro import __version__
 from repro.core import console, paths, templating
-from repro.core.errors import BundleError, ReproError
+from repro.core.errors import BundleError, LeakError, ReproError
 from repro.core.evidence import platform_mismatch
 from repro.core.makeline import make_line
 from repro.core.results import ResultsData
@@ -273,6 +276,36 @@ def _templates() -> jinja2.Environment:
 def make_bundle(
     request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None] = console.result
 ) -> BundleResult:
+    """The bundle folder (and archive) of `request`. Refused by the leak check (a secret or a host
+    value left in a file): nothing of it stays on disk, so no half-scrubbed folder is shipped."""
+    out = paths.check_output_folder(request.out)
+    existed = out.exists()
+    try:
+        return _make_bundle(request, client, scrubber, say)
+    except LeakError:
+        _remove_written(out, existed)
+        say(f"bundle: refused by the leak check; removed what it wrote in {out}")
+        raise
+
+
+def _remove_written(out: Path, existed: bool) -> None:
+    """What make_bundle wrote: the folder it made, or the contents of the empty one it was given.
+    Links inside are removed, never followed (shutil.rmtree)."""
+    if not out.is_dir() or out.is_symlink():
+        return
+    if not existed:
+        shutil.rmtree(out)
+        return
+    for child in out.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _make_bundle(
+    request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None]
+) -> BundleResult:
     out = paths.check_output_folder(request.out)
     if out.exists() and any(out.iterdir()):
         raise BundleError(
@@ -302,6 +335,8 @@ def make_bundle(
     # Where the bundle and its results live on this host says something about the host too.
     # So do the paths the user passed on the command line (--results-root, --config, --out).
     argv_paths = [a for a in data["invocation"].get("argv") or [] if isinstance(a, str) and a.startswith("/")]
+    # Each secret value of the recorded command lines (`--password 'a b'`, `-u user:pass`) is
+    # replaced in every file, wherever it appears and however it is quoted there.
     scrubber = scrubber.with_paths(
         {
             "<bundle>": out.resolve(),
@@ -309,7 +344,7 @@ def make_bundle(
             **({"<workdir>": job_dir} if job_dir is not None else {}),
             **{f"<path{i}>": p for i, p in enumerate(argv_paths, 1)},
         }
-    )
+    ).with_command_secrets(data)
 
     # From here on only scrubbed values: whatever is rendered from them (commands, the comment,
     # the README) is clean before it is quoted, shell-quoted or escaped, where a scrub of the

@@ -12,7 +12,7 @@ from typing import Any
 from repro.core import safe_write
 from repro.core.errors import LeakError, UsageError
 from repro.core.paths import confined
-from repro.core.scrub import Form, Scrubber
+from repro.core.scrub import Form, Scrubber, command_secret_error
 from repro.upstream.bundle_manifest import MANIFEST
 
 IMAGE_FILE = "image.tar.gz"
@@ -117,21 +117,28 @@ def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) 
     secret's shape (secret_shapes.VALUE_PATTERNS, whatever this host's environment holds); HTML
     also as a reader sees it. The image is skipped: it is gzip (no text to match) and holds only
     what the build put there (build-only files flattened out)."""
-    found = []
+    found, commands = [], []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         rel = path.relative_to(folder).as_posix()
         if rel in skip:
             continue
         # A file's name travels too (a log named after a token): checked like its content.
-        content = scrubber.leaks(path.read_bytes().decode("latin-1"), Form.for_path(path))
-        hits = sorted(set(content) | set(scrubber.leaks(rel)))
+        text, form = path.read_bytes().decode("latin-1"), Form.for_path(path)
+        shown = scrubber.text(rel)  # the message is shown, maybe in CI: never the value itself
+        if scrubber.command_leaks(text, form) or scrubber.command_leaks(rel):
+            commands.append(shown)
+            continue
+        hits = sorted(set(scrubber.leaks(text, form)) | set(scrubber.leaks(rel)))
         if hits:
-            found.append(f"{scrubber.text(rel)}: {', '.join(hits)}")  # the message is shown, maybe in CI
+            found.append(f"{shown}: {', '.join(hits)}")
+    if commands:
+        raise command_secret_error(commands)
     if found:
         raise LeakError(
             "the bundle would contain secrets or values from this host",
             why="; ".join(found),
-            fix="report this as a bug of mics-repro; the bundle folder was left for inspection",
+            fix="report this as a bug of mics-repro with the kinds above (placeholders, not the values); "
+            "nothing was handed out: the bundle folder was removed",
         )
 
 

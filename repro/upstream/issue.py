@@ -353,10 +353,15 @@ def _plain(value: Any) -> Any:
 
 def render(folder: Path, scrubber: Scrubber) -> str:
     paths: dict[str, str | Path] = {"<results>": folder.resolve()}
-    repo = (context(folder)["commit"] or {}).get("ds_repo")
+    raw = context(folder)
+    repo = (raw["commit"] or {}).get("ds_repo")
     if isinstance(repo, str) and repo.startswith("/"):  # a local checkout: where it is says nothing
         paths["<DS_REPO>"] = repo
-    scrub = scrubber.with_paths(paths)
+    # Each secret value of the folder's command lines is replaced wherever it appears, quoted or
+    # not (a reproduce line quotes CMD='...' once more); the lines themselves word by word.
+    kind, data = _load(folder)
+    recorded = [raw, data, _results(folder) if kind != "run" else {}]
+    scrub = scrubber.with_paths(paths).with_command_secrets(recorded)
     # The records are scrubbed as they are read, each value again before it is escaped for
     # Markdown (a secret is matched as recorded, not in its escaped form), and the whole text
     # passes the hand-out gate after, for what the template itself holds.
