@@ -1,0 +1,112 @@
+"""Hardening, round 4 (issue 45): nothing a run started outlives it, one run per results folder,
+a full disk ends a run at once, and a forked run ends only once its ranks are gone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from repro.workload import runner
+from repro.workload.prefork import PreforkServer
+
+REPO = Path(__file__).resolve().parents[1]
+STAND_IN = (
+    "--preload",
+    "tests.fixtures.prefork_heavy",
+    "--required",
+    "tests.fixtures.prefork_heavy",
+    "--entry",
+    "tests.fixtures.prefork_entry:main",
+)
+
+
+def _wait_for(check: object, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():  # type: ignore[operator]
+            return True
+        time.sleep(0.05)
+    return False
+
+
+# ---- item 4: a forked run ends only once its ranks are gone ------------------------------------------
+
+
+@pytest.fixture
+def server(tmp_path: Path, real_subprocess: None) -> Iterator[PreforkServer]:
+    srv = PreforkServer(dict(os.environ), str(REPO), str(tmp_path / "prefork.log"), runner.alive, STAND_IN)
+    yield srv
+    srv.abandon()
+
+
+def _hanging_run(server: PreforkServer, run_dir: Path, world: int = 2) -> tuple[object, list[int]]:
+    run_dir.mkdir()
+    argv = ["--run-dir", str(run_dir), "--mode", "hang"]
+    run = server.start(argv, dict(os.environ), world, str(run_dir / "launcher.log"))
+    assert _wait_for(lambda: len(runner._rank_pids(str(run_dir))) == world), "the ranks did not start"
+    return run, runner._rank_pids(str(run_dir))
+
+
+def test_a_run_whose_leader_died_first_has_not_ended_while_its_ranks_live(
+    server: PreforkServer, tmp_path: Path
+) -> None:
+    """The leader gone before its ranks (what a SIGKILL of the whole session can leave for a
+    moment, made certain here by killing the leader alone): the run is not reported ended while
+    a rank still runs, and is once they are stopped."""
+    run, ranks = _hanging_run(server, tmp_path / "run")
+    os.kill(run.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    try:
+        code = run.wait(timeout=5)  # type: ignore[attr-defined]
+    except subprocess.TimeoutExpired:
+        code = None
+    living = [p for p in ranks if runner.alive(p)]
+    assert code is None or not living, f"the run ended ({code}) while its ranks {living} ran"
+    assert living == ranks  # nothing stopped them: the run goes on
+    for pid in ranks:
+        os.kill(pid, signal.SIGTERM)
+    assert run.wait(timeout=60) == -signal.SIGKILL  # type: ignore[attr-defined]
+    assert not [p for p in ranks if runner.alive(p)]
+
+
+def _holds_off(pid: int, sig: int) -> bool:
+    """Whether process `pid` ignores or blocks `sig` (/proc/PID/status masks)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    lines = [line for line in status.splitlines() if line.startswith(("SigIgn", "SigBlk"))]
+    masks = [int(line.split()[1], 16) for line in lines]
+    return any(mask & (1 << (sig - 1)) for mask in masks)
+
+
+def test_a_stop_sent_before_the_leader_forks_reaches_every_rank(
+    server: PreforkServer, tmp_path: Path
+) -> None:
+    """SIGTERM to the run's session while its leader has not forked its ranks yet (held here
+    at its log, a FIFO nobody reads yet): the ranks it forks after that must not run on."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    log = run_dir / "launcher.log"
+    os.mkfifo(log)
+    argv = ["--run-dir", str(run_dir), "--mode", "hang"]
+    run = server.start(argv, dict(os.environ), 2, str(log))
+    assert _wait_for(lambda: _holds_off(run.pid, signal.SIGTERM)), "the leader never set up its signals"
+    os.killpg(run.pid, signal.SIGTERM)
+    reader = threading.Thread(target=lambda: open(log, "rb").read(), daemon=True)
+    reader.start()  # the leader's log opens: it goes on, forking the ranks
+    try:
+        code = run.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        code = None
+    living = [p for p in runner._rank_pids(str(run_dir)) if runner.alive(p)]
+    if code is None:
+        os.killpg(run.pid, signal.SIGKILL)
+    assert code is not None, f"the ranks missed the stop: {living} still running"
+    assert not living
