@@ -3,6 +3,7 @@ a full disk ends a run at once, and a forked run ends only once its ranks are go
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -110,3 +111,50 @@ def test_a_stop_sent_before_the_leader_forks_reaches_every_rank(
         os.killpg(run.pid, signal.SIGKILL)
     assert code is not None, f"the ranks missed the stop: {living} still running"
     assert not living
+
+
+# ---- item 1: nothing a job started outlives its run -------------------------------------------------
+
+
+def _with_arg(arg: str) -> list[int]:
+    """Running processes with `arg` in their command line (found whatever the runner does)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if arg.encode() in argv and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_daemons_a_job_started_are_stopped_and_named(tmp_path: Path, real_subprocess: None) -> None:
+    """`setsid cmd &` and a double fork leave the job's process group: the run still ends them."""
+    from repro.workload import job
+
+    seconds = f"{3000 + os.getpid() % 1000}.{time.monotonic_ns() % 1000000}"  # only this test's sleeps
+    # one leaves the session at once, one the classic way (fork, setsid, fork; the middle exits)
+    both = f'for i in $(seq 300); do [ "$(pgrep -fxc "sleep {seconds}")" = 2 ] && break; sleep 0.1; done'
+    command = f"setsid sleep {seconds} & (setsid sh -c 'sleep {seconds} &' &) ; {both}; echo started"
+    out = tmp_path / "out"
+    argv = ["--cmd", command, "--workdir", str(tmp_path), "--out", str(out), "--device", "gpu"]
+    try:
+        assert job.main([*argv, "--timeout", "600"]) == 0
+        left = _with_arg(seconds)
+    finally:
+        for pid in _with_arg(seconds):
+            os.kill(pid, signal.SIGKILL)
+    result = json.loads((out / job.JOB_JSON).read_text())
+    assert not left, f"the job's daemons {left} outlived its run (survivors: {result['survivors']})"
+    assert result["survivors"] == []
+    stopped = result["left_running"]
+    assert sorted(stopped.values()).count(f"sleep {seconds}") == 2
+    from repro.run.job import RawRun, build_records
+
+    [record] = build_records("cpu", [RawRun("stock", result, "", None)], None, "sha256:x", 600.0)
+    assert record["job"] is not None and record["job"]["left_running"] == stopped
+    assert "process(es) the job left running after its command ended" in str(record["reason"])

@@ -289,6 +289,12 @@ def _record(
     reason = verdict.reason
     if job.get("status") == "hung" and job.get("hang_detail"):
         reason = f"{job['hang_detail']}; {len(job.get('stacks') or {})} Python stacks recorded"
+    stray = job.get("left_running") or {}
+    if stray and isinstance(stray, dict):
+        reason += (
+            f"; {len(stray)} process(es) the job left running after its command ended "
+            f"(outside its process group: setsid, a double fork) were stopped: {sorted(stray)}"
+        )
     if job.get("survivors"):
         reason += f"; processes still alive after SIGKILL: {job['survivors']}"
     engine: dict[str, Any] = next((r["engine"] for r in reports if r.get("engine")), {})
@@ -334,6 +340,7 @@ def _record(
             "notes": notes,
             "exit_code": job.get("exit_code"),
             "survivors": job.get("survivors") or [],
+            "left_running": job.get("left_running") or {},  # stopped after the command (leftovers.py)
             "processes": job.get("processes") or {},
             "loss_steps": parsed.loss_steps,
             "deepspeed_imported": bool(reports),
