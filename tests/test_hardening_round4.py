@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -158,3 +159,50 @@ def test_daemons_a_job_started_are_stopped_and_named(tmp_path: Path, real_subpro
     [record] = build_records("cpu", [RawRun("stock", result, "", None)], None, "sha256:x", 600.0)
     assert record["job"] is not None and record["job"]["left_running"] == stopped
     assert "process(es) the job left running after its command ended" in str(record["reason"])
+
+
+# ---- item 2: one run per results folder -------------------------------------------------------------
+
+HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.ftruncate(fd, 0)
+os.write(fd, str(os.getpid()).encode())
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_second_resume_of_a_folder_in_use_refuses_and_names_the_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], real_subprocess: None
+) -> None:
+    """Two `make run ... RESUME=1` of one interrupted invocation: the one that comes second, while
+    the first (here a process holding the folder's run lock) still runs, touches nothing."""
+    from test_files_r3 import JobEngine, run_job
+
+    engine = JobEngine(cut=("stock",))
+    monkeypatch.setattr("repro.cli.job_commands._engine", lambda choice: engine)
+    assert run_job(tmp_path) == 130  # interrupted: RESUME=1 would run the stock run again
+    engine.outs.clear()
+    out = tmp_path / "out"
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    first = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out / ".repro-run.lock")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert first.stdout is not None and first.stdout.readline() == "held\n"
+        capsys.readouterr()
+        code = run_job(tmp_path, "--resume")
+        err = capsys.readouterr().err
+    finally:
+        first.communicate("")
+    assert code == 2, "the second run went ahead in a folder another run holds"
+    assert f"is in use by another run (pid {first.pid})" in err
+    assert engine.outs == []
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    # Once the first has ended, the same RESUME=1 goes ahead.
+    assert run_job(tmp_path, "--resume") == 0 and engine.outs

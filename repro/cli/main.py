@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from repro.cli.registry import SPECS, Handler
-from repro.core import console
+from repro.core import console, run_lock
 from repro.core.errors import Interrupted, ReproError, UsageError
 from repro.core.signals import install_stop_handlers
 
@@ -102,6 +102,7 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
         return error_exit or exc.exit_code
     finally:
         console.close()  # a live display (repro/core/progress.py) leaves the terminal as it found it
+        run_lock.release_all()  # tests call main() again in one process: the next run may lock
 
 
 def _control_character(text: str) -> str | None:

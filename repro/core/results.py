@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from repro import __version__
-from repro.core import records, safe_write, shapes
+from repro.core import records, run_lock, safe_write, shapes
 from repro.core.errors import Interrupted, UsageError
 from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
 
@@ -153,9 +153,11 @@ def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | 
     its results.json (and the folder, when it was made for it) and point results/latest back
     where it was. A folder holding anything else is kept. Returns whether it was removed."""
     left = [p.name for p in folder.iterdir()] if folder.is_dir() else []
-    if any(name != RESULTS_FILE for name in left):
+    if any(name not in (RESULTS_FILE, run_lock.LOCK_NAME) for name in left):
         return False
     (folder / RESULTS_FILE).unlink(missing_ok=True)
+    run_lock.release(folder)
+    (folder / run_lock.LOCK_NAME).unlink(missing_ok=True)
     if made:
         folder.rmdir()
     link = root / LATEST
