@@ -3,6 +3,7 @@ a full disk ends a run at once, and a forked run ends only once its ranks are go
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,3 +208,110 @@ def test_a_second_resume_of_a_folder_in_use_refuses_and_names_the_first(
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
     # Once the first has ended, the same RESUME=1 goes ahead.
     assert run_job(tmp_path, "--resume") == 0 and engine.outs
+
+
+# ---- item 3: a full disk ends the run at once ---------------------------------------------------------
+
+
+class _FullDisk:
+    """A log file on a disk that has just filled up: every write fails with ENOSPC."""
+
+    def __enter__(self) -> _FullDisk:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def write(self, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_job_whose_log_hits_a_full_disk_stops_at_once_with_a_clear_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    real_subprocess: None,
+) -> None:
+    """The job writes on and on; its log cannot be written. Not a stall (the job blocked on its
+    undrained output until the stall limit) and no traceback: exit 28 with the disk's words."""
+    from repro.workload import job
+
+    marker = f"{4000 + os.getpid() % 1000}.{time.monotonic_ns() % 1000000}"
+    real_open = open
+
+    def full_log(path: str, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        return _FullDisk() if str(path).endswith(job.JOB_LOG) else real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(job, "open", full_log, raising=False)  # what the runner's module opens
+    out = tmp_path / "out"
+    command = f"while true; do echo {marker}; done"
+    argv = ["--cmd", command, "--workdir", str(tmp_path), "--out", str(out), "--device", "gpu"]
+    code = job.main([*argv, "--stall-timeout", "20", "--timeout", "600"])
+    err = capsys.readouterr().err
+    assert code == 28, f"the run went on to {code} ({(out / job.JOB_JSON).is_file() and 'hung'})"
+    assert "error: the disk is full: writing the job's log failed (No space left on device)" in err
+    assert str(out / job.JOB_LOG) in err and "free there" in err and "RESUME=1" in err
+    assert "Traceback" not in err
+    assert not _with_text(marker)  # nothing of the job is left
+
+
+def _with_text(text: str) -> list[int]:
+    """Running processes whose command line holds `text`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
+        except OSError:
+            continue
+        if text.encode() in argv and int(entry) != os.getpid():
+            found.append(int(entry))
+    return found
+
+
+def test_results_json_on_a_full_disk_ends_the_run_with_the_disks_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from test_files_r3 import JobEngine, run_job
+
+    from repro.core import results
+
+    engine = JobEngine()
+    monkeypatch.setattr("repro.cli.job_commands._engine", lambda choice: engine)
+
+    def full(path: str, data: Any) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+
+    monkeypatch.setattr(results, "write_json_atomic", full)
+    code = run_job(tmp_path)
+    err = capsys.readouterr().err
+    assert code == 28
+    assert "error: the disk is full: writing the results (results.json) failed" in err
+    assert str(tmp_path / "out" / "results.json") in err and "free there" in err and "RESUME=1" in err
+    assert engine.outs == []  # it ended at once: nothing ran on a disk that cannot hold its results
+
+
+def test_a_job_runner_that_stopped_on_a_full_disk_ends_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The in-env runner exits 28 (its log or job.json could not be written): the tool stops
+    there with the disk's words, not a `crashed` record judged from a cut log."""
+    from test_files_r3 import JobEngine, run_job
+
+    from repro.engines.base import SuiteRun
+
+    class FullEngine(JobEngine):
+        def run_job(self, prepared: Any, args: Any, out_dir: Path, *rest: Any, **kw: Any) -> SuiteRun:
+            self.outs.append(out_dir)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            return SuiteRun(28, False, 1.0, out_dir, None)
+
+    engine = FullEngine()
+    monkeypatch.setattr("repro.cli.job_commands._engine", lambda choice: engine)
+    code = run_job(tmp_path)
+    err = capsys.readouterr().err
+    assert code == 28, err
+    assert "error: the disk is full: writing the stock run's files" in err
+    assert len(engine.outs) == 1  # the fixed run did not start

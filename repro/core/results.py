@@ -22,6 +22,7 @@ from typing import Any, TypedDict
 
 from repro import __version__
 from repro.core import records, run_lock, safe_write, shapes
+from repro.core.diskfull import disk_full_error, is_disk_full
 from repro.core.errors import Interrupted, UsageError
 from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
 
@@ -281,7 +282,14 @@ class InvocationDir:
         )
 
     def save(self) -> None:
-        write_json_atomic(str(self.folder / RESULTS_FILE), self.data)
+        try:
+            write_json_atomic(str(self.folder / RESULTS_FILE), self.data)
+        except OSError as exc:
+            if is_disk_full(exc):  # the run ends now, saying so (no traceback, no stall)
+                raise disk_full_error(
+                    exc, f"the results ({RESULTS_FILE})", self.folder / RESULTS_FILE
+                ) from None
+            raise
 
     @property
     def runs(self) -> list[RunRecord]:

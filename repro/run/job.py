@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.core import console
+from repro.core.diskfull import disk_full_at
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
@@ -32,6 +33,7 @@ from repro.engines.base import Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
 from repro.run import job_resume
 from repro.workload import judge
+from repro.workload.diskfull import EXIT_DISK_FULL
 from repro.workload.record import (
     CUSTOM_SCENARIO,
     PATCHES,
@@ -435,6 +437,8 @@ def execute_job(
                 cut.job["status"] = "interrupted"
             _record_job(request, env, invocation, [*raws, cut], digest, layer)
             raise invocation.interrupted(stop) from None
+        if ran.exit_code == EXIT_DISK_FULL:  # the in-env runner said why on stderr; the run ends here
+            raise disk_full_at(f"the {patch} run's files (job.log, job.json)", out / "job.log")
         raws.append(read_raw(patch, out, invocation.folder, ran))
     records = _record_job(request, env, invocation, raws, digest, layer)
     invocation.finish()

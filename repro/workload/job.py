@@ -37,6 +37,7 @@ from typing import Any, Callable
 from repro.workload import collectives, hangwatch, hookpth, leftovers
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
+from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
 from repro.workload.parentwatch import become_subreaper, follow_tool
 from repro.workload.record import TRANSPORT_MODES, write_json_atomic
 from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
@@ -230,20 +231,29 @@ def _group_alive(pgid: int) -> bool:
 
 
 class _Tee(threading.Thread):
-    """Copies the job's output to the terminal and the log; remembers when it last spoke."""
+    """Copies the job's output to the terminal and the log; remembers when it last spoke. A full
+    disk does not end it: it keeps the job's pipe drained (else the job blocks on its output) and
+    keeps the DiskFull for the watch loop, which stops the run at once."""
 
     def __init__(self, proc: subprocess.Popen[bytes], log_path: str) -> None:
         super().__init__(daemon=True)
         self.proc, self.log_path = proc, log_path
         self.last_output = time.time()
+        self.error: DiskFull | None = None
 
     def run(self) -> None:
         assert self.proc.stdout is not None
         with open(self.log_path, "ab") as log:
             for chunk in iter(lambda: self.proc.stdout.readline(), b""):  # type: ignore[union-attr]
                 self.last_output = time.time()
-                log.write(chunk)
-                log.flush()
+                if self.error is None:
+                    try:
+                        log.write(chunk)
+                        log.flush()
+                    except OSError as exc:
+                        if not is_disk_full(exc):
+                            raise
+                        self.error = DiskFull("the job's log", self.log_path, exc)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
 
@@ -285,6 +295,8 @@ def _watch(
     stacks, survivors)."""
     watch = hangwatch.HangWatch(args.stall_timeout, floor_s=hangwatch.JOB_STALL_FLOOR_S)
     while proc.poll() is None:
+        if tee.error is not None:
+            raise tee.error  # the log cannot be written: the run ends now (run_job stops it)
         beat = _last_heartbeat(job_dir)
         quiet = time.time() - max(tee.last_output, beat)
         views = hangwatch.read_views(os.path.join(job_dir, collectives.FOLDER), alive)
@@ -342,6 +354,10 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     except KeyboardInterrupt:
         status, detail, stacks = "interrupted", "", {}
         survivors = stop_everything(proc, job_dir)
+    except DiskFull:
+        stop_everything(proc, job_dir)
+        leftovers.stop(token, {proc.pid}, below_me=bool(getattr(args, "subreaper", False)))
+        raise
     if status is None and stopped_by_signal(proc.returncode):
         status = "interrupted"  # SIGHUP/SIGTERM reached the command itself: stopped, not crashed
     if status is None and (any(alive(p) for p in _pids(job_dir)) or _group_alive(proc.pid)):
@@ -351,6 +367,8 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     stray, still = leftovers.stop(token, {proc.pid}, below_me=bool(getattr(args, "subreaper", False)))
     survivors = sorted(set(survivors) | set(still))
     tee.join(timeout=10)
+    if tee.error is not None:  # the command ended before the watch saw it: the log is still cut
+        raise tee.error
     return {
         "status": status,
         "exit_code": proc.returncode,
@@ -401,9 +419,22 @@ def main(argv: list[str] | None = None) -> int:
         install_stop_handlers()
         follow_tool()  # the tool's death (even SIGKILL) stops the job like Ctrl-C
         args.subreaper = become_subreaper()  # the job's orphans come to this runner, not to init
-    result = run_job(args)
-    write_json_atomic(os.path.join(args.out, JOB_JSON), result)
+    try:
+        result = run_job(args)
+        _write_result(os.path.join(args.out, JOB_JSON), result)
+    except DiskFull as full:
+        sys.stderr.write(full.message() + "\n")
+        return EXIT_DISK_FULL
     return 0
+
+
+def _write_result(path: str, result: dict[str, Any]) -> None:
+    try:
+        write_json_atomic(path, result)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull("the run's record (job.json)", path, exc) from None
+        raise
 
 
 if __name__ == "__main__":
