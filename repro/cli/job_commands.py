@@ -118,7 +118,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         open_invocation_dir,
         point_latest,
     )
-    from repro.core.run_lock import lock_folder
     from repro.run.job import custom_lines, describe, execute_job, reproduce_line
     from repro.run.job_resume import check_same_job
     from repro.run.summary import render
@@ -133,13 +132,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     resumed = _resumable(root, out, args.resume or env_bool("RESUME", os.environ))
     if resumed is not None:
         folder, made = resumed, False
-        lock_folder(folder)  # one run per folder: a second RESUME=1 of it refuses (run_lock.py)
         invocation = InvocationDir.reopen(folder)
         check_same_job(invocation.data["envs"], env.id, request.command, folder)
         console.result(f"resume: {folder}")
     else:
         folder, made = open_invocation_dir(root, out, [env.id])
-        lock_folder(folder)
         invocation = InvocationDir(folder, invocation_meta(list(args.argv), line))
         invocation.save()
     previous_latest = latest_target(root)

@@ -132,6 +132,7 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
         probe = folder / f".write-test.{os.getpid()}"
         probe.write_text("")
         probe.unlink()
+        run_lock.lock_folder(folder)  # one run per folder, for this run's life (run_lock.py)
     except OSError as exc:
         raise UsageError(
             f"cannot write results to {where}",
@@ -219,7 +220,9 @@ class InvocationDir:
     @classmethod
     def reopen(cls, folder: Path) -> InvocationDir:
         """An earlier invocation's folder, to finish what it did not (RESUME=1): its records are
-        kept, it is marked running again (`finished_at` null until it ends)."""
+        kept, it is marked running again (`finished_at` null until it ends). Locked first: a second
+        run of the folder while one goes refuses, naming its pid (run_lock.py)."""
+        run_lock.lock_folder(folder)
         data = load(folder)
         invocation = cls(folder, dict(data["invocation"]))
         invocation.data = data

@@ -27,7 +27,6 @@ from repro.core.results import (
     open_invocation_dir,
     point_latest,
 )
-from repro.core.run_lock import lock_folder
 from repro.core.verdict import FixCheck, check_fix
 from repro.engines.base import as_built
 from repro.engines.preflight import check_world_size
@@ -112,7 +111,6 @@ def run_request(
     resumed = _resumable(target)
     if resumed is not None:
         folder, made = resumed, False
-        lock_folder(folder)  # one run per folder: a second RESUME=1 of it refuses (run_lock.py)
         invocation = InvocationDir.reopen(folder)
         todo = unfinished_envs(invocation, steps)
         for env_id in todo:  # the suite clears its unfinished runs there: never through a link
@@ -129,7 +127,6 @@ def run_request(
         )
     else:
         folder, made = open_invocation_dir(target.results_root, target.out, [s.env.id for s in steps])
-        lock_folder(folder)
         invocation = InvocationDir(folder, invocation_meta(list(target.argv), target.make_command))
         invocation.save()
     previous_latest = latest_target(target.results_root)
