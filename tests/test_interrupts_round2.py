@@ -147,6 +147,11 @@ def test_the_prefork_server_stops_its_runs_when_the_suite_is_gone(
         run = server.start(
             ["--run-dir", str(run_dir), "--mode", "hang"], dict(os.environ), 2, str(run_dir / "l.log")
         )
+        # Every rank up first, so the check below covers them all (a stop that comes while the
+        # leader still forks: tests/test_hardening_round4.py).
+        deadline = time.monotonic() + 60
+        while len(runner._rank_pids(str(run_dir))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert server.proc.stdin is not None
         server.proc.stdin.close()  # what a SIGKILLed suite leaves: the end of the server's input
         try:
@@ -160,7 +165,9 @@ def test_the_prefork_server_stops_its_runs_when_the_suite_is_gone(
             pass
         server.abandon()
     assert code is not None, "the run outlived its suite"
-    assert not [p for p in runner._rank_pids(run_dir) if runner.alive(p)]
+    # The server reports a run's end only once its session is empty (prefork_server._reap).
+    assert len(runner._rank_pids(str(run_dir))) == 2
+    assert not [p for p in runner._rank_pids(str(run_dir)) if runner.alive(p)]
 
 
 # ---- items 7 and 8: RESUME=1, and a stop during the summary ----------------------------------------

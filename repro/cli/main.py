@@ -14,7 +14,8 @@ import unicodedata
 from collections.abc import Sequence
 
 from repro.cli.registry import SPECS, Handler
-from repro.core import console
+from repro.core import console, run_lock
+from repro.core.diskfull import disk_full_error, is_disk_full
 from repro.core.errors import Interrupted, ReproError, UsageError
 from repro.core.signals import install_stop_handlers
 
@@ -121,8 +122,17 @@ def main(argv: Sequence[str] | None = None, *, handler: Handler | None = None) -
     except ReproError as exc:
         console.error(exc.render())
         return error_exit or exc.exit_code
+    except OSError as exc:
+        if not is_disk_full(exc):
+            raise
+        # A write of ours that no door turned into its own message: still the disk's words, no
+        # traceback (what was written is known only by its path here).
+        full = disk_full_error(exc, "a file of this run")
+        console.error(full.render())
+        return error_exit or full.exit_code
     finally:
         console.close()  # a live display (repro/core/progress.py) leaves the terminal as it found it
+        run_lock.release_all()  # tests call main() again in one process: the next run may lock
 
 
 # Zero-width (non-)joiners are format characters that Persian, the Indic scripts and emoji need to

@@ -6,6 +6,8 @@ message that says what went wrong, why, and what to do next.
 
 from __future__ import annotations
 
+import os
+
 from repro.core.printable import printable
 
 
@@ -173,3 +175,19 @@ class FixDoesNotApplyError(ReproError):
     """`make pr`: the fix cannot be spliced into DeepSpeed at REF (names the file and line)."""
 
     exit_code = 23
+
+
+class DiskFullError(ReproError):
+    """A write of the lab's own files hit a full disk (ENOSPC/EDQUOT): the run ends at once."""
+
+    exit_code = 28  # repro.workload.diskfull.EXIT_DISK_FULL, the in-env runner's code too
+
+    @classmethod
+    def writing(cls, what: str, path: object, free: str) -> DiskFullError:
+        where = os.path.dirname(os.path.abspath(str(path)))
+        return cls(
+            f"the disk is full: writing {what} failed",
+            why=f"{path}: No space left on device ({free} free there)",
+            fix=f"free space on the disk that holds {where}, or give another OUT= on a disk with "
+            "room; then run the same command with RESUME=1 to finish what did not",
+        )

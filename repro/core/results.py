@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from repro import __version__
-from repro.core import records, safe_write, shapes
+from repro.core import records, run_lock, safe_write, shapes
+from repro.core.diskfull import disk_full_error, is_disk_full
 from repro.core.errors import Interrupted, UsageError
 from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
 
@@ -131,6 +132,7 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
         probe = folder / f".write-test.{os.getpid()}"
         probe.write_text("")
         probe.unlink()
+        run_lock.lock_folder(folder)  # one run per folder, for this run's life (run_lock.py)
     except OSError as exc:
         raise UsageError(
             f"cannot write results to {where}",
@@ -153,9 +155,11 @@ def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | 
     its results.json (and the folder, when it was made for it) and point results/latest back
     where it was. A folder holding anything else is kept. Returns whether it was removed."""
     left = [p.name for p in folder.iterdir()] if folder.is_dir() else []
-    if any(name != RESULTS_FILE for name in left):
+    if any(name not in (RESULTS_FILE, run_lock.LOCK_NAME) for name in left):
         return False
     (folder / RESULTS_FILE).unlink(missing_ok=True)
+    run_lock.release(folder)
+    (folder / run_lock.LOCK_NAME).unlink(missing_ok=True)
     if made:
         folder.rmdir()
     link = root / LATEST
@@ -216,7 +220,9 @@ class InvocationDir:
     @classmethod
     def reopen(cls, folder: Path) -> InvocationDir:
         """An earlier invocation's folder, to finish what it did not (RESUME=1): its records are
-        kept, it is marked running again (`finished_at` null until it ends)."""
+        kept, it is marked running again (`finished_at` null until it ends). Locked first: a second
+        run of the folder while one goes refuses, naming its pid (run_lock.py)."""
+        run_lock.lock_folder(folder)
         data = load(folder)
         invocation = cls(folder, dict(data["invocation"]))
         invocation.data = data
@@ -279,7 +285,14 @@ class InvocationDir:
         )
 
     def save(self) -> None:
-        write_json_atomic(str(self.folder / RESULTS_FILE), self.data)
+        try:
+            write_json_atomic(str(self.folder / RESULTS_FILE), self.data)
+        except OSError as exc:
+            if is_disk_full(exc):  # the run ends now, saying so (no traceback, no stall)
+                raise disk_full_error(
+                    exc, f"the results ({RESULTS_FILE})", self.folder / RESULTS_FILE
+                ) from None
+            raise
 
     @property
     def runs(self) -> list[RunRecord]:

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import ParamSpec, TypeVar
 
+from repro.core.diskfull import disk_full_error, is_disk_full
 from repro.core.errors import UsageError
 from repro.core.smallfile import read_regular
 
@@ -48,6 +49,8 @@ def _usage_on_oserror(func: Callable[_P, _R]) -> Callable[_P, _R]:
             return func(*args, **kwargs)
         except OSError as exc:
             where = Path(str(args[0])) / str(args[1]) if len(args) > 1 else Path(str(args[0]))
+            if is_disk_full(exc):
+                raise disk_full_error(exc, str(where.name), where) from None
             raise UsageError(
                 f"cannot write {where}",
                 why=f"{exc.strerror or exc}",

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from repro.core import console, launchers
+from repro.core.diskfull import disk_full_at
 from repro.core.errors import UsageError
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
@@ -32,6 +33,7 @@ from repro.engines.base import Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
 from repro.run import job_resume
 from repro.workload import judge, ladder
+from repro.workload.diskfull import EXIT_DISK_FULL
 from repro.workload.record import (
     CUSTOM_SCENARIO,
     PATCHES,
@@ -320,6 +322,12 @@ def _record(
     reason = verdict.reason
     if job.get("status") == "hung" and job.get("hang_detail"):
         reason = f"{job['hang_detail']}; {len(job.get('stacks') or {})} Python stacks recorded"
+    stray = job.get("left_running") or {}
+    if stray and isinstance(stray, dict):
+        reason += (
+            f"; {len(stray)} process(es) the job left running after its command ended "
+            f"(outside its process group: setsid, a double fork) were stopped: {sorted(stray)}"
+        )
     if job.get("survivors"):
         reason += f"; processes still alive after SIGKILL: {job['survivors']}"
     if job_wrote(job):
@@ -374,6 +382,7 @@ def _record(
             "notes": notes,
             "exit_code": job.get("exit_code"),
             "survivors": job.get("survivors") or [],
+            "left_running": job.get("left_running") or {},  # stopped after the command (leftovers.py)
             "processes": job.get("processes") or {},
             "loss_steps": parsed.loss_steps,
             "deepspeed_imported": bool(reports),
@@ -469,6 +478,8 @@ def execute_job(
                 cut.job["status"] = "interrupted"
             _record_job(request, env, invocation, [*raws, cut], digest, layer)
             raise invocation.interrupted(stop) from None
+        if ran.exit_code == EXIT_DISK_FULL:  # the in-env runner said why on stderr; the run ends here
+            raise disk_full_at(f"the {patch} run's files (job.log, job.json)", out / "job.log")
         raws.append(read_raw(patch, out, invocation.folder, ran))
     records = _record_job(request, env, invocation, raws, digest, layer)
     invocation.finish()

@@ -35,10 +35,11 @@ import threading
 import time
 from typing import Any, Callable
 
-from repro.workload import collectives, hangwatch, hookpth, hooksign, outwrites
+from repro.workload import collectives, hangwatch, hookpth, hooksign, leftovers, outwrites
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
-from repro.workload.parentwatch import follow_tool
+from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
+from repro.workload.parentwatch import become_subreaper, follow_tool
 from repro.workload.record import TRANSPORT_MODES, write_json_atomic
 from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
 
@@ -231,12 +232,15 @@ def _group_alive(pgid: int) -> bool:
 
 
 class _Tee(threading.Thread):
-    """Copies the job's output to the terminal and the log; remembers when it last spoke."""
+    """Copies the job's output to the terminal and the log; remembers when it last spoke. A full
+    disk does not end it: it keeps the job's pipe drained (else the job blocks on its output) and
+    keeps the DiskFull for the watch loop, which stops the run at once."""
 
     def __init__(self, proc: subprocess.Popen[bytes], log_path: str) -> None:
         super().__init__(daemon=True)
         self.proc, self.log_path = proc, log_path
         self.last_output = time.time()
+        self.error: DiskFull | None = None
         # What this thread wrote: a log that holds anything else was written by the job too.
         self.written = 0
         self.digest = hashlib.sha256()
@@ -246,10 +250,16 @@ class _Tee(threading.Thread):
         with open(self.log_path, "ab") as log:
             for chunk in iter(lambda: self.proc.stdout.readline(), b""):  # type: ignore[union-attr]
                 self.last_output = time.time()
-                log.write(chunk)
-                log.flush()
-                self.written += len(chunk)
-                self.digest.update(chunk)
+                if self.error is None:
+                    try:
+                        log.write(chunk)
+                        log.flush()
+                        self.written += len(chunk)
+                        self.digest.update(chunk)
+                    except OSError as exc:
+                        if not is_disk_full(exc):
+                            raise
+                        self.error = DiskFull("the job's log", self.log_path, exc)
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
 
@@ -271,6 +281,47 @@ def _last_heartbeat(job_dir: str) -> float:
         return 0.0
 
 
+def _hang_detail(found: hangwatch.Hang | None, quiet: float, args: argparse.Namespace) -> str:
+    if found is not None:
+        return found.reason
+    if quiet > args.stall_timeout:
+        return f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
+    return f"exceeded the {args.timeout:g} s time limit"
+
+
+def _watch(
+    proc: subprocess.Popen[bytes],
+    tee: _Tee,
+    job_dir: str,
+    args: argparse.Namespace,
+    path: str | None,
+    start: float,
+) -> tuple[str | None, str, dict[str, str], list[int]]:
+    """Wait for the command, ending it as hung when a hang rule fires: (status, hang detail,
+    stacks, survivors)."""
+    watch = hangwatch.HangWatch(args.stall_timeout, floor_s=hangwatch.JOB_STALL_FLOOR_S)
+    while proc.poll() is None:
+        if tee.error is not None:
+            raise tee.error  # the log cannot be written: the run ends now (run_job stops it)
+        beat = _last_heartbeat(job_dir)
+        quiet = time.time() - max(tee.last_output, beat)
+        views = hangwatch.read_views(os.path.join(job_dir, collectives.FOLDER), alive)
+        found = watch.observe(time.monotonic(), views, beat or None, tee.last_output)
+        if time.monotonic() - start > args.timeout or quiet > args.stall_timeout or found is not None:
+            detail = _hang_detail(found, quiet, args)
+            stacks = dump_stacks(job_dir)
+            spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), path)
+            stacks.update(spied)
+            if unseen:
+                detail += (
+                    f"; no stack from Python process(es) {unseen}, which the hook did not reach"
+                    " (install py-spy in the env to get them)"
+                )
+            return "hung", detail, stacks, stop_everything(proc, job_dir)
+        time.sleep(POLL_S)
+    return None, "", {}, []
+
+
 def run_job(args: argparse.Namespace) -> dict[str, Any]:
     out = os.path.abspath(args.out)
     job_dir = os.path.join(out, "job")
@@ -289,6 +340,8 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     )
     port_env, port_info = rendezvous(args.cmd, env)
     env.update(port_env)
+    token = leftovers.new_token()  # marks every process of this run, wherever it goes (leftovers.py)
+    env[leftovers.RUN_TOKEN_VAR] = token
     key = hooksign.new_key()  # this run's: the hook signs its records with it (hooksign.py)
     env[hooksign.KEY_VAR] = key
     before = outwrites.snapshot(out)
@@ -305,12 +358,26 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     )
     tee = _Tee(proc, os.path.join(out, JOB_LOG))
     tee.start()
-    status, detail, stacks, survivors = _watch(args, proc, tee, job_dir, start, env.get("PATH"))
+    try:
+        status, detail, stacks, survivors = _watch(proc, tee, job_dir, args, env.get("PATH"), start)
+    except KeyboardInterrupt:
+        status, detail, stacks = "interrupted", "", {}
+        survivors = stop_everything(proc, job_dir)
+    except DiskFull:
+        stop_everything(proc, job_dir)
+        leftovers.stop(token, {proc.pid}, below_me=bool(getattr(args, "subreaper", False)))
+        raise
     if status is None and stopped_by_signal(proc.returncode):
         status = "interrupted"  # SIGHUP/SIGTERM reached the command itself: stopped, not crashed
     if status is None and (any(alive(p) for p in _pids(job_dir)) or _group_alive(proc.pid)):
         survivors = stop_everything(proc, job_dir)  # leftovers of a finished command must not outlive it
+    # What left the group (setsid, a double fork) and the hook never saw: found by the run's token
+    # (and, in the real runner, a child subreaper), stopped, named.
+    stray, still = leftovers.stop(token, {proc.pid}, below_me=bool(getattr(args, "subreaper", False)))
+    survivors = sorted(set(survivors) | set(still))
     tee.join(timeout=10)
+    if tee.error is not None:  # the command ended before the watch saw it: the log is still cut
+        raise tee.error
     return {
         "status": status,
         "exit_code": proc.returncode,
@@ -319,6 +386,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         "started_at": started,
         "stacks": stacks,
         "survivors": survivors,
+        "left_running": stray,  # {pid: command line}: what outlived the command, stopped by the runner
         "processes": {str(k): v for k, v in _pids(job_dir).items()},
         **_evidence(out, job_dir, key, before, tee),
         "hook_pth": pth,
@@ -331,54 +399,6 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "transport": args.transport if args.device == "cpu" else "native",
     }
-
-
-def _watch(
-    args: argparse.Namespace,
-    proc: subprocess.Popen[bytes],
-    tee: _Tee,
-    job_dir: str,
-    start: float,
-    path: str | None,
-) -> tuple[str | None, str, dict[str, str], list[int]]:
-    """Wait for the command while the hang rules watch it (module docstring): (status "hung",
-    "interrupted" or None, the hang's detail, the stacks, the survivors)."""
-    status: str | None = None
-    detail = ""
-    stacks: dict[str, str] = {}
-    survivors: list[int] = []
-    watch = hangwatch.HangWatch(args.stall_timeout, floor_s=hangwatch.JOB_STALL_FLOOR_S)
-    try:
-        while proc.poll() is None:
-            beat = _last_heartbeat(job_dir)
-            quiet = time.time() - max(tee.last_output, beat)
-            views = hangwatch.read_views(os.path.join(job_dir, collectives.FOLDER), alive)
-            found = watch.observe(time.monotonic(), views, beat or None, tee.last_output)
-            if time.monotonic() - start > args.timeout or quiet > args.stall_timeout or found is not None:
-                if found is not None:
-                    detail = found.reason
-                elif quiet > args.stall_timeout:
-                    detail = (
-                        f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
-                    )
-                else:
-                    detail = f"exceeded the {args.timeout:g} s time limit"
-                status = "hung"
-                stacks = dump_stacks(job_dir)
-                spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), path)
-                stacks.update(spied)
-                if unseen:
-                    detail += (
-                        f"; no stack from Python process(es) {unseen}, which the hook did not reach"
-                        " (install py-spy in the env to get them)"
-                    )
-                survivors = stop_everything(proc, job_dir)
-                break
-            time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        status = "interrupted"
-        survivors = stop_everything(proc, job_dir)
-    return status, detail, stacks, survivors
 
 
 def _evidence(
@@ -420,12 +440,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--stall-timeout", type=float, default=300.0)
     args = p.parse_args(argv)
+    args.subreaper = False
     if argv is None:  # a real command line (tests call main(argv) and keep their own handlers)
         install_stop_handlers()
         follow_tool()  # the tool's death (even SIGKILL) stops the job like Ctrl-C
-    result = run_job(args)
-    write_json_atomic(os.path.join(args.out, JOB_JSON), result)
+        args.subreaper = become_subreaper()  # the job's orphans come to this runner, not to init
+    try:
+        result = run_job(args)
+        _write_result(os.path.join(args.out, JOB_JSON), result)
+    except DiskFull as full:
+        sys.stderr.write(full.message() + "\n")
+        return EXIT_DISK_FULL
     return 0
+
+
+def _write_result(path: str, result: dict[str, Any]) -> None:
+    try:
+        write_json_atomic(path, result)
+    except OSError as exc:
+        if is_disk_full(exc):
+            raise DiskFull("the run's record (job.json)", path, exc) from None
+        raise
 
 
 if __name__ == "__main__":

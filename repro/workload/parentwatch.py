@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.5
 # In a container the tool is no parent (init is): the Docker engine holds an exclusive lock on a
 # file it binds in read-only (the owner lock), and the suite waits for that lock, which the kernel
@@ -32,11 +33,22 @@ OWNER_LOCK_PATH = f"{OWNER_LOCK_DIR}/owner.lock"
 
 def _pdeathsig(sig: int) -> bool:
     """Ask the kernel to send `sig` when the parent dies; False where that cannot be done."""
+    return _prctl(PR_SET_PDEATHSIG, sig)
+
+
+def _prctl(option: int, value: int) -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return int(libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)) == 0
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
     except (OSError, AttributeError):
         return False
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants of this process (a double fork, a `setsid cmd &`) are reparented to
+    it instead of init (Linux 3.4+), so it can find, stop and reap them; False where the kernel
+    cannot."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
 
 
 def _terminate_self() -> None:

@@ -50,6 +50,7 @@ import traceback
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from repro.workload.parentwatch import become_subreaper
 from repro.workload.train import exit_now
 
 # What the ranks import anyway, in the order they do; the server imports them once. A module a
@@ -155,6 +156,9 @@ def _default_signals() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # what Python sets at start-up
+    # A rank inherits the leader's blocked signals: a stop sent between its fork and here was
+    # kept pending, and acts now, with the dispositions above (a fresh interpreter blocks none).
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
 
 
 def _rank(rank: int, world_size: int, argv: list[str], entry: str) -> NoReturn:
@@ -228,58 +232,125 @@ def _say(line: str) -> None:
     sys.stderr.flush()
 
 
+# What stops a run: the suite signals the run's session (the leader and its ranks alike).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# The leader takes these synchronously (sigtimedwait), never by a handler: a signal that arrives
+# while it forks stays pending instead of being lost, and a rank forked meanwhile inherits it
+# blocked, so it acts on it once it has a fresh interpreter's dispositions (`_run_entry`).
+LEADER_SIGNALS = (signal.SIGCHLD, *STOP_SIGNALS)
+
+
 def _lead(request: dict[str, Any], entry: str) -> NoReturn:
     """The run's session leader: fork the ranks, wait for them, stop the peers of a failed rank
     (torchrun's rule: SIGTERM, then SIGKILL after a grace period), exit with the first failure's
-    code (0 when every rank exited 0). It ignores SIGINT/SIGTERM/SIGHUP: the suite signals the
-    whole session, the ranks act on it, and the leader ends when they have."""
+    code (0 when every rank exited 0). The suite signals the whole session and the ranks act on
+    it; the leader stops forking, gives the ranks the same grace, then SIGKILL. On every path,
+    an error of its own included, it exits only once every rank it forked is reaped: the run's
+    end (the server reports the leader's exit) means its ranks are gone."""
     code = 70
+    ranks: dict[int, int] = {}
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
+        for sig in LEADER_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_BLOCK, LEADER_SIGNALS)
         _adopt(request["log"], request["log"], request["env"], append=True)
         world = int(request["world_size"])
         _say(f"forking {world} ranks from the pre-imported server (no torchrun; see prefork_server.py)")
-        ranks: dict[int, int] = {}
         for rank in range(world):
             pid = os.fork()
             if pid == 0:
                 _rank(rank, world, list(request["argv"]), entry)
             ranks[pid] = rank
+            if _stop_forking(pid, rank, world):
+                break
         code = _wait_ranks(ranks)
     except BaseException:  # noqa: BLE001 - a leader never returns into the server's loop
         traceback.print_exc()
+        _kill_and_reap(ranks)
     finally:
         os._exit(code)
 
 
+def _stop_pending() -> set[int]:
+    return {int(sig) for sig in signal.sigpending() if sig in STOP_SIGNALS}
+
+
+def _stop_forking(pid: int, rank: int, world: int) -> bool:
+    """After forking `rank`: whether the session was signalled to stop meanwhile. Then no more
+    ranks start, and the rank just forked gets the signal too: it may have come just before the
+    fork, so it missed it. (Just after, it has it twice: a second SIGTERM or SIGHUP changes
+    nothing, a second SIGINT is a second Ctrl-C, which the runner's stop sends anyway.)"""
+    pending = _stop_pending()
+    if not pending:
+        return False
+    _say(f"stopped while starting: {rank + 1} of {world} ranks forked")
+    for sig in pending:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return True
+
+
 def _wait_ranks(ranks: dict[int, int]) -> int:
+    """Reap the ranks as they exit; a failed rank or a stop signal starts the grace period after
+    which the ranks still running get SIGKILL. Returns once none is left."""
     first_failure = 0
-    deadline: float | None = None
+    deadline = time.monotonic() + PEER_STOP_GRACE_S if _stop_pending() else None
     while ranks:
-        if deadline is None:
-            pid, status = os.waitpid(-1, 0)
+        for pid, rank, code in _reap_ranks(ranks):
+            if code and not first_failure:
+                first_failure = code
+                if ranks and deadline is None:
+                    _say(f"rank {rank} (pid {pid}) exited {code}: stopping the other ranks (SIGTERM)")
+                    _signal_all(ranks, signal.SIGTERM)
+                    deadline = time.monotonic() + PEER_STOP_GRACE_S
+        if not ranks:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            _say("ranks still running after the grace period: SIGKILL")
+            _signal_all(ranks, signal.SIGKILL)
+            deadline = float("inf")
+        left = None if deadline is None else max(0.0, min(deadline - time.monotonic(), 1.0))
+        got: signal.struct_siginfo | None
+        if left is None:
+            got = signal.sigwaitinfo(LEADER_SIGNALS)
         else:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                if time.monotonic() > deadline:
-                    _say("peers still running after the grace period: SIGKILL")
-                    _signal_all(ranks, signal.SIGKILL)
-                    deadline = float("inf")
-                time.sleep(0.1)
-                continue
-        rank = ranks.pop(pid, None)
-        if rank is None:
-            continue
-        code = os.waitstatus_to_exitcode(status)
-        code = code if code >= 0 else 128 - code
-        if code and not first_failure:
-            first_failure = code
-            if ranks:
-                _say(f"rank {rank} (pid {pid}) exited {code}: stopping the other ranks (SIGTERM)")
-                _signal_all(ranks, signal.SIGTERM)
-                deadline = time.monotonic() + PEER_STOP_GRACE_S
+            got = signal.sigtimedwait(LEADER_SIGNALS, left)
+        if got is not None and got.si_signo in STOP_SIGNALS and deadline is None:
+            name = signal.Signals(got.si_signo).name
+            _say(f"{name}: waiting for the ranks, SIGKILL after the grace period")
+            deadline = time.monotonic() + PEER_STOP_GRACE_S
     return first_failure
+
+
+def _reap_ranks(ranks: dict[int, int]) -> list[tuple[int, int, int]]:
+    """(pid, rank, exit code) of every rank that has exited, removed from `ranks`."""
+    done = []
+    while ranks:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            ranks.clear()  # nothing left to wait for
+            break
+        if pid == 0:
+            break
+        rank = ranks.pop(pid, None)
+        if rank is not None:
+            code = os.waitstatus_to_exitcode(status)
+            done.append((pid, rank, code if code >= 0 else 128 - code))
+    return done
+
+
+def _kill_and_reap(ranks: dict[int, int]) -> None:
+    """The leader failed itself: its ranks must not outlive it."""
+    _signal_all(ranks, signal.SIGKILL)
+    for pid in list(ranks):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+        ranks.pop(pid, None)
 
 
 def _signal_all(ranks: dict[int, int], sig: int) -> None:
@@ -330,6 +401,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def serve(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     take_protocol_channel()
+    # A rank whose leader is gone (killed with its session) is reparented here, not to init: the
+    # server reaps it, and `_reap` reports a run's end only once its session is empty.
+    become_subreaper()
     names = [n for n in args.preload.split(",") if n]
     ready = preload(names, [n for n in args.required.split(",") if n])
     emit(ready)
@@ -365,7 +439,8 @@ def _handle(request: dict[str, Any], leaders: dict[int, str], entry: str) -> Non
 
 def _stop_leaders(leaders: dict[int, str], grace_s: float = PEER_STOP_GRACE_S) -> None:
     """The suite closed our pipe while runs (or artifact tasks) still go: it was killed, or it
-    stopped them already. Each leader's session (its ranks) gets SIGTERM, then SIGKILL."""
+    stopped them already. Each run's session (leader and ranks) gets SIGTERM, then SIGKILL;
+    returns once every session is empty (the kernel delivers SIGKILL, the reaping is ours)."""
     _reap(leaders)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in list(leaders):
@@ -381,17 +456,35 @@ def _stop_leaders(leaders: dict[int, str], grace_s: float = PEER_STOP_GRACE_S) -
             return
 
 
+# Leaders reaped whose session still has a member (pid -> exit code): not ended yet.
+_LEADER_CODES: dict[int, int] = {}
+
+
 def _reap(leaders: dict[int, str]) -> None:
-    while leaders:
+    """Reap what has exited (leaders, and ranks orphaned to this subreaper); a run ends, and its
+    exit is reported, when its leader is reaped and no process of its session is left."""
+    while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            break
         if pid == 0:
-            return
-        run = leaders.pop(pid, None)
-        if run is not None:
-            emit({"run": run, "exit": os.waitstatus_to_exitcode(status)})
+            break
+        if pid in leaders:
+            _LEADER_CODES[pid] = os.waitstatus_to_exitcode(status)
+    for pid in [p for p in _LEADER_CODES if not _session_alive(p)]:
+        emit({"run": leaders.pop(pid), "exit": _LEADER_CODES.pop(pid)})
+
+
+def _session_alive(sid: int) -> bool:
+    """Whether a process of the session (= process group) `sid` is left, a zombie included."""
+    try:
+        os.killpg(sid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ Record keys (`RECORD_KEYS`):
   job                 custom runs (scenario "custom", `python -m repro run --cmd`) only, else null:
                       {"command", "workdir", "workdir_digest", "job_id" (custom_job_id: which job
                        this is; stock and fixed of one job share it), "patterns" (what decided: loss regex,
-                       IllegalWork and overflow patterns), "notes", "exit_code", "survivors",
+                       IllegalWork and overflow patterns), "notes", "exit_code", "survivors" (pids
+                       alive after SIGKILL), "left_running" ({pid: command line} of the job's
+                       processes still running after its command ended, stopped by the runner),
                        "processes" (pid: argv of every hooked Python process), "loss_steps",
                        "requirements" (REQUIREMENTS=/PACKAGES=: the lines, the layer or image, its
                        base and the packages it added; null without), "illegal_work_in_log" /
