@@ -39,7 +39,14 @@ from repro.core import console, safe_write
 from repro.core.errors import Interrupted, UsageError
 from repro.core.jobname import job_identity, walk_subject
 from repro.core.makeline import make_line
-from repro.core.results import InvocationDir, check_latest, invocation_meta, new_invocation_dir, point_latest
+from repro.core.results import (
+    InvocationDir,
+    check_latest,
+    invocation_meta,
+    new_invocation_dir,
+    note_written,
+    point_latest,
+)
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run.job import inherited_environment
 from repro.run.orchestrate import Request
@@ -145,9 +152,13 @@ class Folder:
                         fix="choose a new OUT= folder (or leave OUT unset for a fresh one)",
                     )
             # New or empty: the walk's folders and files never mix with (or overwrite) the user's.
-            return safe_write.claim_folder(self.out, option="OUT", owned_by=()), False
+            folder = safe_write.claim_folder(self.out, option="OUT", owned_by=())
+            note_written(self.results_root, folder)  # make report/issue find it without RESULTS=
+            return folder, False
         check_latest(self.results_root)  # before the folder is made: results/latest is moved to it
-        return new_invocation_dir(self.results_root, [label]), True
+        folder = new_invocation_dir(self.results_root, [label])
+        note_written(self.results_root, folder)
+        return folder, True
 
     def invocation(self, folder: Path, make_command: str) -> InvocationDir:
         inv = InvocationDir(folder, invocation_meta(list(self.argv), make_command))

@@ -156,7 +156,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     root = Path(args.results_root)
     given = [s for s in (args.results or "").split(",") if s.strip()]
-    folders = [resolve_results_dir(root, g) for g in given] or [resolve_results_dir(root, None)]
+    folders = [resolve_results_dir(root, g, console.info) for g in given] or [
+        resolve_results_dir(root, None, console.info)
+    ]
     out = Path(args.out) if args.out else folders[0]
     paths = build_report(folders, out)
     for path in (getattr(paths, "html", None), getattr(paths, "markdown", None)):

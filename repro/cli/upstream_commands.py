@@ -294,7 +294,7 @@ def cmd_issue(args: argparse.Namespace) -> int:
     from repro.upstream.issue import write
     from repro.upstream.scrub import Scrubber
 
-    folder = resolve_results_dir(Path(args.results_root), args.results)
+    folder = resolve_results_dir(Path(args.results_root), args.results, console.info)
     cache = os.environ.get("MICS_REPRO_CACHE")
     scrubber = Scrubber.from_host(paths={"<repo>": str(REPO_ROOT), **({"<cache>": cache} if cache else {})})
     path = write(folder, scrubber, Path(args.out) if args.out else None)

@@ -40,6 +40,10 @@ class ResultsData(TypedDict):
 
 
 LATEST = "latest"
+# A link to the folder the last command wrote, OUT= or not (results/latest follows only folders
+# made under the results root): `make report`/`issue`/`bundle` without RESULTS= take that one, so a
+# survey written with OUT=/elsewhere is what they report, and they say which folder it is.
+LAST_WRITTEN = ".last-written"
 
 
 def utc_now() -> str:
@@ -84,15 +88,27 @@ def point_latest(root: Path, folder: Path) -> None:
     _swap_latest(root, folder.name)
 
 
-def _swap_latest(root: Path, target: str) -> None:
+def _swap_latest(root: Path, target: str, name: str = LATEST) -> None:
     # A fresh temp name (symlink_to never replaces), so no file of that name is ever removed.
-    tmp = root / f".{LATEST}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp = root / f".{name.lstrip('.')}.{os.getpid()}.{os.urandom(4).hex()}"
     tmp.symlink_to(target)
     try:
-        os.replace(tmp, root / LATEST)
+        os.replace(tmp, root / name)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def note_written(root: Path, folder: Path) -> None:
+    """Remember `folder` as the one the last command wrote (root/.last-written, an absolute link).
+    Best effort: a results root that cannot hold the link costs the run nothing."""
+    try:
+        if os.path.lexists(root / LAST_WRITTEN) and not (root / LAST_WRITTEN).is_symlink():
+            return  # someone's file of that name: left alone
+        root.mkdir(parents=True, exist_ok=True)
+        _swap_latest(root, str(folder.resolve()), LAST_WRITTEN)
+    except OSError:
+        pass
 
 
 def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tuple[Path, bool]:
@@ -133,6 +149,7 @@ def open_invocation_dir(root: Path, out: Path | None, env_ids: list[str]) -> tup
         probe.write_text("")
         probe.unlink()
         run_lock.lock_folder(folder)  # one run per folder, for this run's life (run_lock.py)
+        note_written(root, folder)
     except OSError as exc:
         raise UsageError(
             f"cannot write results to {where}",
@@ -160,6 +177,9 @@ def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | 
     (folder / RESULTS_FILE).unlink(missing_ok=True)
     run_lock.release(folder)
     (folder / run_lock.LOCK_NAME).unlink(missing_ok=True)
+    written = root / LAST_WRITTEN
+    if written.is_symlink() and Path(os.readlink(written)) == folder.resolve():
+        written.unlink()  # it wrote nothing after all: the last folder written is results/latest's
     if made:
         folder.rmdir()
     link = root / LATEST
@@ -299,16 +319,36 @@ class InvocationDir:
         return list(self.data["runs"])
 
 
-def resolve_results_dir(root: Path, given: str | None) -> Path:
-    """A results folder from RESULTS=/--results, or the latest one."""
-    folder = Path(given) if given else root / LATEST
+def last_written(root: Path) -> Path | None:
+    """The folder the last command wrote, if it still holds results."""
+    link = root / LAST_WRITTEN
+    if not link.is_symlink():
+        return None
+    folder = Path(os.readlink(link))
+    return folder.resolve() if (folder / RESULTS_FILE).exists() else None
+
+
+def resolve_results_dir(root: Path, given: str | None, say: Any = None) -> Path:
+    """A results folder from RESULTS=/--results, else the one the last command wrote (OUT= or
+    not), else the latest one. `say` gets a line naming the folder when it is not the one the last
+    command wrote, or when that one is not results/latest."""
+    written = last_written(root)
+    latest = (root / LATEST).resolve() if (root / LATEST).exists() else None
+    folder = Path(given) if given else (written or root / LATEST)
     if not (folder / RESULTS_FILE).exists():
         raise UsageError(
             f"no {RESULTS_FILE} in {folder}",
             why="that folder is not a results folder of this tool (or no run finished yet)",
             fix="run `make repro` first, or pass RESULTS=<folder> of an earlier invocation",
         )
-    return folder.resolve()
+    folder = folder.resolve()
+    if say is not None:
+        if written is not None and folder != written:
+            say(f"results: {folder} (RESULTS=; the last command wrote {written})")
+        elif written is not None and folder != latest:
+            where = latest or "not set"
+            say(f"results: {folder}, the folder the last command wrote (results/latest is {where})")
+    return folder
 
 
 def load(folder: Path) -> ResultsData:
