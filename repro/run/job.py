@@ -305,6 +305,41 @@ def framework_dirs(reports: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def _reason(job: dict[str, Any], judged: str) -> str:
+    """The verdict's reason, with what the runner saw beside it: a hang's detail, processes the job
+    left running or that survived, files the job wrote into the results folder."""
+    reason = judged
+    if job.get("status") == "hung" and job.get("hang_detail"):
+        reason = f"{job['hang_detail']}; {len(job.get('stacks') or {})} Python stacks recorded"
+    stray = job.get("left_running") or {}
+    if stray and isinstance(stray, dict):
+        reason += (
+            f"; {len(stray)} process(es) the job left running after its command ended "
+            f"(outside its process group: setsid, a double fork) were stopped: {sorted(stray)}"
+        )
+    if job.get("survivors"):
+        reason += f"; processes still alive after SIGKILL: {job['survivors']}"
+    if job_wrote(job):
+        reason += f"; {job_wrote(job)}"
+    return reason
+
+
+def _notes(
+    job: dict[str, Any], verdict: ladder.Judgement, engine: dict[str, Any], ran_on: dict[str, Any]
+) -> list[str]:
+    """The verdict's notes, plus fewer ranks than the launcher asked for, and a dtype not seen."""
+    notes = list(verdict.notes)
+    fewer = launchers.shortfall(
+        launchers.asked_ranks(str(job.get("command") or ""), Path(str(job.get("workdir") or "."))),
+        engine.get("world_size") or ran_on.get("processes"),
+    )
+    if fewer:
+        notes.append(fewer)
+    if engine.get("dtype") is None:
+        notes.append("no DeepSpeed engine step seen: dtype recorded as fp32 by default")
+    return notes
+
+
 def _record(
     env_id: str,
     raw: RawRun,
@@ -319,32 +354,11 @@ def _record(
     job = raw.job
     reports = job.get("hook_reports") or []
     first = reports[0] if reports else {}
-    reason = verdict.reason
-    if job.get("status") == "hung" and job.get("hang_detail"):
-        reason = f"{job['hang_detail']}; {len(job.get('stacks') or {})} Python stacks recorded"
-    stray = job.get("left_running") or {}
-    if stray and isinstance(stray, dict):
-        reason += (
-            f"; {len(stray)} process(es) the job left running after its command ended "
-            f"(outside its process group: setsid, a double fork) were stopped: {sorted(stray)}"
-        )
-    if job.get("survivors"):
-        reason += f"; processes still alive after SIGKILL: {job['survivors']}"
-    if job_wrote(job):
-        reason += f"; {job_wrote(job)}"
+    reason = _reason(job, verdict.reason)
     engine: dict[str, Any] = next((r["engine"] for r in reports if r.get("engine")), {})
-    notes = list(verdict.notes)
     ran_on = job_ran_on(reports, platform)
-    fewer = launchers.shortfall(
-        launchers.asked_ranks(str(job.get("command") or ""), Path(str(job.get("workdir") or "."))),
-        engine.get("world_size") or ran_on.get("processes"),
-    )
-    if fewer:
-        notes.append(fewer)
-    dtype = engine.get("dtype")
-    if dtype is None:  # the report needs one; say it was not seen
-        dtype = "fp32"
-        notes.append("no DeepSpeed engine step seen: dtype recorded as fp32 by default")
+    notes = _notes(job, verdict, engine, ran_on)
+    dtype = engine.get("dtype") or "fp32"  # the report needs one; _notes says when it was not seen
     record = empty_record(
         env=env_id,
         scenario=CUSTOM_SCENARIO,
