@@ -6,11 +6,12 @@ job (the lab's model, a user's, DeepSpeed's own tests) stops with "... not imple
 on the CPU twin. This adapter is a `TorchDispatchMode` pushed once in each rank. It sits below
 autograd, so torch's and DeepSpeed's Python code and the autograd graph are untouched: it sees
 the aten ops they issue. Every op goes to torch's own kernel first; an op whose kernel raises
-"not implemented for 'Half'" is remembered, and it and every later call of it run on fp32 copies
-of the Half tensors, with the results rounded back to Half (tensors the op writes to are written
-back). Storage stays fp16 between ops, so overflow to inf, NaN and the loss scaler behave as in
-an fp16 run; only the arithmetic inside those ops is fp32, as a GPU's fp16 matmul accumulates in
-fp32.
+"not implemented for 'Half'" on a call whose floating-point tensors are all Half is remembered,
+and such calls of it run on fp32 copies of the Half tensors, with the results rounded back to
+Half (tensors the op writes to are written back). A call mixing Half and fp32 always goes to
+torch's kernel, which refuses or runs it as on a stock install. Storage stays fp16 between ops,
+so overflow to inf, NaN and the loss scaler behave as in an fp16 run; only the arithmetic inside
+those ops is fp32, as a GPU's fp16 matmul accumulates in fp32.
 
 Dispatch modes are per thread. The mode is pushed in the thread that prepares the rank (the
 thread that imports DeepSpeed, for a user's job): that is where the model runs, and autograd on
@@ -35,22 +36,24 @@ WHAT = "fp32 compute, fp16 storage, for the aten ops whose CPU kernel lacks Half
 _INSTALLED: dict[str, Any] = {}
 
 
-def _has_half(values: Any) -> bool:
-    found = False
+def _all_floats_half(values: Any) -> bool:
+    """Whether every floating-point tensor in `values` is Half (and there is one). Only such calls
+    are computed in fp32: a call mixing Half and fp32 goes to torch's kernel, which refuses it
+    or runs it exactly as on a stock install."""
+    dtypes = set()
 
     def visit(value: Any) -> Any:
-        nonlocal found
-        if isinstance(value, torch.Tensor) and value.dtype == torch.float16:
-            found = True
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            dtypes.add(value.dtype)
         return value
 
     tree_map(visit, values)
-    return found
+    return dtypes == {torch.float16}
 
 
 def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The tensors an in-place or out= overload writes to (its schema marks them)."""
-    written = []
+    written: list[Any] = []
     for position, argument in enumerate(func._schema.arguments):
         alias = argument.alias_info
         if alias is None or not alias.is_write:
@@ -60,7 +63,7 @@ def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> l
     return written
 
 
-class HalfViaFloat32(TorchDispatchMode):
+class HalfViaFloat32(TorchDispatchMode):  # type: ignore[misc]  # no torch in the lint venv
     """Runs the aten ops whose CPU kernel lacks Half on fp32 copies (module docstring)."""
 
     def __init__(self) -> None:
@@ -70,16 +73,17 @@ class HalfViaFloat32(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if func not in self._lacking:
-            try:
-                return func(*args, **kwargs)
-            except (RuntimeError, NotImplementedError) as exc:
-                # torch checks the dtype before its kernel touches any tensor, so nothing was
-                # written yet and the call can be made again.
-                if MISSING_KERNEL not in str(exc) or not _has_half((args, kwargs)):
-                    raise
-            self._lacking.add(func)
-            self.upcast_ops.append(str(func))
+        if func in self._lacking and _all_floats_half((args, kwargs)):
+            return self.in_float32(func, args, kwargs)
+        try:
+            return func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError) as exc:
+            # torch checks the dtype before its kernel touches any tensor, so nothing was
+            # written yet and the call can be made again.
+            if MISSING_KERNEL not in str(exc) or not _all_floats_half((args, kwargs)):
+                raise
+        self._lacking.add(func)
+        self.upcast_ops.append(str(func))
         return self.in_float32(func, args, kwargs)
 
     @staticmethod
