@@ -139,3 +139,32 @@ def test_torch_with_half_cpu_kernels_gets_no_adapter() -> None:
     latest = _observe("cpu-latest")
     assert latest["before"] is None  # torch 2.13 multiplies fp16 on CPU itself
     assert latest["installed"] is None and latest["modes_pushed"] == 0
+
+
+_HOOKED = """
+import json, sys
+import deepspeed
+from deepspeed.accelerator import get_accelerator
+from repro.workload import jobhook
+
+accelerator = get_accelerator()
+json.dump({
+    "fp16_supported": accelerator.is_fp16_supported(),
+    "dtypes": [str(d) for d in accelerator.supported_dtypes()],
+    "half_kernels": jobhook._REPORT["transport_info"].get("half_kernels"),
+}, sys.stdout)
+"""
+
+
+def test_a_hooked_process_gets_the_adapter_and_an_accelerator_that_supports_fp16() -> None:
+    """What DeepSpeed's test harness asks (`is_fp16_supported`) before it makes fp16 or bf16
+    data, in a process of a user's job on the CPU twin (the hook's CPU setup, no job runner)."""
+    hook = REPO / "repro" / "workload" / "hook"
+    env = dict(os.environ, MICS_REPRO_HOOK="1", MICS_REPRO_DEVICE="cpu", MICS_REPRO_ROOT=str(REPO))
+    env["PYTHONPATH"] = str(hook)
+    argv = [env_python("cpu"), "-c", _HOOKED]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["fp16_supported"] is True and "torch.float16" in seen["dtypes"]
+    assert "not implemented for 'Half'" in seen["half_kernels"]["reason"]
