@@ -177,6 +177,17 @@ def _launcher_port() -> None:
         _REPORT["launcher_default_port"] = int(port)
 
 
+def _install_half_kernels() -> dict[str, Any] | None:
+    """The Half CPU kernels torch lacks (torch 2.1), for any fp16 job: the job's dtype is not
+    known here, so wherever torch lacks them (repro/workload/cpu/half_kernels.py)."""
+    from repro.workload.cpu import shims
+
+    try:
+        return shims.install_half_kernels()
+    except Exception as exc:  # noqa: BLE001 - never break the user's `import deepspeed`
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def _install_cpu(deepspeed: Any) -> None:
     from deepspeed.accelerator import set_accelerator
 
@@ -206,17 +217,6 @@ def _install_cpu(deepspeed: Any) -> None:
     for module in (comm, sys.modules.get("deepspeed.comm.comm"), deepspeed):
         if module is not None and getattr(module, "init_distributed", None) is original:
             setattr(module, "init_distributed", init_distributed)  # noqa: B010 - a module of DeepSpeed's
-
-
-def _install_half_kernels() -> dict[str, Any] | None:
-    """The Half CPU kernels torch lacks (torch 2.1), for any fp16 job: the job's dtype is not
-    known here, so wherever torch lacks them (repro/workload/cpu/half_kernels.py)."""
-    from repro.workload.cpu import shims
-
-    try:
-        return shims.install_half_kernels()
-    except Exception as exc:  # noqa: BLE001 - never break the user's `import deepspeed`
-        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _heartbeat_on_step(deepspeed: Any) -> None:
