@@ -5,8 +5,9 @@ module imports nothing else then). Settings come from the environment, so torchr
 DeepSpeed's launcher children inherit them:
   MICS_REPRO_PATCH      "stock" | "fixed": fixed applies repro/workload/fix.py (same fix_id as our
                         suite's fixed runs) as soon as the process imports DeepSpeed
-  MICS_REPRO_DEVICE     "cpu" | "gpu": cpu installs the CPU shims and the gloo transport adapter
-                        (repro/workload/cpu/) before DeepSpeed initialises, so an unmodified
+  MICS_REPRO_DEVICE     "cpu" | "gpu": cpu installs the CPU shims, the gloo transport adapter and
+                        (where torch lacks them) the Half kernels adapter (repro/workload/cpu/)
+                        before DeepSpeed initialises, so an unmodified
                         `deepspeed.init_distributed()` / `deepspeed.initialize()` runs on a laptop
   MICS_REPRO_TRANSPORT  the gloo adapter's mode on CPU (async | sync | strict; default async)
   MICS_REPRO_MASTER_PORT  the run's free rendezvous port (job.py), DeepSpeed's launcher default
@@ -232,16 +233,29 @@ def _launcher_port() -> None:
         _REPORT["launcher_default_port"] = int(port)
 
 
+def _install_half_kernels() -> dict[str, Any] | None:
+    """The Half CPU kernels torch lacks (torch 2.1), for any fp16 job: the job's dtype is not
+    known here, so wherever torch lacks them (repro/workload/cpu/half_kernels.py)."""
+    from repro.workload.cpu import shims
+
+    try:
+        return shims.install_half_kernels()
+    except Exception as exc:  # noqa: BLE001 - never break the user's `import deepspeed`
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def _install_cpu(deepspeed: Any) -> None:
     from deepspeed.accelerator import set_accelerator
 
     from repro.workload.cpu import gloo_transport, shims
 
-    claim_fp16, _ = shims.torch_runs_fp16_on_cpu()
+    half_kernels = _install_half_kernels()
+    claim_fp16, _ = shims.torch_runs_fp16_on_cpu()  # with the Half kernels adapter in place
     set_accelerator(shims._gloo_accelerator(claim_fp16))
     _REPORT["transport_info"] = {
         "adapter": gloo_transport.install(_STATE["transport"]),
         "cpu_shims": {"accelerator": "cpu accelerator with gloo", "fp16_claimed": claim_fp16},
+        "half_kernels": half_kernels,
     }
     # Whatever backend the script names (nccl, ccl), a CPU rank can only talk gloo.
     comm = sys.modules.get("deepspeed.comm")

@@ -31,35 +31,12 @@ class ModelShape:
             raise ValueError(f"every model dimension must be positive: {self}")
 
 
-class Linear(nn.Linear):
-    """nn.Linear that computes in the activations' dtype.
-
-    Why: torch < 2.2 has no fp16 matmul/layer_norm kernels on CPU. For fp16 runs on such a CPU
-    the model upcasts activations to fp32 (TinyGPT(compute_dtype=float32)) while the weights,
-    gradients, collectives and DeepSpeed's loss scaler stay fp16. A NaN/garbage weight from a
-    gather that nobody waited for still poisons the loss exactly as in fp16 compute.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.to(x.dtype)
-        return F.linear(x, self.weight.to(x.dtype), bias)
-
-
-class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm that computes in the activations' dtype (see Linear)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(
-            x, self.normalized_shape, self.weight.to(x.dtype), self.bias.to(x.dtype), self.eps
-        )
-
-
 class CausalSelfAttention(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         self.heads = shape.heads
-        self.qkv = Linear(shape.hidden, 3 * shape.hidden)
-        self.proj = Linear(shape.hidden, shape.hidden)
+        self.qkv = nn.Linear(shape.hidden, 3 * shape.hidden)
+        self.proj = nn.Linear(shape.hidden, shape.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
@@ -75,11 +52,11 @@ class CausalSelfAttention(nn.Module):
 class Block(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
-        self.ln1 = LayerNorm(shape.hidden)
+        self.ln1 = nn.LayerNorm(shape.hidden)
         self.attn = CausalSelfAttention(shape)
-        self.ln2 = LayerNorm(shape.hidden)
-        self.fc = Linear(shape.hidden, 4 * shape.hidden)
-        self.out = Linear(4 * shape.hidden, shape.hidden)
+        self.ln2 = nn.LayerNorm(shape.hidden)
+        self.fc = nn.Linear(shape.hidden, 4 * shape.hidden)
+        self.out = nn.Linear(4 * shape.hidden, shape.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
@@ -89,26 +66,23 @@ class Block(nn.Module):
 class TinyGPT(nn.Module):
     """forward(tokens[batch, seq_len + 1]) -> mean next-token cross-entropy (fp32 scalar).
 
-    `compute_dtype` (e.g. torch.float32) makes activations use that dtype whatever the weights'
-    dtype: the fp16-on-old-CPU-torch case described in `Linear`. None computes in the weights' dtype.
+    Computes in the weights' dtype. fp16 on a CPU torch without Half kernels (torch 2.1) runs
+    through the CPU twin's Half kernels adapter (repro/workload/cpu/half_kernels.py), like any job.
     """
 
-    def __init__(self, shape: ModelShape, compute_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         self.shape = shape
-        self.compute_dtype = compute_dtype
         self.tok = nn.Embedding(shape.vocab, shape.hidden)
         self.pos = nn.Embedding(shape.seq_len, shape.hidden)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
-        self.ln_f = LayerNorm(shape.hidden)
-        self.head = Linear(shape.hidden, shape.vocab)
+        self.ln_f = nn.LayerNorm(shape.hidden)
+        self.head = nn.Linear(shape.hidden, shape.vocab)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         inputs, targets = tokens[:, :-1], tokens[:, 1:]
         positions = torch.arange(inputs.shape[1], device=tokens.device)
         x = self.tok(inputs) + self.pos(positions)
-        if self.compute_dtype is not None:
-            x = x.to(self.compute_dtype)
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))

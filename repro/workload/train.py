@@ -235,7 +235,9 @@ def start_distributed(args: argparse.Namespace, dtype: str, out: dict[str, Any])
         # MiCS's gather enters, so that is what this transport tests.
         plain = args.transport == Transport.PLAIN.value
         adapter = None if plain else gloo_transport.install(args.transport)
-        out["transport_info"] = {"adapter": adapter, "cpu_shims": shims}
+        # fp16 on a torch without Half CPU kernels: the adapter supplies them (fp32 compute)
+        half = cpu_shims.install_half_kernels() if dtype == "fp16" else None
+        out["transport_info"] = {"adapter": adapter, "cpu_shims": shims, "half_kernels": half}
         import torch
 
         return torch.device("cpu")
@@ -249,7 +251,7 @@ def start_distributed(args: argparse.Namespace, dtype: str, out: dict[str, Any])
     return torch.device("cuda", local_rank)
 
 
-def build_model(args: argparse.Namespace, config: dict[str, Any], upcast: bool = False) -> Any:
+def build_model(args: argparse.Namespace, config: dict[str, Any]) -> Any:
     import deepspeed
     import torch
 
@@ -266,7 +268,7 @@ def build_model(args: argparse.Namespace, config: dict[str, Any], upcast: bool =
             raise ScenarioUnsupported(f"DeepSpeed {deepspeed.__version__} has no deepspeed.zero.MiCS_Init")
     torch.manual_seed(args.seed)
     with context(config_dict_or_path=config):
-        return TinyGPT(shape, compute_dtype=torch.float32 if upcast else None)
+        return TinyGPT(shape)
 
 
 def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any]) -> None:
@@ -299,8 +301,7 @@ def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any])
         out["fix"] = fix.apply()
     out["devices_per_node"] = int(get_accelerator().device_count())
     rank, world = dist.get_rank(), dist.get_world_size()
-    upcast = bool(((out.get("transport_info") or {}).get("cpu_shims") or {}).get("fp16_compute_upcast"))
-    model = build_model(args, config, upcast)
+    model = build_model(args, config)
     out["model"] = {
         "vocab": args.vocab,
         "hidden": args.hidden,

@@ -22,12 +22,12 @@ Test scaffolding, not part of the bug:
   sparse attention; torch only in inductor and its CUDA sparse kernels. Neither is on a CPU
   training path, and a CPU build of torch has no triton at all. DeepSpeed then runs with
   HAS_TRITON = False, as on such an install. Recorded in each run's `cpu_shims.hidden_modules`.
-- fp16: the CPU accelerator reports fp16 unsupported unless oneDNN has fp16 kernels for this CPU.
-  When torch itself can run the model's fp16 ops on CPU (torch 2.13 can; 2.1 has no Half
-  addmm/layer_norm on CPU), the subclass reports fp16 as supported. Otherwise it still reports
-  fp16 as supported and the model computes in fp32 over the fp16 weights (`fp16_compute_upcast`,
-  see repro/workload/model.py `Linear`): DeepSpeed's fp16 engine, loss scaler and collectives run
-  as released.
+- fp16: the CPU accelerator reports fp16 unsupported unless oneDNN has fp16 kernels for this CPU,
+  and torch < 2.2 has no Half kernels on CPU for matmul, layer norm, softmax and more. Where
+  torch lacks them, the Half kernels adapter (repro/workload/cpu/half_kernels.py) supplies them
+  (fp32 compute, fp16 storage) and the subclass reports fp16 as supported, so DeepSpeed's fp16
+  engine, loss scaler and collectives, and a harness that asks the accelerator which dtype to
+  use, run fp16 as released.
 """
 
 from __future__ import annotations
@@ -115,6 +115,17 @@ def torch_runs_fp16_on_cpu() -> tuple[bool, str]:
     except RuntimeError as exc:
         return False, str(exc).splitlines()[0]
     return True, ""
+
+
+def install_half_kernels() -> dict[str, Any] | None:
+    """The Half kernels adapter in this thread when this torch lacks Half kernels on CPU
+    (repro/workload/cpu/half_kernels.py), for the record; None where torch has them."""
+    from repro.workload.cpu import half_kernels
+
+    if half_kernels.installed():  # the probe below would pass under the adapter itself
+        return half_kernels.installed()
+    ok, error = torch_runs_fp16_on_cpu()
+    return None if ok else half_kernels.install(error)
 
 
 def _gloo_accelerator(claim_fp16: bool) -> Any:
@@ -205,17 +216,8 @@ def prepare_cpu(dtype: str) -> dict[str, Any]:
         raise RuntimeError("prepare_cpu() must run before deepspeed is imported")
     done = before_deepspeed_import()
 
-    claim_fp16 = False
-    done["fp16_compute_upcast"] = False
-    if dtype == "fp16":
-        ok, error = torch_runs_fp16_on_cpu()
-        if not ok:
-            # No fp16 CPU kernels in this torch: the model computes in fp32 (model.Linear) while
-            # weights, gradients, collectives and the loss scaler stay fp16.
-            done["fp16_compute_upcast"] = True
-            done["fp16_compute_note"] = f"fp32 compute over fp16 weights: {error}"
-        claim_fp16 = True
-
+    # fp16 on a torch without Half CPU kernels needs `install_half_kernels` too (train.py)
+    claim_fp16 = dtype == "fp16"
     import deepspeed
     from deepspeed.accelerator import get_accelerator, set_accelerator
 
