@@ -148,7 +148,7 @@ def test_the_prefork_server_stops_its_runs_when_the_suite_is_gone(
             ["--run-dir", str(run_dir), "--mode", "hang"], dict(os.environ), 2, str(run_dir / "l.log")
         )
         # Every rank up first, so the check below covers them all (a stop that comes while the
-        # leader still forks: tests/test_hardening_round4.py).
+        # leader still forks: tests/test_run_lifecycle.py).
         deadline = time.monotonic() + 60
         while len(runner._rank_pids(str(run_dir))) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
