@@ -89,6 +89,12 @@ def test_a_hostile_slurm_value_is_a_usage_error_before_anything_is_written(
     if any(ch in value for ch in "\n\r"):
         # A control character is refused by the front door for every option, before any grammar.
         assert "newline" in err or "control character" in err
+    elif "\u202e" in value:
+        # So is an invisible bidi override (hardening round 4): named, and the make variable too.
+        assert (
+            "format character U+202E" in err
+            and {"--slurm-time": "SLURM_TIME=", "--slurm-partition": "SLURM_PARTITION="}[flag] in err
+        )
     else:
         make_name = {"--slurm-time": "SLURM_TIME=", "--slurm-partition": "SLURM_PARTITION="}[flag]
         grammar = "HH:MM:SS" if flag == "--slurm-time" else "comma"

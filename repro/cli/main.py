@@ -173,12 +173,14 @@ def refuse_control_characters(argv: Sequence[str]) -> None:
             option = argv[i - 1]
         else:
             option = f"argument {i + 1}"
+        # The fix names it as make's users know it too: SLURM_TIME= (--slurm-time).
+        given = f"{option[2:].upper().replace('-', '_')}= ({option})" if option.startswith("--") else option
         raise UsageError(
             f"the value of {option} holds {found}",
             why="values are names, numbers, paths or one-line commands; a control character in one "
             "would split the make and shell lines the tool runs and prints, and an invisible or bidi "
             "one makes them read as something they are not",
-            fix=f"give {option} without it (several commands: put them in a script and run that)",
+            fix=f"give {given} without it (several commands: put them in a script and run that)",
         )
 
 
