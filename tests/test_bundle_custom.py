@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,79 +18,15 @@ import pytest
 
 from repro.core.errors import BundleError
 from repro.core.results import InvocationDir, invocation_meta
-from repro.engines.base import EngineKind, Prepared, SuiteRun
-from repro.engines.docker.engine import DockerEngine
 from repro.matrix.schema import load_matrix
 from repro.run.job import JobRequest, execute_job
 from repro.upstream import bundle, bundle_files, verify_bundle
 from repro.upstream.bundle_manifest import MANIFEST, Manifest, manifest_problems
 from repro.upstream.scrub import Scrubber
 from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
+from tests.fixtures.job_docker import STOCK_LOG, JobDocker, project
 
 COMMAND = "torchrun --nproc_per_node 2 train.py --lr 0.1"
-STOCK_LOG = (
-    "[Rank 0] Error message: Illegal to call wait on IllegalWork object\nstep 0 loss 2.5\nstep 1 loss nan\n"
-)
-FIXED_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
-
-
-class JobDocker(DockerEngine):
-    """The real DockerEngine.run_job; `run` (the container) writes the job runner's output.
-    `fixed_log` chooses what the fixed run prints (the bug seen again: a verification that differs)."""
-
-    def __init__(self, client: Any, fixed_log: str = FIXED_LOG) -> None:
-        super().__init__(client)
-        self.fixed_log = fixed_log
-        self.runs: list[dict[str, Any]] = []
-
-    def prepare(self, env: Any) -> Prepared:
-        return Prepared(EngineKind.DOCKER, env.id, SOURCE_ID, SOURCE_TAG, True, {"platform": "cpu"})
-
-    def preflight(self, env: Any) -> None:
-        pass
-
-    def run(
-        self,
-        image: str,
-        command: Sequence[str],
-        out_dir: Path,
-        timeout_s: float | None,
-        *,
-        platform: str = "cpu",
-        name_hint: str = "run",
-        copy_out: str | None = None,
-        binds: tuple[str, ...] = (),
-        network: bool = False,
-    ) -> SuiteRun:
-        args = list(command)
-        patch = args[args.index("--patch") + 1]
-        workdir = args[args.index("--workdir") + 1]
-        self.runs.append(
-            {"image": image, "command": args, "binds": binds, "network": network, "workdir": workdir}
-        )
-        assert (Path(workdir) / "train.py").is_file()  # the job sees its files at the bound path
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "job.log").write_text(STOCK_LOG if patch == "stock" else self.fixed_log)
-        report: dict[str, Any] = {"deepspeed": "0.13.1", "engine": {"dtype": "fp16", "world_size": 2}}
-        if patch == "fixed":
-            report["fix"] = {"applied": True, "fix_id": "abc"}
-        job = {
-            "status": None,
-            "exit_code": 0,
-            "wall_s": 1.0,
-            "stacks": {},
-            "survivors": [],
-            "processes": {},
-            "hook_reports": [report],
-            "versions": {"torch": "2.1.0", "deepspeed": "0.13.1"},
-            "command": args[args.index("--cmd") + 1],
-            "workdir": workdir,
-            "patch": patch,
-            "device": "cpu",
-            "transport": "async",
-        }
-        (out_dir / "job.json").write_text(json.dumps(job))
-        return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
 
 
 def custom_results(root: Path, work: Path, client: FakeClient) -> Path:
@@ -104,16 +39,6 @@ def custom_results(root: Path, work: Path, client: FakeClient) -> Path:
         JobRequest(env_id="cpu", command=COMMAND, workdir=work), env, JobDocker(client), invocation, say=str
     )
     return out
-
-
-def project(home: Path, secret: str) -> Path:
-    work = home / "proj"
-    (work / "data").mkdir(parents=True)
-    (work / "train.py").write_text(f"# written by {home}\nTOKEN = '{secret}'\n")
-    (work / "data" / "cfg.json").write_text('{"zero_optimization": {"stage": 3, "mics_shard_size": 2}}\n')
-    (work / ".git").mkdir()
-    (work / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
-    return work
 
 
 def new_custom_bundle(tmp_path: Path, who: dict[str, str], client: FakeClient) -> bundle.BundleResult:

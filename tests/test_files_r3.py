@@ -25,6 +25,7 @@ from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.report.build import build_report
 from repro.upstream import cluster, issue
 from repro.upstream.scrub import Scrubber
+from tests.fixtures.resume_job_engine import JobEngine, run_job
 
 MINE = b"\x89PNG my own plot, not the tool's\n"
 
@@ -242,60 +243,6 @@ def test_a_folder_named_latest_is_refused_not_a_crash(tmp_path: Path) -> None:
 
 
 # -- RESUME=1 ------------------------------------------------------------------------------------
-
-STOCK_LOG = "step 0 loss 2.5\nstep 1 loss nan\n"
-FIXED_LOG = "step 0 loss 2.5\nstep 1 loss 2.4\n"
-
-
-class JobEngine:
-    """Writes the in-env job runner's files for each patch; the patches in `cut` are interrupted
-    (Ctrl-C while the job runs) the first time. Records where it was asked to write."""
-
-    kind = EngineKind.VENV
-
-    def __init__(self, cut: Sequence[str] = ()) -> None:
-        self.cut = set(cut)
-        self.outs: list[Path] = []
-
-    def describe(self) -> str:
-        return "fake"
-
-    def preflight(self, env: Any) -> None:
-        pass
-
-    def prepare(self, env: Any) -> Prepared:
-        return Prepared(EngineKind.VENV, env.id, "/fake/venv", "fake venv", True, {"platform": "cpu"})
-
-    def run_job(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: Any, **kw: Any
-    ) -> SuiteRun:
-        patch = args[list(args).index("--patch") + 1]
-        self.outs.append(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "job.log").write_text(STOCK_LOG if patch == "stock" else FIXED_LOG)
-        if patch in self.cut:
-            self.cut.discard(patch)
-            raise KeyboardInterrupt("SIGINT")
-        job = {
-            "status": None,
-            "exit_code": 0,
-            "wall_s": 1.0,
-            "hook_reports": [{"deepspeed": "0.13.1", "engine": {"dtype": "fp32", "world_size": 2}}],
-            "command": args[list(args).index("--cmd") + 1],
-            "workdir": str(workdir),
-            "patch": patch,
-            "device": "cpu",
-            "transport": "async",
-        }
-        (out_dir / "job.json").write_text(json.dumps(job))
-        return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
-
-
-def run_job(tmp_path: Path, *extra: str) -> int:
-    work = tmp_path / "proj"
-    work.mkdir(exist_ok=True)
-    argv = ["run", "--env", "cpu", "--cmd", "torchrun train.py", "--workdir", str(work)]
-    return cli.main([*argv, "--out", str(tmp_path / "out"), *extra])
 
 
 @pytest.fixture

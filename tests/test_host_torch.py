@@ -14,7 +14,12 @@ from repro.engines.docker.engine import refuse_host_torch
 from repro.engines.venv import host_torch
 from repro.engines.wheelhouse import DownloadPlan
 from repro.matrix.schema import load_matrix
-from tests.test_gpu_check import H200, FakeDevice, run_check
+from tests.fixtures.fake_gpu_device import (
+    H200,
+    FakeDevice,
+    fake,  # noqa: F401 - a fixture
+    run_check,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "env_matrix" / "examples" / "host-torch.toml"
@@ -88,19 +93,6 @@ def test_the_venv_links_the_host_sites_after_its_own(tmp_path: Path) -> None:
     assert host_torch.linked_sites(tmp_path / "venv") == ["/opt/torch/.venv/lib/python3.12/site-packages"]
 
 
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """tests/test_gpu_check.py's: the fake device stands in for the host."""
-    made: dict[str, Any] = {}
-
-    def install(device: FakeDevice) -> None:
-        made["device"] = device
-        monkeypatch.setattr("repro.run.gpu_check_device.HostDevice", lambda: device)
-
-    made["install"] = install
-    return made
-
-
 class _Recording(FakeDevice):
     def __init__(self, *a: Any, **k: Any) -> None:
         super().__init__(*a, **k)
@@ -111,7 +103,7 @@ class _Recording(FakeDevice):
         return super().cli(args, hide_gpus, timeout_s)
 
 
-def test_gpu_check_hands_its_matrix_to_repro_and_check_fix(fake: dict[str, Any], tmp_path: Path) -> None:
+def test_gpu_check_hands_its_matrix_to_repro_and_check_fix(fake: dict[str, Any], tmp_path: Path) -> None:  # noqa: F811
     device = _Recording(H200)
     code, data = run_check(fake, device, tmp_path, "--matrix", str(EXAMPLE), "--env", "cuda-host-t211")
     assert data["env"] == "cuda-host-t211" and code == 0

@@ -5,7 +5,7 @@ refuse OUT; an OUT inside a linked work tree's or a separate git folder was acce
 pr.json gave a traceback; a rerun after an interrupted verification refused its own probe folder;
 RANGE_TORCH took any word and duplicates; a transient install failure stayed in the probe cache.
 Real git on the small DeepSpeed-shaped repository of tests/fixtures/ds_pr_git.py; the probes and
-surveys are the stand-ins of tests/test_pr_verify.py.
+surveys are the stand-ins of tests/fixtures/pr_verify_standins.py.
 """
 
 from __future__ import annotations
@@ -24,22 +24,26 @@ from repro.core.errors import UsageError
 from repro.upstream import pr_range, pr_verify_run
 from repro.upstream.pr_branch import PrRequest, make_pr
 from repro.upstream.pr_verify import CellCache, ProbeCall, Verification
-from tests import test_pr_verify
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import FakeDeepSpeedPr
-from tests.test_pr_verify import BUG, CLEAN, STACKS, StandInProbe, regression_stand_in
-
-# test_pr_verify's fixtures: a DeepSpeed-shaped repository (probe caches the test's own) and the
-# branch `make pr` made in it, with its pr.json
-ds = test_pr_verify.ds
-made = test_pr_verify.made
+from tests.fixtures.pr_verify_standins import (
+    BUG,
+    CLEAN,
+    STACKS,
+    StandInProbe,
+    ds,  # noqa: F401 - a fixture: a DeepSpeed-shaped repository (probe caches the test's own)
+    made,  # noqa: F401 - a fixture: the branch `make pr` made in it, with its pr.json
+    regression_stand_in,
+)
 
 BRANCH = "mics-coalesced-wait"
 
 
 # -- 1. a failed `make pr` cleans what it wrote ------------------------------------------------------
 def test_a_failed_commit_leaves_out_as_it_was_so_the_rerun_takes_it(
-    ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The commit step fails after COMMIT_MSG.txt was written (here: the check that the commit holds
     the fix's bytes; a clone's own signing config no longer applies, repro/core/safe_git.py). Once
@@ -62,7 +66,10 @@ def test_a_failed_commit_leaves_out_as_it_was_so_the_rerun_takes_it(
 
 @pytest.mark.parametrize("stop", [UsageError("update-ref refused"), KeyboardInterrupt()])
 def test_a_failure_after_format_patch_removes_the_patch_and_message(
-    ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop: BaseException
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stop: BaseException,
 ) -> None:
     from repro.upstream.pr_git import Checkout
 
@@ -81,7 +88,7 @@ def test_a_failure_after_format_patch_removes_the_patch_and_message(
 
 
 # -- 2. OUT inside a git folder of the checkout ----------------------------------------------------
-def test_refuses_out_inside_a_linked_work_trees_git_folder(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:
+def test_refuses_out_inside_a_linked_work_trees_git_folder(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:  # noqa: F811
     """DS_REPO is a linked work tree: its `.git` is a file naming <main>/.git/worktrees/<name>, which
     lies outside DS_REPO. OUT there, or in the shared <main>/.git, is refused like OUT in DS_REPO."""
     linked = tmp_path / "linked"
@@ -95,7 +102,7 @@ def test_refuses_out_inside_a_linked_work_trees_git_folder(ds: FakeDeepSpeedPr, 
     assert BRANCH not in git(ds.path, "branch", "--list")
 
 
-def test_refuses_out_inside_a_separate_git_folder(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:
+def test_refuses_out_inside_a_separate_git_folder(ds: FakeDeepSpeedPr, tmp_path: Path) -> None:  # noqa: F811
     """`git clone --separate-git-dir`: the clone's `.git` is a file pointing at a folder elsewhere."""
     store = tmp_path / "store.git"
     clone = tmp_path / "clone"
@@ -139,8 +146,8 @@ def _pr_json_variants(good: dict[str, Any]) -> dict[str, str]:
     ],
 )
 def test_a_malformed_pr_json_is_a_usage_error_not_a_traceback(
-    made: tuple[Path, dict[str, Any]],
-    ds: FakeDeepSpeedPr,
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
     variant: str,
 ) -> None:
@@ -154,7 +161,7 @@ def test_a_malformed_pr_json_is_a_usage_error_not_a_traceback(
     assert not (out / "verify.json").exists()
 
 
-def test_the_pr_json_make_pr_writes_carries_its_format(made: tuple[Path, dict[str, Any]]) -> None:
+def test_the_pr_json_make_pr_writes_carries_its_format(made: tuple[Path, dict[str, Any]]) -> None:  # noqa: F811
     _, good = made
     assert good["format"] == 1
 
@@ -179,7 +186,8 @@ class FrontDoorLikeProbe(StandInProbe):
 
 
 def test_a_rerun_after_an_interrupted_verification_resumes(
-    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
 ) -> None:
     out, pr = made
     first = FrontDoorLikeProbe(pr, stop_at=3)
@@ -252,7 +260,9 @@ class FlakySurvey:
 
 
 def test_an_install_failure_is_not_cached_and_is_retried(
-    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr, tmp_path: Path
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     out, pr = made
     read, _ = pr_verify_run.tag_reader(str(ds.path))

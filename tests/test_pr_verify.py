@@ -19,26 +19,22 @@ import pytest
 from repro.cli import main as cli
 from repro.core.errors import UsageError
 from repro.upstream import pr_checks, pr_fix, pr_range
-from repro.upstream.pr_branch import PrRequest, make_pr
-from repro.upstream.pr_checks import Expect, Seen, Stack
+from repro.upstream.pr_checks import Expect, Seen
 from repro.upstream.pr_description import record_from, render
-from repro.upstream.pr_verify import CellCache, ProbeCall, Verification, export_tree
+from repro.upstream.pr_verify import CellCache, Verification, export_tree
 from tests.fixtures.ds_git import git
-from tests.fixtures.ds_pr_git import MICS, FakeDeepSpeedPr, make_fake_deepspeed_pr
+from tests.fixtures.ds_pr_git import MICS, FakeDeepSpeedPr
+from tests.fixtures.pr_verify_standins import (
+    BUG,
+    CLEAN,
+    REFUSED,
+    STACKS,
+    StandInProbe,
+    ds,  # noqa: F401 - a fixture
+    made,  # noqa: F401 - a fixture
+    regression_stand_in,
+)
 
-BUG = {
-    "outcome": "reproduced",
-    "signature": "illegal-work-divergence",
-    "reason": "12 IllegalWork",
-    "seconds": 9.0,
-}
-CLEAN = {"outcome": "clean", "signature": "none", "reason": "losses match the control", "seconds": 8.0}
-REFUSED = {
-    "outcome": "crashed",
-    "signature": "crash",
-    "reason": "RuntimeError: Backend gloo does not implement startCoalescing",
-    "seconds": 5.0,
-}
 NO_IMPORT = {
     "outcome": "env-error",
     "signature": "none",
@@ -46,7 +42,6 @@ NO_IMPORT = {
     "'custom_op'",
     "seconds": 50.0,
 }
-STACKS = [Stack("reporter", "cpu", "2.1.0"), Stack("newest", "cpu-latest", "2.13.0")]
 
 
 def seen(probe: Mapping[str, Any]) -> Seen:
@@ -172,57 +167,7 @@ def test_cell_words(probe: dict[str, Any] | None, words: str) -> None:
 
 
 # -- on a git repository ---------------------------------------------------------------------------
-@pytest.fixture
-def ds(tmp_path: Path, real_subprocess: None, monkeypatch: pytest.MonkeyPatch) -> FakeDeepSpeedPr:
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path / "cache"))  # probe caches: the test's own
-    repo = make_fake_deepspeed_pr(tmp_path / "src")
-    git(repo.path, "tag", "v0.9.1", repo.early)
-    git(repo.path, "tag", "v0.9.2", repo.master)
-    # As in DeepSpeed: deepspeed/accelerator is a link to the top-level accelerator/.
-    (repo.path / "accelerator").mkdir()
-    (repo.path / "accelerator/__init__.py").write_text("NAME = 'cpu'\n")
-    (repo.path / "deepspeed/accelerator").symlink_to("../accelerator")
-    git(repo.path, "add", "-A")
-    git(repo.path, "commit", "-q", "-m", "Add the accelerator link (#3)")
-    return FakeDeepSpeedPr(repo.path, repo.early, git(repo.path, "rev-parse", "HEAD"))
-
-
-@pytest.fixture
-def made(ds: FakeDeepSpeedPr, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
-    out = tmp_path / "pr"
-    make_pr(PrRequest(ds_repo=str(ds.path), out=out))
-    return out, json.loads((out / "pr.json").read_text())
-
-
-class StandInProbe:
-    """Answers like the lab would for a commit: `answers[(side, key, torch)]`, else the usual."""
-
-    def __init__(
-        self, pr: Mapping[str, Any], answers: Mapping[tuple[str, str, str], dict[str, Any]] = {}
-    ) -> None:
-        self.pr, self.answers, self.calls = pr, answers, []  # type: ignore[var-annotated]
-
-    def __call__(self, call: ProbeCall, ds_repo: str) -> dict[str, Any]:
-        self.calls.append(call)
-        side = "ref" if call.commit == self.pr["ref_sha"] else "branch"
-        key = call.scenario if call.transport == "async" else f"{call.scenario}@{call.transport}"
-        if (side, key, call.torch) in self.answers:
-            return {**self.answers[(side, key, call.torch)], "layered_on": "/venv"}
-        if side == "branch" or call.scenario == "zero3":
-            return {**CLEAN, "layered_on": "/venv"}
-        return {**(REFUSED if call.transport == "plain" else BUG), "layered_on": "/venv"}
-
-
-def regression_stand_in(python: str, label: str, tree: Path, test_file: Path, work: Path) -> dict[str, str]:
-    """Fails where the tree's mics.py still swallows the failed wait (REF), passes on the branch."""
-    assert test_file.is_file() and (tree / "deepspeed/runtime/zero/mics.py").is_file()
-    assert (tree / "deepspeed/accelerator/__init__.py").read_text() == "NAME = 'cpu'\n"  # the link holds
-    swallows = pr_fix.wait_swallows((tree / "deepspeed/runtime/zero/mics.py").read_text())
-    return {"TestMiCS::test_failed_wait_is_raised": "failed" if swallows else "passed"}
-
-
-def test_verification_of_a_good_branch(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:
+def test_verification_of_a_good_branch(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:  # noqa: F811
     out, pr = made
     probe = StandInProbe(pr)
     data = Verification(pr, STACKS, out, str(ds.path), probe=probe, regression=regression_stand_in).run()
@@ -255,8 +200,8 @@ def test_verification_of_a_good_branch(made: tuple[Path, dict[str, Any]], ds: Fa
     ],
 )
 def test_verification_says_no_when_any_check_fails(
-    made: tuple[Path, dict[str, Any]],
-    ds: FakeDeepSpeedPr,
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
     answers: dict[tuple[str, str, str], dict[str, Any]],
 ) -> None:
     out, pr = made
@@ -270,7 +215,8 @@ def test_verification_says_no_when_any_check_fails(
 
 
 def test_a_torch_the_commit_does_not_import_with_is_not_applicable(
-    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
 ) -> None:
     out, pr = made
     answers = {
@@ -291,7 +237,7 @@ def test_a_torch_the_commit_does_not_import_with_is_not_applicable(
     assert "`mics-hier` on torch 2.13.0: REF reproduced" in text and "`mics-hier` on torch 2.1.0" not in text
 
 
-def test_nothing_judged_is_not_verified(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:
+def test_nothing_judged_is_not_verified(made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr) -> None:  # noqa: F811
     out, pr = made
     answers = {
         (s, k, t): NO_IMPORT
@@ -325,7 +271,9 @@ class StandInSurvey:
 
 
 def test_range_rows_cells_cache_and_description(
-    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr, tmp_path: Path
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     out, pr = made
     from repro.upstream.pr_verify_run import tag_reader
@@ -384,7 +332,7 @@ def test_range_rows_cells_cache_and_description(
 
 
 @pytest.mark.parametrize("target", ["/etc", "../../outside", "../.."])
-def test_a_tree_whose_link_leaves_it_is_refused(ds: FakeDeepSpeedPr, tmp_path: Path, target: str) -> None:
+def test_a_tree_whose_link_leaves_it_is_refused(ds: FakeDeepSpeedPr, tmp_path: Path, target: str) -> None:  # noqa: F811
     (ds.path / "deepspeed/escape").symlink_to(target)
     git(ds.path, "add", "-A")
     git(ds.path, "commit", "-q", "-m", "a link out")
@@ -395,7 +343,8 @@ def test_a_tree_whose_link_leaves_it_is_refused(ds: FakeDeepSpeedPr, tmp_path: P
 
 
 def test_the_rerendered_description_is_scrubbed_of_host_paths(
-    made: tuple[Path, dict[str, Any]], ds: FakeDeepSpeedPr
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
 ) -> None:
     """Reasons are quoted from run records; a host path in one must not reach PR_DESCRIPTION.md."""
     import argparse
@@ -425,7 +374,7 @@ def test_the_rerendered_description_is_scrubbed_of_host_paths(
     )
 
 
-def test_pr_verify_without_pr_json_is_a_usage_error(tmp_path: Path, ds: FakeDeepSpeedPr) -> None:
+def test_pr_verify_without_pr_json_is_a_usage_error(tmp_path: Path, ds: FakeDeepSpeedPr) -> None:  # noqa: F811
     assert cli.main(["pr-verify", "--pr", str(tmp_path), "--ds-repo", str(ds.path)]) == 2
 
 

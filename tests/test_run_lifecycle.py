@@ -19,6 +19,7 @@ import pytest
 
 from repro.workload import runner
 from repro.workload.prefork import PreforkServer
+from tests.fixtures.resume_job_engine import JobEngine, run_job
 
 REPO = Path(__file__).resolve().parents[1]
 STAND_IN = (
@@ -181,8 +182,6 @@ def test_a_second_resume_of_a_folder_in_use_refuses_and_names_the_first(
 ) -> None:
     """Two `make run ... RESUME=1` of one interrupted invocation: the one that comes second, while
     the first (here a process holding the folder's run lock) still runs, touches nothing."""
-    from test_files_r3 import JobEngine, run_job
-
     engine = JobEngine(cut=("stock",))
     monkeypatch.setattr("repro.cli.job_commands._engine", lambda choice: engine)
     assert run_job(tmp_path) == 130  # interrupted: RESUME=1 would run the stock run again
@@ -274,8 +273,6 @@ def _with_text(text: str) -> list[int]:
 def test_results_json_on_a_full_disk_ends_the_run_with_the_disks_words(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from test_files_r3 import JobEngine, run_job
-
     from repro.core import results
 
     engine = JobEngine()
@@ -298,8 +295,6 @@ def test_a_job_runner_that_stopped_on_a_full_disk_ends_the_run(
 ) -> None:
     """The in-env runner exits 28 (its log or job.json could not be written): the tool stops
     there with the disk's words, not a `crashed` record judged from a cut log."""
-    from test_files_r3 import JobEngine, run_job
-
     from repro.engines.base import SuiteRun
 
     class FullEngine(JobEngine):

@@ -29,7 +29,7 @@ from repro.upstream import bundle, issue
 from repro.upstream.bundle_files import IMAGE_FILE
 from repro.upstream.scrub import Scrubber
 from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
-from tests.test_bundle_custom import JobDocker, project
+from tests.fixtures.job_docker import JobDocker, project
 
 # (CMD=, the secret it holds); each value is what must appear nowhere. Forms that main already kept
 # out of every text (`--password="a b"`, `--api-key X`, `--api_key=X`, `NAME=value`, a URL's
