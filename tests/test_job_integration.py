@@ -128,6 +128,7 @@ DEADLOCK = textwrap.dedent("""\
     dist.barrier()
     up.set()
     if dist.get_rank() == 0:
+        open("both-up", "w").close()  # the command's own printer (CMD below) stops on it
         dist.barrier()  # rank 1 never comes: a deadlock, silent from here on
     else:
         threading.Event().wait()
@@ -149,9 +150,12 @@ def test_deadlocked_command_ends_hung_with_stacks_and_no_survivors(tmp_path: Pat
         # Both ranks must be inside deadlock.py when the limit ends the run (asserted below). The
         # job prints each second until both passed the first barrier, so the limit counts only
         # the silence of the deadlock itself (a fixed 20 s once ended a rank still importing
-        # beside CI's Docker side stream); 8 s: long past the barrier's last print.
+        # beside CI's Docker side stream); 8 s: long past the barrier's last print. The shell
+        # prints too, from the start until then: torchrun's own start (importing torch before
+        # any rank runs) once took over 8 s on a loaded host, so the limit fired first.
         "STALL_TIMEOUT=8",
-        "CMD=torchrun --nproc_per_node 2 deadlock.py",
+        "CMD=(until [ -e both-up ]; do echo launching; sleep 1; done) & "
+        "exec torchrun --nproc_per_node 2 deadlock.py",
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
     [run] = json.loads((out / "results.json").read_text())["runs"]
