@@ -279,7 +279,7 @@ def _overflows(lines: list[str], out: Parsed) -> None:
 
 
 @dataclass(frozen=True)
-class Evidence:
+class IllegalWorkCount:
     """A run's IllegalWork evidence by how far it can be trusted."""
 
     counted: int  # failures the hook counted in DeepSpeed's logger, from records signed for this run
@@ -292,16 +292,16 @@ class Evidence:
         return self.counted if self.signed else max(self.in_log, self.counted)
 
 
-def evidence(
+def illegal_work_count(
     in_log: int,
     reports: list[dict[str, Any]],
     forged: list[dict[str, str]] | None = None,
     signed: bool = False,
-) -> Evidence:
+) -> IllegalWorkCount:
     """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them);
     `reports` are the hook records the runner verified, `forged` the ones it did not."""
     counted = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
-    return Evidence(counted, in_log, tuple(forged or ()), signed)
+    return IllegalWorkCount(counted, in_log, tuple(forged or ()), signed)
 
 
 def with_hook(
@@ -310,7 +310,7 @@ def with_hook(
     forged: list[dict[str, str]] | None = None,
     signed: bool = False,
 ) -> Parsed:
-    found = evidence(parsed.illegal_work_in_log, reports, forged, signed)
+    found = illegal_work_count(parsed.illegal_work_in_log, reports, forged, signed)
     parsed.illegal_work_by_hook = found.counted
     parsed.illegal_work_messages = found.messages()
     parsed.hook_signed, parsed.forged_hook_records = signed, list(found.forged)
