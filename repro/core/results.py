@@ -17,6 +17,7 @@ import re
 import shlex
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -328,7 +329,7 @@ def last_written(root: Path) -> Path | None:
     return folder.resolve() if (folder / RESULTS_FILE).exists() else None
 
 
-def resolve_results_dir(root: Path, given: str | None, say: Any = None) -> Path:
+def resolve_results_dir(root: Path, given: str | None, say: Callable[[str], None] | None = None) -> Path:
     """A results folder from RESULTS=/--results, else the one the last command wrote (OUT= or
     not), else the latest one. `say` gets a line naming the folder when it is not the one the last
     command wrote, or when that one is not results/latest."""
