@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from repro.run.job import RawRun, build_records
-from repro.workload import hooksign, job
+from repro.workload import hooksign, job, judge
 
 MESSAGE = "[Rank 0] Error message: Illegal to call wait on IllegalWork object"
 LOSSES = "".join(f"step {i} loss {2.5 - 0.1 * i}\n" for i in range(3))
@@ -77,7 +77,9 @@ def test_a_printed_message_is_not_the_bug_and_deepspeeds_own_is(
     record = printed["record"]
     assert "key visible: False" in printed["log"]
     assert printed["log"].count("IllegalWork object") == 2  # both lines are in the log
-    assert (record["outcome"], record["signature"]) == ("clean", "none"), record["reason"]
+    # Not counted, and the job never stepped a DeepSpeed engine: nothing is left to weigh.
+    assert (record["outcome"], record["signature"]) == ("no-evidence", "none"), record["reason"]
+    assert judge.NO_STEP in record["reason"]
     assert record["illegal_work_messages"] == 0
     assert "2 IllegalWork messages in the job's log, not counted" in record["reason"]
     [report] = printed["job"]["hook_reports"]
@@ -158,7 +160,7 @@ def test_a_forged_hook_record_and_the_jobs_writes_into_its_results_are_reported_
         """,
     )
     record, result = forged["record"], forged["job"]
-    assert (record["outcome"], record["signature"]) == ("clean", "none"), record["reason"]
+    assert (record["outcome"], record["signature"]) == ("no-evidence", "none"), record["reason"]
     assert record["illegal_work_messages"] == 0
     assert result["forged_hook_records"] == [{"file": "job/hook/1.json", "why": "signature does not verify"}]
     assert "forged hook records, not counted: job/hook/1.json (signature does not verify)" in record["reason"]

@@ -90,9 +90,7 @@ def _run_job(tmp_path: Path, command: str, stall: float = 300.0) -> dict[str, ob
     return json.loads((out / job.JOB_JSON).read_text())  # type: ignore[no-any-return]
 
 
-def test_command_without_deepspeed_runs_and_is_clean_with_a_note(
-    tmp_path: Path, real_subprocess: None
-) -> None:
+def test_command_without_deepspeed_runs_and_is_no_evidence(tmp_path: Path, real_subprocess: None) -> None:
     result = _run_job(tmp_path, f"{sys.executable} -c \"print('hello from the job')\"")
     assert result["exit_code"] == 0 and result["status"] is None
     text = (tmp_path / "out" / job.JOB_LOG).read_text()
@@ -100,8 +98,8 @@ def test_command_without_deepspeed_runs_and_is_clean_with_a_note(
     [record] = build_records(
         "cpu", [RawRun("stock", result, text, "cpu/custom-stock/job.log")], None, "sha256:x", 600.0
     )
-    assert (record["outcome"], record["scenario"]) == ("clean", "custom")
-    assert record["job"] is not None and "never imported DeepSpeed" in record["job"]["notes"][0]
+    assert (record["outcome"], record["scenario"]) == ("no-evidence", "custom")
+    assert "never imported DeepSpeed" in record["reason"] and "no evidence either way" in record["reason"]
 
 
 DEADLOCK = textwrap.dedent("""\

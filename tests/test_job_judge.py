@@ -122,7 +122,16 @@ def test_overflow_storm_against_a_clean_fixed_run() -> None:
         other=fixed,
         other_clean=True,
     )
-    assert (verdict.outcome, verdict.signature) == ("reproduced", "overflow-storm")
+    # No IllegalWork seen: the storm is not the bug's (a user's job is often not deterministic).
+    assert (verdict.outcome, verdict.signature) == ("no-evidence", "overflow-storm")
+    assert verdict.reason.startswith("differs, not the bug's path: 3 overflow-skipped steps vs 0")
+    assert judge.NOISE_HINT in verdict.reason
+    # With the hook's IllegalWork count beside it, the same storm is the bug's.
+    counted = judge.with_hook(judge.parse(DS_OVERFLOW), [{"deepspeed": "0.13.1", "illegal_work_failures": 4}])
+    verdict = judge.judge(
+        counted, patch="stock", exit_code=0, status=None, used_deepspeed=True, other=fixed, other_clean=True
+    )
+    assert (verdict.outcome, verdict.signature) == ("reproduced", "illegal-work-divergence")
 
 
 def test_crash_raised_from_illegal_work_wins_over_the_launchers_traceback() -> None:
@@ -150,10 +159,14 @@ def test_stock_losses_that_part_from_the_clean_fixed_run() -> None:
     verdict = judge.judge(
         stock, patch="stock", exit_code=0, status=None, used_deepspeed=True, other=fixed, other_clean=True
     )
+    # Losses that part without any IllegalWork: they differ, but not by the bug.
     assert (verdict.outcome, verdict.signature, verdict.first_divergent_step) == (
-        "reproduced",
+        "no-evidence",
         "divergence",
         1,
+    )
+    assert verdict.reason.startswith(
+        "differs, not the bug's path: losses part from the fixed run's at step 1"
     )
     # The fixed run is not judged against the stock run: its own evidence decides.
     assert (
@@ -170,11 +183,11 @@ def test_stock_losses_that_part_from_the_clean_fixed_run() -> None:
     )
 
 
-def test_a_command_without_deepspeed_is_clean_with_a_note() -> None:
+def test_a_command_without_deepspeed_is_no_evidence() -> None:
     verdict = judge.judge(
         judge.parse("hello\n"), patch="stock", exit_code=0, status=None, used_deepspeed=False
     )
-    assert verdict.outcome == "clean" and verdict.notes and "never imported DeepSpeed" in verdict.notes[0]
+    assert (verdict.outcome, verdict.reason) == ("no-evidence", f"exit code 0; {judge.NEVER_IMPORTED}")
 
 
 def test_loss_regex_override_and_hidden_messages_from_the_hook() -> None:
@@ -232,7 +245,7 @@ def test_no_hooked_deepspeed_import_is_an_env_error_where_the_hook_was_needed() 
     assert _one(NCCL_ON_CPU, patch="stock", exit_code=1, used=False, device="gpu").outcome == "crashed"
     assert _one(NCCL_ON_CPU, patch="fixed", exit_code=1, used=True).outcome == "crashed"
     plain = _one("hello\n", patch="fixed", exit_code=0, used=False)
-    assert plain.outcome == "clean" and "never imported DeepSpeed" in plain.reason
+    assert plain.outcome == "no-evidence" and "never imported DeepSpeed" in plain.reason
 
 
 def _hf(losses: list[float]) -> str:

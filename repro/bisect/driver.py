@@ -47,6 +47,7 @@ from repro.core.results import (
     note_written,
     point_latest,
 )
+from repro.core.runs import RunFinding
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run.job import inherited_environment
 from repro.run.orchestrate import Request
@@ -523,8 +524,9 @@ class BisectMode:
 
 
 def _survey_key(obs: Observation) -> tuple[str, str] | None:
-    # An env that could not be built says nothing about the bug: stepped around, listed apart.
-    return None if obs.outcome in ("env-error", "interrupted") else obs.key
+    # An env that could not be built, or a run that said nothing about the bug (no-evidence):
+    # stepped around, listed apart.
+    return None if obs.finding is RunFinding.NO_OUTCOME else obs.key
 
 
 class SurveyMode:

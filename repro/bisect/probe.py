@@ -67,9 +67,6 @@ class BadIf(enum.Enum):
             ) from None
 
 
-_ALWAYS_UNKNOWN = ("env-error", "interrupted")
-
-
 def _by_rule(finding: RunFinding, bad_if: BadIf) -> ProbeVerdict:
     """The table above, from the env verdict's reading of the run (repro.core.runs.run_finding)."""
     if finding is RunFinding.BUG:
@@ -148,7 +145,7 @@ class Judge:
 
     def __call__(self, obs: Observation) -> ProbeVerdict:
         if self.bad_if is BadIf.DIFFERS and self.reference is None:
-            if obs.outcome in _ALWAYS_UNKNOWN:
+            if obs.finding is RunFinding.NO_OUTCOME:  # env-error, interrupted, no-evidence
                 return ProbeVerdict.UNKNOWN
             self.reference = obs.key
         return verdict_for(obs.outcome, obs.signature, self.bad_if, self.reference)

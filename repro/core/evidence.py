@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 # Outcomes that are already no evidence: nothing to refuse.
-_NOT_EVIDENCE = ("env-error", "unsupported", "interrupted")
+_NOT_EVIDENCE = ("env-error", "unsupported", "interrupted", "no-evidence")
 
 
 def _ran_device(record: Mapping[str, Any]) -> str | None:

@@ -31,10 +31,10 @@ class PairStatus(str, enum.Enum):
     OTHER_FAILURE_GONE = "other-failure-gone"
     FIXED_MISSING = "fixed-missing"
     STOCK_MISSING = "stock-missing"
-    NO_OUTCOME = "no-outcome"  # one side was interrupted, env-error or unsupported
+    NO_OUTCOME = "no-outcome"  # one side was interrupted, env-error, unsupported or no-evidence
 
 
-NO_OUTCOME = (Outcome.INTERRUPTED, Outcome.ENV_ERROR, Outcome.UNSUPPORTED)
+NO_OUTCOME = (Outcome.INTERRUPTED, Outcome.ENV_ERROR, Outcome.UNSUPPORTED, Outcome.NO_EVIDENCE)
 
 
 def control_for(run: RunView, runs: Sequence[RunView]) -> RunView | None:

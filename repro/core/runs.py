@@ -266,7 +266,9 @@ class RunFinding(str, enum.Enum):
     CLEAN = "clean"
     OTHER_FAILURE = "other-failure"  # crashed or hung, not from an IllegalWork
     UNSUPPORTED = "unsupported"  # no MiCS / the fix cannot patch this DeepSpeed
-    NO_OUTCOME = "no-outcome"  # env-error or interrupted: nothing ran to an outcome
+    # env-error or interrupted: nothing ran to an outcome; no-evidence: it ran, but said nothing
+    # about the bug (no test ran, no training step, losses that differ without the bug's path)
+    NO_OUTCOME = "no-outcome"
 
 
 def run_finding(outcome: Outcome, signature: Signature) -> RunFinding:
@@ -280,7 +282,7 @@ def run_finding(outcome: Outcome, signature: Signature) -> RunFinding:
         return RunFinding.CLEAN
     if outcome is Outcome.UNSUPPORTED:
         return RunFinding.UNSUPPORTED
-    if outcome is Outcome.ENV_ERROR or outcome is Outcome.INTERRUPTED:
+    if outcome is Outcome.ENV_ERROR or outcome is Outcome.INTERRUPTED or outcome is Outcome.NO_EVIDENCE:
         return RunFinding.NO_OUTCOME
     assert_never(outcome)
 

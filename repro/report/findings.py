@@ -71,6 +71,8 @@ def run_findings(run: Run, runs: Sequence[Run]) -> list[Finding]:
         out.append(Finding(FindingKind.UNSUPPORTED, run.env, run.ident, f"{run_label(run)}: {run.reason}"))
     elif outcome is Outcome.INTERRUPTED:
         out.append(Finding(FindingKind.INTERRUPTED, run.env, run.ident, f"{run_label(run)}: interrupted"))
+    elif outcome is Outcome.NO_EVIDENCE:
+        out.append(Finding(FindingKind.NO_EVIDENCE, run.env, run.ident, f"{run_label(run)}: {run.reason}"))
     elif outcome is Outcome.REPRODUCED or outcome is Outcome.CLEAN or outcome is Outcome.CRASHED:
         pass  # the bug itself (reported under the answers), or nothing to report on its own
     else:

@@ -58,6 +58,7 @@ class FindingKind(str, enum.Enum):
     ENV_ERROR = "env-error"
     UNSUPPORTED = "unsupported"
     INTERRUPTED = "interrupted"
+    NO_EVIDENCE = "no-evidence"  # the run ended without saying anything about the bug
     CONTROL_FAILED = "control-failed"
     FIX_REGRESSION = "fix-regression"
     CONFIG_PROBLEM = "config-problem"

@@ -289,13 +289,18 @@ def _judge_one(
         patch=raw.patch,
         exit_code=raw.job.get("exit_code"),
         status=raw.job.get("status"),
-        used_deepspeed=bool(reports),
+        used_deepspeed=imported_deepspeed(reports),
         fix_error=fix_error,
         other=other,
         other_clean=other_clean,
         device=str(raw.job.get("device") or "gpu"),
         framework_dirs=framework_dirs(reports),
     )
+
+
+def imported_deepspeed(reports: Sequence[dict[str, Any]]) -> bool:
+    """Some hooked process imported DeepSpeed (a pytest session's record may come without it)."""
+    return any(r.get("deepspeed") for r in reports)
 
 
 def framework_dirs(reports: Sequence[dict[str, Any]]) -> tuple[str, ...]:
@@ -399,7 +404,7 @@ def _record(
             "left_running": job.get("left_running") or {},  # stopped after the command (leftovers.py)
             "processes": job.get("processes") or {},
             "loss_steps": parsed.loss_steps,
-            "deepspeed_imported": bool(reports),
+            "deepspeed_imported": imported_deepspeed(reports),
             "rendezvous": job.get("rendezvous"),  # the port the run got (job.py `rendezvous`)
             "hook_pth": job.get("hook_pth"),
             "first_parting_step": parting,

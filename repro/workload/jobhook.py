@@ -68,12 +68,24 @@ def activate(environ: Mapping[str, str]) -> None:
     _REPORT.update(pid=os.getpid(), argv=list(sys.argv), patch=patch, device=device)
     if job_dir:
         _arm_stack_dump(job_dir)
+        _load_pytest_plugin(os.environ)
     if device == "cpu":
         _prepare_cpu_env()
     sys.meta_path.insert(0, _AfterImport("deepspeed", _on_deepspeed))
     if job_dir:
         sys.meta_path.insert(0, _AfterImport("torch", _on_torch))
     atexit.register(_write_report)
+
+
+PYTEST_PLUGIN = "repro.workload.pytest_outcomes"
+
+
+def _load_pytest_plugin(environ: Any) -> None:
+    """A pytest session of the job says what each test did (record only: pytest_outcomes.py). Set
+    here, where the hook runs, so pytest only names the plugin in a process that can import it."""
+    plugins = [p for p in environ.get("PYTEST_PLUGINS", "").split(",") if p.strip()]
+    if PYTEST_PLUGIN not in plugins:
+        environ["PYTEST_PLUGINS"] = ",".join([*plugins, PYTEST_PLUGIN])
 
 
 def _signer(key: bytes | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
@@ -299,8 +311,13 @@ def _heartbeat_on_step(deepspeed: Any) -> None:
         result = original(self, *args, **kwargs)
         with open(path, "w") as fh:
             fh.write(f"{time.time()}\n")
+        _REPORT["steps"] = int(_REPORT.get("steps") or 0) + 1
         if "engine" not in _REPORT:  # what the records need that only the engine knows
             _REPORT["engine"] = _describe_engine(self)
+            _write_report()
+        elif _counts_moved():
+            # A process that never reaches atexit (a pool worker ended by terminate(), as
+            # DeepSpeed's own test harness ends its ranks) still leaves its count on record.
             _write_report()
         return result
 
@@ -368,6 +385,18 @@ def _describe_engine(engine: Any) -> dict[str, Any]:
     return found
 
 
+def note_pytest(summary: dict[str, Any]) -> None:
+    """What pytest said of this session's tests (repro/workload/pytest_outcomes.py), into the
+    signed record: written even when the session never imported DeepSpeed (no test ran it)."""
+    _REPORT["pytest"] = summary
+    _write_report()
+
+
+def _counts_moved() -> bool:
+    counter = _STATE.get("counter")
+    return counter is not None and counter.failures != _REPORT.get("illegal_work_failures")
+
+
 def _write_report() -> None:
     counter = _STATE.get("counter")
     if counter is not None:
@@ -375,8 +404,8 @@ def _write_report() -> None:
         _REPORT["illegal_work_lines"] = counter.lines
         _REPORT["illegal_work_not_from_deepspeed"] = counter.foreign
     job_dir = _STATE.get("job_dir")
-    if not job_dir or "deepspeed" not in _REPORT:
-        return  # only processes that used DeepSpeed report; the others leave a pid file only
+    if not job_dir or ("deepspeed" not in _REPORT and "pytest" not in _REPORT):
+        return  # only processes that used DeepSpeed (or ran pytest) report; the others leave a pid file
     _note_process_group()
     path = os.path.join(job_dir, "hook", f"{os.getpid()}.json")
     tmp = f"{path}.tmp"

@@ -14,11 +14,20 @@ ways a job fails to be evidence at all:
                        run, or a CPU run that failed, whose log shows DeepSpeed at work), so the
                        fix or the CPU shims never applied;
                        the rendezvous port was taken ("address already in use")
-  reproduced           an exception raised from an _IllegalWork object; IllegalWork messages;
-                       or (stock run) losses that leave the fixed run's / an overflow storm the
-                       fixed run does not have / non-finite losses with no usable fixed run
-  crashed              any other non-zero exit
-  clean                none of that; a command that never imported DeepSpeed is clean with a note
+  reproduced           an exception raised from an _IllegalWork object in torch's or DeepSpeed's
+                       code; IllegalWork messages counted by the hook, alone or with losses that
+                       leave the fixed run's / an overflow storm the fixed run does not have
+  env-error            (also) the job ended on a missing module: named, with PACKAGES=
+  no-evidence          a pytest session that ran no test (none collected, all skipped: pytest's
+                       reasons quoted); a command that never imported DeepSpeed, or took no
+                       DeepSpeed optimizer step; losses that differ (or NaN, or an overflow storm)
+                       without any IllegalWork seen: "differs, not the bug's path", with how to
+                       tell the job's own noise from the bug
+  crashed              any other non-zero exit; a pytest session whose tests failed without a
+                       sign of the bug
+  clean                none of that
+A pytest session (pytest_outcomes.py) is weighed like any job, with its counts in the reason and
+the tests whose outcome differs from the other patch's session in the notes.
 """
 
 from __future__ import annotations
@@ -86,6 +95,10 @@ def _exception_line(line: str) -> tuple[str, str] | None:
 
 
 _MISSING = re.compile(r"No module named '(?P<name>torch|deepspeed)'")
+# How Python says a module is missing: the exception (`ModuleNotFoundError: No module named 'x.y'`)
+# and `python -m x` ("/path/python: No module named x"), which prints no traceback.
+_NO_MODULE = re.compile(r"No module named '?(?P<name>[A-Za-z_][\w.]*)'?")
+_NO_MODULE_TO_RUN = re.compile(r"^\S*python[\d.]*: No module named (?P<name>[A-Za-z_][\w.]*)\s*$")
 # How the job's shell says a program cannot start (exit 127/126): bash ("bash: line 1: torchrun:
 # command not found", "bash: ./x: No such file or directory", "bash: ./x: Permission denied",
 # "... /usr/bin/python9: bad interpreter: ...") and dash ("sh: 1: torchrun: not found"); a shell
@@ -130,6 +143,13 @@ class Parsed:
     # is evidence then, the log's is corroboration. False: a runner before signing, or no runner.
     hook_signed: bool = False
     forged_hook_records: list[dict[str, str]] = field(default_factory=list)
+    # From the hook's records: optimizer steps some process ran (None: a runner before counting
+    # them; the first step's engine description stands in), and what pytest said of the session
+    # that ran the most tests (pytest_outcomes.py; None: no pytest session).
+    steps: int | None = None
+    pytest: dict[str, Any] | None = None
+    # The exception's own `No module named X` (any module), when that is how the job ended.
+    missing_any_module: str | None = None
 
 
 def _float(text: str) -> float:
@@ -222,6 +242,18 @@ def _exception(lines: list[str]) -> dict[str, Any] | None:
     )
 
 
+def _missing_module(exc: dict[str, Any] | None, lines: list[str]) -> str | None:
+    """The top-level module whose absence ended the job: the exception that ended it, or the line
+    `python -m` prints for a module it cannot run. None for a warning about an optional module that
+    the job survived (DeepSpeed's own try/except imports), which ends no job."""
+    if exc and exc.get("type") in ("ModuleNotFoundError", "ImportError"):
+        m = _NO_MODULE.search(str(exc.get("message") or ""))
+        if m:
+            return m["name"].split(".")[0]
+    found = next((m for m in map(_NO_MODULE_TO_RUN.match, lines) if m), None)
+    return found["name"].split(".")[0] if found else None
+
+
 def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
     lines = [strip_prefix(line) for line in log_text.splitlines()]
     out = Parsed()
@@ -241,6 +273,7 @@ def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
     out.exception = _exception(lines)
     m = next((m for m in map(_MISSING.search, lines) if m), None)
     out.missing_module = m["name"] if m else None
+    out.missing_any_module = _missing_module(out.exception, lines)
     gone = next((g for g in map(_NOT_STARTED.match, lines) if g), None)
     if gone:
         why = f"{gone['interp']}: {gone['why']}" if gone["interp"] else gone["why"]
@@ -314,7 +347,19 @@ def with_hook(
     parsed.illegal_work_by_hook = found.counted
     parsed.illegal_work_messages = found.messages()
     parsed.hook_signed, parsed.forged_hook_records = signed, list(found.forged)
+    parsed.steps = _steps_taken(reports)
+    sessions = [r["pytest"] for r in reports if isinstance(r.get("pytest"), dict)]
+    parsed.pytest = max(sessions, key=lambda t: int(t.get("ran") or 0), default=None)
     return parsed
+
+
+def _steps_taken(reports: list[dict[str, Any]]) -> int | None:
+    """Optimizer steps of the process that ran the most; 1 where a runner before the count saw the
+    engine (its first step), 0 where no process stepped."""
+    counted = [int(r["steps"]) for r in reports if isinstance(r.get("steps"), int)]
+    if counted:
+        return max(counted)
+    return 1 if any(r.get("engine") for r in reports) else (0 if reports else None)
 
 
 def log_only_illegal_work(parsed: Parsed) -> str:
@@ -439,14 +484,143 @@ def judge(
     bug = ladder.crash(exc, "", own.illegal_work_messages, in_framework=in_framework)
     if bug is not None:
         return bug
-    if exit_code not in (0, None):
+    if exit_code not in (0, None) and own.missing_any_module:
+        return Judgement("env-error", "none", missing_module_reason(own.missing_any_module, exit_code), None)
+    tests = own.pytest
+    missing = _missing_in_collection(tests)
+    if exit_code not in (0, None) and missing:
+        return Judgement("env-error", "none", missing_module_reason(missing, exit_code), None)
+    if tests is not None and tests.get("collect_errors") and exit_code not in (0, None):
+        first = tests["collect_errors"][0]
+        why = f"pytest could not collect {first.get('nodeid') or 'the session'}: {first.get('message')}"
+        return Judgement("crashed", "crash", f"exit code {exit_code}: {why}", None)
+    if tests is not None and not tests.get("ran"):
+        return Judgement(NO_EVIDENCE, "none", no_test_ran(tests, exit_code), None)
+    tests_failed = tests is not None and exit_code == 1 and bool(_failed(tests))
+    if exit_code not in (0, None) and not tests_failed:
         summary = f"{exc['type']}: {exc['message']}" if exc else "no Python exception in the log"
         why_not = _not_the_bug(exc)
         return Judgement("crashed", "crash", f"exit code {exit_code}: {summary}{why_not}", None)
     if not used_deepspeed:
-        note = "the command never imported DeepSpeed, so the bug cannot show; judged by its exit code only"
-        return Judgement("clean", "none", f"exit code 0; {note}", None, (note,))
-    return _evidence(own, patch, other, other_clean)
+        return Judgement(NO_EVIDENCE, "none", f"exit code {exit_code}; {NEVER_IMPORTED}", None)
+    if tests is None and own.steps == 0 and not own.illegal_work_messages:
+        return Judgement(NO_EVIDENCE, "none", f"exit code {exit_code}; {NO_STEP}", None)
+    judged = bugs_path_only(_evidence(own, patch, other, other_clean), own)
+    if tests is not None:
+        judged = _with_tests(judged, tests, exit_code, other.pytest if other is not None else None)
+    return judged
+
+
+NO_EVIDENCE = "no-evidence"
+NEVER_IMPORTED = "the command never imported DeepSpeed, so the bug cannot show: no evidence either way"
+NO_STEP = (
+    "no DeepSpeed optimizer step in any process (the hook counts DeepSpeedEngine.step), so the bug's "
+    "path was never trained through: no evidence either way"
+)
+# How to tell a job's own noise from the bug, said wherever losses differ without the bug's path.
+NOISE_HINT = (
+    "to tell noise from the bug: run the fixed run twice (two fixed runs that differ are the job's own "
+    "noise), or seed the job's data and initialisation (torch.manual_seed, a fixed sampler)"
+)
+
+
+def missing_module_reason(module: str, exit_code: int | None) -> str:
+    return (
+        f"the command could not run in this env: no module named {module!r} (exit {exit_code}); "
+        f"install it into the env: PACKAGES={module} (or REQUIREMENTS=<file>; the package's name on "
+        "PyPI may differ from the module's), or run from the folder that holds it (WORKDIR=)"
+    )
+
+
+def _missing_in_collection(tests: dict[str, Any] | None) -> str | None:
+    """The module whose absence kept pytest from collecting a test module (pytest prints no
+    Python traceback for it, only its own report)."""
+    for error in (tests or {}).get("collect_errors") or []:
+        m = _NO_MODULE.search(str(error.get("message") or ""))
+        if m and "No module named" in str(error.get("message")):
+            return m["name"].split(".")[0]
+    return None
+
+
+def _failed(tests: dict[str, Any]) -> int:
+    counts = tests.get("counts") or {}
+    return int(counts.get("failed") or 0) + int(counts.get("error") or 0)
+
+
+def _counts_text(tests: dict[str, Any]) -> str:
+    counts = tests.get("counts") or {}
+    order = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+    said = ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
+    return said or "no test collected"
+
+
+def no_test_ran(tests: dict[str, Any], exit_code: int | None) -> str:
+    """A pytest session that ran no test: what it did instead, with pytest's own reasons."""
+    reasons: dict[str, int] = {}
+    for entry in (tests.get("tests") or {}).values():
+        if entry.get("outcome") == "skipped":
+            why = str(entry.get("message") or "no reason given")
+            reasons[why] = reasons.get(why, 0) + 1
+    top = "; ".join(f"{why!r} x{n}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+    what = f"pytest ran no test ({_counts_text(tests)}; pytest exit {tests.get('exitstatus', exit_code)})"
+    return f"{what}{': ' + top if top else ''}: no evidence either way"
+
+
+def _with_tests(
+    judged: Judgement, tests: dict[str, Any], exit_code: int | None, other: dict[str, Any] | None
+) -> Judgement:
+    """A pytest session's judgement says its counts and, beside the other patch's session, which
+    tests changed; tests that failed with no sign of the bug make the session "crashed"."""
+    words = f"pytest: {_counts_text(tests)}"
+    failed = [
+        (tid, e) for tid, e in (tests.get("tests") or {}).items() if e.get("outcome") in ("failed", "error")
+    ]
+    if failed:
+        tid, entry = failed[0]
+        words += f" (first: {tid}: {entry.get('message') or entry.get('outcome')})"
+    notes = [*judged.notes]
+    changed = tests_that_differ(tests, other) if other is not None else []
+    if changed:
+        shown = ", ".join(f"{tid} {a}->{b}" for tid, a, b in changed[:5])
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        notes.append(f"tests whose outcome differs between this session and the other patch's: {shown}{more}")
+    if judged.outcome == "clean" and failed:
+        return Judgement("crashed", "crash", f"exit code {exit_code}: {words}", None, tuple(notes))
+    return Judgement(
+        judged.outcome,
+        judged.signature,
+        f"{judged.reason}; {words}",
+        judged.first_divergent_step,
+        tuple(notes),
+    )
+
+
+def tests_that_differ(own: dict[str, Any], other: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(test id, its outcome here, its outcome in the other session) for tests both ran differently."""
+    mine, theirs = own.get("tests") or {}, other.get("tests") or {}
+    return [
+        (tid, str(mine[tid].get("outcome")), str(theirs[tid].get("outcome")))
+        for tid in mine
+        if tid in theirs and mine[tid].get("outcome") != theirs[tid].get("outcome")
+    ]
+
+
+def bugs_path_only(judged: Judgement, own: Parsed) -> Judgement:
+    """The bug's name needs the bug's evidence: an own job whose losses part from its other run's,
+    or that overflows more, without any IllegalWork seen (the hook's count from DeepSpeed's logger,
+    the bug's own path) differs, but not by the bug: a user's job is often not deterministic."""
+    if judged.outcome != "reproduced" or own.illegal_work_messages:
+        return judged
+    if judged.signature not in ("divergence", "overflow-storm"):
+        return judged
+    return Judgement(
+        NO_EVIDENCE,
+        judged.signature,
+        f"differs, not the bug's path: {judged.reason}; no IllegalWork seen, so DeepSpeed never waited "
+        f"on the lost gather; {NOISE_HINT}",
+        judged.first_divergent_step,
+        judged.notes,
+    )
 
 
 def _not_the_bug(exc: dict[str, Any] | None) -> str:

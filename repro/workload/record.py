@@ -135,6 +135,10 @@ class Outcome(str, enum.Enum):
     ENV_ERROR = "env-error"
     UNSUPPORTED = "unsupported"
     INTERRUPTED = "interrupted"
+    # The run ended but says nothing about the bug either way: a pytest session that ran no test,
+    # a job that exited 0 without a training step or never imported DeepSpeed, an own job whose
+    # losses differ from its other run's without the bug's path (no IllegalWork seen by the hook).
+    NO_EVIDENCE = "no-evidence"
 
 
 class Signature(str, enum.Enum):

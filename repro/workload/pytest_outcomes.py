@@ -1,0 +1,101 @@
+"""A pytest plugin in every pytest session of a custom job: what pytest itself says of each test,
+handed to the hook's signed record so the judge (judge.py) can weigh a pytest job per test.
+
+Why: a session that ran no test (all skipped, none collected) says nothing about the bug, and a
+session's exit status alone cannot tell "3 tests failed" from "pytest could not start". pytest's own
+reports can: this plugin keeps each test id's outcome (passed, failed, error, skipped, xfailed,
+xpassed) with the skip reason or the failure's last line, the counts, and the exit status.
+
+Record only: it adds no option, changes no test and no report, and writes nothing itself: the hook
+(jobhook.note_pytest) puts the summary into its record. Loaded by name through PYTEST_PLUGINS,
+which the job runner's environment sets (job.py `hook_environment`). Only the session that owns the
+results records: an xdist worker hands its reports to its controller, pytest-forked's child to its
+parent, and those record them.
+
+Runs inside the environments: standard library only (Python 3.8+), pytest's objects read by
+attribute.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Outcomes that ran a test body: a session with none of these ran no test.
+RAN = ("passed", "failed", "error", "xfailed", "xpassed")
+# At most this many test ids are kept by name (a whole `tests/unit` has thousands); counts are whole.
+MAX_TESTS = 2000
+MAX_MESSAGE = 300
+
+MAX_ERRORS = 20
+
+_TESTS: dict[str, dict[str, str]] = {}
+_ERRORS: list[dict[str, str]] = []
+
+
+def _message(report: Any) -> str:
+    """The skip reason or the failure's own last line, short."""
+    longrepr = getattr(report, "longrepr", None)
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:  # a skip: (path, line, "Skipped: why")
+        text = str(longrepr[2])
+        return text[len("Skipped: ") :] if text.startswith("Skipped: ") else text
+    crash = getattr(longrepr, "reprcrash", None)
+    text = str(getattr(crash, "message", "") or "")
+    if not text and longrepr is not None:
+        lines = [line for line in str(longrepr).splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    return " ".join(text.split())[:MAX_MESSAGE]
+
+
+def _outcome(report: Any) -> str | None:
+    """This phase's say on the test, or None when the phase adds nothing (a passing setup)."""
+    when = getattr(report, "when", "call")
+    if hasattr(report, "wasxfail"):
+        return "xfailed" if report.skipped else "xpassed"
+    if report.failed:
+        return "failed" if when == "call" else "error"
+    if report.skipped:
+        return "skipped"
+    return "passed" if when == "call" else None
+
+
+def pytest_runtest_logreport(report: Any) -> None:
+    said = _outcome(report)
+    if said is None:
+        return
+    seen = _TESTS.get(report.nodeid)
+    # The first bad word stands: a test that failed its call and its teardown failed, not error.
+    if seen is not None and seen["outcome"] in ("failed", "error") and said != "passed":
+        return
+    if seen is not None and said == "passed":
+        return
+    _TESTS[report.nodeid] = {"outcome": said, "message": "" if said == "passed" else _message(report)}
+
+
+def pytest_collectreport(report: Any) -> None:
+    """A module pytest could not collect (a SyntaxError, a missing module): no test id to hold it."""
+    if report.failed and len(_ERRORS) < MAX_ERRORS:
+        _ERRORS.append({"nodeid": str(report.nodeid), "message": _message(report)})
+
+
+def summary(exitstatus: int, collected: int | None) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for entry in _TESTS.values():
+        counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1
+    kept = dict(list(_TESTS.items())[:MAX_TESTS])
+    return {
+        "exitstatus": int(exitstatus),
+        "collected": collected,
+        "counts": counts,
+        "ran": sum(counts.get(name, 0) for name in RAN),
+        "tests": kept,
+        "tests_cut": len(_TESTS) - len(kept),
+        "collect_errors": list(_ERRORS),
+    }
+
+
+def pytest_sessionfinish(session: Any, exitstatus: Any) -> None:
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its controller records
+        return
+    from repro.workload import jobhook
+
+    jobhook.note_pytest(summary(int(exitstatus), getattr(session, "testscollected", None)))

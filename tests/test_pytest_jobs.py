@@ -1,0 +1,179 @@
+"""A pytest job is judged per test: the real runner and hook run `python -m pytest` sessions (the
+host's Python and pytest, a fake DeepSpeed package) and build_records weighs what pytest itself
+said (repro/workload/pytest_outcomes.py, through the hook's signed record).
+
+A session that ran no test (all skipped, none collected) is no evidence with pytest's reasons,
+never clean; a missing module names PACKAGES=; failed tests without the bug are a crash with the
+counts; the IllegalWork count of DeepSpeed's own code still decides, and the tests whose outcome
+differs between stock and fixed are named."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.run.job import RawRun, build_records
+from repro.workload import job, judge, pytest_outcomes
+
+MESSAGE = "[Rank 0] Error message: Illegal to call wait on IllegalWork object"
+
+
+@pytest.fixture
+def fake_deepspeed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A DeepSpeed whose MiCS module logs the failed wait from DeepSpeed's own code, on the job's
+    PYTHONPATH: a test that calls it has taken the bug's path."""
+    site = tmp_path / "site"
+    pkg = site / "deepspeed"
+    (pkg / "runtime" / "zero").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("__version__ = '0.0.fake'\n")
+    (pkg / "runtime" / "__init__.py").write_text("")
+    (pkg / "runtime" / "zero" / "__init__.py").write_text("")
+    (pkg / "runtime" / "zero" / "mics.py").write_text(
+        f"import logging\n\ndef failed_wait():\n    logging.getLogger('DeepSpeed').warning({MESSAGE!r})\n"
+    )
+    monkeypatch.setenv("MICS_REPRO_USER_PYTHONPATH", str(site))
+    return site
+
+
+def _session(tmp_path: Path, tests: str, patch: str = "stock", cmd: str | None = None) -> RawRun:
+    """Run `python -m pytest -q test_job.py` through the runner; the raw run build_records reads.
+    The runner always runs it stock (the fake DeepSpeed has nothing the fix could patch); `patch`
+    names the run for the judge."""
+    work = tmp_path / patch / "work"
+    work.mkdir(parents=True)
+    (work / "test_job.py").write_text(textwrap.dedent(tests))
+    out = tmp_path / patch / "out"
+    command = cmd or f"{sys.executable} -m pytest -q -p no:cacheprovider test_job.py"
+    argv = ["--cmd", command, "--workdir", str(work), "--out", str(out), "--device", "gpu"]
+    assert job.main([*argv, "--patch", "stock", "--timeout", "300"]) == 0
+    result = json.loads((out / job.JOB_JSON).read_text())
+    return RawRun(patch, result, (out / job.JOB_LOG).read_text(), None)
+
+
+def _one(raw: RawRun) -> dict[str, Any]:
+    [record] = build_records("cpu", [raw], None, "sha256:x", 300.0)
+    return dict(record)
+
+
+SKIPPED = """\
+    import pytest
+
+    @pytest.mark.parametrize("shard", [1, 2, 4])
+    def test_mics(shard):
+        pytest.skip("not enough GPUs are available: 4 required, 2 available")
+
+    @pytest.mark.skip(reason="Skipping until we resolve problems with torch 2.1")
+    def test_other():
+        pass
+    """
+
+
+def test_a_session_that_skipped_every_test_is_no_evidence_with_pytests_reasons(
+    tmp_path: Path, real_subprocess: None
+) -> None:
+    raw = _session(tmp_path, SKIPPED)
+    assert raw.job["exit_code"] == 0
+    record = _one(raw)
+    assert (record["outcome"], record["signature"]) == ("no-evidence", "none"), record["reason"]
+    assert record["reason"].startswith("pytest ran no test (4 skipped; pytest exit 0): ")
+    assert "'not enough GPUs are available: 4 required, 2 available' x3" in record["reason"]
+    assert "'Skipping until we resolve problems with torch 2.1' x1" in record["reason"]
+    [report] = raw.job["hook_reports"]  # signed by the hook although no test imported DeepSpeed
+    assert report["pytest"]["counts"] == {"skipped": 4} and report["pytest"]["ran"] == 0
+    assert record["job"]["deepspeed_imported"] is False
+
+
+def test_a_session_that_collected_nothing_is_no_evidence(tmp_path: Path, real_subprocess: None) -> None:
+    record = _one(_session(tmp_path, "def helper():\n    pass\n"))
+    assert record["outcome"] == "no-evidence", record["reason"]
+    assert record["reason"].startswith("pytest ran no test (no test collected; pytest exit 5)")
+
+
+def test_a_missing_module_is_an_env_error_that_names_packages(tmp_path: Path, real_subprocess: None) -> None:
+    # `python -m <module>` for a module the env lacks: Python prints one line, no traceback.
+    raw = _session(tmp_path, "", cmd=f"{sys.executable} -m no_such_runner_xyz -q")
+    record = _one(raw)
+    assert record["outcome"] == "env-error", record["reason"]
+    assert "no module named 'no_such_runner_xyz'" in record["reason"]
+    assert "PACKAGES=no_such_runner_xyz" in record["reason"]
+    # A test module importing one: pytest reports a collection error (its own words, no Python
+    # traceback) and ends the session with exit 2.
+    imported = _one(_session(tmp_path / "imp", "import yaml_not_here.sub\n\ndef test_x():\n    pass\n"))
+    assert imported["outcome"] == "env-error", imported["reason"]
+    assert "no module named 'yaml_not_here' (exit 2)" in imported["reason"]
+    assert "PACKAGES=yaml_not_here" in imported["reason"]
+
+
+def test_a_collection_error_is_a_crash_that_says_so(tmp_path: Path, real_subprocess: None) -> None:
+    record = _one(_session(tmp_path, "def test_x(:\n    pass\n"))
+    assert (record["outcome"], record["signature"]) == ("crashed", "crash"), record["reason"]
+    assert record["reason"].startswith("exit code 2: pytest could not collect test_job.py: ")
+
+
+def test_failed_tests_without_the_bug_are_a_crash_with_the_counts(
+    tmp_path: Path, fake_deepspeed: Path, real_subprocess: None
+) -> None:
+    tests = """\
+        import deepspeed
+
+        def test_ok():
+            pass
+
+        def test_broken():
+            assert 1 == 2, "checkpoint mismatch"
+        """
+    record = _one(_session(tmp_path, tests))
+    assert (record["outcome"], record["signature"]) == ("crashed", "crash"), record["reason"]
+    assert record["reason"].startswith(
+        "exit code 1: pytest: 1 passed, 1 failed (first: test_job.py::test_broken: "
+    )
+    assert "checkpoint mismatch" in record["reason"]
+
+
+def test_the_bugs_path_decides_and_the_tests_that_differ_are_named(
+    tmp_path: Path, fake_deepspeed: Path, real_subprocess: None
+) -> None:
+    stock_tests = """\
+        import deepspeed.runtime.zero.mics as mics
+
+        def test_gather():
+            mics.failed_wait()  # DeepSpeed's own code logs it: the hook counts it
+            assert False, "losses diverged"
+
+        def test_other():
+            pass
+        """
+    fixed_tests = "def test_gather():\n    pass\n\ndef test_other():\n    pass\n"
+    stock = _session(tmp_path, stock_tests, "stock")
+    fixed = _session(tmp_path, "import deepspeed\n" + fixed_tests, "fixed")
+    records = {r["patch"]: r for r in build_records("cpu", [stock, fixed], None, "sha256:x", 300.0)}
+    got = records["stock"]
+    assert (got["outcome"], got["signature"]) == ("reproduced", "illegal-work-warnings"), got["reason"]
+    assert "pytest: 1 passed, 1 failed" in got["reason"]
+    assert any("test_job.py::test_gather failed->passed" in n for n in got["job"]["notes"]), got["job"][
+        "notes"
+    ]
+    assert records["fixed"]["outcome"] == "clean", records["fixed"]["reason"]
+    assert "pytest: 2 passed" in records["fixed"]["reason"]
+
+
+def test_the_plugin_keeps_the_first_bad_word_of_a_test() -> None:
+    class Report:
+        def __init__(self, when: str, outcome: str) -> None:
+            self.nodeid, self.when = "t.py::test_a", when
+            self.failed, self.skipped = outcome == "failed", outcome == "skipped"
+            self.longrepr = None if outcome == "passed" else "E   AssertionError: boom"
+
+    pytest_outcomes._TESTS.clear()
+    for when, outcome in (("setup", "passed"), ("call", "failed"), ("teardown", "failed")):
+        pytest_outcomes.pytest_runtest_logreport(Report(when, outcome))
+    summary = pytest_outcomes.summary(1, 1)
+    pytest_outcomes._TESTS.clear()
+    assert summary["tests"] == {"t.py::test_a": {"outcome": "failed", "message": "E AssertionError: boom"}}
+    assert (summary["counts"], summary["ran"]) == ({"failed": 1}, 1)
+    assert judge.no_test_ran({"counts": {}, "tests": {}, "exitstatus": 5}, 5).startswith("pytest ran no test")
