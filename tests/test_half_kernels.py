@@ -152,6 +152,9 @@ json.dump({
     "fp16_supported": accelerator.is_fp16_supported(),
     "dtypes": [str(d) for d in accelerator.supported_dtypes()],
     "half_kernels": jobhook._REPORT["transport_info"].get("half_kernels"),
+    # DeepSpeed 0.13.1's ZeRO-3 no-gather handle calls this (None on its CPU accelerator)
+    "stream_synchronized": accelerator.current_stream().synchronize() is None,
+    "default_stream": type(accelerator.default_stream()).__name__,
 }, sys.stdout)
 """
 
@@ -168,3 +171,4 @@ def test_a_hooked_process_gets_the_adapter_and_an_accelerator_that_supports_fp16
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     assert seen["fp16_supported"] is True and "torch.float16" in seen["dtypes"]
     assert "not implemented for 'Half'" in seen["half_kernels"]["reason"]
+    assert seen["stream_synchronized"] is True and seen["default_stream"] == "HostStream"

@@ -177,3 +177,71 @@ def test_the_plugin_keeps_the_first_bad_word_of_a_test() -> None:
     assert summary["tests"] == {"t.py::test_a": {"outcome": "failed", "message": "E AssertionError: boom"}}
     assert (summary["counts"], summary["ran"]) == ({"failed": 1}, 1)
     assert judge.no_test_ran({"counts": {}, "tests": {}, "exitstatus": 5}, 5).startswith("pytest ran no test")
+
+
+POOL_TESTS = """\
+    import multiprocessing as mp
+
+    _BARRIER = None
+
+    def _init(barrier):
+        global _BARRIER
+        _BARRIER = barrier
+
+    def _rank(rank):
+        import deepspeed.runtime.zero.mics as mics  # imported in the rank, as the harness's test does
+        mics.failed_wait()
+        _BARRIER.wait()  # as the ranks' rendezvous does: one task per worker
+        return rank
+
+    def test_ranks_in_a_forkserver_pool():
+        # As DeepSpeed's harness (tests/unit/common.py) runs a test's ranks: a Pool under forkserver,
+        # closed and joined (its workers leave through os._exit, past atexit).
+        ctx = mp.get_context("forkserver")
+        pool = ctx.Pool(processes=3, initializer=_init, initargs=(ctx.Barrier(3),))
+        assert sorted(pool.map(_rank, range(3), chunksize=1)) == [0, 1, 2]
+        pool.close()
+        pool.join()
+    """
+
+
+def test_ranks_of_a_forkserver_pool_sign_their_records_and_their_count_is_kept(
+    tmp_path: Path, fake_deepspeed: Path, real_subprocess: None
+) -> None:
+    raw = _session(tmp_path, POOL_TESTS)
+    assert raw.job["forged_hook_records"] == [], raw.job["forged_hook_records"]
+    ranks = [r for r in raw.job["hook_reports"] if r.get("deepspeed")]
+    assert len(ranks) == 3 and all(r["illegal_work_failures"] == 1 for r in ranks), ranks
+    assert len({r["pid"] for r in ranks}) == 3  # each worker's own pid, not the forkserver's
+    record = _one(raw)
+    got = (record["outcome"], record["signature"])
+    assert got == ("reproduced", "illegal-work-warnings"), record["reason"]
+    assert record["illegal_work_messages"] == 3 and "pytest: 1 passed" in record["reason"]
+
+
+def test_a_pytest_session_on_the_cpu_twin_counts_devices_for_deepspeeds_harness(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from repro.workload import jobhook
+
+    monkeypatch.setitem(jobhook._STATE, "device", "cpu")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    # The hook's own count (cores, no numactl) is raised to the harness's.
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    monkeypatch.setenv("MICS_REPRO_LAUNCHER_LOCAL_SIZE", "2")
+    jobhook.pytest_session_started()
+    assert jobhook.os.environ["LOCAL_SIZE"] == str(jobhook.TEST_HARNESS_DEVICES)
+    # The user's own LOCAL_SIZE, and a launcher's rank, keep theirs.
+    monkeypatch.setenv("LOCAL_SIZE", "3")
+    jobhook.pytest_session_started()
+    assert jobhook.os.environ["LOCAL_SIZE"] == "3"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_SIZE", "2")
+    monkeypatch.setenv("MICS_REPRO_LAUNCHER_LOCAL_SIZE", "2")
+    jobhook.pytest_session_started()
+    assert jobhook.os.environ["LOCAL_SIZE"] == "2"
+    # On GPUs the accelerator counts real devices: untouched.
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    monkeypatch.setitem(jobhook._STATE, "device", "gpu")
+    jobhook.pytest_session_started()
+    assert jobhook.os.environ["LOCAL_SIZE"] == "2"

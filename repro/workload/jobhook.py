@@ -75,6 +75,18 @@ def activate(environ: Mapping[str, str]) -> None:
     if job_dir:
         sys.meta_path.insert(0, _AfterImport("torch", _on_torch))
     atexit.register(_write_report)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=_forked)
+
+
+def _forked() -> None:
+    """A forked child (pytest --forked, a fork-started pool worker) counts from zero what it does
+    itself: the parent's IllegalWork count and steps stay in the parent's record."""
+    counter = _STATE.get("counter")
+    if counter is not None:
+        counter.failures = counter.lines = counter.foreign = 0
+    _REPORT.pop("steps", None)
+    _REPORT.pop("illegal_work_failures", None)
 
 
 PYTEST_PLUGIN = "repro.workload.pytest_outcomes"
@@ -129,6 +141,31 @@ def _pass_key_to_children(key: bytes) -> None:
     __init__._mics_repro = True  # type: ignore[attr-defined]
     subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]
 
+    def spawned_with_key(util: Any) -> None:
+        """multiprocessing's spawn and forkserver start their processes with
+        util.spawnv_passfds, which copies the C environment, not subprocess.Popen: the key is in
+        the environment for that call only (DeepSpeed's test harness runs its ranks in a Pool)."""
+        original = getattr(util, "spawnv_passfds", None)
+        if original is None or getattr(original, "_mics_repro", False):
+            return
+
+        def spawnv_passfds(*args: Any, **kwargs: Any) -> Any:
+            os.environ[hooksign.KEY_VAR] = value
+            try:
+                return original(*args, **kwargs)
+            finally:
+                os.environ.pop(hooksign.KEY_VAR, None)
+
+        spawnv_passfds._mics_repro = True  # type: ignore[attr-defined]
+        setattr(util, "spawnv_passfds", spawnv_passfds)  # noqa: B010 - typed as a module
+
+    # Wrapped as soon as multiprocessing.util exists: a pool started before DeepSpeed's import (a
+    # pytest plugin's, a forkserver) must pass the key too.
+    if "multiprocessing.util" in sys.modules:
+        spawned_with_key(sys.modules["multiprocessing.util"])
+    else:
+        sys.meta_path.insert(0, _AfterImport("multiprocessing.util", spawned_with_key))
+
 
 def _arm_stack_dump(job_dir: str) -> None:
     """faulthandler on SIGUSR1, as our ranks do (repro/workload/train.py); the pid file goes
@@ -168,7 +205,7 @@ def _prepare_cpu_env() -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs `callback(module)` right after one top-level module has executed."""
+    """Runs `callback(module)` right after one module (top-level or a submodule) has executed."""
 
     def __init__(self, name: str, callback: Callable[[Any], None]) -> None:
         self.name, self.callback = name, callback
@@ -231,7 +268,21 @@ def _on_deepspeed(deepspeed: Any) -> None:
     _REPORT["framework_dirs"] = _framework_dirs(origin)
     _heartbeat_on_step(deepspeed)
     _watch_process_group()
+    _write_at_worker_exit()
     _write_report()
+
+
+def _write_at_worker_exit() -> None:
+    """A multiprocessing child (DeepSpeed's test harness runs its ranks in a Pool) leaves through
+    os._exit, past atexit: multiprocessing's own exit finalizers still run, so the last count is
+    written there too."""
+    mp = sys.modules.get("multiprocessing")
+    util = sys.modules.get("multiprocessing.util")
+    try:
+        if mp is not None and util is not None and mp.parent_process() is not None:
+            util.Finalize(None, _write_report, exitpriority=0)
+    except Exception:  # noqa: BLE001 - a record's timing must never break the user's import
+        pass
 
 
 def _launcher_port() -> None:
@@ -385,6 +436,28 @@ def _describe_engine(engine: Any) -> dict[str, Any]:
     return found
 
 
+# DeepSpeed's test harness (tests/unit/common.py `_launch_procs`) skips a test whose world size is
+# above the accelerator's device count, counted in the pytest process. On the CPU twin a "device"
+# is a rank process (gloo), not a core or a NUMA node, so a pytest session counts this many: the
+# largest world size DeepSpeed's unit tests ask for. The harness then sets each rank's LOCAL_SIZE to
+# the test's own world size itself.
+TEST_HARNESS_DEVICES = 8
+
+
+def pytest_session_started() -> None:
+    """A pytest session began in this process (pytest_outcomes.py): on the CPU twin, enough
+    devices for DeepSpeed's test harness, unless the user set LOCAL_SIZE or a launcher did."""
+    env = os.environ
+    if _STATE.get("device") != "cpu" or "LOCAL_WORLD_SIZE" in env:
+        return
+    ours = env.get("MICS_REPRO_LAUNCHER_LOCAL_SIZE")
+    if "LOCAL_SIZE" in env and env["LOCAL_SIZE"] != ours:
+        return  # the user's (or DeepSpeed's launcher's) own count
+    count = str(max(TEST_HARNESS_DEVICES, int(ours) if ours and ours.isdigit() else 0))
+    env["LOCAL_SIZE"] = env["MICS_REPRO_LAUNCHER_LOCAL_SIZE"] = count
+    _REPORT["test_harness_devices"] = int(count)
+
+
 def note_pytest(summary: dict[str, Any]) -> None:
     """What pytest said of this session's tests (repro/workload/pytest_outcomes.py), into the
     signed record: written even when the session never imported DeepSpeed (no test ran it)."""
@@ -403,6 +476,7 @@ def _write_report() -> None:
         _REPORT["illegal_work_failures"] = counter.failures
         _REPORT["illegal_work_lines"] = counter.lines
         _REPORT["illegal_work_not_from_deepspeed"] = counter.foreign
+    _REPORT["pid"] = os.getpid()  # a forked child (a pool worker) writes its own
     job_dir = _STATE.get("job_dir")
     if not job_dir or ("deepspeed" not in _REPORT and "pytest" not in _REPORT):
         return  # only processes that used DeepSpeed (or ran pytest) report; the others leave a pid file

@@ -656,7 +656,9 @@ def _unhooked(own: Parsed, *, patch: str, exit_code: int | None, used_deepspeed:
 
 
 def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) -> Judgement:
-    notes = [] if own.losses else ["no losses found in the output (set LOSS_REGEX= to name them)"]
+    # A pytest session is weighed by its tests: no losses there is not worth a note.
+    session = own.pytest is not None
+    notes = [] if own.losses or session else ["no losses found in the output (set LOSS_REGEX= to name them)"]
     control = other if (patch == "stock" and other is not None and other_clean) else None
     evidence = ladder.Evidence(
         illegal_work=own.illegal_work_messages,
@@ -673,6 +675,8 @@ def _evidence(own: Parsed, patch: str, other: Parsed | None, other_clean: bool) 
     compared = (
         "losses match the fixed run's"
         if control is not None and own.losses
+        else ""
+        if session and not own.losses
         else f"{len(own.losses)} finite losses"
     )
     return ladder.weigh(evidence, compared=compared, notes=notes)

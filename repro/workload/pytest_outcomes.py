@@ -7,10 +7,11 @@ reports can: this plugin keeps each test id's outcome (passed, failed, error, sk
 xpassed) with the skip reason or the failure's last line, the counts, and the exit status.
 
 Record only: it adds no option, changes no test and no report, and writes nothing itself: the hook
-(jobhook.note_pytest) puts the summary into its record. Loaded by name through PYTEST_PLUGINS,
-which the job runner's environment sets (job.py `hook_environment`). Only the session that owns the
-results records: an xdist worker hands its reports to its controller, pytest-forked's child to its
-parent, and those record them.
+(jobhook.note_pytest) puts the summary into its record. At the session's start it tells the hook a
+pytest session began (jobhook.pytest_session_started: DeepSpeed's test harness needs a device
+count). Loaded by name through PYTEST_PLUGINS, which the hook sets where it runs
+(jobhook._load_pytest_plugin). Only the session that owns the results records: an xdist worker
+hands its reports to its controller, pytest-forked's child to its parent, and those record them.
 
 Runs inside the environments: standard library only (Python 3.8+), pytest's objects read by
 attribute.
@@ -56,6 +57,14 @@ def _outcome(report: Any) -> str | None:
     if report.skipped:
         return "skipped"
     return "passed" if when == "call" else None
+
+
+def pytest_configure(config: Any) -> None:
+    """The one thing besides the record: the hook learns a pytest session began (on the CPU twin it
+    then counts enough devices for DeepSpeed's test harness: jobhook.pytest_session_started)."""
+    from repro.workload import jobhook
+
+    jobhook.pytest_session_started()
 
 
 def pytest_runtest_logreport(report: Any) -> None:

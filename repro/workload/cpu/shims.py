@@ -28,6 +28,12 @@ Test scaffolding, not part of the bug:
   (fp32 compute, fp16 storage) and the subclass reports fp16 as supported, so DeepSpeed's fp16
   engine, loss scaler and collectives, and a harness that asks the accelerator which dtype to
   use, run fp16 as released.
+- Streams: DeepSpeed's CPU accelerator answers `current_stream()` and `default_stream()` with
+  None, yet DeepSpeed < 0.14 calls `get_accelerator().current_stream().synchronize()` in ZeRO-3's
+  no-gather handles (shard or partition size 1; later releases ask `resolves_data_dependency()`
+  first). The subclass answers with `HostStream`, whose synchronize and waits return at once: CPU
+  kernels finish before they return, as a GPU stream's do once synchronized. It is not a device
+  synchronize: collectives in flight are not waited for, as on a GPU's compute stream.
 """
 
 from __future__ import annotations
@@ -128,6 +134,22 @@ def install_half_kernels() -> dict[str, Any] | None:
     return None if ok else half_kernels.install(error)
 
 
+class HostStream:
+    """The CPU's one stream (module docstring, Streams): every operation on it has completed."""
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+
 def _gloo_accelerator(claim_fp16: bool) -> Any:
     import torch
     from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
@@ -152,6 +174,14 @@ def _gloo_accelerator(claim_fp16: bool) -> Any:
             if op_name in _SKIPPED_OP_BUILDERS:
                 return None
             return super().create_op_builder(op_name)
+
+        def current_stream(self, device_index: Any = None) -> Any:
+            stream = super().current_stream(device_index)
+            return HostStream() if stream is None else stream
+
+        def default_stream(self, device_index: Any = None) -> Any:
+            stream = super().default_stream(device_index)
+            return HostStream() if stream is None else stream
 
         def synchronize(self, device_index: Any = None) -> Any:
             # On a GPU, a device synchronize also waits for the communication streams, and
