@@ -30,69 +30,9 @@ from repro.run import summary
 from repro.run.job import RawRun, build_records
 from repro.workload import runner
 from repro.workload.classify import classify
+from tests.fixtures.job_records import job_records, job_report, write_folder
 from tests.fixtures.report_records import ResultsBuilder
 from tests.fixtures.runspec import cpu_spec
-
-STOCK_LOG = (
-    "[Rank 0] Error message: Illegal to call wait on IllegalWork object\nstep 0 loss 2.5\nstep 1 loss nan\n"
-)
-FIXED_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
-ENGINE = {"dtype": "bf16", "world_size": 2, "rank": 0}
-
-
-def _job(patch: str, command: str, workdir: str, *, engine: bool = True, **extra: Any) -> dict[str, Any]:
-    report: dict[str, Any] = {"deepspeed": "0.13.1"}
-    if engine:
-        report["engine"] = dict(ENGINE)
-    if patch == "fixed":
-        report["fix"] = {"applied": True, "fix_id": "abc"}
-    report.update(extra.pop("report", {}))
-    return {
-        "status": None,
-        "exit_code": 0,
-        "wall_s": 1.0,
-        "stacks": {},
-        "survivors": [],
-        "processes": {"11": "train.py"},
-        "hook_reports": [report],
-        "versions": {"torch": "2.1.0", "deepspeed": "0.13.1", "cuda": "12.1"},
-        "command": command,
-        "workdir": workdir,
-        "patch": patch,
-        "device": "cpu",
-        "transport": "async",
-        **extra,
-    }
-
-
-def job_records(
-    env: str = "cpu",
-    command: str = "torchrun --nproc_per_node 2 train.py",
-    workdir: str = "/work/proj",
-    *,
-    platform: str | None = "cpu",
-    stock: dict[str, Any] | None = None,
-    fixed: dict[str, Any] | None = None,
-    stock_log: str = STOCK_LOG,
-    fixed_log: str = FIXED_LOG,
-) -> list[dict[str, Any]]:
-    raws = [
-        RawRun("stock", stock or _job("stock", command, workdir), stock_log, f"{env}/custom-stock/job.log"),
-        RawRun("fixed", fixed or _job("fixed", command, workdir), fixed_log, f"{env}/custom-fixed/job.log"),
-    ]
-    return [dict(r) for r in build_records(env, raws, None, "sha256:x", 600.0, platform)]
-
-
-def write_folder(
-    root: Path, name: str, records: list[dict[str, Any]], started: str, platform: str = "cpu"
-) -> Path:
-    b = ResultsBuilder(root, name, started_at=started, command="make run ENV=cpu CMD=...")
-    env = records[0]["env"]
-    b.env(env, platform=platform)
-    for r in records:
-        b.runs.append({**r, "started_at": started})
-    return b.write()
-
 
 # -- defect 1: own job, summary (and the same words in check-fix, report, issue comment) ----------------
 OWN_JOB_HEADLINE = "cpu (your command): REPRODUCED; fix resolves it"
@@ -276,8 +216,8 @@ def _rocm_job(ran_on: dict[str, Any] | None) -> list[dict[str, Any]]:
     return job_records(
         "rocm56",
         platform="rocm",
-        stock=_job("stock", "python t.py", "/w", device="gpu", **extra),
-        fixed=_job("fixed", "python t.py", "/w", device="gpu", **extra),
+        stock=job_report("stock", "python t.py", "/w", device="gpu", **extra),
+        fixed=job_report("fixed", "python t.py", "/w", device="gpu", **extra),
     )
 
 
@@ -304,7 +244,7 @@ def test_7_bad_if_failed_does_not_count_a_crash_without_a_gpu(tmp_path: Path) ->
     from repro.bisect.search import ProbeVerdict
     from repro.core.results import InvocationDir, invocation_meta
 
-    crashed = _job("stock", "python t.py", str(tmp_path), device="gpu", exit_code=1, engine=False)
+    crashed = job_report("stock", "python t.py", str(tmp_path), device="gpu", exit_code=1, engine=False)
     crashed["hook_reports"] = []
 
     class Env:
@@ -373,7 +313,7 @@ def test_7_a_folder_without_a_platform_is_unknown_and_the_report_says_so(tmp_pat
 
 # -- defect 8: a stock run that crashed before its first step ------------------------------------------
 def test_8_a_stock_run_that_died_before_its_first_step_stays_paired(tmp_path: Path) -> None:
-    early = _job("stock", "python t.py", "/w", engine=False, exit_code=1)
+    early = job_report("stock", "python t.py", "/w", engine=False, exit_code=1)
     records = job_records(
         command="python t.py",
         workdir="/w",

@@ -32,12 +32,14 @@ from repro.core.jobname import walk_subject
 from repro.core.runs import RunFinding
 from repro.workload.record import CUSTOM_SCENARIO, Signature
 
-# A stock-only probe of the user's command has no fixed run to compare its losses with, so the
-# judge can say "warnings" but never "divergence" (repro/workload/judge.py); `make run` of the
-# same job, which runs both patches, says divergence. One line says so wherever it shows.
+# A stock-only probe of the user's command has no fixed run to compare its losses with: the judge
+# says "divergence" only when its own losses go non-finite (repro/workload/ladder.py), and
+# "warnings" where `make run` of the same job, which runs both patches, may find the losses part
+# from the fixed run's. One line says so wherever it shows.
 STOCK_ONLY_NOTE = (
     "note: a stock-only probe of your command shows illegal-work-warnings where `make run` (stock + "
-    "fixed) says illegal-work-divergence: the divergence needs the fixed run to compare against"
+    "fixed) may say illegal-work-divergence: without the fixed run to compare against, a probe sees "
+    "divergence only as non-finite losses"
 )
 
 

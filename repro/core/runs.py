@@ -292,13 +292,27 @@ def shows_bug(run: RunView) -> bool:
     return run_finding(run.outcome, run.signature) is RunFinding.BUG
 
 
+def parting_words(run: RunView, step: int) -> str:
+    """What the run's divergence step was measured against, named only from its record: the
+    control it names, the fixed run of the same job, or its own first non-finite loss (a run with
+    nothing to compare with, e.g. a stock-only probe)."""
+    if run.control_run:
+        return f"losses leave the control's ({run.control_run}) at step {step}"
+    job = run.record.get("job") or {}
+    if run.is_custom and job.get("first_parting_step") == step:
+        return f"losses part from the fixed run's at step {step}"
+    if next((i for i, v in enumerate(run.losses_seen) if v is None), None) == step:
+        return f"non-finite loss from step {step}"
+    return f"losses part at step {step} (the record names no run it was compared with)"
+
+
 def describe(run: RunView) -> str:
     """A sentence of the run's evidence, only from its record."""
     parts = [f"{run_label(run)}: {run.outcome.value}", f"signature {run.signature.value}"]
     if run.illegal_work_messages:
         parts.append(f"{run.illegal_work_messages} IllegalWork messages")
     if run.first_divergent_step is not None:
-        parts.append(f"losses leave the control's at step {run.first_divergent_step}")
+        parts.append(parting_words(run, run.first_divergent_step))
     if run.skipped_steps:
         parts.append(f"{run.skipped_steps} skipped (overflow) steps")
     nan_steps = sum(1 for v in run.losses_seen if v is None)

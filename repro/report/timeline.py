@@ -14,6 +14,8 @@ from typing import Any
 
 from repro.core import records, shapes
 from repro.core.errors import UsageError
+from repro.core.runs import run_finding
+from repro.workload.record import Outcome, Signature
 
 TIMELINE_FILES = ("survey.json", "bisect.json")
 CHANGE_KEYS = ("before", "after", "outcome_before", "outcome_after", "signature_before", "signature_after")
@@ -46,6 +48,18 @@ def _rows(
     return tuple({k: "" if i.get(k) is None else str(i.get(k)) for k in keys} for i in items)
 
 
+def _with_verdict(probe: Mapping[str, str]) -> Mapping[str, str]:
+    """A survey's probes have no good/bad verdict (no BAD_IF): the column gives what each run says
+    about the bug instead, read from its outcome and signature as the env verdict reads them."""
+    if probe["verdict"]:
+        return probe
+    try:
+        finding = run_finding(Outcome(probe["outcome"]), Signature(probe["signature"])).value
+    except ValueError:  # an outcome or signature this version does not know
+        finding = "unknown"
+    return {**probe, "verdict": finding}
+
+
 def load_timelines(out_dir: Path) -> list[Timeline]:
     found = []
     for name in TIMELINE_FILES:
@@ -56,7 +70,9 @@ def load_timelines(out_dir: Path) -> list[Timeline]:
         data = records.load(path, shapes.WALK, f"{path.stem} file", fix=fix)
         found.append(
             Timeline(
-                name, _rows(data, "change_points", CHANGE_KEYS, path), _rows(data, "probes", PROBE_KEYS, path)
+                name,
+                _rows(data, "change_points", CHANGE_KEYS, path),
+                tuple(_with_verdict(p) for p in _rows(data, "probes", PROBE_KEYS, path)),
             )
         )
     return found

@@ -16,7 +16,7 @@ import os
 import shlex
 import stat
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -215,6 +215,7 @@ def build_records(
         if stock is not None and fixed is not None
         else None
     )
+    engines = {raw.patch: _engine(raw) for raw in raws}
     records = [
         _record(
             env_id,
@@ -226,6 +227,7 @@ def build_records(
             timeout_s,
             parting,
             platform,
+            _shape(raw, engines),
         )
         for raw in raws
     ]
@@ -233,6 +235,31 @@ def build_records(
     for raw, record in zip(raws, records):
         _say_where_evidence_came_from(record, parsed[raw.patch], zero_from if raw.patch == "stock" else None)
     return records
+
+
+UNKNOWN_DTYPE = "unknown"
+
+
+def _engine(raw: RawRun) -> dict[str, Any]:
+    """What the hook saw of DeepSpeed's engine in this run (dtype, world size); {} before a step."""
+    reports = raw.job.get("hook_reports") or []
+    return next((r["engine"] for r in reports if r.get("engine")), {})
+
+
+def _shape(raw: RawRun, engines: Mapping[str, dict[str, Any]]) -> tuple[str, int | None]:
+    """The run's dtype and world size as its own engine said them. A run that failed before its first
+    step saw neither: its dtype is the one the same command's other run trained with (the job's
+    config), its world size the ranks its launcher line asks for (it may have died before it started
+    them all, so not the other run's); else "unknown" and None, never a default."""
+    own = engines.get(raw.patch) or {}
+    others = [e for patch, e in engines.items() if patch != raw.patch and e]
+    dtype = own.get("dtype") or next((e["dtype"] for e in others if e.get("dtype")), None)
+    world = own.get("world_size")
+    if world is None:
+        job = raw.job
+        asked = launchers.asked_ranks(str(job.get("command") or ""), Path(str(job.get("workdir") or ".")))
+        world = asked.ranks if asked is not None and not asked.single_process else None
+    return str(dtype or UNKNOWN_DTYPE), (int(world) if world else None)
 
 
 def _parse(raw: RawRun, loss_regex: str | None) -> judge.Parsed:
@@ -341,7 +368,10 @@ def _notes(
     if fewer:
         notes.append(fewer)
     if engine.get("dtype") is None:
-        notes.append("no DeepSpeed engine step seen: dtype recorded as fp32 by default")
+        notes.append(
+            "no DeepSpeed engine step seen in this run: its dtype is the other run's of the same command "
+            "(else unknown), its world size the ranks its launcher line asks for (else unknown)"
+        )
     return notes
 
 
@@ -354,21 +384,22 @@ def _record(
     digest: str,
     timeout_s: float | None,
     parting: int | None,
-    platform: str | None = None,
+    platform: str | None,
+    shape: tuple[str, int | None],
 ) -> RunRecord:
     job = raw.job
     reports = job.get("hook_reports") or []
     first = reports[0] if reports else {}
     reason = _reason(job, verdict.reason)
-    engine: dict[str, Any] = next((r["engine"] for r in reports if r.get("engine")), {})
+    engine = _engine(raw)
     ran_on = job_ran_on(reports, platform)
     notes = _notes(job, verdict, engine, ran_on)
-    dtype = engine.get("dtype") or "fp32"  # the report needs one; _notes says when it was not seen
+    dtype, world_size = shape
     record = empty_record(
         env=env_id,
         scenario=CUSTOM_SCENARIO,
         dtype=dtype,
-        world_size=engine.get("world_size"),
+        world_size=world_size,
         patch=raw.patch,
         run_name=f"{CUSTOM_SCENARIO}-{raw.patch}",
         transport=job.get("transport"),

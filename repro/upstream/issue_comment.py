@@ -178,7 +178,7 @@ def answer(
         parts.append(f"Plain ZeRO-3 on the same install: **{control.outcome}**.")
     fixed = _fixed(verdict, patched)
     if fixed is True:
-        parts.append(_resolved_sentence(verdict, patched))
+        parts.append(_resolved_sentence(verdict, patched, compared=control is not None))
     elif fixed is False:
         # `fixed is False` only comes from a verdict; its fix failures name the runs to blame.
         failures = verdict.fix_failures if verdict else ()
@@ -207,12 +207,20 @@ def _fixed(verdict: EnvVerdict | None, patched: Sequence[RunRow]) -> bool | None
     return None
 
 
-def _resolved_sentence(verdict: EnvVerdict | None, patched: Sequence[RunRow]) -> str:
+def _resolved_sentence(verdict: EnvVerdict | None, patched: Sequence[RunRow], *, compared: bool) -> str:
+    """`compared`: the folder holds the plain ZeRO-3 run the patched runs' losses were matched
+    with; without one the sentence claims no comparison (an own job's fixed run is judged from
+    its own output)."""
+    how = (
+        "(losses match plain ZeRO-3)"
+        if compared
+        else "(no IllegalWork message; no plain ZeRO-3 run here to compare losses with)"
+    )
     if verdict is None or verdict.all_fixed_clean:
-        return "With the patch below every MiCS run is **clean** (losses match plain ZeRO-3)."
+        return f"With the patch below every MiCS run is **clean** {how}."
     others = "; ".join(e.text for e in verdict.other_failures)
     return (
-        "With the patch below every MiCS run that shows the bug is **clean** (losses match plain ZeRO-3). "
+        f"With the patch below every MiCS run that shows the bug is **clean** {how}. "
         f"Separately, and with or without the patch: {others}."
     )
 
