@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from repro.core.verdict import env_verdicts
 from repro.run.job import RawRun, build_records
 from repro.workload import job, judge, pytest_outcomes
+from tests.fixtures.job_records import job_records, job_report
 
 MESSAGE = "[Rank 0] Error message: Illegal to call wait on IllegalWork object"
 
@@ -245,3 +247,45 @@ def test_a_pytest_session_on_the_cpu_twin_counts_devices_for_deepspeeds_harness(
     monkeypatch.setitem(jobhook._STATE, "device", "gpu")
     jobhook.pytest_session_started()
     assert jobhook.os.environ["LOCAL_SIZE"] == "2"
+
+
+def _pytest_report(tests: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    entries = {test: {"outcome": outcome, "message": message} for test, (outcome, message) in tests.items()}
+    counts: dict[str, int] = {}
+    for outcome, _ in tests.values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return {"exitstatus": 1, "collected": len(tests), "counts": counts, "ran": len(tests), "tests": entries}
+
+
+MISMATCH = "RuntimeError: mat1 and mat2 must have the same dtype, but got BFloat16 and Half"
+
+
+def _pytest_pair(fixed_tests: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    stock_tests = {"t.py::test_a[1]": ("failed", MISMATCH), "t.py::test_save[2]": ("passed", "")}
+    command, workdir = "python -m pytest t.py", "/w"
+    stock = job_report("stock", command, workdir, exit_code=1, report={"pytest": _pytest_report(stock_tests)})
+    fixed = job_report("fixed", command, workdir, exit_code=1, report={"pytest": _pytest_report(fixed_tests)})
+    log = "[Rank 0] Error message: Illegal to call wait on IllegalWork object\n"
+    return job_records(
+        command=command, workdir=workdir, stock=stock, fixed=fixed, stock_log=log, fixed_log=""
+    )
+
+
+def test_the_same_failing_tests_with_and_without_the_fix_leave_it_unverified_not_refuted() -> None:
+    """DeepSpeed master's un-skipped MiCS test fails on a dtype mismatch with and without the fix
+    (the test was not updated while skipped): the fix took the IllegalWork away, the failures are
+    the test's own, and they cannot verify it."""
+    records = _pytest_pair({"t.py::test_a[1]": ("failed", MISMATCH), "t.py::test_save[2]": ("passed", "")})
+    stock, fixed = records
+    assert stock["outcome"] == "reproduced" and fixed["outcome"] == "crashed", (
+        stock["reason"],
+        fixed["reason"],
+    )
+    assert fixed["job"]["pytest"]["tests"]["t.py::test_a[1]"]["outcome"] == "failed"
+    [verdict] = env_verdicts(records)
+    assert verdict.headline().endswith("REPRODUCED; fix unverified (the same tests fail with and without it)")
+    assert any("the same 1 test(s) fail with and without it" in line for line in verdict.notes())
+    # a test that passed without the fix and fails with it does count against it
+    broken = _pytest_pair({"t.py::test_a[1]": ("failed", MISMATCH), "t.py::test_save[2]": ("failed", "boom")})
+    [verdict] = env_verdicts(broken)
+    assert verdict.headline().endswith("FIX DOES NOT RESOLVE IT"), verdict.headline()

@@ -109,6 +109,9 @@ def pair_status(
         return PairStatus.NO_OUTCOME, f"stock {stock.outcome.value}, fixed {fixed.outcome.value}"
     good, why = fixed_matches_control(fixed, control)
     if shows_bug(stock):
+        same = same_failures(stock, fixed) if not good else None
+        if same:
+            return PairStatus.RESOLVED_UNVERIFIED, same
         if not good:
             return PairStatus.NOT_RESOLVED, why
         if fixed.is_custom:  # the judge compared the job's fixed run with its stock run
@@ -128,6 +131,23 @@ def pair_status(
     return PairStatus.OTHER_FAILURE_PERSISTS, (
         f"stock {stock.outcome.value} ({stock.signature.value}), fixed {fixed.outcome.value} "
         f"({fixed.signature.value}): not the IllegalWork bug, not addressed by the fix"
+    )
+
+
+def same_failures(stock: RunView, fixed: RunView) -> str | None:
+    """Why a fixed pytest session that failed is not counted against the fix, or None. It holds
+    when the fix took the bug's evidence away (no IllegalWork, not the bug) and every test that
+    failed with the fix failed without it in the same words: those failures are the tests' own
+    (e.g. a test broken while it was skipped), and they cannot show the fix works either."""
+    own, theirs = fixed.failed_tests, stock.failed_tests
+    if not own or theirs is None or fixed.illegal_work_messages or shows_bug(fixed):
+        return None
+    if fixed.outcome is not Outcome.CRASHED or any(theirs.get(test) != why for test, why in own.items()):
+        return None
+    first = next(iter(own.items()))
+    return (
+        f"no IllegalWork with the fix; the same {len(own)} test(s) fail with and without it (first: "
+        f"{first[0]}: {first[1]}): not the bug, and they cannot verify the fix"
     )
 
 

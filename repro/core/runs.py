@@ -153,6 +153,19 @@ class RunView:
 
     # -- evidence -------------------------------------------------------------------------
     @property
+    def failed_tests(self) -> dict[str, str] | None:
+        """A pytest job's failed tests (id -> pytest's first line for it); None: not a pytest job."""
+        session = (self.record.get("job") or {}).get("pytest")
+        if not isinstance(session, Mapping):
+            return None
+        tests = session.get("tests") or {}
+        return {
+            str(test): str((entry or {}).get("message") or "")
+            for test, entry in tests.items()
+            if isinstance(entry, Mapping) and entry.get("outcome") in ("failed", "error")
+        }
+
+    @property
     def outcome(self) -> Outcome:
         return Outcome(self.record["outcome"])
 

@@ -319,6 +319,7 @@ def fix_words(fixed: FixVerdict) -> str:
     assert_never(fixed)
 
 
+SAME_TESTS_FAIL_WORDS = "fix unverified (the same tests fail with and without it)"
 NO_STOCK_RUN_WORDS = "fix not evaluated (no stock run to compare with)"  # check-fix runs only fixed ones
 TOO_FEW_DEVICES_FIX_WORDS = "fix not evaluated (MiCS could not run here)"  # with Reproduces.TOO_FEW_DEVICES
 
@@ -384,7 +385,18 @@ class EnvVerdict:
             return NO_STOCK_RUN_WORDS
         if self.reproduces is Reproduces.TOO_FEW_DEVICES and self.fixed is FixVerdict.NOT_APPLICABLE:
             return TOO_FEW_DEVICES_FIX_WORDS
+        if self.fixed is FixVerdict.UNVERIFIED and self._tests_fail_both_ways():
+            return SAME_TESTS_FAIL_WORDS
         return fix_words(self.fixed)
+
+    def _unverified_pairs(self) -> list[FixPair]:
+        return [p for p in self.pairs if p.status is PairStatus.RESOLVED_UNVERIFIED]
+
+    def _tests_fail_both_ways(self) -> bool:
+        """Unverified only because a pytest job's tests fail the same way with and without the fix
+        (fix_pairs.same_failures), not for want of a control."""
+        pairs = self._unverified_pairs()
+        return bool(pairs) and all(p.fixed is not None and p.fixed.failed_tests for p in pairs)
 
     @property
     def label(self) -> str:
@@ -404,6 +416,8 @@ class EnvVerdict:
             for p in self.pairs
             if p.status is PairStatus.OTHER_FAILURE_GONE
         ]
+        if self._tests_fail_both_ways():
+            lines += [f"fix unverified: {p.label}: {p.detail}" for p in self._unverified_pairs()]
         if self.nothing_verified and any(p.fixed is not None for p in self.pairs):
             lines.append(f"nothing verified: {self.unverified_reason}")
         elif self.verified and self.reproduces is Reproduces.NOT_TESTED:

@@ -238,6 +238,11 @@ def build_records(
 
 
 UNKNOWN_DTYPE = "unknown"
+PYTEST_KEYS = ("exitstatus", "collected", "counts", "ran", "tests", "tests_cut", "collect_errors")
+
+
+def _pytest_block(session: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if session is None else {k: session.get(k) for k in PYTEST_KEYS}
 
 
 def _engine(raw: RawRun) -> dict[str, Any]:
@@ -439,6 +444,9 @@ def _record(
             "rendezvous": job.get("rendezvous"),  # the port the run got (job.py `rendezvous`)
             "hook_pth": job.get("hook_pth"),
             "first_parting_step": parting,
+            # pytest's own report of the session (repro/workload/pytest_outcomes.py): counts and
+            # each test id's outcome, so stock and fixed compare per test; None: not a pytest job
+            "pytest": _pytest_block(parsed.pytest),
             "job_wrote": [str(p) for p in job.get("job_wrote") or []],  # into OUT besides the lab's files
         },
     )
@@ -661,8 +669,9 @@ def custom_lines(runs: Sequence[RunRecord]) -> list[str]:
     """What each custom run says, under the summary; the conclusion is the env verdict's pair of
     that job (repro.core.verdict), the same one the headline above it rests on."""
     mine = [r for r in runs if r.get("scenario") == CUSTOM_SCENARIO]
-    lines = [f"{r.get('patch')}: {r.get('outcome')} ({r.get('signature')}): {r.get('reason')}" for r in mine]
-    for r in mine:
+    lines: list[str] = []
+    for r in mine:  # each run's notes under its own line
+        lines.append(f"{r.get('patch')}: {r.get('outcome')} ({r.get('signature')}): {r.get('reason')}")
         lines += [f"  note: {n}" for n in (r.get("job") or {}).get("notes") or []]
     for verdict in env_verdicts(mine):
         lines += [f"=> {p.status.value}: {p.detail}" for p in verdict.pairs]
