@@ -241,8 +241,13 @@ UNKNOWN_DTYPE = "unknown"
 PYTEST_KEYS = ("exitstatus", "collected", "counts", "ran", "tests", "tests_cut", "collect_errors")
 
 
-def _pytest_block(session: dict[str, Any] | None) -> dict[str, Any] | None:
-    return None if session is None else {k: session.get(k) for k in PYTEST_KEYS}
+def _pytest_block(session: dict[str, Any] | None, reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """pytest's report, and the "devices" the CPU twin gave the session for DeepSpeed's test
+    harness (jobhook.pytest_session_started; None: the user's or a launcher's LOCAL_SIZE stood)."""
+    if session is None:
+        return None
+    devices = next((r["test_harness_devices"] for r in reports if r.get("test_harness_devices")), None)
+    return {**{k: session.get(k) for k in PYTEST_KEYS}, "harness_devices": devices}
 
 
 def _engine(raw: RawRun) -> dict[str, Any]:
@@ -446,7 +451,7 @@ def _record(
             "first_parting_step": parting,
             # pytest's own report of the session (repro/workload/pytest_outcomes.py): counts and
             # each test id's outcome, so stock and fixed compare per test; None: not a pytest job
-            "pytest": _pytest_block(parsed.pytest),
+            "pytest": _pytest_block(parsed.pytest, reports),
             "job_wrote": [str(p) for p in job.get("job_wrote") or []],  # into OUT besides the lab's files
         },
     )
