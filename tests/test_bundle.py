@@ -20,10 +20,10 @@ import pytest
 from markdown_it import MarkdownIt
 
 from repro.core.errors import BundleError
+from repro.core.scrub import Scrubber
 from repro.engines.base import SuiteRun
 from repro.upstream import bundle, bundle_image, issue_comment, patchgen, source_refs, verify_bundle
 from repro.upstream.bundle_manifest import Manifest, check_files
-from repro.upstream.scrub import Scrubber
 from repro.workload import suite as workload_suite
 from tests.fixtures.fake_bundle_docker import (
     COMM_SOURCE,

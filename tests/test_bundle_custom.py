@@ -18,11 +18,11 @@ import pytest
 
 from repro.core.errors import BundleError
 from repro.core.results import InvocationDir, invocation_meta
+from repro.core.scrub import Scrubber
 from repro.matrix.schema import load_matrix
 from repro.run.job import JobRequest, execute_job
 from repro.upstream import bundle, bundle_files, verify_bundle
 from repro.upstream.bundle_manifest import MANIFEST, Manifest, manifest_problems
-from repro.upstream.scrub import Scrubber
 from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
 from tests.fixtures.job_docker import STOCK_LOG, JobDocker, project
 

@@ -14,8 +14,8 @@ import pytest
 from markdown_it import MarkdownIt
 
 from repro.core import console, templating
+from repro.core.scrub import Scrubber
 from repro.upstream import issue
-from repro.upstream.scrub import Scrubber
 from tests.fixtures.report_records import ResultsBuilder, standard_env
 
 # Everything a hostile value could try at once: a newline and a heading, a tag, a closing

@@ -21,10 +21,10 @@ from repro.cli import main as cli
 from repro.core import safe_write
 from repro.core.errors import UsageError
 from repro.core.results import LATEST, open_invocation_dir, point_latest
+from repro.core.scrub import Scrubber
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.report.build import build_report
 from repro.upstream import cluster, issue
-from repro.upstream.scrub import Scrubber
 from tests.fixtures.resume_job_engine import JobEngine, run_job
 
 MINE = b"\x89PNG my own plot, not the tool's\n"

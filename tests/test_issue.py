@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from repro.core.errors import UsageError
+from repro.core.scrub import Scrubber
 from repro.upstream import issue
-from repro.upstream.scrub import Scrubber
 
 HOME = "/home/alice"
 # faulthandler's dump (most recent call first), with a helper thread before the running one.

@@ -17,12 +17,12 @@ import pytest
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.errors import Interrupted
 from repro.core.results import InvocationDir, invocation_meta
+from repro.core.scrub import Scrubber
 from repro.engines import jobdeps
 from repro.engines.base import Prepared
 from repro.report.build import build_report
 from repro.run.job import JobRequest, execute_job, reproduce_line
 from repro.upstream import issue
-from repro.upstream.scrub import Scrubber
 from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse, torch_behaviour
 from tests.fixtures.fake_job import BAD_LOG, FakeJobEngine, always_bad, from_0_13
 from tests.fixtures.report_records import ResultsBuilder

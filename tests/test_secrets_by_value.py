@@ -22,12 +22,12 @@ import pytest
 
 from repro.core.errors import CommandSecretError, LeakError
 from repro.core.results import InvocationDir, invocation_meta
+from repro.core.scrub import Scrubber
 from repro.matrix.schema import load_matrix
 from repro.report import build_report
 from repro.run.job import JobRequest, execute_job, reproduce_line
 from repro.upstream import bundle, issue
 from repro.upstream.bundle_files import IMAGE_FILE
-from repro.upstream.scrub import Scrubber
 from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
 from tests.fixtures.job_docker import JobDocker, project
 

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from repro.core.errors import BundleError
+from repro.core.scrub import Scrubber
 from repro.upstream import bundle, issue, patchgen
 from repro.upstream.bundle_files import copy_workdir, scan
-from repro.upstream.scrub import Scrubber
 from tests.fixtures.fake_bundle_docker import FakeClient
 from tests.fixtures.report_records import ResultsBuilder, standard_env
 

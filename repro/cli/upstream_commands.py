@@ -91,9 +91,9 @@ def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Pat
 def cmd_bundle(args: argparse.Namespace) -> int:
     from repro.core.paths import check_output_folder
     from repro.core.results import resolve_results_dir
+    from repro.core.scrub import Scrubber
     from repro.matrix.schema import load_matrix
     from repro.upstream.bundle import BundleRequest, default_out, make_bundle, summary
-    from repro.upstream.scrub import Scrubber
 
     matrix = load_matrix(args.matrix) if args.matrix else load_matrix()
     env_id = args.env or matrix.default_id
@@ -291,8 +291,8 @@ def _issue_options(p: argparse.ArgumentParser) -> None:
 @command("issue", "write ISSUE.md for the upstream tracker from a results folder of any kind", _issue_options)
 def cmd_issue(args: argparse.Namespace) -> int:
     from repro.core.results import resolve_results_dir
+    from repro.core.scrub import Scrubber
     from repro.upstream.issue import write
-    from repro.upstream.scrub import Scrubber
 
     folder = resolve_results_dir(Path(args.results_root), args.results, console.info)
     cache = os.environ.get("MICS_REPRO_CACHE")

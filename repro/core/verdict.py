@@ -286,7 +286,7 @@ def subject_of(runs: Sequence[RunView]) -> Subject:
 
 # The verdict's words: the ONLY place they are written (tests/test_verdict_words.py keeps it so).
 # The report prints the enum values next to them. "no evidence" is what the summary has always said
-# when no stock MiCS run ran to an outcome; README quotes it.
+# when no stock MiCS run ran to an outcome; docs/how-it-works.md quotes it.
 def reproduces_words(reproduces: Reproduces) -> str:
     if reproduces is Reproduces.YES:
         return "REPRODUCED"
