@@ -45,6 +45,10 @@ def test_accelerate_without_multi_gpu_starts_one_process_and_says_which_flag() -
     assert "--multi_gpu" in note
     multi = asked_ranks("accelerate launch --multi_gpu --num_processes 2 loop.py")
     assert multi is not None and not multi.single_process and shortfall(multi, 2) == ""
+    # its one process crashed before it joined a process group (nothing counted): still said
+    early = shortfall(asked, None)
+    assert "asks for 2 ranks (accelerate launch --num_processes 2) but 1 started" in early, early
+    assert "--multi_gpu" in early and shortfall(multi, None) == ""
 
 
 def test_accelerate_reads_its_config_file(tmp_path: Path) -> None:

@@ -149,7 +149,11 @@ def asked_ranks(command: str, workdir: Path | None = None) -> Asked | None:
 
 def shortfall(asked: Asked | None, started: int | None) -> str:
     """The note for a job that started fewer ranks than it asked for; "" when it started as many,
-    or either number is unknown."""
+    or either number is unknown. A launcher known to start one process whatever it is asked
+    (accelerate launch without --multi_gpu) says so even when no rank got far enough to be counted
+    (e.g. the single process crashed before it joined a process group)."""
+    if asked is not None and asked.single_process and started is None:
+        started = 1
     if asked is None or asked.ranks is None or started is None or started >= asked.ranks:
         return ""
     words = f"the command asks for {asked.ranks} ranks ({asked.launcher} {asked.how}) but {started} started"
