@@ -1,4 +1,4 @@
-"""Which Pythons a host may have for each env (ENGINE=venv, `make gpu-check`): the table in env_matrix/README.md.
+"""Which Pythons a host may have for each env (ENGINE=venv, `make gpu-check`): env_matrix/README.md.
 
 A venv is made with the host's Python, not the image's; its pins are then chosen for that Python
 (Env.for_python). The table is generated from the matrix, so it cannot drift from what the venv
