@@ -72,6 +72,14 @@ def test_a_bundle_of_custom_runs_carries_the_command_and_its_workdir(
     by_hand = shlex.split(manifest.commands["run_job_stock"].replace("$PWD", "/b"))
     assert by_hand[by_hand.index("--network") + 1] == "none"
     assert "/b/workdir:/b/workdir" in by_hand and by_hand[by_hand.index("--cmd") + 1] == COMMAND
+    # The bundle holds no plain ZeRO-3 run: neither its README nor its comment compares with one.
+    for name in ("README.md", "ISSUE_COMMENT.md"):
+        text = (result.folder / name).read_text()
+        assert "match plain ZeRO-3" not in text and "left plain ZeRO-3's" not in text, name
+    assert (
+        "this bundle holds no plain\n  ZeRO-3 run to compare losses with"
+        in (result.folder / "README.md").read_text()
+    )
 
 
 def test_a_workdir_too_large_is_left_out_and_the_manifest_says_what_to_supply(

@@ -335,6 +335,12 @@ def test_an_early_failure_is_the_same_outcome_stock_and_fixed_and_its_exception_
         ("KeyboardInterrupt", "KeyboardInterrupt", ""),
         ("ssl.SSLError: [SSL] bad", "ssl.SSLError", "[SSL] bad"),
         ("SystemExit: 2", "SystemExit", "2"),
+        # accelerate 0.30.1 without transformers, under zero3_init_flag
+        (
+            "Exception: When `zero3_init_flag` is set, it requires",
+            "Exception",
+            "When `zero3_init_flag` is set, it requires",
+        ),
     ],
 )
 def test_any_exception_line_ends_a_traceback(last: str, kind: str, message: str) -> None:

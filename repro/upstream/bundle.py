@@ -446,6 +446,7 @@ def _make_bundle(
             run_command=run_command,
             platform_note=PLATFORM_NOTES.get(platform, ""),
             expected=expected,
+            has_control=any(r.get("scenario") == "zero3" for r in records),
             commands=commands,
             answer=issue_comment.answer(heads, versions, records),
             issue_url=issue_comment.ISSUE_URL,

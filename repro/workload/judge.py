@@ -77,8 +77,10 @@ _PREFIX = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s?|worker-\d+:\s?|\d+:\s(?=\
 # exception: `socket.gaierror`, `ssl.SSLError`) or named like an exception (`KeyError`,
 # `KeyboardInterrupt`, `SystemExit`, `StopIteration`, `ChildFailedError`...): a rank's own output,
 # interleaved with another rank's traceback (`loss: 2.3`, `Epoch: 1`), is neither.
+# Python's own base classes, raised as they are (accelerate raises a bare `Exception`), count too.
 _EXC_NAME = (
-    r"(?:(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*|[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Iteration|Failure))"
+    r"(?:(?:[A-Za-z_]\w*\.)+[A-Za-z_]\w*|(?:Base)?Exception"
+    r"|[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Iteration|Failure))"
 )
 _EXC_LINE = re.compile(
     rf"^(?:(?P<type>{_EXC_NAME}): ?(?P<message>.*)"
