@@ -123,5 +123,7 @@ def test_the_description_names_other_callers_when_there_are_some() -> None:
 def test_a_caller_line_cannot_break_out_of_its_code_block() -> None:
     hostile = Caller("deepspeed/x.py", 1, "x = '```\n# injected heading'", CallerKind.SAME_NAME)
     text = render(_record((hostile,)))
-    assert "\n````\n" in text  # a fence longer than the backticks inside
+    # one line, in a code span whose fence is longer than the backticks inside: no heading escapes
+    assert "````x = '``` # injected heading'````" in text
+    assert not any(line.startswith("# injected") for line in text.splitlines())
     assert code("a`b") == "``a`b``" and code("`x") == "`` `x ``"

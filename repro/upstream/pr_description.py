@@ -77,16 +77,17 @@ def record_from(data: Mapping[str, Any]) -> PrRecord:
 
 
 def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """Each call of deepspeed.comm.all_gather_coalesced with the lab's checks that exercise it."""
+    """Each line of `git grep` once, and for a call of deepspeed.comm.all_gather_coalesced the lab's
+    checks that exercise it (`call`: False for the other lines, which no check is about)."""
     checks = list((verification or {}).get("checks") or [])
     rows = []
     for caller in record.callers:
-        if caller.kind is not pr_fix.CallerKind.CALL:
-            continue
-        keys = pr_checks.FUNCTION_SCENARIOS.get(caller.function or "", ())
+        call = caller.kind is pr_fix.CallerKind.CALL
+        keys = pr_checks.FUNCTION_SCENARIOS.get(caller.function or "", ()) if call else ()
         rows.append(
             {
                 "caller": caller,
+                "call": call,
                 # judged checks only: a torch the commit does not import with says nothing here
                 "checks": [c for c in checks if c.get("key") in keys and c.get("ok") is not None],
                 "scenarios": keys,
