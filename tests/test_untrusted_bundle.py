@@ -391,3 +391,20 @@ def test_a_folder_bundle_with_a_fifo_in_its_workdir_is_refused_before_any_copy(t
         worker.join()
         pytest.fail("reading the bundle blocked on a FIFO")
     assert isinstance(done[0], BundleError) and "special files" in done[0].what
+
+
+def test_the_bundles_image_archive_given_as_the_bundle_is_named_as_such(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from repro.cli.main import main
+
+    image = tmp_path / "image.tar.gz"
+    with tarfile.open(image, "w:gz") as tar:  # the top level of a `docker save` archive
+        for name in ("manifest.json", "repositories", "5bfdab1d62b7.json"):
+            info = tarfile.TarInfo(name)
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
+    code = main(["verify-bundle", "--bundle", str(image), "--results-root", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == BundleError.exit_code
+    assert "image.tar.gz is a Docker image archive" in err and "the .tar `make bundle` wrote" in err

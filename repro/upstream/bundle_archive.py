@@ -157,6 +157,12 @@ def load_archive(path: Path, dest: Path) -> Loaded:
             tops = sorted({PurePosixPath(m.name).parts[0] for m in members if PurePosixPath(m.name).parts})
             if len(tops) != 1 or tops[0] in (".", ""):
                 found = ", ".join(printable(t) for t in tops) or "nothing"
+                if {"manifest.json", "repositories"} <= set(tops):  # what `docker save` writes
+                    raise BundleError(
+                        f"{path.name} is a Docker image archive (the bundle's image.tar.gz?), not a bundle",
+                        fix="pass the bundle: its folder, or the .tar `make bundle` wrote beside it "
+                        "(it prints `verify: make verify-bundle BUNDLE=...`)",
+                    )
                 raise BundleError(f"{path.name} should hold one bundle folder, found {found}")
             top = tops[0]
             manifest = _manifest(tar, members, top, path)
