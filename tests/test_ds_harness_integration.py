@@ -9,6 +9,8 @@ test. (The same as measured with DeepSpeed's own test_mics_optimizer.py: docs/ow
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +24,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, Any]]]:
-    env_python("cpu")  # skips (or fails in CI) when the env's venv is not built
-    project = write_harness_project(tmp_path_factory.mktemp("harness-project"))
+    python = env_python("cpu")  # skips (or fails in CI) when the env's venv is not built
+    where = "import os, deepspeed; print(os.path.dirname(deepspeed.__file__))"
+    done = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
+    package = Path(done.stdout.strip().splitlines()[-1])
+    project = write_harness_project(tmp_path_factory.mktemp("harness-project"), package)
     out = tmp_path_factory.mktemp("harness-job") / "results"
     stdout, results = run_job(project, out, COMMAND, "PACKAGES=pytest")
     return stdout, {r["patch"]: r for r in results["runs"]}
@@ -55,3 +60,18 @@ def test_stock_reproduces_and_every_test_passes_with_the_fix(harness_runs: Runs)
     assert fixed["job"]["pytest"]["counts"] == {"passed": len(SHARDS)}, fixed["job"]["pytest"]
     assert f"pytest: {len(SHARDS)} passed" in fixed["reason"]
     assert "cpu (your command): REPRODUCED; fix resolves it" in stdout
+
+
+def test_the_fix_goes_to_the_deepspeed_the_tests_import_from_their_own_tree(harness_runs: Runs) -> None:
+    """As in a DeepSpeed checkout: the project's deepspeed/ shadows the env's, the fix is applied to
+    it, and the record says so (the IllegalWork counted came from that tree's code)."""
+    _, runs = harness_runs
+    fixed = runs["fixed"]
+    assert (
+        fixed["fix"]["package_dir"].endswith("/deepspeed")
+        and "harness-project" in fixed["fix"]["package_dir"]
+    )
+    assert any(
+        "applied to the DeepSpeed the job imports from its own folder (deepspeed/" in n
+        for n in fixed["job"]["notes"]
+    )

@@ -549,6 +549,7 @@ def test_apply_replaces_both_methods_and_is_idempotent(tmp_path: Path) -> None:
         "fix_id": fix.FIX_ID,
         "patched": [COMM.qualname, MICS.qualname],
         "source": "runtime",
+        "package_dir": None,  # the stand-in `deepspeed` module has no file
     }
     installed = modules[COMM.module].TorchBackend.__dict__["all_gather_coalesced"]
     assert fix.apply(modules.__getitem__) == first

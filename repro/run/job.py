@@ -241,6 +241,23 @@ UNKNOWN_DTYPE = "unknown"
 PYTEST_KEYS = ("exitstatus", "collected", "counts", "ran", "tests", "tests_cut", "collect_errors")
 
 
+def _fix_in_workdir(job: dict[str, Any]) -> str:
+    """Where the fix went when the job imports a DeepSpeed of its own folder (a checkout whose
+    deepspeed/ shadows the env's): said, so nobody takes it for the env's release."""
+    fix: dict[str, Any] = next((r["fix"] for r in job.get("hook_reports") or [] if r.get("fix")), {})
+    where, workdir = fix.get("package_dir"), job.get("workdir")
+    if not where or not workdir:
+        return ""
+    try:
+        inside = Path(str(where)).resolve().relative_to(Path(str(workdir)).resolve())
+    except ValueError:
+        return ""
+    return (
+        f"the fix was applied to the DeepSpeed the job imports from its own folder ({inside}/, "
+        f"DeepSpeed {fix.get('deepspeed')}), which shadows the env's"
+    )
+
+
 def _pytest_block(session: dict[str, Any] | None, reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
     """pytest's report, and the "devices" the CPU twin gave the session for DeepSpeed's test
     harness (jobhook.pytest_session_started; None: the user's or a launcher's LOCAL_SIZE stood)."""
@@ -377,6 +394,9 @@ def _notes(
     )
     if fewer:
         notes.append(fewer)
+    shadowing = _fix_in_workdir(job)
+    if shadowing:
+        notes.append(shadowing)
     if engine.get("dtype") is None:
         notes.append(
             "no DeepSpeed engine step seen in this run: its dtype is the other run's of the same command "

@@ -19,6 +19,7 @@ import importlib
 import inspect
 import json
 import linecache
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -348,7 +349,15 @@ def apply(importer: Callable[[str], Any] = importlib.import_module) -> dict[str,
         "fix_id": FIX_ID,
         "patched": [step.target.qualname for step in plan],
         "source": "+".join(sorted({step.how for step in plan})),
+        # which DeepSpeed it patched: a checkout's own deepspeed/ shadows the env's when the job
+        # runs in it (DeepSpeed's tests/conftest.py puts the checkout first on sys.path)
+        "package_dir": _package_dir(deepspeed),
     }
+
+
+def _package_dir(module: Any) -> str | None:
+    path = getattr(module, "__file__", None)
+    return os.path.dirname(os.path.abspath(path)) if isinstance(path, str) else None
 
 
 def main(argv: list[str]) -> int:
