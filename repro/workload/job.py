@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from repro.workload import collectives, hangwatch, hookpth, hooksign, leftovers, outwrites
+from repro.workload import collectives, hangwatch, hookpth, hooksign, leftovers, outwrites, stackfiles
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
 from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
@@ -132,19 +132,8 @@ def dump_stacks(job_dir: str) -> dict[str, str]:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + STACK_WAIT_S
-    stacks: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        stacks = {}
-        for pid in pids:
-            try:
-                with open(os.path.join(job_dir, "stacks", f"{pid}.stack"), errors="replace") as fh:
-                    stacks[str(pid)] = fh.read()
-            except OSError:
-                stacks[str(pid)] = ""
-        if all(stacks.values()):
-            break
-        time.sleep(POLL_S)
+    paths = {str(pid): os.path.join(job_dir, "stacks", f"{pid}.stack") for pid in pids}
+    stacks = stackfiles.read_settled(paths, STACK_WAIT_S, POLL_S)
     return {pid: text for pid, text in stacks.items() if text}
 
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from repro.workload import collectives, hangwatch
+from repro.workload import collectives, hangwatch, stackfiles
 from repro.workload import record as rec
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
@@ -194,18 +194,10 @@ def _dump_stacks(run_dir: str) -> dict[str, str]:
             os.kill(pid, signal.SIGUSR1)
         except ProcessLookupError:
             pass
-    deadline = time.monotonic() + STACK_WAIT_S
-    stacks: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        stacks = {}
-        for path in sorted(glob.glob(os.path.join(run_dir, "rank*.stack"))):
-            rank = os.path.basename(path)[4:-6]
-            with open(path, errors="replace") as fh:
-                stacks[rank] = fh.read()
-        if stacks and all(stacks.values()):
-            break
-        time.sleep(POLL_S)
-    return stacks
+    paths = {
+        os.path.basename(path)[4:-6]: path for path in sorted(glob.glob(os.path.join(run_dir, "rank*.stack")))
+    }
+    return stackfiles.read_settled(paths, STACK_WAIT_S, POLL_S)
 
 
 def _stop_group(proc: Process, run_dir: str) -> None:
