@@ -1,7 +1,7 @@
 """A custom training loop on Hugging Face accelerate 0.30.1 (issue #44, item 7; the job in
 tests/fixtures/accelerate_job.py) through `make run ENV=cpu REQUIREMENTS=...` on the CPU twin, then
-the issue and the report made from its folder. bf16 and fp16 (the Half kernels adapter) with
-`accelerate launch --multi_gpu`: stock reproduces on the bug's path, fixed is clean. Without
+the issue and the report made from its folder. bf16 with `accelerate launch --multi_gpu`: stock
+reproduces on the bug's path, fixed is clean. Without
 --multi_gpu accelerate starts one process: the lab names the ranks asked for and started, and the
 flag. (The Docker engine, its bundle and verify-bundle of the same job: the closing note's.)
 """
@@ -31,7 +31,9 @@ def _runs(project: Path, out: Path, cmd: str) -> tuple[str, dict[str, dict[str, 
     return stdout, {r["patch"]: r for r in results["runs"]}
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+# bf16 only here: the same loop in fp16 (the Half kernels adapter) was measured by hand (closing
+# note of issue #44), and the adapter's own fp16 job runs in tests/test_job_fp16_integration.py.
+@pytest.mark.parametrize("dtype", ["bf16"])
 def test_the_custom_loop_reproduces_and_the_fix_makes_it_clean(
     project: Path, tmp_path: Path, dtype: str
 ) -> None:
