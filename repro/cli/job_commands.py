@@ -13,7 +13,7 @@ from repro.cli.registry import command
 from repro.core import console
 from repro.core.errors import UsageError
 from repro.core.flags import env_bool
-from repro.workload.record import PATCHES, TRANSPORT_MODES
+from repro.workload.record import CPU_TRANSPORTS, PATCHES
 
 if TYPE_CHECKING:
     from repro.run.job import JobRequest
@@ -25,8 +25,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--transport",
         default="async",
-        choices=TRANSPORT_MODES,
-        help="gloo adapter mode on CPU envs (default async)",
+        choices=CPU_TRANSPORTS,
+        help="CPU envs: the gloo adapter's mode (default async), or plain (gloo as torch ships it)",
     )
     add_matrix_option(p)
 

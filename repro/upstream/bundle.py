@@ -58,7 +58,7 @@ from repro.upstream.bundle_files import (
     copy_scrubbed as copy_scrubbed,  # noqa: F401 - callers and tests use bundle.copy_scrubbed
 )
 from repro.upstream.bundle_manifest import MANIFEST, Expected, Manifest, file_hashes
-from repro.workload.record import CUSTOM_SCENARIO, PATCHES, SCENARIOS, TRANSPORT_MODES, RunRecord
+from repro.workload.record import CPU_TRANSPORTS, CUSTOM_SCENARIO, PATCHES, SCENARIOS, RunRecord
 
 REPO_ROOT = paths.REPO_ROOT
 CONTAINER_OUT = "/out"
@@ -210,7 +210,7 @@ def job_block(env_id: str, custom: Sequence[Mapping[str, Any]]) -> tuple[dict[st
         "command": next(iter(commands)),
         "workdir": None,
         "patches": [p for p in PATCHES if any(r.get("patch") == p for r in custom)],
-        "transport": transport if transport in TRANSPORT_MODES else "async",  # GPU: "native", unused
+        "transport": transport if transport in CPU_TRANSPORTS else "async",  # GPU: "native", unused
         "loss_regex": loss.get("regex") if loss.get("name") == "custom" else None,
         "timeout_s": float(custom[0].get("timeout_s") or 1800.0),
         "stall_s": DEFAULT_STALL_S,

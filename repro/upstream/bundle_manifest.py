@@ -23,13 +23,13 @@ from repro.core.errors import BundleError
 from repro.matrix.compat import Platform
 from repro.matrix.schema import env_id_problem
 from repro.workload.record import (
+    CPU_TRANSPORTS,
     CUSTOM_SCENARIO,
     DTYPES,
     OUTCOMES,
     PATCHES,
     SCENARIOS,
     SIGNATURES,
-    TRANSPORT_MODES,
 )
 
 MANIFEST = "manifest.json"
@@ -267,8 +267,8 @@ def _check_job(job: Any, files: Any, problems: list[str]) -> None:
         problems.append(f"job.patches is not a non-empty list of {', '.join(PATCHES)}")
     elif len(set(patches)) != len(patches):
         problems.append("job.patches repeats a patch")
-    if job["transport"] not in TRANSPORT_MODES:
-        problems.append(f"job.transport is not one of {', '.join(TRANSPORT_MODES)}")
+    if job["transport"] not in CPU_TRANSPORTS:
+        problems.append(f"job.transport is not one of {', '.join(CPU_TRANSPORTS)}")
     regex = job["loss_regex"]
     if regex is not None and _text(regex, "job.loss_regex", problems):
         try:
@@ -291,7 +291,7 @@ def _check_expected(expected: Any, problems: list[str], custom: bool = False) ->
         "dtype": DTYPES,
         "outcome": OUTCOMES,
         "signature": SIGNATURES,
-        "transport": (*TRANSPORT_MODES, "native"),
+        "transport": (*CPU_TRANSPORTS, "native"),
     }
     fields = {f for f in Expected.__dataclass_fields__}
     for index, run in enumerate(expected):

@@ -15,7 +15,7 @@ from typing import Any
 
 from repro.core import templating
 from repro.core.runs import RunFinding
-from repro.upstream import pr_checks, pr_fix, pr_range
+from repro.upstream import pr_checks, pr_fix, pr_range, pr_suite
 from repro.upstream.pr_checks import Seen
 from repro.upstream.pr_record import FileStat, PrRecord
 
@@ -147,6 +147,61 @@ def _applies_words(row: Mapping[str, Any], torches: list[str]) -> str:
     return "?"
 
 
+TRANSPORT_WORDS = {"plain": "plain gloo", "async": "lab adapter"}
+
+
+def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """DeepSpeed's own MiCS tests (pr_suite) as one table: a row per test id, a column per torch
+    and transport holding "REF -> branch"; and what the un-skipped optimizer test showed."""
+    entries = [e for e in (verification or {}).get("suite") or [] if e.get("sessions")]
+    if not entries:
+        return None
+    columns = [(e["torch"], t) for e in entries for t in pr_suite.TRANSPORTS]
+    cells: dict[str, dict[tuple[str, str], str]] = {}
+    for e in entries:
+        for row in e.get("rows") or []:
+            for transport, seen in (row.get("cells") or {}).items():
+                words = f"{seen.get('ref', '-')} → {seen.get('branch', '-')}"
+                cells.setdefault(row["test"], {})[(e["torch"], transport)] = words
+    optimizer = pr_suite.OPTIMIZER_TEST.removeprefix("tests/")
+    unskip = []
+    for e in entries:
+        for transport in pr_suite.TRANSPORTS:
+            sides, failures = {}, set()
+            for s in (s for s in e["sessions"] if s["transport"] == transport):
+                mine = {t: v for t, v in (s.get("tests") or {}).items() if t.startswith(optimizer)}
+                sides[s["side"]] = tally({t: v["outcome"] for t, v in mine.items()})
+                failures |= {v["message"] for v in mine.values() if v["outcome"] in ("failed", "error")}
+            unskip.append(
+                {
+                    "column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(transport, transport)}",
+                    "ref": sides.get("ref", "-"), "branch": sides.get("branch", "-"),
+                    "failures": sorted(failures)[:3],
+                }
+            )  # fmt: skip
+    regression = [
+        {"column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(t, t)}", **r}
+        for e in entries
+        for t, r in (e.get("regression") or {}).items()
+    ]
+    first = entries[0]
+    return {
+        "columns": [f"torch {torch}, {TRANSPORT_WORDS.get(t, t)}" for torch, t in columns],
+        "rows": [
+            {"test": test, "cells": [by.get(c, "-") for c in columns]} for test, by in sorted(cells.items())
+        ],
+        "flags": " ".join(first.get("flags") or ()),
+        "flags_from": first.get("flags_from"),
+        "packages_from": first.get("packages_from"),
+        "edits": first.get("edits") or [],
+        "missing": first.get("missing") or [],
+        "regression": regression,
+        "regression_all_ok": bool(regression) and all(r.get("ok") for r in regression),
+        "unskip": unskip,
+        "not_run": [e for e in (verification or {}).get("suite") or [] if not e.get("sessions")],
+    }
+
+
 def context(
     record: PrRecord, verification: Mapping[str, Any] | None = None, ranged: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -160,6 +215,7 @@ def context(
         "lab": lab,
         "evidence": evidence(record, verification),
         "range": range_table(ranged),
+        "suite": suite_table(verification),
         "r": record,
         "torch_refs": TORCH_REFS,
         "calls": calls,

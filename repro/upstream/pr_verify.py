@@ -30,7 +30,7 @@ from repro.core.errors import RunError, UsageError
 from repro.core.paths import cache_root
 from repro.core.safe_git import SafeGit
 from repro.core.smallfile import read_regular
-from repro.upstream import pr_checks, pr_fix, pr_regression
+from repro.upstream import pr_checks, pr_fix, pr_regression, pr_suite
 from repro.upstream.pr_checks import Seen, Stack
 from repro.upstream.pr_record import pr_data_problem
 from repro.workload.record import write_json_atomic
@@ -193,6 +193,7 @@ class Verification:
     probe: ProbeRunner = front_door_probe
     regression: RegressionRunner = harness_regression
     cache: CellCache | None = None
+    suite: pr_suite.SuiteRunner | None = None  # DeepSpeed's own tests (pr_suite); None: not run
 
     def __post_init__(self) -> None:
         self.data: dict[str, Any] = {
@@ -204,6 +205,7 @@ class Verification:
             "stacks": [vars(s) for s in self.stacks],
             "checks": [],
             "regression": [],
+            "suite": [],
             "verified": False,
             "complete": False,
             "seconds": 0.0,
@@ -251,12 +253,30 @@ class Verification:
         for stack in self.stacks:
             self.data["regression"].append(self._regression(stack, folder))
             self.save()
+        if self.suite is not None:
+            # beside the probes' cache (a test's own cache root keeps its sessions to itself)
+            sessions = self.cache.root.parent / "pr-suite" if self.cache else cache_root() / "pr-suite"
+            upstream = pr_suite.UpstreamSuite(
+                self.pr, self.ds_repo, self.out / "verify", export_tree, self.engine, self.suite,
+                pr_suite.SuiteCache(sessions),
+            )  # fmt: skip
+            for stack in self.stacks:
+                self.data["suite"].append(self._suite(upstream, stack))
+                self.save()
         self.data["complete"] = True
         judged = [c["ok"] for c in self.data["checks"] + self.data["regression"] if c["ok"] is not None]
         self.data["verified"] = bool(judged) and all(judged)
         self.data["seconds"] = round(time.monotonic() - start, 1)
         self.save()
         return self.data
+
+    def _suite(self, upstream: pr_suite.UpstreamSuite, stack: Stack) -> dict[str, Any]:
+        """DeepSpeed's own MiCS tests under its harness (pr_suite), where the stack's torch is one
+        the commits import (the lab's checks say so)."""
+        checks = [c for c in self.data["checks"] if c["stack"] == stack.name]
+        if checks and all(c["ok"] is None for c in checks):
+            return {"stack": stack.name, "torch": stack.torch, "why": f"not run: {checks[0]['why']}"}
+        return upstream.run(stack.env, stack.torch, stack.name)
 
     def _regression(self, stack: Stack, folder: Path) -> dict[str, Any]:
         """The branch's test against REF's and the branch's deepspeed/, in the stack's env venv."""

@@ -16,7 +16,7 @@ from repro.core import console, safe_write
 from repro.core.errors import MatrixError, PythonVersionError, UsageError
 from repro.core.scrub import Scrubber, hand_out
 from repro.matrix import compat
-from repro.upstream import pr_description, pr_range, pr_verify
+from repro.upstream import pr_description, pr_range, pr_suite, pr_verify
 from repro.upstream.pr_checks import Stack
 from repro.upstream.pr_fix import MICS
 from repro.workload import fix
@@ -123,7 +123,8 @@ def releases_for(ds_repo: str, pr: dict[str, Any], given: str | None) -> list[st
 def run(folder: Path, args: argparse.Namespace, runners: Mapping[str, Any] | None = None) -> bool | None:
     """Verification (when asked), range (when asked), the description again. Returns whether the
     branch verified (None when no verification ran). `runners`: stand-ins for the probe, the
-    regression test and the survey (tests), by the names Verification and AffectedRange use."""
+    regression test, DeepSpeed's own tests ("suite": not run unless given) and the survey (tests),
+    by the names Verification and AffectedRange use."""
     given = dict(runners or {})
     from repro.matrix.schema import load_matrix
 
@@ -132,9 +133,11 @@ def run(folder: Path, args: argparse.Namespace, runners: Mapping[str, Any] | Non
     verified: bool | None = None
     verification = _read_json(folder / "verify.json")
     if args.verify:
+        # DeepSpeed's own tests run for a user; stand-ins (tests) run them only when given one.
+        suite = given.get("suite") if runners is not None else pr_suite.front_door_session
         verification = pr_verify.Verification(
             pr, stacks(matrix), folder, args.ds_repo, args.engine,
-            **{k: v for k, v in given.items() if k in ("probe", "regression")},
+            **{k: v for k, v in given.items() if k in ("probe", "regression")}, suite=suite,
         ).run()  # fmt: skip
         verified = bool(verification["verified"])
         console.result(f"verified:   {'yes' if verified else 'NO'} (verify.json)")

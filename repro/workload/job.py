@@ -40,7 +40,7 @@ from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
 from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
 from repro.workload.parentwatch import become_subreaper, follow_tool
-from repro.workload.record import TRANSPORT_MODES, write_json_atomic
+from repro.workload.record import CPU_TRANSPORTS, write_json_atomic
 from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
 
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
@@ -425,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--patch", choices=("stock", "fixed"), default="stock")
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--transport", choices=TRANSPORT_MODES, default="async")
+    p.add_argument("--transport", choices=CPU_TRANSPORTS, default="async")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--stall-timeout", type=float, default=300.0)
     args = p.parse_args(argv)

@@ -19,6 +19,7 @@ attribute.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 # Outcomes that ran a test body: a session with none of these ran no test.
@@ -30,6 +31,9 @@ MAX_MESSAGE = 300
 MAX_ERRORS = 20
 
 _TESTS: dict[str, dict[str, str]] = {}
+# "path/file.py:774: RuntimeError": a location and an exception's name, without its message
+_BARE_LOCATION = re.compile(r"^\S+:\d+: [\w.]+$")
+_RAISED = re.compile(r"^E\s+[\w.]+(Error|Exception|Exit|Interrupt|Warning)?: ")
 _ERRORS: list[dict[str, str]] = []
 
 
@@ -41,9 +45,12 @@ def _message(report: Any) -> str:
         return text[len("Skipped: ") :] if text.startswith("Skipped: ") else text
     crash = getattr(longrepr, "reprcrash", None)
     text = str(getattr(crash, "message", "") or "")
-    if not text and longrepr is not None:
+    if (not text or _BARE_LOCATION.match(text)) and longrepr is not None:
+        # A report rebuilt by pytest-forked/xdist may keep only "pool.py:774: RuntimeError": the
+        # exception's own words are then in the report's last "E   Name: ..." line.
         lines = [line for line in str(longrepr).splitlines() if line.strip()]
-        text = lines[-1] if lines else ""
+        raised = [line[1:].strip() for line in lines if _RAISED.match(line)]
+        text = raised[-1] if raised else (text or (lines[-1] if lines else ""))
     return " ".join(text.split())[:MAX_MESSAGE]
 
 

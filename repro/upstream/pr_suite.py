@@ -1,0 +1,334 @@
+"""pr-verify's third step: DeepSpeed's own MiCS tests, run the way DeepSpeed's CPU CI runs them.
+
+A maintainer asks two things of the PR: does the change make our own skipped MiCS test pass, and
+does the new test run in our CI as it is? The lab's checks and its stand-in harness
+(patches/pr/harness) cannot answer that; DeepSpeed's own harness can. For REF and for the branch:
+
+- the commit's files (`git archive`, DS_REPO untouched) in a folder: `deepspeed/`, `csrc/` (the
+  CPU accelerator compiles its shared-memory op from it), `tests/` with DeepSpeed's own
+  `conftest.py` and `unit/common.py`. The branch's regression test is copied into REF's tree
+  (it must fail there), and `test_mics_optimizer.py`'s module-level torch-2.1 skip is removed on
+  both sides (our edit of the exported copy, named in verify.json);
+- the pytest packages REF's `requirements/requirements-dev.txt` names (DeepSpeed pins pytest
+  < 8.4: pytest 9's reports break pytest-forked), in a job layer over the stack's CPU env;
+- the pytest flags of REF's `.github/workflows/cpu-torch-latest.yml` (`--forked -n 4`) with
+  `--torch_ver=<major.minor>`, in `tests/`, through the lab's front door (`python -m repro run`),
+  so each session has a signed record with each test id's outcome (repro/workload/pytest_outcomes.py).
+
+DeepSpeed's `tests/conftest.py` puts the tree first on sys.path, so the tree's `deepspeed/` is the
+one the tests import (the env's installed DeepSpeed only supplies dependencies), as in upstream's
+CI after `pip install .`. Each side runs twice: on plain gloo (`TRANSPORT=plain`, no lab adapter:
+what upstream's CPU CI has) and on the lab's adapter (`async`: the NCCL-like coalescing semantics).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shlex
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from repro.core import cmd, console
+from repro.core.errors import RunError
+from repro.upstream import pr_fix
+
+# What a tree needs for DeepSpeed's harness on CPU; the two files say how upstream runs it.
+TREE_PATHS = ("deepspeed", "accelerator", "op_builder", "csrc", "tests", "version.txt", "requirements")
+WORKFLOW = ".github/workflows/cpu-torch-latest.yml"
+REQUIREMENTS_DEV = "requirements/requirements-dev.txt"
+# master's cpu-torch-latest.yml at edaa72212, for a REF that has no such workflow (said in verify.json)
+DEFAULT_FLAGS = ("--forked", "-n", "4")
+DEFAULT_PACKAGES = ("pytest>=7.2.0,<8.4.0", "pytest-forked", "pytest-xdist")
+OPTIMIZER_TEST = "tests/unit/checkpoint/test_mics_optimizer.py"
+# DeepSpeed's MiCS tests: (file under the tree, the class; None for the whole file).
+MICS_TESTS: tuple[tuple[str, str | None], ...] = (
+    (str(pr_fix.TEST_REL), None),
+    (OPTIMIZER_TEST, None),
+    ("tests/unit/runtime/zero/test_zero_context.py", "TestMiCSGatheredParametersFree"),
+    ("tests/unit/v1/zero/test_zero.py", "TestZero3RepeatForwardLoop"),
+)
+# The transports a side runs on: upstream's CI (plain gloo) and the lab's adapter.
+TRANSPORTS = ("plain", "async")
+SIDES = ("ref", "branch")
+CACHE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class SuiteCall:
+    """One pytest session of DeepSpeed's harness: a side's tree, a stack's env, a transport."""
+
+    env: str
+    torch: str
+    side: str
+    commit: str
+    transport: str
+    tree: Path
+    argv: tuple[str, ...]  # pytest's arguments after `python -m pytest`, run in tree/tests
+    packages: tuple[str, ...]
+    out: Path
+    engine: str = "venv"
+
+    def command(self) -> str:
+        return "cd tests && python -m pytest " + " ".join(shlex.quote(a) for a in self.argv)
+
+    def key(self, edits: Sequence[str]) -> str:
+        what = [CACHE_FORMAT, self.env, self.torch, self.engine, self.commit, self.transport]
+        what += [list(self.argv), list(self.packages), list(edits)]
+        return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
+
+
+SuiteRunner = Callable[[SuiteCall], Mapping[str, Any]]  # -> the session's summary (session_summary)
+
+
+def remove_module_skip(text: str) -> tuple[str, str | None]:
+    """The test file without its module-level `if ...: pytest.skip(..., allow_module_level=True)`,
+    and the removed lines (None when the file holds no such skip)."""
+    lines = text.splitlines(keepends=True)
+    for i in range(len(lines) - 1):
+        guard, skip = lines[i], lines[i + 1]
+        if (
+            guard.startswith("if ")
+            and skip.lstrip().startswith("pytest.skip(")
+            and "allow_module_level" in skip
+        ):
+            removed = guard + skip
+            return "".join(lines[:i] + lines[i + 2 :]), removed.rstrip("\n")
+    return text, None
+
+
+def pytest_flags(workflow: str | None) -> tuple[tuple[str, ...], str]:
+    """The flags of the workflow's first `pytest ... unit/` line (shell variables dropped), and
+    where they came from."""
+    for line in (workflow or "").splitlines():
+        words = line.split()
+        if "pytest" in words and "unit/" in words:
+            flags = words[words.index("pytest") + 1 : words.index("unit/")]
+            kept = tuple(w for w in flags if not w.startswith("$"))
+            return kept, f"{WORKFLOW} at REF: {' '.join(kept)}"
+    return DEFAULT_FLAGS, f"REF has no {WORKFLOW}: the flags of master's ({' '.join(DEFAULT_FLAGS)})"
+
+
+def pytest_packages(requirements: str | None) -> tuple[tuple[str, ...], str]:
+    """The pytest lines of REF's requirements-dev.txt (pytest and its plugins, as pinned there)."""
+    found = []
+    for line in (requirements or "").splitlines():
+        line = line.split("#", 1)[0].strip()
+        name = re.split(r"[<>=!~; \[]", line, maxsplit=1)[0].lower()
+        if name == "pytest" or name.startswith("pytest-"):
+            found.append(line.replace(" ", ""))
+    if not any(re.split(r"[<>=!~;\[]", p, maxsplit=1)[0].lower() == "pytest" for p in found):
+        return DEFAULT_PACKAGES, f"REF has no pytest pin in {REQUIREMENTS_DEV}: {' '.join(DEFAULT_PACKAGES)}"
+    return tuple(found), f"{REQUIREMENTS_DEV} at REF: {' '.join(found)}"
+
+
+def node_ids(tree: Path) -> tuple[list[str], list[str]]:
+    """pytest node ids (relative to tests/) of the MiCS tests this tree holds, and what it lacks."""
+    present, missing = [], []
+    for rel, cls in MICS_TESTS:
+        path = tree / rel
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        if not text or (cls and not re.search(rf"^class {re.escape(cls)}\b", text, re.M)):
+            missing.append(f"{rel}{'::' + cls if cls else ''}")
+            continue
+        node = str(PurePosixPath(rel).relative_to("tests"))
+        present.append(f"{node}::{cls}" if cls else node)
+    return present, missing
+
+
+def torch_ver(torch: str) -> str:
+    """What upstream passes as --torch_ver: major.minor (their conftest compares that deep)."""
+    return ".".join(torch.split("+")[0].split(".")[:2])
+
+
+def session_summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What verify.json keeps of a session's run record: the lab's verdict and pytest's own word."""
+    pytest = (record.get("job") or {}).get("pytest") or {}
+    tests = {
+        str(test): {"outcome": str(t.get("outcome")), "message": str(t.get("message") or "")[:300]}
+        for test, t in (pytest.get("tests") or {}).items()
+    }
+    return {
+        "outcome": record.get("outcome"),
+        "signature": record.get("signature"),
+        "reason": str(record.get("reason") or "")[:600],
+        "illegal_work_messages": record.get("illegal_work_messages"),
+        "counts": dict(pytest.get("counts") or {}),
+        "exitstatus": pytest.get("exitstatus"),
+        "tests": tests,
+        "collect_errors": list(pytest.get("collect_errors") or []),
+    }
+
+
+def front_door_session(call: SuiteCall) -> dict[str, Any]:
+    """The session as a user runs it: `python -m repro run` with the tree as WORKDIR."""
+    argv = [sys.executable, "-m", "repro", "run", "--env", call.env, "--engine", call.engine]
+    argv += ["--cmd", call.command(), "--workdir", str(call.tree), "--patch", "stock"]
+    argv += ["--transport", call.transport, "--packages", " ".join(call.packages), "--out", str(call.out)]
+    call.out.parent.mkdir(parents=True, exist_ok=True)
+    log = call.out.parent / f"{call.out.name}.log"
+    result = cmd.run(argv, tee=log)
+    try:
+        runs = json.loads((call.out / "results.json").read_text()).get("runs") or []
+    except (OSError, ValueError):
+        runs = []
+    if not runs:
+        raise RunError(
+            f"DeepSpeed's tests ({call.side}, {call.transport}, torch {call.torch}) left no record "
+            f"(exit {result.returncode})",
+            why=result.tail(8),
+            fix=f"read {log}",
+        )
+    return session_summary(runs[0])
+
+
+def compare(sessions: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per test id: its outcome at REF and on the branch for each transport."""
+    rows: dict[str, dict[str, Any]] = {}
+    for s in sessions:
+        for test, seen in (s.get("tests") or {}).items():
+            row = rows.setdefault(test, {"test": test, "cells": {}})
+            row["cells"].setdefault(s["transport"], {})[s["side"]] = seen["outcome"]
+    return [rows[t] for t in sorted(rows)]
+
+
+def regression_words(rows: Sequence[Mapping[str, Any]], transport: str) -> tuple[bool | None, str]:
+    """Whether the PR's regression test fails at REF and passes on the branch on `transport`."""
+    name = PurePosixPath(pr_fix.TEST_REL).name
+    mine = [r for r in rows if name in r["test"]]
+    cells = [r["cells"].get(transport) or {} for r in mine]
+    if not mine or not all("ref" in c and "branch" in c for c in cells):
+        return None, "did not run on both sides"
+    ref_bad = [r["test"] for r, c in zip(mine, cells) if c["ref"] != "failed"]
+    branch_bad = [r["test"] for r, c in zip(mine, cells) if c["branch"] != "passed"]
+    if not ref_bad and not branch_bad:
+        return True, f"all {len(mine)} fail at REF and pass on the branch"
+    words = [f"{len(ref_bad)} of {len(mine)} do not fail at REF"] if ref_bad else []
+    words += [f"{len(branch_bad)} of {len(mine)} do not pass on the branch"] if branch_bad else []
+    return False, "; ".join(words)
+
+
+class UpstreamSuite:
+    """DeepSpeed's harness over REF's and the branch's trees for one stack (torch)."""
+
+    def __init__(
+        self,
+        pr: Mapping[str, Any],
+        ds_repo: str,
+        folder: Path,
+        export: Callable[[str, str, Path, Sequence[str]], Path],  # pr_verify.export_tree
+        engine: str = "venv",
+        runner: SuiteRunner = front_door_session,
+        cache: Any = None,
+    ) -> None:
+        self.pr, self.ds_repo, self.folder, self.engine = pr, ds_repo, folder, engine
+        self.runner, self.cache, self.export = runner, cache, export
+        self._trees: dict[str, Any] | None = None
+
+    def trees(self) -> dict[str, Any]:
+        """REF's and the branch's trees, exported once, with the lab's two edits."""
+        if self._trees is not None:
+            return self._trees
+        where = self.folder / "suite-trees"
+        shutil.rmtree(where, ignore_errors=True)
+        ref = self.export(self.ds_repo, self.pr["ref_sha"], where / "ref", TREE_PATHS)
+        branch = self.export(self.ds_repo, self.pr["commit"], where / "branch", TREE_PATHS)
+        edits = []
+        test = branch / str(pr_fix.TEST_REL)
+        if test.is_file():
+            (ref / str(pr_fix.TEST_REL)).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(test, ref / str(pr_fix.TEST_REL))
+            edits.append(f"the branch's `{pr_fix.TEST_REL}` copied into REF's tree")
+        unskipped: dict[str, str] = {}
+        for side, tree in (("ref", ref), ("branch", branch)):
+            path = tree / OPTIMIZER_TEST
+            text, removed = remove_module_skip(path.read_text()) if path.is_file() else ("", None)
+            if removed:
+                path.write_text(text)
+                unskipped[side] = " ".join(removed.split())
+        for removed in sorted(set(unskipped.values())):
+            sides = " and ".join(s for s in SIDES if unskipped.get(s) == removed)
+            edits.append(f"`{OPTIMIZER_TEST}` without its module-level skip at {sides} (`{removed}`)")
+        flags, flags_from = pytest_flags(self._read(ref, WORKFLOW, self.pr["ref_sha"]))
+        packages, packages_from = pytest_packages(self._read(ref, REQUIREMENTS_DEV, self.pr["ref_sha"]))
+        nodes, missing = node_ids(branch)
+        self._trees = {
+            "ref": ref, "branch": branch, "edits": edits, "unskipped": unskipped, "flags": flags,
+            "flags_from": flags_from, "packages": packages, "packages_from": packages_from,
+            "tests": nodes, "missing": missing,
+        }  # fmt: skip
+        return self._trees
+
+    def _read(self, tree: Path, rel: str, sha: str) -> str | None:
+        path = tree / rel
+        if path.is_file():
+            return path.read_text(errors="replace")
+        from repro.core.safe_git import SafeGit
+
+        shown = SafeGit().run("show", f"{sha}:{rel}", where=["-C", self.ds_repo])
+        return shown.stdout if shown.ok else None
+
+    def run(self, env: str, torch: str, stack: str) -> dict[str, Any]:
+        trees = self.trees()
+        argv = (*trees["flags"], *trees["tests"], f"--torch_ver={torch_ver(torch)}")
+        entry: dict[str, Any] = {
+            "stack": stack, "env": env, "torch": torch, "command": "", "flags": list(trees["flags"]),
+            "packages": list(trees["packages"]),
+            "flags_from": trees["flags_from"], "packages_from": trees["packages_from"],
+            "edits": list(trees["edits"]), "missing": list(trees["missing"]), "sessions": [],
+        }  # fmt: skip
+        if not trees["tests"]:
+            return {**entry, "rows": [], "regression": {}, "why": "the branch holds none of the MiCS tests"}
+        for transport in TRANSPORTS:
+            for side in SIDES:
+                sha = self.pr["ref_sha"] if side == "ref" else self.pr["commit"]
+                call = SuiteCall(
+                    env, torch, side, sha, transport, trees[side], argv, trees["packages"],
+                    self.folder / "suite" / f"{stack}-{transport}-{side}", self.engine,
+                )  # fmt: skip
+                entry["command"] = call.command()
+                console.step(
+                    f"== verify: DeepSpeed's own tests, torch {torch}, {transport} gloo"
+                    f"{' (the lab adapter)' if transport != 'plain' else ''}, {side} {sha[:10]}"
+                )
+                key = call.key(trees["edits"])
+                seen = self.cache.get(key) if self.cache else None
+                if seen is None:
+                    seen = dict(self.runner(call))
+                    if self.cache and seen.get("tests"):
+                        self.cache.put(key, seen)
+                entry["sessions"].append({"side": side, "transport": transport, **seen})
+                console.info(f"verify: {side} on {transport}: {_counts(seen)}")
+        rows = compare(entry["sessions"])
+        regression = {t: dict(zip(("ok", "why"), regression_words(rows, t))) for t in TRANSPORTS}
+        return {**entry, "rows": rows, "regression": regression}
+
+
+def _counts(seen: Mapping[str, Any]) -> str:
+    counts = seen.get("counts") or {}
+    return ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or f"no test ran ({seen.get('reason')})"
+
+
+class SuiteCache:
+    """Sessions by a key of what decides them, one JSON file each (like pr_verify.CellCache; only
+    sessions that ran tests are kept, so an install failure is tried again)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        try:
+            found = json.loads((self.root / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return dict(found) if isinstance(found, dict) and found.get("tests") else None
+
+    def put(self, key: str, seen: Mapping[str, Any]) -> None:
+        from repro.workload.record import write_json_atomic
+
+        write_json_atomic(str(self.root / f"{key}.json"), dict(seen))

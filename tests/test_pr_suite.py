@@ -1,0 +1,210 @@
+"""Issue #43 item 4: pr-verify runs DeepSpeed's own MiCS tests the way DeepSpeed's CPU CI runs them.
+
+The pure parts (the skip's removal, the flags from REF's workflow, the pytest pins from REF's
+requirements, which MiCS tests a tree holds) are checked on texts; the step itself runs on the
+DeepSpeed-shaped repository of tests/fixtures/ds_pr_git.py with a stand-in session runner that
+answers from the tree it is handed (the REF tree's mics.py still swallows the failed wait), so what
+verify.json and PR_DESCRIPTION.md say comes from the trees, not from the stand-in's say-so. The
+real sessions on DeepSpeed master are the closing note's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from repro.upstream import pr_fix, pr_suite
+from repro.upstream.pr_branch import PrRequest, make_pr
+from repro.upstream.pr_description import record_from, render
+from repro.upstream.pr_suite import SuiteCall
+from repro.upstream.pr_verify import CellCache, Verification
+from repro.workload import pytest_outcomes
+from tests.fixtures.ds_git import git
+from tests.fixtures.ds_pr_git import FakeDeepSpeedPr
+from tests.fixtures.pr_verify_standins import (
+    STACKS,
+    StandInProbe,
+    ds,  # noqa: F401 - a fixture
+    regression_stand_in,
+)
+
+pytestmark = pytest.mark.unit
+
+SKIPPED_MODULE = """import pytest
+from unit.common import DistributedTest
+
+if not required_torch_version(max_version=2.0):
+    pytest.skip("Skipping until we resolve problems with torch 2.1", allow_module_level=True)
+
+
+class TestMiCSCheckpoint(DistributedTest):
+    world_size = 4
+"""
+WORKFLOW = """      - name: Unit tests
+        run: |
+          cd tests
+          HF_HOME=/tmp/hf_home/ pytest $PYTEST_OPTS --forked -n 4 unit/ --torch_ver="$TORCH_TEST_VERSION"
+          HF_HOME=/tmp/hf_home/ pytest $PYTEST_OPTS --forked -m 'sequential' unit/ --torch_ver="$X"
+"""
+REQUIREMENTS = "accelerate\npytest>=7.2.0,<8.4.0\npytest-forked\npytest-randomly\npytest-xdist\nwandb\n"
+
+
+def test_the_module_level_skip_is_removed_and_named() -> None:
+    text, removed = pr_suite.remove_module_skip(SKIPPED_MODULE)
+    assert removed is not None and removed.startswith("if not required_torch_version")
+    assert "pytest.skip" not in text and "class TestMiCSCheckpoint" in text
+    assert pr_suite.remove_module_skip(text) == (text, None)
+
+
+def test_flags_and_pins_come_from_ref() -> None:
+    flags, source = pr_suite.pytest_flags(WORKFLOW)
+    assert flags == ("--forked", "-n", "4") and "at REF" in source
+    assert pr_suite.pytest_flags(None)[1].startswith("REF has no")
+    packages, source = pr_suite.pytest_packages(REQUIREMENTS)
+    assert packages == ("pytest>=7.2.0,<8.4.0", "pytest-forked", "pytest-randomly", "pytest-xdist")
+    assert pr_suite.pytest_packages("accelerate\n")[0] == pr_suite.DEFAULT_PACKAGES
+    assert pr_suite.torch_ver("2.13.0+cpu") == "2.13"
+
+
+def test_node_ids_name_only_what_the_tree_holds(tmp_path: Path) -> None:
+    (tmp_path / pr_suite.OPTIMIZER_TEST).parent.mkdir(parents=True)
+    (tmp_path / pr_suite.OPTIMIZER_TEST).write_text(SKIPPED_MODULE)
+    context = tmp_path / "tests/unit/runtime/zero/test_zero_context.py"
+    context.parent.mkdir(parents=True)
+    context.write_text("class TestZeroGatheredParametersFree:\n    pass\n")
+    present, missing = pr_suite.node_ids(tmp_path)
+    assert present == ["unit/checkpoint/test_mics_optimizer.py"]
+    assert "tests/unit/runtime/zero/test_zero_context.py::TestMiCSGatheredParametersFree" in missing
+
+
+def test_a_forked_failure_keeps_the_exceptions_own_words() -> None:
+    """pytest-forked rebuilds a report whose crash line is only "pool.py:774: RuntimeError"."""
+
+    class Crash:
+        message = "/usr/lib/python3.11/multiprocessing/pool.py:774: RuntimeError"
+
+    class Longrepr:
+        reprcrash = Crash()
+
+        def __str__(self) -> str:
+            return "    raise self._value\nE   RuntimeError: mat1 and mat2 must have the same dtype\n"
+
+    class Report:
+        longrepr = Longrepr()
+
+    assert pytest_outcomes._message(Report()) == "RuntimeError: mat1 and mat2 must have the same dtype"
+
+
+class StandInSession:
+    """Answers as DeepSpeed's harness would from the tree: the regression test fails where the
+    tree's mics.py swallows the failed wait; the un-skipped optimizer test fails on plain gloo."""
+
+    def __init__(self) -> None:
+        self.calls: list[SuiteCall] = []
+
+    def __call__(self, call: SuiteCall) -> dict[str, Any]:
+        self.calls.append(call)
+        tree = call.tree
+        assert "pytest.skip" not in (tree / pr_suite.OPTIMIZER_TEST).read_text()
+        assert (tree / str(pr_fix.TEST_REL)).is_file()  # REF's tree holds the branch's test
+        assert call.argv[:3] == ("--forked", "-n", "4") and call.argv[-1] == "--torch_ver=" + ".".join(
+            call.torch.split(".")[:2]
+        )
+        swallows = pr_fix.wait_swallows((tree / "deepspeed/runtime/zero/mics.py").read_text())
+        regression = "unit/runtime/zero/test_mics_coalesced_wait.py::TestMiCS::test_failed_wait_is_raised"
+        optimizer = "unit/checkpoint/test_mics_optimizer.py::TestMiCSCheckpoint::test_load[2]"
+        plain_fails = call.transport == "plain"
+        tests = {
+            regression: {"outcome": "failed" if swallows else "passed", "message": ""},
+            optimizer: {
+                "outcome": "failed" if plain_fails else "passed",
+                "message": "RuntimeError: no coalescing" if plain_fails else "",
+            },
+        }
+        counts: dict[str, int] = {}
+        for t in tests.values():
+            counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
+        return {"outcome": "crashed", "signature": "crash", "reason": "", "counts": counts, "tests": tests}
+
+
+@pytest.fixture
+def made_with_tests(ds: FakeDeepSpeedPr, tmp_path: Path) -> tuple[Path, dict[str, Any]]:  # noqa: F811
+    """The fake repository with DeepSpeed's MiCS test, CPU workflow and pins, then `make pr`."""
+    for rel, text in (
+        (pr_suite.OPTIMIZER_TEST, SKIPPED_MODULE),
+        (pr_suite.WORKFLOW, WORKFLOW),
+        (pr_suite.REQUIREMENTS_DEV, REQUIREMENTS),
+    ):
+        (ds.path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ds.path / rel).write_text(text)
+    git(ds.path, "add", "-A")
+    git(ds.path, "commit", "-q", "-m", "Add the MiCS checkpoint test (#4)")
+    out = tmp_path / "pr"
+    make_pr(PrRequest(ds_repo=str(ds.path), out=out))
+    return out, json.loads((out / "pr.json").read_text())
+
+
+def test_verification_runs_deepspeeds_own_tests_on_both_transports(
+    made_with_tests: tuple[Path, dict[str, Any]],
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    out, pr = made_with_tests
+    session = StandInSession()
+    cache = CellCache("pr-verify", tmp_path / "cache" / "pr-verify")
+    data = Verification(
+        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
+        cache=cache, suite=session,
+    ).run()  # fmt: skip
+
+    assert [(c.transport, c.side) for c in session.calls] == [
+        ("plain", "ref"), ("plain", "branch"), ("async", "ref"), ("async", "branch"),
+    ] * 2  # fmt: skip
+    assert {c.packages for c in session.calls} == {pr_suite.pytest_packages(REQUIREMENTS)[0]}
+    newest = data["suite"][1]
+    assert newest["torch"] == "2.13.0" and len(newest["sessions"]) == 4
+    assert {t: r["ok"] for t, r in newest["regression"].items()} == {"plain": True, "async": True}
+    assert any("skip at ref and branch (`if not required_torch_version" in e for e in newest["edits"])
+    rows = {r["test"].split("::")[-1]: r["cells"] for r in newest["rows"]}
+    assert rows["test_failed_wait_is_raised"]["plain"] == {"ref": "failed", "branch": "passed"}
+    assert rows["test_load[2]"]["plain"] == {"ref": "failed", "branch": "failed"}
+    assert json.loads((out / "verify.json").read_text())["suite"] == data["suite"]
+
+    text = render(record_from(pr), data)
+    assert "## DeepSpeed's own MiCS tests, as its CPU CI runs them" in text
+    assert "| torch 2.13.0, plain gloo | torch 2.13.0, lab adapter |" in text
+    assert "failed → passed" in text and "`RuntimeError: no coalescing`" in text
+    assert "regression test fails at REF and passes on the branch in every column." in text
+    assert "un-skipped, torch 2.13.0, plain gloo: REF 1 failed; branch 1 failed; failing with" in text
+
+    # Sessions that ran tests are cached: the same commits again run nothing.
+    again = StandInSession()
+    Verification(
+        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
+        cache=cache, suite=again,
+    ).run()  # fmt: skip
+    assert again.calls == []
+    assert git(ds.path, "status", "--porcelain") == ""
+
+
+def test_a_regression_test_that_passes_at_ref_is_said(
+    made_with_tests: tuple[Path, dict[str, Any]],
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    out, pr = made_with_tests
+
+    def passes_everywhere(call: SuiteCall) -> dict[str, Any]:
+        test = "unit/runtime/zero/test_mics_coalesced_wait.py::TestMiCS::test_x"
+        return {"counts": {"passed": 1}, "tests": {test: {"outcome": "passed", "message": ""}}}
+
+    data = Verification(
+        pr, STACKS[1:], out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
+        cache=CellCache("pr-verify", tmp_path / "c" / "pr-verify"), suite=passes_everywhere,
+    ).run()  # fmt: skip
+    said = data["suite"][0]["regression"]["plain"]
+    assert said == {"ok": False, "why": "1 of 1 do not fail at REF"}
+    assert "torch 2.13.0, plain gloo: 1 of 1 do not fail at REF." in render(record_from(pr), data)
