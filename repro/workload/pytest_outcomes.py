@@ -45,12 +45,14 @@ def _message(report: Any) -> str:
         return text[len("Skipped: ") :] if text.startswith("Skipped: ") else text
     crash = getattr(longrepr, "reprcrash", None)
     text = str(getattr(crash, "message", "") or "")
-    if (not text or _BARE_LOCATION.match(text)) and longrepr is not None:
+    if not text and longrepr is not None:
+        lines = [line for line in str(longrepr).splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    elif _BARE_LOCATION.match(text) and longrepr is not None:
         # A report rebuilt by pytest-forked/xdist may keep only "pool.py:774: RuntimeError": the
         # exception's own words are then in the report's last "E   Name: ..." line.
-        lines = [line for line in str(longrepr).splitlines() if line.strip()]
-        raised = [line[1:].strip() for line in lines if _RAISED.match(line)]
-        text = raised[-1] if raised else (text or (lines[-1] if lines else ""))
+        raised = [line[1:].strip() for line in str(longrepr).splitlines() if _RAISED.match(line)]
+        text = raised[-1] if raised else text
     return " ".join(text.split())[:MAX_MESSAGE]
 
 
