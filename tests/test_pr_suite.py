@@ -208,3 +208,20 @@ def test_a_regression_test_that_passes_at_ref_is_said(
     said = data["suite"][0]["regression"]["plain"]
     assert said == {"ok": False, "why": "1 of 1 do not fail at REF"}
     assert "torch 2.13.0, plain gloo: 1 of 1 do not fail at REF." in render(record_from(pr), data)
+
+
+def test_a_stopped_session_keeps_what_pytests_output_showed() -> None:
+    """A session the lab stopped (a hang past the stall limit) wrote no report: its verbose lines
+    say which tests ended how, and which started and never ended."""
+    log = (
+        "unit/a.py::TestA::test_x \n"
+        "unit/b.py::TestB::test_y[2] \n"
+        "\x1b[36m[gw0]\x1b[0m [ 50%] \x1b[31mFAILED\x1b[0m unit/a.py::TestA::test_x \n"
+        "[gw1] [ 60%] SKIPPED unit/c.py::TestC::test_z \n"
+    )
+    got = pr_suite.outcomes_from_log(log)
+    assert {t: v["outcome"] for t, v in got.items()} == {
+        "unit/a.py::TestA::test_x": "failed",
+        "unit/b.py::TestB::test_y[2]": "unfinished",
+        "unit/c.py::TestC::test_z": "skipped",
+    }
