@@ -196,8 +196,12 @@ def test_a_regression_test_that_passes_at_ref_is_said(
     tmp_path: Path,
 ) -> None:
     out, pr = made_with_tests
+    # An interrupted earlier session left its folder: `repro run` never writes over results.
+    (out / "verify" / "suite" / "newest-plain-ref").mkdir(parents=True)
+    folders = []
 
     def passes_everywhere(call: SuiteCall) -> dict[str, Any]:
+        folders.append(call.out.name)
         test = "unit/runtime/zero/test_mics_coalesced_wait.py::TestMiCS::test_x"
         return {"counts": {"passed": 1}, "tests": {test: {"outcome": "passed", "message": ""}}}
 
@@ -205,6 +209,7 @@ def test_a_regression_test_that_passes_at_ref_is_said(
         pr, STACKS[1:], out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
         cache=CellCache("pr-verify", tmp_path / "c" / "pr-verify"), suite=passes_everywhere,
     ).run()  # fmt: skip
+    assert folders[:2] == ["newest-plain-ref-2", "newest-plain-branch"]
     said = data["suite"][0]["regression"]["plain"]
     assert said == {"ok": False, "why": "1 of 1 do not fail at REF"}
     assert "torch 2.13.0, plain gloo: 1 of 1 do not fail at REF." in render(record_from(pr), data)

@@ -436,7 +436,7 @@ def test_range_notes_and_fix_applies_without_a_tag() -> None:
 
 
 def test_log_path_keeps_the_version_dots(tmp_path: Path) -> None:
-    from repro.upstream.pr_verify import log_path
+    from repro.upstream.out_folders import log_path
 
     assert log_path(tmp_path / "torch2.13.0-ref-stock") == tmp_path / "torch2.13.0-ref-stock.log"
 

@@ -31,9 +31,10 @@ from repro.core import cmd, console
 from repro.core.errors import FixDoesNotApplyError, RunError
 from repro.core.runs import RunFinding
 from repro.upstream import pr_fix
+from repro.upstream.out_folders import fresh_folder as _new_folder
+from repro.upstream.out_folders import log_path
 from repro.upstream.pr_checks import Seen
-from repro.upstream.pr_verify import CellCache, ProbeCall, ProbeRunner, front_door_probe, log_path
-from repro.upstream.pr_verify import fresh_folder as _new_folder
+from repro.upstream.pr_verify import CellCache, ProbeCall, ProbeRunner, front_door_probe
 from repro.workload import fix
 from repro.workload.record import write_json_atomic
 

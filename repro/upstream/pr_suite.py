@@ -30,13 +30,14 @@ import shlex
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from repro.core import cmd, console
 from repro.core.errors import RunError
 from repro.upstream import pr_fix
+from repro.upstream.out_folders import fresh_folder, log_path
 
 # What a tree needs for DeepSpeed's harness on CPU; the two files say how upstream runs it.
 TREE_PATHS = ("deepspeed", "accelerator", "op_builder", "csrc", "tests", "version.txt", "requirements")
@@ -203,7 +204,7 @@ def front_door_session(call: SuiteCall) -> dict[str, Any]:
     argv += ["--transport", call.transport, "--packages", " ".join(call.packages), "--out", str(call.out)]
     argv += ["--stall-timeout", str(STALL_S), "--timeout", str(SESSION_S)]
     call.out.parent.mkdir(parents=True, exist_ok=True)
-    log = call.out.parent / f"{call.out.name}.log"
+    log = log_path(call.out)
     result = cmd.run(argv, tee=log)
     try:
         runs = json.loads((call.out / "results.json").read_text()).get("runs") or []
@@ -341,6 +342,8 @@ class UpstreamSuite:
                 key = call.key(trees["edits"])
                 seen = self.cache.get(key) if self.cache else None
                 if seen is None:
+                    # `repro run` never writes over results: an interrupted earlier session keeps its folder.
+                    call = replace(call, out=fresh_folder(call.out))
                     seen = dict(self.runner(call))
                     if self.cache and seen.get("tests") and not seen.get("from_log"):
                         self.cache.put(key, seen)

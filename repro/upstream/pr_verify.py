@@ -31,6 +31,7 @@ from repro.core.paths import cache_root
 from repro.core.safe_git import SafeGit
 from repro.core.smallfile import read_regular
 from repro.upstream import pr_checks, pr_fix, pr_regression, pr_suite
+from repro.upstream.out_folders import fresh_folder, log_path
 from repro.upstream.pr_checks import Seen, Stack
 from repro.upstream.pr_record import pr_data_problem
 from repro.workload.record import write_json_atomic
@@ -66,22 +67,6 @@ def probe_argv(call: ProbeCall, ds_repo: str) -> list[str]:
     else:
         argv += ["--deepspeed-commit", call.commit, "--ds-repo", ds_repo]
     return argv
-
-
-def log_path(out: Path) -> Path:
-    """OUT's log beside it: `torch2.13.0-ref` -> `torch2.13.0-ref.log` (not with_suffix, which
-    would cut the name at the version's dots)."""
-    return out.parent / f"{out.name}.log"
-
-
-def fresh_folder(base: Path) -> Path:
-    """base, or base-2, base-3... when taken: a probe's or survey's OUT must be new, and an
-    interrupted earlier run left its own results.json in the first (kept: it is what it saw)."""
-    n, where = 1, base
-    while where.exists() or log_path(where).exists():
-        n += 1
-        where = base.with_name(f"{base.name}-{n}")
-    return where
 
 
 def front_door_probe(call: ProbeCall, ds_repo: str) -> Mapping[str, Any]:
