@@ -211,8 +211,10 @@ def test_a_regression_test_that_passes_at_ref_is_said(
     ).run()  # fmt: skip
     assert folders[:2] == ["newest-plain-ref-2", "newest-plain-branch"]
     said = data["suite"][0]["regression"]["plain"]
-    assert said == {"ok": False, "why": "1 of 1 do not fail at REF"}
-    assert "torch 2.13.0, plain gloo: 1 of 1 do not fail at REF." in render(record_from(pr), data)
+    assert said == {"ok": False, "why": "1 of 1 do not fail at REF (TestMiCS::test_x passed)"}
+    assert "torch 2.13.0, plain gloo: 1 of 1 do not fail at REF (TestMiCS::test_x passed)." in render(
+        record_from(pr), data
+    )
 
 
 def test_a_stopped_session_keeps_what_pytests_output_showed() -> None:

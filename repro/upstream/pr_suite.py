@@ -247,13 +247,21 @@ def regression_words(rows: Sequence[Mapping[str, Any]], transport: str) -> tuple
     cells = [r["cells"].get(transport) or {} for r in mine]
     if not mine or not all("ref" in c and "branch" in c for c in cells):
         return None, "did not run on both sides"
-    ref_bad = [r["test"] for r, c in zip(mine, cells) if c["ref"] != "failed"]
-    branch_bad = [r["test"] for r, c in zip(mine, cells) if c["branch"] != "passed"]
+    ref_bad = [f"{_short(r['test'])} {c['ref']}" for r, c in zip(mine, cells) if c["ref"] != "failed"]
+    branch_bad = [
+        f"{_short(r['test'])} {c['branch']}" for r, c in zip(mine, cells) if c["branch"] != "passed"
+    ]
     if not ref_bad and not branch_bad:
         return True, f"all {len(mine)} fail at REF and pass on the branch"
-    words = [f"{len(ref_bad)} of {len(mine)} do not fail at REF"] if ref_bad else []
-    words += [f"{len(branch_bad)} of {len(mine)} do not pass on the branch"] if branch_bad else []
+    words = [f"{len(ref_bad)} of {len(mine)} do not fail at REF ({', '.join(ref_bad)})"] if ref_bad else []
+    if branch_bad:
+        words.append(f"{len(branch_bad)} of {len(mine)} do not pass on the branch ({', '.join(branch_bad)})")
     return False, "; ".join(words)
+
+
+def _short(test: str) -> str:
+    """`unit/x.py::TestA::test_b[1]` -> `TestA::test_b[1]`."""
+    return test.split("::", 1)[-1]
 
 
 class UpstreamSuite:
