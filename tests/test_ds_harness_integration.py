@@ -9,15 +9,19 @@ test. (The same as measured with DeepSpeed's own test_mics_optimizer.py: docs/ow
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.envpython import env_python
 from tests.fixtures.classifier_job import run_job
-from tests.fixtures.ds_harness_job import COMMAND, TEST_NAME, WORLD, write_harness_project
+from tests.fixtures.ds_harness_job import (
+    COMMAND,
+    TEST_NAME,
+    WORLD,
+    installed_deepspeed,
+    write_harness_project,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -25,9 +29,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def harness_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, dict[str, Any]]]:
     python = env_python("cpu")  # skips (or fails in CI) when the env's venv is not built
-    where = "import os, deepspeed; print(os.path.dirname(deepspeed.__file__))"
-    done = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
-    package = Path(done.stdout.strip().splitlines()[-1])
+    package = installed_deepspeed(python)
     project = write_harness_project(tmp_path_factory.mktemp("harness-project"), package)
     out = tmp_path_factory.mktemp("harness-job") / "results"
     stdout, results = run_job(project, out, COMMAND, "PACKAGES=pytest")

@@ -11,6 +11,7 @@ real sessions on DeepSpeed master are the closing note's.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 
 from repro.upstream import pr_fix, pr_suite
 from repro.upstream.pr_branch import PrRequest, make_pr
+from repro.upstream.pr_checks import Stack
 from repro.upstream.pr_description import record_from, render
 from repro.upstream.pr_suite import SuiteCall
 from repro.upstream.pr_verify import CellCache, Verification
@@ -147,6 +149,21 @@ def made_with_tests(ds: FakeDeepSpeedPr, tmp_path: Path) -> tuple[Path, dict[str
     return out, json.loads((out / "pr.json").read_text())
 
 
+def verify(
+    pr: dict[str, Any],
+    out: Path,
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    cache: CellCache,
+    suite: pr_suite.SuiteRunner,
+    stacks: Sequence[Stack] = STACKS,
+) -> dict[str, Any]:
+    """A verification with the stand-in probe and regression runners and the given session runner."""
+    return Verification(
+        pr, stacks, out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
+        cache=cache, suite=suite,
+    ).run()  # fmt: skip
+
+
 def test_verification_runs_deepspeeds_own_tests_on_both_transports(
     made_with_tests: tuple[Path, dict[str, Any]],
     ds: FakeDeepSpeedPr,  # noqa: F811
@@ -155,10 +172,7 @@ def test_verification_runs_deepspeeds_own_tests_on_both_transports(
     out, pr = made_with_tests
     session = StandInSession()
     cache = CellCache("pr-verify", tmp_path / "cache" / "pr-verify")
-    data = Verification(
-        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
-        cache=cache, suite=session,
-    ).run()  # fmt: skip
+    data = verify(pr, out, ds, cache, session)
 
     assert [(c.transport, c.side) for c in session.calls] == [
         ("plain", "ref"), ("plain", "branch"), ("async", "ref"), ("async", "branch"),
@@ -182,10 +196,7 @@ def test_verification_runs_deepspeeds_own_tests_on_both_transports(
 
     # Sessions that ran tests are cached: the same commits again run nothing.
     again = StandInSession()
-    Verification(
-        pr, STACKS, out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
-        cache=cache, suite=again,
-    ).run()  # fmt: skip
+    verify(pr, out, ds, cache, again)
     assert again.calls == []
     assert git(ds.path, "status", "--porcelain") == ""
 
@@ -205,10 +216,9 @@ def test_a_regression_test_that_passes_at_ref_is_said(
         test = "unit/runtime/zero/test_mics_coalesced_wait.py::TestMiCS::test_x"
         return {"counts": {"passed": 1}, "tests": {test: {"outcome": "passed", "message": ""}}}
 
-    data = Verification(
-        pr, STACKS[1:], out, str(ds.path), probe=StandInProbe(pr), regression=regression_stand_in,
-        cache=CellCache("pr-verify", tmp_path / "c" / "pr-verify"), suite=passes_everywhere,
-    ).run()  # fmt: skip
+    data = verify(
+        pr, out, ds, CellCache("pr-verify", tmp_path / "c" / "pr-verify"), passes_everywhere, STACKS[1:]
+    )
     assert folders[:2] == ["newest-plain-ref-2", "newest-plain-branch"]
     said = data["suite"][0]["regression"]["plain"]
     assert said == {"ok": False, "why": "1 of 1 do not fail at REF (TestMiCS::test_x passed)"}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import pytest
 from repro.upstream import pr_suite
 from repro.upstream.pr_suite import SuiteCall
 from tests.envpython import env_python
-from tests.fixtures.ds_harness_job import TEST_NAME, write_harness_project
+from tests.fixtures.ds_harness_job import TEST_NAME, installed_deepspeed, write_harness_project
 
 pytestmark = pytest.mark.integration
 
@@ -36,9 +35,7 @@ CONFTEST = "import os, sys\nsys.path.insert(1, os.path.dirname(os.path.dirname(o
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[SuiteCall, dict[str, Any]]]:
     python = env_python("cpu")  # skips (or fails in CI) when the env's venv is not built
-    where = "import os, deepspeed; print(os.path.dirname(deepspeed.__file__))"
-    done = subprocess.run([python, "-c", where], capture_output=True, text=True, check=True)
-    package = Path(done.stdout.strip().splitlines()[-1])
+    package = installed_deepspeed(python)
     tree = tmp_path_factory.mktemp("ds-tree")
     write_harness_project(tree / "tests", None)
     (tree / "tests" / "conftest.py").write_text(CONFTEST)
