@@ -242,3 +242,35 @@ def test_a_stopped_session_keeps_what_pytests_output_showed() -> None:
         "unit/b.py::TestB::test_y[2]": "unfinished",
         "unit/c.py::TestC::test_z": "skipped",
     }
+
+
+def test_a_test_pytest_never_reported_is_kept_as_unfinished(tmp_path: Path) -> None:
+    """An interrupted pytest reports only the tests that ended: the one that hung is in its output."""
+    run = tmp_path / "cpu-latest" / "custom-stock"
+    run.mkdir(parents=True)
+    ended = {"outcome": "failed", "message": "RuntimeError: x"}
+    record = {
+        "outcome": "hung",
+        "job": {"pytest": {"counts": {"failed": 1}, "tests": {"unit/a.py::T::a": ended}}},
+    }
+    (tmp_path / "results.json").write_text(json.dumps({"runs": [record]}))
+    (run / "job.log").write_text("unit/a.py::T::a \nunit/b.py::T::b \n[gw0] [ 50%] FAILED unit/a.py::T::a \n")
+    seen = pr_suite.read_session(tmp_path)
+    assert seen is not None and seen["from_log"] is False
+    assert seen["tests"]["unit/a.py::T::a"] == ended
+    assert seen["tests"]["unit/b.py::T::b"]["outcome"] == "unfinished"
+    assert seen["counts"] == {"failed": 1, "unfinished": 1}
+    assert pr_suite.read_session(tmp_path / "nothing") is None
+
+
+def test_a_rebuilt_report_without_a_crash_line_keeps_the_exceptions_words() -> None:
+    class Longrepr:
+        reprcrash = None
+
+        def __str__(self) -> str:
+            return "E   RuntimeError: mat1 and mat2\n\n/usr/lib/python3.11/pool.py:774: RuntimeError\n"
+
+    class Report:
+        longrepr = Longrepr()
+
+    assert pytest_outcomes._message(Report()) == "RuntimeError: mat1 and mat2"

@@ -206,27 +206,39 @@ def front_door_session(call: SuiteCall) -> dict[str, Any]:
     call.out.parent.mkdir(parents=True, exist_ok=True)
     log = log_path(call.out)
     result = cmd.run(argv, tee=log)
-    try:
-        runs = json.loads((call.out / "results.json").read_text()).get("runs") or []
-    except (OSError, ValueError):
-        runs = []
-    if not runs:
+    seen = read_session(call.out)
+    if seen is None:
         raise RunError(
             f"DeepSpeed's tests ({call.side}, {call.transport}, torch {call.torch}) left no record "
             f"(exit {result.returncode})",
             why=result.tail(8),
             fix=f"read {log}",
         )
+    return seen
+
+
+def read_session(out: Path) -> dict[str, Any] | None:
+    """A session's summary from its `repro run` folder (None without a record). Tests pytest never
+    reported come from its verbose lines: all of them when the lab stopped the session before
+    pytest could report, and a test that started and never ended ("unfinished") in any case (an
+    interrupted pytest reports only the tests that ended)."""
+    try:
+        runs = json.loads((out / "results.json").read_text()).get("runs") or []
+    except (OSError, ValueError):
+        runs = []
+    if not runs:
+        return None
     seen = session_summary(runs[0])
-    if not seen["tests"]:
-        # Stopped before pytest reported (a hang past the stall limit): what its output showed.
-        logs = sorted(call.out.glob("*/custom-stock/job.log"))
-        seen["tests"] = outcomes_from_log(logs[0].read_text(errors="replace")) if logs else {}
-        seen["from_log"] = bool(seen["tests"])
-        counts: dict[str, int] = {}
-        for t in seen["tests"].values():
-            counts[t["outcome"]] = counts.get(t["outcome"], 0) + 1
-        seen["counts"] = counts
+    logs = sorted(out.glob("*/custom-stock/job.log"))
+    shown = outcomes_from_log(logs[0].read_text(errors="replace")) if logs else {}
+    seen["from_log"] = not seen["tests"] and bool(shown)
+    for test, said in shown.items():
+        if test not in seen["tests"] and (seen["from_log"] or said["outcome"] == "unfinished"):
+            seen["tests"][test] = said
+    counts: dict[str, int] = {}
+    for said in seen["tests"].values():
+        counts[said["outcome"]] = counts.get(said["outcome"], 0) + 1
+    seen["counts"] = counts
     return seen
 
 

@@ -48,7 +48,7 @@ def _message(report: Any) -> str:
     if not text and longrepr is not None:
         lines = [line for line in str(longrepr).splitlines() if line.strip()]
         text = lines[-1] if lines else ""
-    elif _BARE_LOCATION.match(text) and longrepr is not None:
+    if _BARE_LOCATION.match(text) and longrepr is not None:
         # A report rebuilt by pytest-forked/xdist may keep only "pool.py:774: RuntimeError": the
         # exception's own words are then in the report's last "E   Name: ..." line.
         raised = [line[1:].strip() for line in str(longrepr).splitlines() if _RAISED.match(line)]
