@@ -364,7 +364,7 @@ class UpstreamSuite:
                 if seen is None:
                     # `repro run` never writes over results: an interrupted earlier session keeps its folder.
                     call = replace(call, out=fresh_folder(call.out))
-                    seen = dict(self.runner(call))
+                    seen = {**self.runner(call), "folder": str(call.out)}  # cached with it
                     if self.cache and seen.get("tests") and not seen.get("from_log"):
                         self.cache.put(key, seen)
                 entry["sessions"].append({"side": side, "transport": transport, **seen})
