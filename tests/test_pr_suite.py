@@ -232,15 +232,17 @@ def test_a_stopped_session_keeps_what_pytests_output_showed() -> None:
     say which tests ended how, and which started and never ended."""
     log = (
         "unit/a.py::TestA::test_x \n"
-        "unit/b.py::TestB::test_y[2] \n"
+        "unit/b.py::TestB::test_y[2] /usr/lib/python3.11/resource_tracker.py:224: UserWarning: leaked\n"
         "\x1b[36m[gw0]\x1b[0m [ 50%] \x1b[31mFAILED\x1b[0m unit/a.py::TestA::test_x \n"
         "[gw1] [ 60%] SKIPPED unit/c.py::TestC::test_z \n"
+        "unit/d.py::TestD::test_w PASSED [ 70%]\n"
     )
     got = pr_suite.outcomes_from_log(log)
     assert {t: v["outcome"] for t, v in got.items()} == {
         "unit/a.py::TestA::test_x": "failed",
         "unit/b.py::TestB::test_y[2]": "unfinished",
         "unit/c.py::TestC::test_z": "skipped",
+        "unit/d.py::TestD::test_w": "passed",
     }
 
 

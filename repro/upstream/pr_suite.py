@@ -173,7 +173,9 @@ STALL_S = HARNESS_TIMEOUT_S + 120
 SESSION_S = 4 * 3600
 # pytest's verbose line for a test's end (DeepSpeed's conftest sets verbose): "[gw1] [ 42%] FAILED id"
 _VERBOSE_END = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(unit/\S+::\S+)")
-_VERBOSE_START = re.compile(r"^(unit/\S+::\S+)\s*$")
+_VERBOSE_END_ALONE = re.compile(r"^(unit/\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# A start line may run into another process's output (a resource_tracker warning) on the same line.
+_VERBOSE_START = re.compile(r"^(unit/\S+::\S+)(\s|$)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -183,15 +185,16 @@ def outcomes_from_log(text: str) -> dict[str, dict[str, str]]:
     tests: dict[str, dict[str, str]] = {}
     for line in _ANSI.sub("", text).splitlines():
         ended = _VERBOSE_END.search(line)
-        if ended:
-            word = ended.group(1).lower()
-            outcome = {"xfail": "xfailed", "xpass": "xpassed"}.get(word, word)
-            tests[ended.group(2)] = {
-                "outcome": outcome,
-                "message": "from pytest's output (the session was stopped)",
-            }
+        alone = _VERBOSE_END_ALONE.match(line.lstrip())  # without -n: "unit/x.py::t PASSED [ 50%]"
+        said = (
+            (ended.group(2), ended.group(1)) if ended else (alone.group(1), alone.group(2)) if alone else None
+        )
+        if said:
+            test, word = said
+            outcome = {"xfail": "xfailed", "xpass": "xpassed"}.get(word.lower(), word.lower())
+            tests[test] = {"outcome": outcome, "message": "from pytest's output (the session was stopped)"}
             continue
-        started = _VERBOSE_START.match(line.strip())
+        started = _VERBOSE_START.match(line.lstrip())
         if started and started.group(1) not in tests:
             tests[started.group(1)] = {"outcome": "unfinished", "message": "started, never ended"}
     return tests
