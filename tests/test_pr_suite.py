@@ -236,6 +236,10 @@ def test_a_stopped_session_keeps_what_pytests_output_showed() -> None:
         "\x1b[36m[gw0]\x1b[0m [ 50%] \x1b[31mFAILED\x1b[0m unit/a.py::TestA::test_x \n"
         "[gw1] [ 60%] SKIPPED unit/c.py::TestC::test_z \n"
         "unit/d.py::TestD::test_w PASSED [ 70%]\n"
+        "_______________ TestA.test_x _______________\n"
+        "    raise self._value\n"
+        "E           RuntimeError: Backend gloo does not implement startCoalescing\n"
+        "/usr/lib/python3.11/multiprocessing/pool.py:774: RuntimeError\n"
     )
     got = pr_suite.outcomes_from_log(log)
     assert {t: v["outcome"] for t, v in got.items()} == {
@@ -244,22 +248,29 @@ def test_a_stopped_session_keeps_what_pytests_output_showed() -> None:
         "unit/c.py::TestC::test_z": "skipped",
         "unit/d.py::TestD::test_w": "passed",
     }
+    assert (
+        got["unit/a.py::TestA::test_x"]["message"]
+        == "RuntimeError: Backend gloo does not implement startCoalescing"
+    )
 
 
 def test_a_test_pytest_never_reported_is_kept_as_unfinished(tmp_path: Path) -> None:
     """An interrupted pytest reports only the tests that ended: the one that hung is in its output."""
     run = tmp_path / "cpu-latest" / "custom-stock"
     run.mkdir(parents=True)
-    ended = {"outcome": "failed", "message": "RuntimeError: x"}
+    ended = {"outcome": "failed", "message": "/usr/lib/pool.py:774: RuntimeError"}
     record = {
         "outcome": "hung",
         "job": {"pytest": {"counts": {"failed": 1}, "tests": {"unit/a.py::T::a": ended}}},
     }
     (tmp_path / "results.json").write_text(json.dumps({"runs": [record]}))
-    (run / "job.log").write_text("unit/a.py::T::a \nunit/b.py::T::b \n[gw0] [ 50%] FAILED unit/a.py::T::a \n")
+    (run / "job.log").write_text(
+        "unit/a.py::T::a \nunit/b.py::T::b \n[gw0] [ 50%] FAILED unit/a.py::T::a \n"
+        "____ T.a ____\nE   RuntimeError: x\n/usr/lib/pool.py:774: RuntimeError\n"
+    )
     seen = pr_suite.read_session(tmp_path)
     assert seen is not None and seen["from_log"] is False
-    assert seen["tests"]["unit/a.py::T::a"] == ended
+    assert seen["tests"]["unit/a.py::T::a"] == {"outcome": "failed", "message": "RuntimeError: x"}
     assert seen["tests"]["unit/b.py::T::b"]["outcome"] == "unfinished"
     assert seen["counts"] == {"failed": 1, "unfinished": 1}
     assert pr_suite.read_session(tmp_path / "nothing") is None

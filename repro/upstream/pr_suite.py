@@ -176,14 +176,27 @@ _VERBOSE_END = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(unit/
 _VERBOSE_END_ALONE = re.compile(r"^(unit/\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 # A start line may run into another process's output (a resource_tracker warning) on the same line.
 _VERBOSE_START = re.compile(r"^(unit/\S+::\S+)(\s|$)")
+# A failure section's title line, "_____ TestA.test_b[1] _____", and the exception lines in it
+_SECTION = re.compile(r"^_{3,} (\S.*?) _{3,}$")
+_RAISED = re.compile(r"^E\s+[\w.]+: ")
+_BARE_LOCATION = re.compile(r"^\S+:\d+: [\w.]+$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def outcomes_from_log(text: str) -> dict[str, dict[str, str]]:
     """Each test's outcome from pytest's verbose lines, for a session stopped before pytest could
-    report (the lab's time limit): a test that started and never ended is "unfinished"."""
+    report (the lab's time limit): a test that started and never ended is "unfinished". A failed
+    test's message is the last exception line (`E   Name: words`) of its failure section."""
     tests: dict[str, dict[str, str]] = {}
+    raised: dict[str, str] = {}  # failure section's title ("TestA.test_b[1]") -> its last E line
+    section = None
     for line in _ANSI.sub("", text).splitlines():
+        title = _SECTION.match(line)
+        if title:
+            section = title.group(1)
+            continue
+        if section and _RAISED.match(line):
+            raised[section] = " ".join(line[1:].split())
         ended = _VERBOSE_END.search(line)
         alone = _VERBOSE_END_ALONE.match(line.lstrip())  # without -n: "unit/x.py::t PASSED [ 50%]"
         said = (
@@ -192,12 +205,20 @@ def outcomes_from_log(text: str) -> dict[str, dict[str, str]]:
         if said:
             test, word = said
             outcome = {"xfail": "xfailed", "xpass": "xpassed"}.get(word.lower(), word.lower())
-            tests[test] = {"outcome": outcome, "message": "from pytest's output (the session was stopped)"}
+            tests[test] = {"outcome": outcome, "message": ""}
             continue
         started = _VERBOSE_START.match(line.lstrip())
         if started and started.group(1) not in tests:
             tests[started.group(1)] = {"outcome": "unfinished", "message": "started, never ended"}
+    for test, entry in tests.items():
+        if entry["outcome"] in ("failed", "error"):
+            entry["message"] = raised.get(test.split("::", 1)[-1].replace("::", "."), "")
     return tests
+
+
+def _bare(message: str) -> bool:
+    """ "path/pool.py:774: RuntimeError": where, and the exception's name without its words."""
+    return bool(_BARE_LOCATION.match(message))
 
 
 def front_door_session(call: SuiteCall) -> dict[str, Any]:
@@ -238,6 +259,8 @@ def read_session(out: Path) -> dict[str, Any] | None:
     for test, said in shown.items():
         if test not in seen["tests"] and (seen["from_log"] or said["outcome"] == "unfinished"):
             seen["tests"][test] = said
+        elif test in seen["tests"] and _bare(seen["tests"][test]["message"]) and said["message"]:
+            seen["tests"][test]["message"] = said["message"]  # a report rebuilt without its words
     counts: dict[str, int] = {}
     for said in seen["tests"].values():
         counts[said["outcome"]] = counts.get(said["outcome"], 0) + 1
