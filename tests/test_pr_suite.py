@@ -192,7 +192,11 @@ def test_verification_runs_deepspeeds_own_tests_on_both_transports(
     assert "| torch 2.13.0, plain gloo | torch 2.13.0, lab adapter |" in text
     assert "failed → passed" in text and "`RuntimeError: no coalescing`" in text
     assert "regression test fails at REF and passes on the branch in every column." in text
-    assert "un-skipped, torch 2.13.0, plain gloo: REF 1 failed; branch 1 failed; failing with" in text
+    assert (
+        "un-skipped, torch 2.13.0, plain gloo: REF 1 failed (`RuntimeError: no coalescing`); "
+        "branch 1 failed (`RuntimeError: no coalescing`)." in text
+    )
+    assert "un-skipped, torch 2.13.0, lab adapter: REF 1 passed; branch 1 passed." in text
 
     # Sessions that ran tests are cached: the same commits again run nothing.
     again = StandInSession()

@@ -167,18 +167,19 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
     unskip = []
     for e in entries:
         for transport in pr_suite.TRANSPORTS:
-            sides, failures = {}, set()
+            sides = {}
             for s in (s for s in e["sessions"] if s["transport"] == transport):
                 mine = {t: v for t, v in (s.get("tests") or {}).items() if t.startswith(optimizer)}
-                sides[s["side"]] = tally({t: v["outcome"] for t, v in mine.items()})
-                failures |= {v["message"] for v in mine.values() if v["outcome"] in ("failed", "error")}
-            unskip.append(
-                {
-                    "column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(transport, transport)}",
-                    "ref": sides.get("ref", "-"), "branch": sides.get("branch", "-"),
-                    "failures": sorted(failures)[:3],
+                bad = [v for v in mine.values() if v["outcome"] in ("failed", "error")]
+                said = sorted({v["message"] for v in bad if v["message"]})[:2]
+                sides[s["side"]] = {
+                    "tally": tally({t: v["outcome"] for t, v in mine.items()}),
+                    "failures": said,
+                    "unsaid": bool(bad) and not said,  # stopped before pytest printed its failures
                 }
-            )  # fmt: skip
+            unskip.append(
+                {"column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(transport, transport)}", "sides": sides}
+            )
     regression = [
         {"column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(t, t)}", **r}
         for e in entries
