@@ -291,3 +291,19 @@ def test_a_rebuilt_report_without_a_crash_line_keeps_the_exceptions_words() -> N
         longrepr = Longrepr()
 
     assert pytest_outcomes._message(Report()) == "RuntimeError: mat1 and mat2"
+
+
+def test_parameters_that_fared_the_same_share_a_row() -> None:
+    from repro.upstream.pr_description import _parametrized_once
+
+    rows = [
+        ("u.py::T::test_a[1]", ["failed → passed"]),
+        ("u.py::T::test_a[2]", ["failed → passed"]),
+        ("u.py::T::test_a[4]", ["passed → passed"]),
+        ("u.py::T::test_b", ["failed → failed"]),
+    ]
+    assert _parametrized_once(rows) == [
+        {"test": "u.py::T::test_a[1, 2]", "cells": ["failed → passed"]},
+        {"test": "u.py::T::test_a[4]", "cells": ["passed → passed"]},
+        {"test": "u.py::T::test_b", "cells": ["failed → failed"]},
+    ]

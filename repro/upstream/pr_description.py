@@ -188,9 +188,9 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
     first = entries[0]
     return {
         "columns": [f"torch {torch}, {TRANSPORT_WORDS.get(t, t)}" for torch, t in columns],
-        "rows": [
-            {"test": test, "cells": [by.get(c, "-") for c in columns]} for test, by in sorted(cells.items())
-        ],
+        "rows": _parametrized_once(
+            [(test, [by.get(c, "-") for c in columns]) for test, by in sorted(cells.items())]
+        ),
         "flags": " ".join(first.get("flags") or ()),
         "flags_from": first.get("flags_from"),
         "packages_from": first.get("packages_from"),
@@ -201,6 +201,23 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
         "unskip": unskip,
         "not_run": [e for e in (verification or {}).get("suite") or [] if not e.get("sessions")],
     }
+
+
+def _parametrized_once(rows: list[tuple[str, list[str]]]) -> list[dict[str, Any]]:
+    """One row for the parameters of a test that fared the same: `test_a[2]` and `test_a[4]` with
+    equal cells read `test_a[2, 4]` (the table stays short; nothing said is lost)."""
+    grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for test, cells in rows:
+        base, bracket, param = test.partition("[")
+        grouped.setdefault((base if bracket else test, tuple(cells)), []).append(
+            param[:-1] if bracket else ""
+        )
+    out = []
+    for (base, same), params in grouped.items():
+        named = [p for p in params if p]
+        test = f"{base}[{', '.join(named)}]" if named and len(named) == len(params) else base
+        out.append({"test": test, "cells": list(same)})
+    return sorted(out, key=lambda row: row["test"])
 
 
 def context(
