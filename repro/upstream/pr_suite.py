@@ -19,6 +19,9 @@ DeepSpeed's `tests/conftest.py` puts the tree first on sys.path, so the tree's `
 one the tests import (the env's installed DeepSpeed only supplies dependencies), as in upstream's
 CI after `pip install .`. Each side runs twice: on plain gloo (`TRANSPORT=plain`, no lab adapter:
 what upstream's CPU CI has) and on the lab's adapter (`async`: the NCCL-like coalescing semantics).
+A test that hangs past DeepSpeed's own timeout is stopped by the lab's stall limit (STALL_S); the
+session's tests are then read from pytest's verbose lines, the hung one as "unfinished"
+(read_session).
 """
 
 from __future__ import annotations
