@@ -45,7 +45,16 @@ if not required_torch_version(max_version=2.0):
 class TestMiCSCheckpoint(DistributedTest):
     world_size = 4
 """
-WORKFLOW = """      - name: Unit tests
+WORKFLOW = """    env:
+      DEFAULT_TORCH_PRESET: '2.10.0-cpu'
+          case "$selected_preset" in
+            '2.9.1-cpu')
+              torch_install_version='2.9.1'
+              ;;
+            '2.10.0-cpu')
+              torch_install_version='2.10.0'
+              ;;
+      - name: Unit tests
         run: |
           cd tests
           HF_HOME=/tmp/hf_home/ pytest $PYTEST_OPTS --forked -n 4 unit/ --torch_ver="$TORCH_TEST_VERSION"
@@ -69,6 +78,8 @@ def test_flags_and_pins_come_from_ref() -> None:
     assert packages == ("pytest>=7.2.0,<8.4.0", "pytest-forked", "pytest-randomly", "pytest-xdist")
     assert pr_suite.pytest_packages("accelerate\n")[0] == pr_suite.DEFAULT_PACKAGES
     assert pr_suite.torch_ver("2.13.0+cpu") == "2.13"
+    assert pr_suite.workflow_torches(WORKFLOW) == {"default": "2.10.0", "presets": ["2.9.1", "2.10.0"]}
+    assert pr_suite.workflow_torches(None) == {"default": None, "presets": []}
 
 
 def test_node_ids_name_only_what_the_tree_holds(tmp_path: Path) -> None:
@@ -190,6 +201,10 @@ def test_verification_runs_deepspeeds_own_tests_on_both_transports(
     text = render(record_from(pr), data)
     assert "## DeepSpeed's own MiCS tests, as its CPU CI runs them" in text
     assert "| torch 2.13.0, plain gloo | torch 2.13.0, lab adapter |" in text
+    assert (
+        "REF's CPU CI installs torch 2.10.0 by default (presets 2.9.1, 2.10.0); "
+        "these sessions ran torch 2.1.0, 2.13.0." in text
+    )
     assert "failed → passed" in text and "`RuntimeError: no coalescing`" in text
     assert "regression test fails at REF and passes on the branch in every column." in text
     assert (

@@ -192,6 +192,8 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
             [(test, [by.get(c, "-") for c in columns]) for test, by in sorted(cells.items())]
         ),
         "flags": " ".join(first.get("flags") or ()),
+        "upstream_torches": first.get("upstream_torches") or {},
+        "torches": [e["torch"] for e in entries],
         "flags_from": first.get("flags_from"),
         "packages_from": first.get("packages_from"),
         "edits": first.get("edits") or [],

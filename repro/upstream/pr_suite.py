@@ -118,6 +118,18 @@ def pytest_flags(workflow: str | None) -> tuple[tuple[str, ...], str]:
     return DEFAULT_FLAGS, f"REF has no {WORKFLOW}: the flags of master's ({' '.join(DEFAULT_FLAGS)})"
 
 
+def workflow_torches(workflow: str | None) -> dict[str, Any]:
+    """The torch releases REF's CPU CI installs: its default preset and every preset it lists
+    (`DEFAULT_TORCH_PRESET: '2.10.0-cpu'`, `torch_install_version='2.7.1'`)."""
+    text = workflow or ""
+    default = re.search(r"DEFAULT_TORCH_PRESET:\s*['\"]?(\d+(?:\.\d+)+)", text)
+    presets = sorted(
+        set(re.findall(r"torch_install_version=['\"]?(\d+(?:\.\d+)+)", text)),
+        key=lambda v: tuple(int(x) for x in v.split(".")),
+    )
+    return {"default": default.group(1) if default else None, "presets": presets}
+
+
 def pytest_packages(requirements: str | None) -> tuple[tuple[str, ...], str]:
     """The pytest lines of REF's requirements-dev.txt (pytest and its plugins, as pinned there)."""
     found = []
@@ -346,13 +358,14 @@ class UpstreamSuite:
         for removed in sorted(set(unskipped.values())):
             sides = " and ".join(s for s in SIDES if unskipped.get(s) == removed)
             edits.append(f"`{OPTIMIZER_TEST}` without its module-level skip at {sides} (`{removed}`)")
-        flags, flags_from = pytest_flags(self._read(ref, WORKFLOW, self.pr["ref_sha"]))
+        workflow = self._read(ref, WORKFLOW, self.pr["ref_sha"])
+        flags, flags_from = pytest_flags(workflow)
         packages, packages_from = pytest_packages(self._read(ref, REQUIREMENTS_DEV, self.pr["ref_sha"]))
         nodes, missing = node_ids(branch)
         self._trees = {
             "ref": ref, "branch": branch, "edits": edits, "unskipped": unskipped, "flags": flags,
             "flags_from": flags_from, "packages": packages, "packages_from": packages_from,
-            "tests": nodes, "missing": missing,
+            "tests": nodes, "missing": missing, "upstream_torches": workflow_torches(workflow),
         }  # fmt: skip
         return self._trees
 
@@ -373,6 +386,7 @@ class UpstreamSuite:
             "packages": list(trees["packages"]),
             "flags_from": trees["flags_from"], "packages_from": trees["packages_from"],
             "edits": list(trees["edits"]), "missing": list(trees["missing"]), "sessions": [],
+            "upstream_torches": trees["upstream_torches"],
         }  # fmt: skip
         if not trees["tests"]:
             return {**entry, "rows": [], "regression": {}, "why": "the branch holds none of the MiCS tests"}
