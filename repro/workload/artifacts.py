@@ -19,6 +19,7 @@ from typing import Any
 
 from repro.workload import runner
 from repro.workload.prefork import PreforkServer, PreforkUnavailable
+from repro.workload.stackfiles import read_text
 
 TIMEOUT_S = 120.0
 
@@ -92,7 +93,7 @@ class ArtifactCapture:
             if handle is not None:
                 try:
                     code = handle.wait(timeout=left)
-                    stdout, stderr = (_read(p) for p in self._paths(name))
+                    stdout, stderr = (read_text(p) for p in self._paths(name))
                     text = stdout + (f"\n[stderr]\n{stderr}" if stderr.strip() else "")
                     text += f"\n[exit code {code}]\n"
                 except subprocess.TimeoutExpired:
@@ -124,11 +125,3 @@ def _kill(handle: Any) -> None:
         handle.wait(timeout=10)
     except subprocess.TimeoutExpired:
         pass
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return fh.read()
-    except OSError:
-        return ""

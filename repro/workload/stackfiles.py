@@ -19,7 +19,7 @@ def read_settled(paths: Mapping[str, str], wait_s: float, poll_s: float = POLL_S
     deadline = time.monotonic() + wait_s
     previous: dict[str, str] | None = None
     while True:
-        texts = {name: _read(path) for name, path in paths.items()}
+        texts = {name: read_text(path) for name, path in paths.items()}
         settled = texts == previous and all(texts.values())
         if settled or time.monotonic() >= deadline:
             return texts
@@ -27,7 +27,8 @@ def read_settled(paths: Mapping[str, str], wait_s: float, poll_s: float = POLL_S
         time.sleep(poll_s)
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
+    """The file's text, or "" when it cannot be read (not yet written, removed)."""
     try:
         with open(path, errors="replace") as fh:
             return fh.read()
