@@ -41,6 +41,7 @@ from repro.core import cmd, console
 from repro.core.errors import RunError
 from repro.upstream import pr_fix
 from repro.upstream.out_folders import fresh_folder, log_path
+from repro.workload.pytest_outcomes import BARE_LOCATION, RAISED_LINE
 
 # What a tree needs for DeepSpeed's harness on CPU; the two files say how upstream runs it.
 TREE_PATHS = ("deepspeed", "accelerator", "op_builder", "csrc", "tests", "version.txt", "requirements")
@@ -191,10 +192,8 @@ _VERBOSE_END = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\s+(unit/
 _VERBOSE_END_ALONE = re.compile(r"^(unit/\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 # A start line may run into another process's output (a resource_tracker warning) on the same line.
 _VERBOSE_START = re.compile(r"^(unit/\S+::\S+)(\s|$)")
-# A failure section's title line, "_____ TestA.test_b[1] _____", and the exception lines in it
+# A failure section's title line, "_____ TestA.test_b[1] _____" (its exception lines: RAISED_LINE)
 _SECTION = re.compile(r"^_{3,} (\S.*?) _{3,}$")
-_RAISED = re.compile(r"^E\s+[\w.]+: ")
-_BARE_LOCATION = re.compile(r"^\S+:\d+: [\w.]+$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -210,7 +209,7 @@ def outcomes_from_log(text: str) -> dict[str, dict[str, str]]:
         if title:
             section = title.group(1)
             continue
-        if section and _RAISED.match(line):
+        if section and RAISED_LINE.match(line):
             raised[section] = " ".join(line[1:].split())
         ended = _VERBOSE_END.search(line)
         alone = _VERBOSE_END_ALONE.match(line.lstrip())  # without -n: "unit/x.py::t PASSED [ 50%]"
@@ -229,11 +228,6 @@ def outcomes_from_log(text: str) -> dict[str, dict[str, str]]:
         if entry["outcome"] in ("failed", "error"):
             entry["message"] = raised.get(test.split("::", 1)[-1].replace("::", "."), "")
     return tests
-
-
-def _bare(message: str) -> bool:
-    """ "path/pool.py:774: RuntimeError": where, and the exception's name without its words."""
-    return bool(_BARE_LOCATION.match(message))
 
 
 def front_door_session(call: SuiteCall) -> dict[str, Any]:
@@ -274,7 +268,9 @@ def read_session(out: Path) -> dict[str, Any] | None:
     for test, said in shown.items():
         if test not in seen["tests"] and (seen["from_log"] or said["outcome"] == "unfinished"):
             seen["tests"][test] = said
-        elif test in seen["tests"] and _bare(seen["tests"][test]["message"]) and said["message"]:
+        elif (
+            test in seen["tests"] and BARE_LOCATION.match(seen["tests"][test]["message"]) and said["message"]
+        ):
             seen["tests"][test]["message"] = said["message"]  # a report rebuilt without its words
     counts: dict[str, int] = {}
     for said in seen["tests"].values():

@@ -32,8 +32,9 @@ MAX_ERRORS = 20
 
 _TESTS: dict[str, dict[str, str]] = {}
 # "path/file.py:774: RuntimeError": a location and an exception's name, without its message
-_BARE_LOCATION = re.compile(r"^\S+:\d+: [\w.]+$")
-_RAISED = re.compile(r"^E\s+[\w.]+(Error|Exception|Exit|Interrupt|Warning)?: ")
+BARE_LOCATION = re.compile(r"^\S+:\d+: [\w.]+$")
+# pytest's line for the exception raised: "E   RuntimeError: words"
+RAISED_LINE = re.compile(r"^E\s+[\w.]+: ")
 _ERRORS: list[dict[str, str]] = []
 
 
@@ -48,10 +49,10 @@ def _message(report: Any) -> str:
     if not text and longrepr is not None:
         lines = [line for line in str(longrepr).splitlines() if line.strip()]
         text = lines[-1] if lines else ""
-    if _BARE_LOCATION.match(text) and longrepr is not None:
+    if BARE_LOCATION.match(text) and longrepr is not None:
         # A report rebuilt by pytest-forked/xdist may keep only "pool.py:774: RuntimeError": the
         # exception's own words are then in the report's last "E   Name: ..." line.
-        raised = [line[1:].strip() for line in str(longrepr).splitlines() if _RAISED.match(line)]
+        raised = [line[1:].strip() for line in str(longrepr).splitlines() if RAISED_LINE.match(line)]
         text = raised[-1] if raised else text
     return " ".join(text.split())[:MAX_MESSAGE]
 
