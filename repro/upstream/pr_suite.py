@@ -404,7 +404,7 @@ class UpstreamSuite:
                     # `repro run` never writes over results: an interrupted earlier session keeps its folder.
                     call = replace(call, out=fresh_folder(call.out))
                     seen = {**self.runner(call), "folder": str(call.out)}  # cached with it
-                    if self.cache and seen.get("tests") and not seen.get("from_log"):
+                    if self.cache:
                         self.cache.put(key, seen)
                 entry["sessions"].append({"side": side, "transport": transport, **seen})
                 console.info(f"verify: {side} on {transport}: {_counts(seen)}")
@@ -413,26 +413,12 @@ class UpstreamSuite:
         return {**entry, "rows": rows, "regression": regression}
 
 
+def worth_caching(seen: Mapping[str, Any]) -> bool:
+    """A session is kept when pytest reported tests: one the lab stopped (read from its log) or
+    one that ran none (an install failure) runs again next time."""
+    return bool(seen.get("tests")) and not seen.get("from_log")
+
+
 def _counts(seen: Mapping[str, Any]) -> str:
     counts = seen.get("counts") or {}
     return ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or f"no test ran ({seen.get('reason')})"
-
-
-class SuiteCache:
-    """Sessions by a key of what decides them, one JSON file each (like pr_verify.CellCache; only
-    sessions that ran tests are kept, so an install failure is tried again)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        try:
-            found = json.loads((self.root / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return dict(found) if isinstance(found, dict) and found.get("tests") else None
-
-    def put(self, key: str, seen: Mapping[str, Any]) -> None:
-        from repro.workload.record import write_json_atomic
-
-        write_json_atomic(str(self.root / f"{key}.json"), dict(seen))

@@ -127,20 +127,27 @@ class CellCache:
     """Probe results by a key of what decides them, one JSON file each under the cache
     (`make clean` leaves it; delete ~/.cache/mics-repro/<name> to probe again). Only results are
     kept (pr_checks.is_result): an interrupted probe or a failed install (a pip network error)
-    is probed again next time, also when an earlier version of the tool cached it."""
+    is probed again next time, also when an earlier version of the tool cached it. `keep` says
+    what is a result (DeepSpeed's test sessions: pr_suite.worth_caching)."""
 
-    def __init__(self, name: str, root: Path | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        root: Path | None = None,
+        keep: Callable[[Mapping[str, Any]], bool] = pr_checks.is_result,
+    ) -> None:
         self.root = root or cache_root() / name
+        self.keep = keep
 
     def get(self, key: str) -> dict[str, Any] | None:
         try:
             found = json.loads((self.root / f"{key}.json").read_text())
         except (OSError, ValueError):
             return None
-        return dict(found) if isinstance(found, dict) and pr_checks.is_result(found) else None
+        return dict(found) if isinstance(found, dict) and self.keep(found) else None
 
     def put(self, key: str, probe: Mapping[str, Any]) -> None:
-        if pr_checks.is_result(probe):
+        if self.keep(probe):
             write_json_atomic(str(self.root / f"{key}.json"), dict(probe))
 
 
@@ -243,7 +250,7 @@ class Verification:
             sessions = self.cache.root.parent / "pr-suite" if self.cache else cache_root() / "pr-suite"
             upstream = pr_suite.UpstreamSuite(
                 self.pr, self.ds_repo, self.out / "verify", export_tree, self.engine, self.suite,
-                pr_suite.SuiteCache(sessions),
+                CellCache("pr-suite", sessions, keep=pr_suite.worth_caching),
             )  # fmt: skip
             for stack in self.stacks:
                 self.data["suite"].append(self._suite(upstream, stack))
