@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.core import safe_write
+from repro.core import png_text, safe_write
 from repro.core.errors import LeakError, UsageError
 from repro.core.paths import confined
 from repro.core.scrub import Form, Scrubber, command_secret_error
@@ -20,7 +20,18 @@ SUMS_FILE = "SHA256SUMS"
 
 
 def copy_scrubbed(src: Path, dst: Path, scrubber: Scrubber) -> None:
+    """`src` scrubbed as text into `dst`; a PNG loses its text chunks and keeps its pixels byte
+    for byte (scrubbing compressed pixels as text would only break the image)."""
     data = src.read_bytes()
+    if png_text.is_png(data):
+        try:
+            stripped = png_text.without_text(data)
+        except png_text.NotPNG:
+            pass  # not a PNG after all: scrubbed as any other file
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(stripped)
+            return
     try:
         text, codec = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
@@ -123,7 +134,7 @@ def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) 
         if rel in skip:
             continue
         # A file's name travels too (a log named after a token): checked like its content.
-        text, form = path.read_bytes().decode("latin-1"), Form.for_path(path)
+        text, form = readable_text(path), Form.for_path(path)
         shown = scrubber.text(rel)  # the message is shown, maybe in CI: never the value itself
         if scrubber.command_leaks(text, form) or scrubber.command_leaks(rel):
             commands.append(shown)
@@ -140,6 +151,18 @@ def scan(folder: Path, scrubber: Scrubber, skip: Sequence[str] = (IMAGE_FILE,)) 
             fix="report this as a bug of mics-repro with the kinds above (placeholders, not the values); "
             "nothing was handed out: the bundle folder was removed",
         )
+
+
+def readable_text(path: Path) -> str:
+    """What the leak check reads of a file: all of it as text; of a PNG, all but its pixel data
+    (compressed pixels spell `key=...` now and then by chance, never a secret: png_text)."""
+    data = path.read_bytes()
+    if png_text.is_png(data):
+        try:
+            return png_text.readable_text(data)
+        except png_text.NotPNG:
+            pass  # read whole, as any other file
+    return data.decode("latin-1")
 
 
 def write_sums(folder: Path, hashes: Mapping[str, str]) -> None:
