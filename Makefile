@@ -7,7 +7,7 @@
 # .venv/ (made with BOOTSTRAP_PYTHON, default python3, and `pip install -e .[dev]`), reused while
 # pyproject.toml is unchanged. PYTHON=/path/to/python uses that interpreter as it is instead.
 
-# The variables this Makefile reads from the user (tests/test_makefile_controls_r3.py keeps the
+# The variables this Makefile reads from the user (tests/test_control_characters.py keeps the
 # list complete). None may hold a newline or other control character: a newline in a value splits
 # the recipe line it is pasted into, and the second line runs as a command (`make list
 # MATRIX=$'x\ntouch /tmp/p #'`). Checked before anything else, on the raw text ($(value) expands
@@ -99,7 +99,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 	@echo "== host-side Python ready: $(VENV)/bin/python"
 
 # `make help` prints the header above (up to its first bare `#` line), then these lines, one per
-# target (tests/test_make_help_r3.py checks that every target of this file has one), then the CLI's.
+# target (tests/test_make_help.py checks that every target of this file has one), then the CLI's.
 #> Targets (variables in CAPS; docs/ and `python -m repro COMMAND --help` have the details):
 #>   make help            this text, then the command-line tool's own help
 #>   make venv            set up the host-side Python in .venv/ (every target does it when needed)

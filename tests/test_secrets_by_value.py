@@ -33,7 +33,7 @@ from tests.fixtures.job_docker import JobDocker, project
 
 # (CMD=, the secret it holds); each value is what must appear nowhere. Forms that main already kept
 # out of every text (`--password="a b"`, `--api-key X`, `--api_key=X`, `NAME=value`, a URL's
-# `user:token@`) are tested in tests/test_secrets_r3.py and not repeated here.
+# `user:token@`) are tested in tests/test_secrets_whole_values.py and not repeated here.
 FORMS = {
     "-u user:pass": ("python train.py -u alice:Wh1sper-42 --steps 2", "Wh1sper-42"),
     "--user=user:pass": ("python train.py --user=alice:Wh1sper-43 --steps 2", "Wh1sper-43"),
