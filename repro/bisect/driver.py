@@ -199,8 +199,8 @@ class WalkRequest:
 class Services:
     """What a command needs from the outside world; tests pass fakes."""
 
-    matrix: Any = None
-    engine: Any = None
+    matrix: Matrix | None = None
+    engine: Engine | None = None
     index: VersionIndex | None = None
     say: Callable[[str], None] = console.result
     repo: Callable[[str], DsRepo] = DsRepo  # the cached clone of DS_REPO
@@ -210,7 +210,7 @@ class Services:
 
 def load_matrix(path: str | None, services: Services) -> Matrix:
     if services.matrix is not None:
-        return services.matrix  # type: ignore[no-any-return]
+        return services.matrix
     from repro.matrix.schema import load_matrix as load
 
     return load(path) if path else load()
@@ -228,7 +228,7 @@ def engine_for(choice: str | None, services: Services, deepspeed_src: str | None
     if deepspeed_src:
         engine = SourceOverlay(engine, Path(deepspeed_src))
     services.say(f"engine: {engine.describe()}")
-    return engine  # type: ignore[no-any-return]
+    return engine
 
 
 # -- the range -----------------------------------------------------------------------------------

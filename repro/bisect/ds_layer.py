@@ -11,20 +11,22 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.core import cmd
 from repro.core.errors import BuildError, UsageError
-from repro.engines.base import EngineKind, Prepared
+from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.engines.venv.layer import PURELIB, link_base
 from repro.engines.venv.layer_env import base_interpreter as interpreter_of
 from repro.engines.venv.layer_env import carry_scripts, venv_argv
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
+    from repro.engines.jobdeps import JobDeps
+    from repro.matrix.model import Env
 
 
 @dataclass(frozen=True)
@@ -66,14 +68,35 @@ class DeepSpeedLayer:
     def describe(self) -> str:
         raise NotImplementedError
 
-    def preflight(self, env: Any) -> None:
+    def prepare(self, env: Env) -> Prepared:
+        raise NotImplementedError
+
+    def preflight(self, env: Env) -> None:
         self.inner.preflight(env)
 
-    def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
+    def run_suite(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
+    ) -> SuiteRun:
         return self.inner.run_suite(prepared, args, out_dir, timeout_s)
 
-    def run_job(self, prepared: Any, args: Any, out_dir: Any, workdir: Any, timeout_s: Any, **kw: Any) -> Any:
-        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, **kw)  # type: ignore[attr-defined]
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
+        """Refused: the layer's DeepSpeed would have to be installed again over the job's packages."""
+        raise UsageError(
+            "a job's packages (REQUIREMENTS=/PACKAGES=) cannot be added over a DeepSpeed checkout's layer",
+            fix="install the packages into the env (a derived env in env_matrix/), or drop DS_SRC=",
+        )
+
+    def run_job(
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        *,
+        network: bool = False,
+    ) -> SuiteRun:
+        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, network=network)
 
     def out(self, argv: list[str], what: str, env_id: str, extra_env: Mapping[str, str] | None = None) -> str:
         """Run one build step; its stdout, or a BuildError that names the step."""
@@ -88,7 +111,7 @@ class DeepSpeedLayer:
             )
         return str(result.stdout).strip()
 
-    def layer_venv(self, env: Any, *, with_pip: bool) -> LayerVenv:
+    def layer_venv(self, env: Env, *, with_pip: bool) -> LayerVenv:
         """The env's cached venv (built or reused by the inner engine) and the layer venv over it."""
         base = self.inner.prepare(env)
         base_dir = Path(base.handle)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,8 +43,9 @@ from repro.workload.closed import assert_never
 from repro.workload.record import CUSTOM_SCENARIO, Outcome, RunRecord, Signature
 
 if TYPE_CHECKING:
-    from repro.engines.base import Engine
-    from repro.matrix.model import Matrix
+    from repro.engines.base import Engine, Prepared, SuiteRun
+    from repro.engines.jobdeps import JobDeps
+    from repro.matrix.model import Env, Matrix
 
 # Errors that belong to one candidate, not to the host or the command line: the probe is unknown.
 CANDIDATE_ERRORS: tuple[type[Exception], ...] = (BuildError, PythonVersionError, RunError, MatrixError)
@@ -257,23 +258,34 @@ class _Watch:
     def describe(self) -> str:
         return self.inner.describe()
 
-    def preflight(self, env: Any) -> None:
+    def preflight(self, env: Env) -> None:
         self.inner.preflight(env)
 
-    def prepare(self, env: Any) -> Any:
+    def prepare(self, env: Env) -> Prepared:
         prepared = self.inner.prepare(env)
         self.reused = prepared.reused
-        self.layered_on = (getattr(prepared, "details", None) or {}).get("layered_on")
+        self.layered_on = prepared.details.get("layered_on")
         return prepared
 
-    def run_suite(self, prepared: Any, args: Any, out_dir: Any, timeout_s: Any) -> Any:
+    def run_suite(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
+    ) -> SuiteRun:
         return self.inner.run_suite(prepared, args, out_dir, timeout_s)
 
-    def prepare_job(self, env: Any, prepared: Any, deps: Any) -> Any:
-        return self.inner.prepare_job(env, prepared, deps)  # type: ignore[attr-defined]
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
+        return self.inner.prepare_job(env, prepared, deps)
 
-    def run_job(self, prepared: Any, args: Any, out_dir: Any, workdir: Any, timeout_s: Any, **kw: Any) -> Any:
-        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, **kw)  # type: ignore[attr-defined]
+    def run_job(
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        *,
+        network: bool = False,
+    ) -> SuiteRun:
+        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, network=network)
 
 
 class OrchestratedProbe:

@@ -8,14 +8,14 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from repro.bisect.ds_layer import DeepSpeedLayer
 from repro.core import cmd
 from repro.core.errors import UsageError
 from repro.core.safe_git import SafeGit
 from repro.engines.base import EngineKind, Prepared
-from repro.matrix.model import HIDE_GPUS
+from repro.matrix.model import HIDE_GPUS, Env
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -57,7 +57,7 @@ class SourceOverlay(DeepSpeedLayer):
         result = SafeGit(self.runner).run("rev-parse", "--short", "HEAD", where=["-C", str(self.src)])
         return (result.stdout.strip() or None) if result.ok else None
 
-    def prepare(self, env: Any) -> Prepared:
+    def prepare(self, env: Env) -> Prepared:
         layer = self.layer_venv(env, with_pip=True)
         py = layer.python
         commit = self.commit()

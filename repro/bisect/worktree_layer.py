@@ -31,7 +31,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from repro.bisect.ds_layer import DeepSpeedLayer
 from repro.bisect.probe import Evaluate, Observation, ProbeSpec
@@ -43,6 +43,7 @@ from repro.workload.record import Outcome, Signature
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
+    from repro.matrix.model import Env
 
 GENERATED = "deepspeed/git_version_info_installed.py"
 _IMPORT = "import deepspeed; print(deepspeed.__version__)"
@@ -92,7 +93,7 @@ class WorktreeLayer(DeepSpeedLayer):
         result = SafeGit(self.runner).run("rev-parse", "--short", "HEAD", where=["-C", str(self.tree)])
         return str(result.stdout).strip() if result.ok and result.stdout.strip() else "unknown"
 
-    def prepare(self, env: Any) -> Prepared:
+    def prepare(self, env: Env) -> Prepared:
         made = self.layer_venv(env, with_pip=False)
         site, py = made.site, made.python
         base_generated = Path(made.base_site, GENERATED)

@@ -16,6 +16,8 @@ from repro.core.flags import env_bool
 from repro.workload.record import CPU_TRANSPORTS, PATCHES
 
 if TYPE_CHECKING:
+    from repro.engines.base import Engine
+    from repro.matrix.model import Env
     from repro.run.job import JobRequest
 
 
@@ -65,14 +67,14 @@ def _deps_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packages", default=None, help='the job\'s own packages as a list, e.g. "a==1 b"')
 
 
-def _env(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _env(args: argparse.Namespace) -> Env:
     from repro.matrix.schema import load_matrix
 
     matrix = load_matrix(args.matrix) if args.matrix else load_matrix()
     return matrix.get(args.env or matrix.default_id)
 
 
-def _engine(choice: str | None, *, shell: bool = False):  # type: ignore[no-untyped-def]
+def _engine(choice: str | None, *, shell: bool = False) -> Engine:
     """As for `make repro` (ENGINE=auto: Docker when its daemon answers); `shell` needs a venv."""
     from repro.engines.select import choose_engine
 

@@ -12,6 +12,7 @@ import argparse
 import sys
 import unicodedata
 from collections.abc import Sequence
+from typing import NoReturn
 
 from repro.cli.registry import SPECS, Handler
 from repro.core import console, run_lock
@@ -43,7 +44,7 @@ class _BadOptions(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise _BadOptions(self, message)
 
 

@@ -10,12 +10,13 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from repro.core import paths
 from repro.core.errors import UsageError
 
 if TYPE_CHECKING:
+    from repro.engines.jobdeps import JobDeps
     from repro.matrix.model import Env
 
 # The in-environment entry point (repro/workload/suite.py); engines add `--out`.
@@ -83,6 +84,25 @@ class Engine(Protocol):
         self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
     ) -> SuiteRun:
         """Run `python -m repro.workload.suite *args --out ...`; results land in `out_dir`."""
+        ...
+
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
+        """The job's packages (REQUIREMENTS=/PACKAGES=) over the prepared env, and what the
+        record says of them; a UsageError when this engine cannot add them."""
+        ...
+
+    def run_job(
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        *,
+        network: bool = False,
+    ) -> SuiteRun:
+        """A custom command under the in-env job runner (`python -m repro.workload.job *args
+        --out ...`) in `workdir`; `network`: whether a container keeps its network."""
         ...
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from repro.core import console, launchers
 from repro.core.diskfull import disk_full_at
@@ -29,7 +29,7 @@ from repro.core.results import InvocationDir
 from repro.core.smallfile import read_regular
 from repro.core.verdict import env_verdicts
 from repro.engines import jobdeps
-from repro.engines.base import Prepared, SuiteRun
+from repro.engines.base import Engine, Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
 from repro.run import job_resume
 from repro.workload import judge, ladder
@@ -49,21 +49,6 @@ JOB_MODULE = "repro.workload.job"
 DIGEST_MAX_FILES = 20000
 DIGEST_MAX_BYTES = 1 << 20  # files above this are digested by size only
 DIGEST_MAX_S = 120.0  # the walk runs after the job, on a folder the job could fill
-
-
-class JobEngine(Protocol):
-    """The engines that can run a custom command (VenvEngine, DockerEngine)."""
-
-    def run_job(
-        self,
-        prepared: Prepared,
-        args: Sequence[str],
-        out_dir: Path,
-        workdir: Path,
-        timeout_s: float | None,
-        *,
-        network: bool = False,
-    ) -> SuiteRun: ...
 
 
 @dataclass(frozen=True)
@@ -502,7 +487,7 @@ def job_ran_on(reports: Sequence[dict[str, Any]], platform: str | None) -> dict[
 def execute_job(
     request: JobRequest,
     env: Env,
-    engine: Any,
+    engine: Engine,
     invocation: InvocationDir,
     say: Callable[[str], None] = console.result,
     resume: bool = False,
@@ -510,15 +495,8 @@ def execute_job(
     """Prepare the env once, run the command per patch, record every run. `resume` (RESUME=1):
     finish an earlier, unfinished invocation of this job in `invocation`: only the runs that did
     not finish run again, and both records are rebuilt from every run's files."""
-    if not hasattr(engine, "run_job"):
-        raise UsageError(f"the {engine.kind.value} engine cannot run custom commands", fix="use ENGINE=venv")
     if request.deps is not None:  # refused at the front door, before anything is built
         jobdeps.check_pins(request.deps, env.package_pins(), env_id=env.id, python=env.python)
-        if not hasattr(engine, "prepare_job"):
-            raise UsageError(
-                f"the {engine.kind.value} engine cannot add a job's packages",
-                fix="use ENGINE=venv or ENGINE=docker",
-            )
     env_dir = invocation.folder / env.id  # made once the env is ready (nothing left if it is not)
     workdir = str(request.workdir.resolve())
     todo = list(request.patches)
@@ -570,7 +548,7 @@ def execute_job(
 
 
 def _prepare(
-    request: JobRequest, env: Env, engine: Any, invocation: InvocationDir, say: Callable[[str], None]
+    request: JobRequest, env: Env, engine: Engine, invocation: InvocationDir, say: Callable[[str], None]
 ) -> tuple[Prepared, dict[str, Any] | None]:
     """The env (and the job's layer over it) ready to run the job, and its entry in results.json."""
     engine.preflight(env)
@@ -611,9 +589,10 @@ def _record_job(
     """Judge the runs against each other and record them (replacing none: the caller forgot any)."""
     records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s, env.platform.value)
     for record in records:
-        if record.get("job") is not None:
-            record["job"]["requirements"] = layer  # type: ignore[index]
-    invocation.add_runs(env.id, [dict(r) for r in records])  # type: ignore[misc]
+        job = record.get("job")
+        if job is not None:
+            job["requirements"] = layer
+    invocation.add_runs(env.id, [r.copy() for r in records])
     return records
 
 

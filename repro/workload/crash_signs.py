@@ -50,7 +50,9 @@ def raised_from_illegal_work(exc: dict[str, Any] | None) -> bool:
     """The exception names an `_IllegalWork` placeholder (its wait() or DeepSpeed's check). Enough
     for the suite (classify.py): its ranks run our own model, whose code raises nothing of the kind.
     A custom job's code is not ours: the judge asks `framework_raised_illegal_work`."""
-    return bool(exc) and any(marker in _text(exc) for marker in _ILLEGAL_WORK_MARKERS)  # type: ignore[arg-type]
+    if not exc:
+        return False
+    return any(marker in _text(exc) for marker in _ILLEGAL_WORK_MARKERS)
 
 
 def framework_raised_illegal_work(exc: dict[str, Any] | None, framework_dirs: Sequence[str] = ()) -> bool:

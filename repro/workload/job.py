@@ -235,9 +235,10 @@ class _Tee(threading.Thread):
         self.digest = hashlib.sha256()
 
     def run(self) -> None:
-        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+        assert stdout is not None
         with open(self.log_path, "ab") as log:
-            for chunk in iter(lambda: self.proc.stdout.readline(), b""):  # type: ignore[union-attr]
+            for chunk in iter(stdout.readline, b""):
                 self.last_output = time.time()
                 if self.error is None:
                     try:

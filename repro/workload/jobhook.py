@@ -46,8 +46,15 @@ from typing import Any, Callable
 from repro.workload import hooksign
 
 _OPEN: list[Any] = []  # stack files must stay open for faulthandler
+# The mark on every function the hook wraps: a second activation (a .pth and an import, a child
+# that inherits a wrapped module) must not wrap a wrapper.
+WRAPPED = "_mics_repro"
 _REPORT: dict[str, Any] = {}
 _STATE: dict[str, Any] = {}
+
+
+def _mark_wrapped(function: Callable[..., Any]) -> None:
+    function.__dict__[WRAPPED] = True
 
 
 def activate(environ: Mapping[str, str]) -> None:
@@ -116,7 +123,7 @@ def _pass_key_to_children(key: bytes) -> None:
     import subprocess
 
     original = subprocess.Popen.__init__
-    if getattr(original, "_mics_repro", False):
+    if getattr(original, WRAPPED, False):
         return
     value = key.decode()
     env_index = (
@@ -138,15 +145,15 @@ def _pass_key_to_children(key: bytes) -> None:
             kwargs["env"] = with_key(kwargs.get("env"))
         original(self, args, *rest, **kwargs)
 
-    __init__._mics_repro = True  # type: ignore[attr-defined]
-    subprocess.Popen.__init__ = __init__  # type: ignore[method-assign]
+    _mark_wrapped(__init__)
+    setattr(subprocess.Popen, "__init__", __init__)  # noqa: B010 - mypy forbids assigning a method
 
     def spawned_with_key(util: Any) -> None:
         """multiprocessing's spawn and forkserver start their processes with
         util.spawnv_passfds, which copies the C environment, not subprocess.Popen: the key is in
         the environment for that call only (DeepSpeed's test harness runs its ranks in a Pool)."""
         original = getattr(util, "spawnv_passfds", None)
-        if original is None or getattr(original, "_mics_repro", False):
+        if original is None or getattr(original, WRAPPED, False):
             return
 
         def spawnv_passfds(*args: Any, **kwargs: Any) -> Any:
@@ -156,7 +163,7 @@ def _pass_key_to_children(key: bytes) -> None:
             finally:
                 os.environ.pop(hooksign.KEY_VAR, None)
 
-        spawnv_passfds._mics_repro = True  # type: ignore[attr-defined]
+        _mark_wrapped(spawnv_passfds)
         setattr(util, "spawnv_passfds", spawnv_passfds)  # noqa: B010 - typed as a module
 
     # Wrapped as soon as multiprocessing.util exists: a pool started before DeepSpeed's import (a
@@ -355,7 +362,7 @@ def _heartbeat_on_step(deepspeed: Any) -> None:
     """Progress the job runner can see: every optimizer step touches JOB_DIR/heartbeat."""
     job_dir = _STATE["job_dir"]
     engine_cls = getattr(deepspeed, "DeepSpeedEngine", None)
-    if not job_dir or engine_cls is None or getattr(engine_cls.step, "_mics_repro", False):
+    if not job_dir or engine_cls is None or getattr(engine_cls.step, WRAPPED, False):
         return
     original = engine_cls.step
     path = os.path.join(job_dir, "heartbeat")
@@ -374,7 +381,7 @@ def _heartbeat_on_step(deepspeed: Any) -> None:
             _write_report()
         return result
 
-    step._mics_repro = True  # type: ignore[attr-defined]
+    _mark_wrapped(step)
     engine_cls.step = step
 
 
@@ -387,7 +394,7 @@ def _watch_process_group() -> None:
     except Exception:  # noqa: BLE001 - no torch.distributed: nothing will join a group
         return
     original = getattr(dist, "init_process_group", None)
-    if original is None or getattr(original, "_mics_repro", False):
+    if original is None or getattr(original, WRAPPED, False):
         return
 
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -396,7 +403,7 @@ def _watch_process_group() -> None:
         _write_report()
         return result
 
-    init_process_group._mics_repro = True  # type: ignore[attr-defined]
+    _mark_wrapped(init_process_group)
     dist.init_process_group = init_process_group
 
 

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import sys
+from types import FrameType
 
 DEEPSPEED_LOGGER = "DeepSpeed"
 MARKER = "IllegalWork"
@@ -41,12 +42,12 @@ _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 def logged_from() -> str:
     """The file whose code made the logging call in progress: the first frame that is not the
     logging module's nor DeepSpeed's log helper (log_dist and friends)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         path = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
         if path != _LOGGING_FILE and not path.endswith(_DEEPSPEED_LOG_HELPER) and path != _THIS_FILE:
             return path
-        frame = frame.f_back  # type: ignore[assignment]
+        frame = frame.f_back
     return ""
 
 
@@ -75,7 +76,7 @@ def _let_everything_through(logger: logging.Logger) -> None:
     def is_enabled_for(level: int) -> bool:
         return not logger.disabled and level > logging.root.manager.disable
 
-    logger.isEnabledFor = is_enabled_for  # type: ignore[method-assign]
+    setattr(logger, "isEnabledFor", is_enabled_for)  # noqa: B010 - mypy forbids assigning a method
 
 
 _INSTALLED: dict[str, IllegalWorkCounter] = {}
