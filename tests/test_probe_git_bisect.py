@@ -275,6 +275,27 @@ def test_overlay_needs_the_venv_engine(tmp_path: Path, checkout: Path) -> None:
         SourceOverlay(FakeVenvEngine(tmp_path), tmp_path / "empty")
 
 
+def test_overlay_refuses_a_jobs_packages_and_passes_a_job_through(tmp_path: Path, checkout: Path) -> None:
+    """The layer is the engine a job runs on too: its run_job is the inner engine's (network
+    included); packages over the layer would need DeepSpeed installed again, so they are refused."""
+    from repro.engines import jobdeps
+
+    seen: list[tuple[Any, ...]] = []
+
+    def run_job(*args: Any, **kw: Any) -> str:
+        seen.append((*args, kw))
+        return "ran"
+
+    inner = FakeVenvEngine(tmp_path / "venvs")
+    inner.run_job = run_job
+    engine = SourceOverlay(inner, checkout, runner=FakeRunner(tmp_path))
+    prepared = Prepared(EngineKind.VENV, "cpu", str(tmp_path), "cpu", True)
+    assert engine.run_job(prepared, ["a"], tmp_path, tmp_path, 5.0, network=True) == "ran"
+    assert seen == [(prepared, ["a"], tmp_path, tmp_path, 5.0, {"network": True})]
+    with pytest.raises(UsageError, match="REQUIREMENTS=/PACKAGES="):
+        engine.prepare_job(type("Env", (), {"id": "cpu"})(), prepared, jobdeps.parse(None, "six==1.16.0"))
+
+
 def test_a_bad_checkout_path_aborts_before_any_results_folder(tmp_path: Path) -> None:
     from repro.cli import bisect_commands as bisect_cli
     from repro.cli import main as cli
