@@ -348,7 +348,6 @@ def test_the_rerendered_description_is_scrubbed_of_host_paths(
     ds: FakeDeepSpeedPr,  # noqa: F811
 ) -> None:
     """Reasons are quoted from run records; a host path in one must not reach PR_DESCRIPTION.md."""
-    import argparse
 
     from repro.upstream import pr_verify_run
 
@@ -356,15 +355,7 @@ def test_the_rerendered_description_is_scrubbed_of_host_paths(
     home = str(Path.home())
     leaky = {**BUG, "reason": f"crash in {home}/.cache/mics-repro/venvs/x/deepspeed/mics.py line 240"}
     answers = {("branch", "mics", "2.1.0"): leaky}
-    args = argparse.Namespace(
-        ds_repo=str(ds.path),
-        engine="venv",
-        verify=True,
-        range=False,
-        range_torch=None,
-        releases=None,
-        parallel=1,
-    )
+    args = pr_verify_run.VerifyRequest(ds_repo=str(ds.path), engine="venv", verify=True, range=False)
     verified = pr_verify_run.run(
         out, args, {"probe": StandInProbe(pr, answers), "regression": regression_stand_in}
     )

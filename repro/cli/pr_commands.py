@@ -106,6 +106,15 @@ def verify_folder(folder: Path, args: argparse.Namespace) -> int:
     pr_verify.read_pr(folder)  # a folder without pr.json stops before git is touched
     # The probes' cached clone of DS_REPO (AXIS=deepspeed-commit's) must hold the branch's commit.
     DsRepo(args.ds_repo).sync(fetch=True)
-    verified = pr_verify_run.run(folder, args)
+    request = pr_verify_run.VerifyRequest(
+        ds_repo=args.ds_repo,
+        engine=args.engine,
+        verify=bool(args.verify),
+        range=bool(args.range),
+        range_torch=args.range_torch,
+        releases=args.releases,
+        parallel=args.parallel,
+    )
+    verified = pr_verify_run.run(folder, request)
     console.result(f"description: {folder / 'PR_DESCRIPTION.md'}")
     return 0 if verified in (None, True) else 1

@@ -4,9 +4,9 @@ then renders PR_DESCRIPTION.md again from pr.json, verify.json and range.json.""
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,20 @@ def releases_for(ds_repo: str, pr: dict[str, Any], given: str | None) -> list[st
     return pr_range.release_rows(index, first, last)
 
 
-def run(folder: Path, args: argparse.Namespace, runners: Mapping[str, Any] | None = None) -> bool | None:
+@dataclass(frozen=True)
+class VerifyRequest:
+    """What `make pr-verify` was asked (the CLI's options, typed)."""
+
+    ds_repo: str
+    engine: str = "venv"  # the probes' engine (the CPU twin)
+    verify: bool = True
+    range: bool = False
+    range_torch: str | None = None  # RANGE_TORCH=: the torch columns of the range
+    releases: str | None = None  # RELEASES=: the range's rows (default: every release with MiCS)
+    parallel: int = 1
+
+
+def run(folder: Path, args: VerifyRequest, runners: Mapping[str, Any] | None = None) -> bool | None:
     """Verification (when asked), range (when asked), the description again. Returns whether the
     branch verified (None when no verification ran). `runners`: stand-ins for the probe, the
     regression test, DeepSpeed's own tests ("suite": not run unless given) and the survey (tests),
