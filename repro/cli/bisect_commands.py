@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +31,7 @@ from repro.bisect.driver import (
     run_bisect,
     run_survey,
 )
-from repro.bisect.probe import BadIf, Evaluate, Judge, OrchestratedProbe, ProbeSpec
+from repro.bisect.probe import BadIf, Evaluate, Judge, Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.rounds import RUNNERS, SlurmOptions
 from repro.bisect.search import ProbeVerdict
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
@@ -291,50 +291,12 @@ def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate |
             fix="give one of them",
         )
     judge = Judge(BadIf(args.bad_if), _reference(args))
-    src = str(Path(args.deepspeed_src).resolve()) if args.deepspeed_src else None
-    commit: str | None = None
-    if args.deepspeed_commit:
-        if not args.ds_repo:
-            raise UsageError("--deepspeed-commit needs --ds-repo", fix="give a DeepSpeed checkout or git URL")
-        repo = services.repo(args.ds_repo)
-        repo.sync(fetch=False)  # parallel probes share the clone the bisect already fetched
-        commit = repo.resolve(args.deepspeed_commit)
-        src = str(repo.checkout(commit, args.slot))
+    src, commit = _deepspeed_source(args, services)
     options = probe_options(args)
-    spec = ProbeSpec(
-        env_id=args.env or "",
-        torch=args.torch,
-        deepspeed=args.deepspeed,
-        deepspeed_src=src,
-        deepspeed_commit=commit,
-        deepspeed_repo=args.ds_repo,
-        label=args.label or (commit[:12] if commit else _probe_label(args.torch, args.deepspeed, src)),
-        **options.spec_fields(),
-    )
+    spec = _probe_spec(args, options, src, commit)
     folder: Path | None = None
     if evaluate is None:
-        matrix = load_matrix(args.matrix, services)
-        spec = replace(
-            spec,
-            env_id=spec.env_id or matrix.default_id,
-            label=spec.label or spec.env_id or matrix.default_id,
-        )
-        if commit:  # a commit of the cached clone: layered from its work tree, no wheel built
-            engine = (services.overlay or WorktreeLayer)(engine_for(args.engine, services), Path(src or "."))
-        else:
-            engine = engine_for(args.engine, services, src)
-        where = _folder(args)
-        folder, fresh = where.open(f"probe-{spec.env_id}", "probe.json")
-        # `make repro` cannot build a checkout: a source probe is reproduced by its own command.
-        again = (
-            spec.repro_command() if not src or commit else shlex.join(["python", "-m", "repro", *args.argv])
-        )
-        inv = where.invocation(folder, again)
-        if fresh:
-            point_latest(Path(args.results_root), folder)
-        evaluate = OrchestratedProbe(matrix, engine, inv, say=say)
-        if isinstance(engine, WorktreeLayer):  # a crash of a commit that does not import: unknown
-            evaluate = ImportChecked(evaluate, engine)
+        spec, evaluate, folder = _orchestrated(args, services, spec, src, commit)
     elif args.out:  # a stand-in evaluation (tests) still leaves the probe.json a parallel bisect reads
         folder, _ = _folder(args).open(f"probe-{spec.env_id}", "probe.json")
     obs = evaluate(spec)
@@ -351,14 +313,80 @@ def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate |
         f"[BAD_IF={args.bad_if}] in {obs.seconds:.0f} s: {obs.reason}"
     )
     if folder is not None:
-        write_json_atomic(
-            str(folder / "probe.json"),
-            {
-                "kind": "probe",
-                **what,
-                "bad_if": args.bad_if,
-                "exit_code": EXIT_FOR[verdict],
-                "probes": [obs.as_dict(verdict)],
-            },
-        )
+        _write_probe(folder, what, args.bad_if, verdict, obs)
     return EXIT_FOR[verdict]
+
+
+def _deepspeed_source(args: argparse.Namespace, services: Services) -> tuple[str | None, str | None]:
+    """The DeepSpeed checkout to build into the env and the commit it holds, if any: --deepspeed-src,
+    or --deepspeed-commit checked out of the cached clone of --ds-repo."""
+    src = str(Path(args.deepspeed_src).resolve()) if args.deepspeed_src else None
+    commit: str | None = None
+    if args.deepspeed_commit:
+        if not args.ds_repo:
+            raise UsageError("--deepspeed-commit needs --ds-repo", fix="give a DeepSpeed checkout or git URL")
+        repo = services.repo(args.ds_repo)
+        repo.sync(fetch=False)  # parallel probes share the clone the bisect already fetched
+        commit = repo.resolve(args.deepspeed_commit)
+        src = str(repo.checkout(commit, args.slot))
+    return src, commit
+
+
+def _probe_spec(
+    args: argparse.Namespace, options: ProbeOptions, src: str | None, commit: str | None
+) -> ProbeSpec:
+    """The candidate as the evaluation sees it; env and label may still be filled in from the matrix."""
+    return ProbeSpec(
+        env_id=args.env or "",
+        torch=args.torch,
+        deepspeed=args.deepspeed,
+        deepspeed_src=src,
+        deepspeed_commit=commit,
+        deepspeed_repo=args.ds_repo,
+        label=args.label or (commit[:12] if commit else _probe_label(args.torch, args.deepspeed, src)),
+        **options.spec_fields(),
+    )
+
+
+def _orchestrated(
+    args: argparse.Namespace, services: Services, spec: ProbeSpec, src: str | None, commit: str | None
+) -> tuple[ProbeSpec, Evaluate, Path]:
+    """The real evaluation: the matrix's defaults filled into `spec`, the engine, and the results
+    folder it records into (results/latest pointed at it when new)."""
+    matrix = load_matrix(args.matrix, services)
+    spec = replace(
+        spec,
+        env_id=spec.env_id or matrix.default_id,
+        label=spec.label or spec.env_id or matrix.default_id,
+    )
+    if commit:  # a commit of the cached clone: layered from its work tree, no wheel built
+        engine = (services.overlay or WorktreeLayer)(engine_for(args.engine, services), Path(src or "."))
+    else:
+        engine = engine_for(args.engine, services, src)
+    where = _folder(args)
+    folder, fresh = where.open(f"probe-{spec.env_id}", "probe.json")
+    # `make repro` cannot build a checkout: a source probe is reproduced by its own command.
+    again = spec.repro_command() if not src or commit else shlex.join(["python", "-m", "repro", *args.argv])
+    inv = where.invocation(folder, again)
+    if fresh:
+        point_latest(Path(args.results_root), folder)
+    evaluate: Evaluate = OrchestratedProbe(matrix, engine, inv, say=services.say)
+    if isinstance(engine, WorktreeLayer):  # a crash of a commit that does not import: unknown
+        evaluate = ImportChecked(evaluate, engine)
+    return spec, evaluate, folder
+
+
+def _write_probe(
+    folder: Path, what: Mapping[str, object], bad_if: str, verdict: ProbeVerdict, obs: Observation
+) -> None:
+    """OUT/probe.json: the probe's record, read by a parallel bisect and by `make report`."""
+    write_json_atomic(
+        str(folder / "probe.json"),
+        {
+            "kind": "probe",
+            **what,
+            "bad_if": bad_if,
+            "exit_code": EXIT_FOR[verdict],
+            "probes": [obs.as_dict(verdict)],
+        },
+    )

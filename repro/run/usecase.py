@@ -28,10 +28,11 @@ from repro.core.results import (
     point_latest,
 )
 from repro.core.verdict import FixCheck, check_fix
-from repro.engines.base import as_built
+from repro.engines.base import Engine, as_built
 from repro.engines.preflight import check_world_size
 from repro.run.orchestrate import (
     Request,
+    Step,
     describe,
     execute,
     plan,
@@ -89,42 +90,15 @@ def run_request(
     which tests replace)."""
     steps = plan(matrix or load_matrix(target.matrix), request)
     if target.dry_run:
-        from repro.engines.docker.buildplan import dry_run_text
-        from repro.engines.venv.engine import dry_run_text as venv_dry_run_text
-
-        console.result(describe(steps, "(dry run: no engine chosen)"))
-        for step in steps:
-            # README promises the build args and run flags too (ENGINE=docker's), and what a venv
-            # here would hold instead: its Python is the host's, and its pins are chosen for it.
-            console.result(dry_run_text(step.env))
-            console.result(venv_dry_run_text(step.env))
-            console.result(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
+        _print_dry_run(steps)
         return []
     engine = engine_for(target.engine)
-    for step in steps:  # missing devices / daemon / Python / too many ranks: before any folder exists
-        engine.preflight(step.env)
-        check_world_size(step.env, request.world_size)
-    # The venv engine's Python picks the pins (Env.for_python): the preamble and results.json say
-    # what the venv holds, not what the image would.
-    steps = [replace(step, env=as_built(engine, step.env)) for step in steps]
+    steps = _preflight(engine, steps, request.world_size)
     all_steps = steps
     resumed = _resumable(target)
     if resumed is not None:
         folder, made = resumed, False
-        invocation = InvocationDir.reopen(folder)
-        todo = unfinished_envs(invocation, steps)
-        for env_id in todo:  # the suite clears its unfinished runs there: never through a link
-            invocation.check_env_paths(env_id, "runs")
-        for env_id in todo:
-            invocation.forget_env(env_id)
-        # Only the unfinished envs are prepared again, and their suites rerun only the runs that
-        # did not finish; the env's records come back whole (kept + new) from its suite.
-        steps = [resume_step(s) for s in steps if s.env.id in todo]
-        kept = sorted({str(r.get("env")) for r in invocation.runs})
-        console.info(
-            f"resume: {folder}: finishing the unfinished runs of {', '.join(todo) or 'no env'}; "
-            f"{', '.join(kept) or 'no env'} finished before"
-        )
+        invocation, steps = _reopen(folder, steps)
     else:
         folder, made = open_invocation_dir(target.results_root, target.out, [s.env.id for s in steps])
         invocation = InvocationDir(folder, invocation_meta(list(target.argv), target.make_command))
@@ -134,16 +108,79 @@ def run_request(
         point_latest(target.results_root, folder)
     console.info(describe(steps, engine.describe()))
     console.info(f"results: {folder}")
+    runs = _execute(steps, engine, invocation, folder, made, target.results_root, previous_latest)
+    _print_summary(runs, folder)
+    _check_plan(invocation, all_steps, folder)
+    return runs
+
+
+def _print_dry_run(steps: list[Step]) -> None:
+    """DRY_RUN=1: print the plan and what each env would be built and run with; no engine chosen."""
+    from repro.engines.docker.buildplan import dry_run_text
+    from repro.engines.venv.engine import dry_run_text as venv_dry_run_text
+
+    console.result(describe(steps, "(dry run: no engine chosen)"))
+    for step in steps:
+        # README promises the build args and run flags too (ENGINE=docker's), and what a venv
+        # here would hold instead: its Python is the host's, and its pins are chosen for it.
+        console.result(dry_run_text(step.env))
+        console.result(venv_dry_run_text(step.env))
+        console.result(f"  {step.env.id}: python -m repro.workload.suite {' '.join(step.suite_args)}")
+
+
+def _preflight(engine: Engine, steps: list[Step], world_size: int | None) -> list[Step]:
+    """Refuse what this host cannot run before any folder exists; the steps' envs as `engine` builds them."""
+    for step in steps:  # missing devices / daemon / Python / too many ranks: before any folder exists
+        engine.preflight(step.env)
+        check_world_size(step.env, world_size)
+    # The venv engine's Python picks the pins (Env.for_python): the preamble and results.json say
+    # what the venv holds, not what the image would.
+    return [replace(step, env=as_built(engine, step.env)) for step in steps]
+
+
+def _reopen(folder: Path, steps: list[Step]) -> tuple[InvocationDir, list[Step]]:
+    """RESUME=1: reopen `folder`, forget its unfinished envs and keep only their steps, resumed."""
+    invocation = InvocationDir.reopen(folder)
+    todo = unfinished_envs(invocation, steps)
+    for env_id in todo:  # the suite clears its unfinished runs there: never through a link
+        invocation.check_env_paths(env_id, "runs")
+    for env_id in todo:
+        invocation.forget_env(env_id)
+    # Only the unfinished envs are prepared again, and their suites rerun only the runs that
+    # did not finish; the env's records come back whole (kept + new) from its suite.
+    resumed = [resume_step(s) for s in steps if s.env.id in todo]
+    kept = sorted({str(r.get("env")) for r in invocation.runs})
+    console.info(
+        f"resume: {folder}: finishing the unfinished runs of {', '.join(todo) or 'no env'}; "
+        f"{', '.join(kept) or 'no env'} finished before"
+    )
+    return invocation, resumed
+
+
+def _execute(
+    steps: list[Step],
+    engine: Engine,
+    invocation: InvocationDir,
+    folder: Path,
+    made: bool,
+    results_root: Path,
+    previous_latest: str | None,
+) -> list[RunRecord]:
+    """Run the steps; Ctrl-C shows what was recorded, a failure that recorded nothing removes the folder."""
     try:
-        runs = execute(steps, engine, invocation)
+        return execute(steps, engine, invocation)
     except Interrupted:
         console.result(render(invocation.runs, str(folder)))
         raise
     except BaseException:
         # Nothing ran (e.g. the build failed): no results folder, and latest stays where it was.
-        if not invocation.data["envs"] and discard_unused(folder, made, target.results_root, previous_latest):
+        if not invocation.data["envs"] and discard_unused(folder, made, results_root, previous_latest):
             console.result(f"nothing was recorded; removed {folder}")
         raise
+
+
+def _print_summary(runs: list[RunRecord], folder: Path) -> None:
+    """Print the summary of the finished runs; Ctrl-C here is an Interrupted with nothing to redo."""
     try:
         console.result("")
         console.result(render(runs, str(folder)))
@@ -156,6 +193,10 @@ def run_request(
             fix=f"nothing to redo: every run finished and is saved in {folder}; "
             f"`make report RESULTS={folder}` shows the verdict",
         ) from None
+
+
+def _check_plan(invocation: InvocationDir, all_steps: list[Step], folder: Path) -> None:
+    """SuiteFailedError when a suite did not run its whole plan (the verdict printed is incomplete)."""
     problems = suite_failures(invocation, all_steps)
     if problems:
         raise SuiteFailedError(
@@ -163,7 +204,6 @@ def run_request(
             why="; ".join(problems),
             fix=f"read the suite output in {folder}/<env>/ (the records that exist are kept)",
         )
-    return runs
 
 
 def _resumable(target: RunTarget) -> Path | None:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from repro.workload import collectives, hangwatch, stackfiles
 from repro.workload import record as rec
@@ -284,25 +284,13 @@ def launch(
     with open(log_path, "wb") as log:
         proc: Process | None = None
         if server is not None:
-            port = free_port()
-            env = dict(launch_env(spec), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            try:
-                proc = server.start(train_args(spec), env, spec.world_size, log_path)
+            proc, note = _start_prefork(spec, server, log_path)
+            if proc is not None:
                 launcher = "prefork"
-            except PreforkUnavailable as exc:
-                note = f"ran under torchrun: {exc}"
         if proc is None and stop is not None and stop.is_set():  # interrupted while prefork tried
             return LaunchResult("interrupted", None, time.monotonic() - start, {}, "", launcher, note)
         if proc is None:
-            # A new session makes torchrun and its ranks one process group we can signal as a whole.
-            proc = subprocess.Popen(
-                _command(spec, free_port()),
-                cwd=REPO_ROOT,
-                env=launch_env(spec),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            proc = _start_torchrun(spec, log)
 
         def ended(status: str | None, stacks: dict[str, str] | None = None, detail: str = "") -> LaunchResult:
             assert proc is not None
@@ -312,29 +300,10 @@ def launch(
 
         watch = hangwatch.HangWatch(spec.stall_s)
         try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                beat = _last_heartbeat(spec.run_dir, wall_start)
-                stalled = beat > wall_start and time.time() - beat > spec.stall_s
-                views = hangwatch.read_views(collectives_dir(spec.run_dir), alive)
-                found = watch.observe(now, views, beat if beat > wall_start else None)
-                if now - start > spec.timeout_s or stalled or found is not None:
-                    if found is not None:
-                        detail = found.reason
-                    elif stalled:
-                        detail = (
-                            f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
-                        )
-                    else:
-                        detail = f"exceeded the {spec.timeout_s:g} s time limit"
-                    stacks = _dump_stacks(spec.run_dir)
-                    _stop_group(proc, spec.run_dir)
-                    return ended("hung", stacks, detail)
-                if stop is not None and stop.is_set():
-                    raise KeyboardInterrupt
-                if progress is not None:
-                    progress(now - start)
-                wait_exit(proc, POLL_S)
+            hang = _watch(proc, spec, watch, start, wall_start, progress, stop)
+            if hang is not None:
+                stacks, detail = hang
+                return ended("hung", stacks, detail)
         except KeyboardInterrupt:
             _stop_group(proc, spec.run_dir)
             return ended("interrupted")
@@ -347,6 +316,68 @@ def launch(
         # short by the user, not crashed (we send those signals ourselves only on a hang, above).
         return ended("interrupted")
     return ended(None)
+
+
+def _start_prefork(spec: RunSpec, server: PreforkServer, log_path: str) -> tuple[Process | None, str]:
+    """Start the run through the pre-imported launcher; (None, why) when it cannot."""
+    port = free_port()
+    env = dict(launch_env(spec), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        return server.start(train_args(spec), env, spec.world_size, log_path), ""
+    except PreforkUnavailable as exc:
+        return None, f"ran under torchrun: {exc}"
+
+
+def _start_torchrun(spec: RunSpec, log: BinaryIO) -> Process:
+    """Start the run under torchrun, its output into `log`."""
+    # A new session makes torchrun and its ranks one process group we can signal as a whole.
+    return subprocess.Popen(
+        _command(spec, free_port()),
+        cwd=REPO_ROOT,
+        env=launch_env(spec),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _watch(
+    proc: Process,
+    spec: RunSpec,
+    watch: hangwatch.HangWatch,
+    start: float,
+    wall_start: float,
+    progress: Any,
+    stop: threading.Event | None,
+) -> tuple[dict[str, str], str] | None:
+    """Poll until the launcher exits (None) or the run hangs: then the ranks' stacks and why, the
+    group stopped. KeyboardInterrupt on Ctrl-C or when `stop` is set."""
+    while proc.poll() is None:
+        now = time.monotonic()
+        beat = _last_heartbeat(spec.run_dir, wall_start)
+        stalled = beat > wall_start and time.time() - beat > spec.stall_s
+        views = hangwatch.read_views(collectives_dir(spec.run_dir), alive)
+        found = watch.observe(now, views, beat if beat > wall_start else None)
+        if now - start > spec.timeout_s or stalled or found is not None:
+            detail = _hang_detail(spec, found, stalled, beat)
+            stacks = _dump_stacks(spec.run_dir)
+            _stop_group(proc, spec.run_dir)
+            return stacks, detail
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
+        if progress is not None:
+            progress(now - start)
+        wait_exit(proc, POLL_S)
+    return None
+
+
+def _hang_detail(spec: RunSpec, found: hangwatch.Hang | None, stalled: bool, beat: float) -> str:
+    """Why the run counts as hung: a proven deadlock, no progress, or the time limit."""
+    if found is not None:
+        return found.reason
+    if stalled:
+        return f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
+    return f"exceeded the {spec.timeout_s:g} s time limit"
 
 
 # A launcher killed by one of these (returncode -N), or exiting 128+N because its rank was (the

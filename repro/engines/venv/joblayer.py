@@ -96,84 +96,22 @@ def _build(
     wheelhouse: Path,
     offline: bool,
 ) -> JobLayer:
+    """Build the layer in a temporary folder next to `final` and swap it in; nothing half-built is kept."""
     started = time.monotonic()
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     env = _pip_env()
     try:
         console.step(f"venv: the job's packages as a layer over {base}: {deps.describe()}")
-        # The base's interpreter, not this tool's: the layer is the env (repro/engines/venv/layer_env.py).
-        _check(cmd.run(venv_argv(base, tmp), env=env), env_id, "creating the job layer")
-        py = str(tmp / "bin" / "python")
-        layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False, env=env)
-        base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False, env=env)
-        _check(layer_lib, env_id, "locating the layer's site-packages")
-        _check(base_lib, env_id, "locating the env's site-packages")
-        link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
-        wheelhouse.mkdir(parents=True, exist_ok=True)
-        for wheel in deps.wheels:  # the job's own wheels travel with the wheelhouse (bundles, offline)
-            shutil.copy2(wheel, wheelhouse / Path(wheel).name)
-        (tmp / CONSTRAINTS).write_text(jobdeps.constraints(base_pins))
-        (tmp / REQUIREMENTS).write_text(deps.requirements_text())
-        # The env's pip, run by the layer's interpreter, installs into the layer; GPUs hidden as
-        # for every install step (a package's setup.py may import torch).
-        argv = [
-            py,
-            "-m",
-            "pip",
-            "install",
-            *sources,
-            "-c",
-            str(tmp / CONSTRAINTS),
-            "-r",
-            str(tmp / REQUIREMENTS),
-        ]
-        # pip's output goes to the env's venv log (the layer's folder is removed on failure), shown in
-        # full when it fails; streamed only with VERBOSE=1.
-        log = final.parent.parent / "logs" / f"venv-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env_id)}-job.log"
-        with console.task(f"venv: installing the job's packages: {deps.describe()}", plain=False):
-            result, text = cmd.run_logged(
-                argv, log, "venv: installing the job's packages", env=env, extra_env=dict(HIDE_GPUS)
-            )
-        if not result.ok:
-            raise BuildError(
-                f"installing the job's packages over {env_id} failed (exit {result.returncode})",
-                why=_pip_cause(text),
-                fix="a requirement (or one of its dependencies) needs another version of a package the env "
-                "pins (listed in the constraints above), or is not on PyPI/in the wheelhouse; "
-                "pick versions contemporary with the env's torch; nothing was kept",
-            )
-        after = _freeze(Path(py), env_id, "the layer's packages")
-        changed = jobdeps.moved(base_pins, after)
-        if changed:  # cannot happen with the constraints; checked, because it is the promise
-            raise BuildError(
-                f"the job layer over {env_id} changed the env's packages", why="; ".join(changed)
-            )
-        added = jobdeps.new_packages(base_pins, after)
+        py = _make_layer_venv(base, tmp, env, env_id)
+        _stage_inputs(tmp, deps, base_pins, wheelhouse)
+        _install(py, tmp, final, deps, env_id, sources, env)
+        added = _layer_added(py, base_pins, env_id)
         if not offline and added:
             _to_wheelhouse(py, added, wheelhouse, env)
         carry_scripts(base, tmp)
         _relocate(tmp, final)
-        info = {
-            "base": str(base),
-            "base_pins": dict(base_pins),
-            "added": added,
-            "format": LAYER_FORMAT,
-            **deps.record(),
-        }
-        (tmp / JOB_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-        python = ".".join(_python_version(py, env_id).split(".")[:2])
-        marker = {
-            "env_id": env_id,
-            "pins": {},
-            "python": python,
-            "layered_on": {"venv": str(base), "job": deps.digest(), "pins": {}},
-        }
-        (tmp / VENV_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-        stale = final.with_name(f".{final.name}.stale")
-        if final.exists():
-            os.rename(final, stale)
-        os.rename(tmp, final)
-        shutil.rmtree(stale, ignore_errors=True)
+        _write_markers(tmp, py, base, base_pins, added, deps, env_id)
+        _swap_in(tmp, final)
         console.info(
             f"venv: job layer ready in {time.monotonic() - started:.0f} s: {final} "
             f"(added {', '.join(f'{k}=={v}' for k, v in added.items()) or 'nothing'})"
@@ -182,6 +120,114 @@ def _build(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _make_layer_venv(base: Path, tmp: Path, env: Mapping[str, str], env_id: str) -> str:
+    """Create the layer's venv in `tmp`, seeing the env's site-packages after its own; its Python."""
+    # The base's interpreter, not this tool's: the layer is the env (repro/engines/venv/layer_env.py).
+    _check(cmd.run(venv_argv(base, tmp), env=env), env_id, "creating the job layer")
+    py = str(tmp / "bin" / "python")
+    layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False, env=env)
+    base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False, env=env)
+    _check(layer_lib, env_id, "locating the layer's site-packages")
+    _check(base_lib, env_id, "locating the env's site-packages")
+    link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
+    return py
+
+
+def _stage_inputs(tmp: Path, deps: jobdeps.JobDeps, base_pins: Mapping[str, str], wheelhouse: Path) -> None:
+    """Copy the job's wheels into the wheelhouse and write pip's constraints and requirements."""
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    for wheel in deps.wheels:  # the job's own wheels travel with the wheelhouse (bundles, offline)
+        shutil.copy2(wheel, wheelhouse / Path(wheel).name)
+    (tmp / CONSTRAINTS).write_text(jobdeps.constraints(base_pins))
+    (tmp / REQUIREMENTS).write_text(deps.requirements_text())
+
+
+def _install(
+    py: str,
+    tmp: Path,
+    final: Path,
+    deps: jobdeps.JobDeps,
+    env_id: str,
+    sources: Sequence[str],
+    env: Mapping[str, str],
+) -> None:
+    """Install the job's packages into the layer under the env's pins; BuildError when pip fails."""
+    # The env's pip, run by the layer's interpreter, installs into the layer; GPUs hidden as
+    # for every install step (a package's setup.py may import torch).
+    argv = [
+        py,
+        "-m",
+        "pip",
+        "install",
+        *sources,
+        "-c",
+        str(tmp / CONSTRAINTS),
+        "-r",
+        str(tmp / REQUIREMENTS),
+    ]
+    # pip's output goes to the env's venv log (the layer's folder is removed on failure), shown in
+    # full when it fails; streamed only with VERBOSE=1.
+    log = final.parent.parent / "logs" / f"venv-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env_id)}-job.log"
+    with console.task(f"venv: installing the job's packages: {deps.describe()}", plain=False):
+        result, text = cmd.run_logged(
+            argv, log, "venv: installing the job's packages", env=env, extra_env=dict(HIDE_GPUS)
+        )
+    if not result.ok:
+        raise BuildError(
+            f"installing the job's packages over {env_id} failed (exit {result.returncode})",
+            why=_pip_cause(text),
+            fix="a requirement (or one of its dependencies) needs another version of a package the env "
+            "pins (listed in the constraints above), or is not on PyPI/in the wheelhouse; "
+            "pick versions contemporary with the env's torch; nothing was kept",
+        )
+
+
+def _layer_added(py: str, base_pins: Mapping[str, str], env_id: str) -> dict[str, str]:
+    """The packages the layer added; BuildError if it moved any of the env's."""
+    after = _freeze(Path(py), env_id, "the layer's packages")
+    changed = jobdeps.moved(base_pins, after)
+    if changed:  # cannot happen with the constraints; checked, because it is the promise
+        raise BuildError(f"the job layer over {env_id} changed the env's packages", why="; ".join(changed))
+    return jobdeps.new_packages(base_pins, after)
+
+
+def _write_markers(
+    tmp: Path,
+    py: str,
+    base: Path,
+    base_pins: Mapping[str, str],
+    added: dict[str, str],
+    deps: jobdeps.JobDeps,
+    env_id: str,
+) -> None:
+    """Write the job marker, then the venv engine's marker (with `layered_on`) that makes it finished."""
+    info = {
+        "base": str(base),
+        "base_pins": dict(base_pins),
+        "added": added,
+        "format": LAYER_FORMAT,
+        **deps.record(),
+    }
+    (tmp / JOB_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    python = ".".join(_python_version(py, env_id).split(".")[:2])
+    marker = {
+        "env_id": env_id,
+        "pins": {},
+        "python": python,
+        "layered_on": {"venv": str(base), "job": deps.digest(), "pins": {}},
+    }
+    (tmp / VENV_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    """Move the built layer to `final`, replacing (then removing) an older layer there."""
+    stale = final.with_name(f".{final.name}.stale")
+    if final.exists():
+        os.rename(final, stale)
+    os.rename(tmp, final)
+    shutil.rmtree(stale, ignore_errors=True)
 
 
 def layer_freeze(layer: Path) -> dict[str, str]:
