@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from repro.core import cmd
 from repro.core.errors import BuildError, UsageError
-from repro.engines.base import EngineKind, Prepared, SuiteRun
+from repro.engines.base import Delegating, EngineKind, Prepared
 from repro.engines.venv.layer import PURELIB, link_base
 from repro.engines.venv.layer_env import base_interpreter as interpreter_of
 from repro.engines.venv.layer_env import carry_scripts, venv_argv
@@ -41,10 +41,10 @@ class LayerVenv:
     base_site: str
 
 
-class DeepSpeedLayer:
-    """Venv-engine wrapper whose DeepSpeed comes from `src` rather than the env's release."""
+class DeepSpeedLayer(Delegating):
+    """Venv-engine wrapper whose DeepSpeed comes from `src` rather than the env's release
+    (subclasses give `describe` and `prepare`; every other step is the venv engine's)."""
 
-    kind = EngineKind.VENV
     suffix = "ds"  # the layer venv is `<base venv>+<suffix>-<digest of src>`
     failure_fix = ""  # what a failed build or import step means for the bisection
     echo = False  # print each step's command line (a long pip build shows it is under way)
@@ -63,21 +63,8 @@ class DeepSpeedLayer:
                 why="DeepSpeed from a checkout is layered over the env's cached venv",
                 fix="add ENGINE=venv (--engine venv)",
             )
-        self.inner, self.src, self.runner = inner, src.resolve(), runner
-
-    def describe(self) -> str:
-        raise NotImplementedError
-
-    def prepare(self, env: Env) -> Prepared:
-        raise NotImplementedError
-
-    def preflight(self, env: Env) -> None:
-        self.inner.preflight(env)
-
-    def run_suite(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
-    ) -> SuiteRun:
-        return self.inner.run_suite(prepared, args, out_dir, timeout_s)
+        super().__init__(inner)
+        self.src, self.runner = src.resolve(), runner
 
     def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
         """Refused: the layer's DeepSpeed would have to be installed again over the job's packages."""
@@ -85,18 +72,6 @@ class DeepSpeedLayer:
             "a job's packages (REQUIREMENTS=/PACKAGES=) cannot be added over a DeepSpeed checkout's layer",
             fix="install the packages into the env (a derived env in env_matrix/), or drop DS_SRC=",
         )
-
-    def run_job(
-        self,
-        prepared: Prepared,
-        args: Sequence[str],
-        out_dir: Path,
-        workdir: Path,
-        timeout_s: float | None,
-        *,
-        network: bool = False,
-    ) -> SuiteRun:
-        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, network=network)
 
     def out(self, argv: list[str], what: str, env_id: str, extra_env: Mapping[str, str] | None = None) -> str:
         """Run one build step; its stdout, or a BuildError that names the step."""

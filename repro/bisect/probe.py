@@ -26,7 +26,7 @@ from __future__ import annotations
 import enum
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,13 +38,13 @@ from repro.core.evidence import as_evidence
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
 from repro.core.runs import RunFinding, run_finding
+from repro.engines.base import Delegating
 from repro.run.orchestrate import Request, execute, plan
 from repro.workload.closed import assert_never
 from repro.workload.record import CUSTOM_SCENARIO, Outcome, RunRecord, Signature
 
 if TYPE_CHECKING:
-    from repro.engines.base import Engine, Prepared, SuiteRun
-    from repro.engines.jobdeps import JobDeps
+    from repro.engines.base import Engine, Prepared
     from repro.matrix.model import Env, Matrix
 
 # Errors that belong to one candidate, not to the host or the command line: the probe is unknown.
@@ -246,46 +246,19 @@ class ProbeSpec:
 Evaluate = Callable[[ProbeSpec], Observation]
 
 
-class _Watch:
+class _Watch(Delegating):
     """Wraps the engine to learn whether `prepare` reused a cached env (execute does not say)."""
 
     def __init__(self, inner: Engine) -> None:
-        self.inner = inner
-        self.kind = inner.kind
+        super().__init__(inner)
         self.reused: bool | None = None
         self.layered_on: str | None = None
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-    def preflight(self, env: Env) -> None:
-        self.inner.preflight(env)
 
     def prepare(self, env: Env) -> Prepared:
         prepared = self.inner.prepare(env)
         self.reused = prepared.reused
         self.layered_on = prepared.details.get("layered_on")
         return prepared
-
-    def run_suite(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
-    ) -> SuiteRun:
-        return self.inner.run_suite(prepared, args, out_dir, timeout_s)
-
-    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
-        return self.inner.prepare_job(env, prepared, deps)
-
-    def run_job(
-        self,
-        prepared: Prepared,
-        args: Sequence[str],
-        out_dir: Path,
-        workdir: Path,
-        timeout_s: float | None,
-        *,
-        network: bool = False,
-    ) -> SuiteRun:
-        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, network=network)
 
 
 class OrchestratedProbe:

@@ -106,6 +106,44 @@ class Engine(Protocol):
         ...
 
 
+class Delegating:
+    """An engine that wraps another and hands it every step it does not change (bisect's watch on
+    `prepare`, the DeepSpeed checkout layers): subclasses override what they add."""
+
+    def __init__(self, inner: Engine) -> None:
+        self.inner = inner
+        self.kind = inner.kind
+
+    def describe(self) -> str:
+        return self.inner.describe()
+
+    def preflight(self, env: Env) -> None:
+        self.inner.preflight(env)
+
+    def prepare(self, env: Env) -> Prepared:
+        return self.inner.prepare(env)
+
+    def run_suite(
+        self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
+    ) -> SuiteRun:
+        return self.inner.run_suite(prepared, args, out_dir, timeout_s)
+
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
+        return self.inner.prepare_job(env, prepared, deps)
+
+    def run_job(
+        self,
+        prepared: Prepared,
+        args: Sequence[str],
+        out_dir: Path,
+        workdir: Path,
+        timeout_s: float | None,
+        *,
+        network: bool = False,
+    ) -> SuiteRun:
+        return self.inner.run_job(prepared, args, out_dir, workdir, timeout_s, network=network)
+
+
 @runtime_checkable
 class ResolvesEnv(Protocol):
     """An engine whose environment may differ from the env's image (the venv engine: the host's
