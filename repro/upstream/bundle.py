@@ -306,25 +306,13 @@ def _remove_written(out: Path, existed: bool) -> None:
 def _make_bundle(
     request: BundleRequest, client: Any, scrubber: Scrubber, say: Callable[[str], None]
 ) -> BundleResult:
+    """The bundle's jobs in order: check the runs, scrub them, write every file, seal, archive."""
     out = paths.check_output_folder(request.out)
-    if out.exists() and any(out.iterdir()):
-        raise BundleError(
-            f"{out} already exists and is not empty",
-            why="bundles are never overwritten",
-            fix="remove it, or pass another OUT=",
-        )
+    _refuse_filled(out)
     if request.archive:
         check_archive_free(out)  # before the image is flattened and saved: that takes minutes
     data = load_results(request.results)
-    env, records = env_records(data, request.env_id)
-    if env.get("engine") != "docker" or not env.get("image_id"):
-        raise BundleError(
-            f"the runs of {request.env_id} in {request.results} did not run in a Docker image",
-            why=f"engine: {env.get('engine')}",
-            fix="rerun with ENGINE=docker, or leave RESULTS unset",
-        )
-    refuse_other_platform(request.env_id, str(env.get("platform") or "") or None, records)
-    suite_records = [r for r in records if r.get("scenario") != CUSTOM_SCENARIO]
+    env, records = _docker_records(request, data)
     custom_records = [r for r in records if r.get("scenario") == CUSTOM_SCENARIO]
     job, job_dir = job_block(request.env_id, custom_records) if custom_records else (None, None)
     pins = dict(env.get("pins") or {})
@@ -332,19 +320,7 @@ def _make_bundle(
     python = str(pins.get("python") or "3")
     out.mkdir(parents=True, exist_ok=True)
     say(f"bundle: {request.env_id} from {request.results} -> {out}")
-    # Where the bundle and its results live on this host says something about the host too.
-    # So do the paths the user passed on the command line (--results-root, --config, --out).
-    argv_paths = [a for a in data["invocation"].get("argv") or [] if isinstance(a, str) and a.startswith("/")]
-    # Each secret value of the recorded command lines (`--password 'a b'`, `-u user:pass`) is
-    # replaced in every file, wherever it appears and however it is quoted there.
-    scrubber = scrubber.with_paths(
-        {
-            "<bundle>": out.resolve(),
-            "<results>": Path(request.results).resolve(),
-            **({"<workdir>": job_dir} if job_dir is not None else {}),
-            **{f"<path{i}>": p for i, p in enumerate(argv_paths, 1)},
-        }
-    ).with_command_secrets(data)
+    scrubber = _bundle_scrubber(scrubber, out, request.results, job_dir, data)
 
     # From here on only scrubbed values: whatever is rendered from them (commands, the comment,
     # the README) is clean before it is quoted, shell-quoted or escaped, where a scrub of the
@@ -356,108 +332,24 @@ def _make_bundle(
     job = scrubber.data(job)
     invocation_command = scrubber.text(str(data["invocation"].get("command") or ""))
 
-    for skipped in copy_results(request.results, request.env_id, out / "results", scrubber, data):
-        say(f"bundle: not copied: {skipped} (it leads outside the results folder)")
-    from repro.report import build_report
-
-    # The report names the folder it was built from: the bundle's scrubber replaces it too.
-    build_report([out / "results"], out / "report", scrubber=scrubber)
-    name, text, note = patch_text(version)
-    if name:
-        (out / name).write_text(hand_out(text, scrubber, name))
-
-    job_notes: tuple[str, ...] = ()
-    if job is not None and job_dir is not None:
-        left_out = copy_workdir(job_dir, out / WORKDIR_DIR, scrubber)
-        if left_out is None:
-            job["workdir"] = WORKDIR_DIR
-        else:
-            say(f"bundle: {left_out}")
-            digest = str((custom_records[0].get("job") or {}).get("workdir_digest"))
-            job_notes = (
-                f"{left_out}; the maintainer must supply it: verify-bundle --workdir <folder> "
-                f"(the runs had workdir digest {digest})",
-            )
-
+    writer = _BundleWriter(request, out, scrubber, say)
+    writer.copy_runs(data)
+    patch = writer.write_patch(version)
+    job_notes = (
+        writer.copy_job_workdir(job, job_dir, custom_records)
+        if job is not None and job_dir is not None
+        else ()
+    )
     image = _write_image(request, client, str(raw_env["image_id"]), say)
     platform = str(raw_env.get("platform") or "cpu")  # decides device flags: as recorded
-    layout = replace(cluster.REPORTER if platform != "cpu" else cluster.CPU_TWIN, platform=platform)
-    scripts = cluster.render(layout, env_id=request.env_id, image_ref=image["ref"], image_file=IMAGE_FILE)
-    cluster.write(
-        [replace(s, text=hand_out(s.text, scrubber, f"cluster/{s.path}")) for s in scripts], out / "cluster"
+    writer.write_cluster(platform, image["ref"])
+    suite_args, commands = _commands(
+        request.env_id, out, platform, image["ref"], suite_records, job, invocation_command
     )
-
-    # The env's platform decides the device in the bundle's run too: no silent CPU fallback.
-    suite_args = (
-        [*suite_args_from_records(request.env_id, suite_records), "--device", platform]
-        if suite_records
-        else []
-    )
-    job_commands = (
-        {f"run_job_{p}": docker_job_command(platform, image["ref"], job, p) for p in job["patches"]}
-        if job is not None
-        else {}
-    )
-    run_command = (
-        docker_run_command(platform, image["ref"], suite_args)
-        if suite_args
-        else next(iter(job_commands.values()))
-    )
-    commands = {
-        **job_commands,
-        "load": f"docker load -i {IMAGE_FILE}",
-        "run": run_command,
-        # Run from a mics-repro checkout; BUNDLE= takes this folder or its .tar archive.
-        # A GPU bundle's container gets device access: the verifier must consent (README "Security").
-        "verify": make_line(
-            "verify-bundle",
-            [("BUNDLE", f"path/to/{out.name}.tar")]
-            + ([("ALLOW_PRIVILEGES", "1")] if platform != "cpu" else []),
-        ),
-        "reproduce_from_source": invocation_command or make_line("repro", [("ENV", request.env_id)]),
-    }
     expected = tuple(Expected.from_record(r) for r in records)
     refs = source_refs.find_refs(version, release_sources(version, client, str(raw_env["image_id"]), python))
-    comment = issue_comment.render_fitting(
-        issue_comment.IssueInput(
-            env_id=request.env_id,
-            env=scrubber.data({**env, "built_on": image.get("base")}),
-            records=records,
-            refs=refs,
-            patch_name=name,
-            patch_text=text,
-            ds_report=scrubber.text(artifact(request.results, raw_env, "ds_report")),
-            collect_env=scrubber.text(artifact(request.results, raw_env, "collect_env")),
-            reproduce=[commands["load"], "mkdir -p out", run_command],
-            results_command=commands["reproduce_from_source"],
-        )
-    )
-    (out / "ISSUE_COMMENT.md").write_text(hand_out(comment, scrubber, "ISSUE_COMMENT.md"))
-    heads = issue_comment.headlines([issue_comment.RunRow.from_record(r) for r in records])
-    versions: dict[str, Any] = next((r["versions"] for r in records if r.get("versions")), {})
-    readme = (
-        _templates()
-        .get_template("README.md.j2")
-        .render(
-            env_id=request.env_id,
-            platform=platform,
-            pins=pins,
-            image=image,
-            run_command=run_command,
-            platform_note=PLATFORM_NOTES.get(platform, ""),
-            expected=expected,
-            has_control=any(r.get("scenario") == "zero3" for r in records),
-            commands=commands,
-            answer=issue_comment.answer(heads, versions, records),
-            issue_url=issue_comment.ISSUE_URL,
-            patch_name=name,
-            patch_note=note,
-            tool_version=__version__,
-            results_command=commands["reproduce_from_source"],
-        )
-    )
-    (out / "README.md").write_text(hand_out(readme, scrubber, "README.md"))
-
+    writer.write_comment(env, raw_env, records, refs, patch, image, commands)
+    writer.write_readme(platform, pins, image, expected, records, commands, patch)
     manifest = Manifest(
         tool_version=__version__,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -472,16 +364,232 @@ def _make_bundle(
         commands=commands,
         expected=expected,
         notes=(f"suite time limit {suite_timeout(records):.0f} s",)
-        + ((f"no patch: {note}",) if note else ())
+        + ((f"no patch: {patch.note}",) if patch.note else ())
         + job_notes,
         job=job,
     )
-    manifest = _seal(out, manifest, scrubber)
-    say(f"bundle: wrote {out} ({len(manifest.files) + 1} files)")
-    tar = archive(out) if request.archive else None
-    if tar is not None:
-        say(f"bundle: wrote {tar} ({tar.stat().st_size / 1e9:.2f} GB)")
-    return BundleResult(out, tar, manifest)
+    return writer.finish(manifest)
+
+
+def _refuse_filled(out: Path) -> None:
+    """Bundles are never overwritten: OUT= must be new or empty."""
+    if out.exists() and any(out.iterdir()):
+        raise BundleError(
+            f"{out} already exists and is not empty",
+            why="bundles are never overwritten",
+            fix="remove it, or pass another OUT=",
+        )
+
+
+def _docker_records(request: BundleRequest, data: ResultsData) -> tuple[dict[str, Any], list[RunRecord]]:
+    """The env and its runs from the results: refused unless they ran in a Docker image, on its platform."""
+    env, records = env_records(data, request.env_id)
+    if env.get("engine") != "docker" or not env.get("image_id"):
+        raise BundleError(
+            f"the runs of {request.env_id} in {request.results} did not run in a Docker image",
+            why=f"engine: {env.get('engine')}",
+            fix="rerun with ENGINE=docker, or leave RESULTS unset",
+        )
+    refuse_other_platform(request.env_id, str(env.get("platform") or "") or None, records)
+    return env, records
+
+
+def _bundle_scrubber(
+    scrubber: Scrubber, out: Path, results: Path, job_dir: Path | None, data: ResultsData
+) -> Scrubber:
+    """`scrubber` that also replaces this host's paths of the bundle and the secrets of its command lines."""
+    # Where the bundle and its results live on this host says something about the host too.
+    # So do the paths the user passed on the command line (--results-root, --config, --out).
+    argv_paths = [a for a in data["invocation"].get("argv") or [] if isinstance(a, str) and a.startswith("/")]
+    # Each secret value of the recorded command lines (`--password 'a b'`, `-u user:pass`) is
+    # replaced in every file, wherever it appears and however it is quoted there.
+    return scrubber.with_paths(
+        {
+            "<bundle>": out.resolve(),
+            "<results>": Path(results).resolve(),
+            **({"<workdir>": job_dir} if job_dir is not None else {}),
+            **{f"<path{i}>": p for i, p in enumerate(argv_paths, 1)},
+        }
+    ).with_command_secrets(data)
+
+
+def _commands(
+    env_id: str,
+    out: Path,
+    platform: str,
+    image_ref: str,
+    suite_records: Sequence[RunRecord],
+    job: Mapping[str, Any] | None,
+    invocation_command: str,
+) -> tuple[list[str], dict[str, str]]:
+    """The suite's arguments and the manifest's commands (load, run, verify, reproduce, each job patch)."""
+    # The env's platform decides the device in the bundle's run too: no silent CPU fallback.
+    suite_args = (
+        [*suite_args_from_records(env_id, suite_records), "--device", platform] if suite_records else []
+    )
+    job_commands = (
+        {f"run_job_{p}": docker_job_command(platform, image_ref, job, p) for p in job["patches"]}
+        if job is not None
+        else {}
+    )
+    run_command = (
+        docker_run_command(platform, image_ref, suite_args)
+        if suite_args
+        else next(iter(job_commands.values()))
+    )
+    commands = {
+        **job_commands,
+        "load": f"docker load -i {IMAGE_FILE}",
+        "run": run_command,
+        # Run from a mics-repro checkout; BUNDLE= takes this folder or its .tar archive.
+        # A GPU bundle's container gets device access: the verifier must consent (README "Security").
+        "verify": make_line(
+            "verify-bundle",
+            [("BUNDLE", f"path/to/{out.name}.tar")]
+            + ([("ALLOW_PRIVILEGES", "1")] if platform != "cpu" else []),
+        ),
+        "reproduce_from_source": invocation_command or make_line("repro", [("ENV", env_id)]),
+    }
+    return suite_args, commands
+
+
+@dataclass(frozen=True)
+class _Patch:
+    """The patch the bundle ships: its file name and text, or no name and a note why there is none."""
+
+    name: str
+    text: str
+    note: str
+
+
+@dataclass(frozen=True)
+class _BundleWriter:
+    """Writes a bundle's files into `out`, each text through `scrubber`'s hand-out gate."""
+
+    request: BundleRequest
+    out: Path
+    scrubber: Scrubber
+    say: Callable[[str], None]
+
+    def put(self, name: str, text: str) -> None:
+        """One text file of the bundle, refused (LeakError) when a secret or host value survives."""
+        (self.out / name).write_text(hand_out(text, self.scrubber, name))
+
+    def copy_runs(self, data: ResultsData) -> None:
+        """The env's records and logs (scrubbed) into results/, and the report built from them."""
+        request, out = self.request, self.out
+        for skipped in copy_results(request.results, request.env_id, out / "results", self.scrubber, data):
+            self.say(f"bundle: not copied: {skipped} (it leads outside the results folder)")
+        from repro.report import build_report
+
+        # The report names the folder it was built from: the bundle's scrubber replaces it too.
+        build_report([out / "results"], out / "report", scrubber=self.scrubber)
+
+    def write_patch(self, version: str) -> _Patch:
+        """The release's patch file, when there is one (else the note why not)."""
+        patch = _Patch(*patch_text(version))
+        if patch.name:
+            self.put(patch.name, patch.text)
+        return patch
+
+    def copy_job_workdir(
+        self, job: dict[str, Any], job_dir: Path, custom_records: Sequence[RunRecord]
+    ) -> tuple[str, ...]:
+        """The custom command's folder into workdir/ (job's "workdir" set), else the notes on why not."""
+        left_out = copy_workdir(job_dir, self.out / WORKDIR_DIR, self.scrubber)
+        if left_out is None:
+            job["workdir"] = WORKDIR_DIR
+            return ()
+        self.say(f"bundle: {left_out}")
+        digest = str((custom_records[0].get("job") or {}).get("workdir_digest"))
+        return (
+            f"{left_out}; the maintainer must supply it: verify-bundle --workdir <folder> "
+            f"(the runs had workdir digest {digest})",
+        )
+
+    def write_cluster(self, platform: str, image_ref: str) -> None:
+        """cluster/: the Slurm + Apptainer and torchrun launchers of the env's layout."""
+        layout = replace(cluster.REPORTER if platform != "cpu" else cluster.CPU_TWIN, platform=platform)
+        scripts = cluster.render(
+            layout, env_id=self.request.env_id, image_ref=image_ref, image_file=IMAGE_FILE
+        )
+        cluster.write(
+            [replace(s, text=hand_out(s.text, self.scrubber, f"cluster/{s.path}")) for s in scripts],
+            self.out / "cluster",
+        )
+
+    def write_comment(
+        self,
+        env: Mapping[str, Any],
+        raw_env: Mapping[str, Any],
+        records: Sequence[RunRecord],
+        refs: source_refs.Refs,
+        patch: _Patch,
+        image: Mapping[str, Any],
+        commands: Mapping[str, str],
+    ) -> None:
+        """ISSUE_COMMENT.md, ready to paste into the upstream issue."""
+        results = self.request.results
+        comment = issue_comment.render_fitting(
+            issue_comment.IssueInput(
+                env_id=self.request.env_id,
+                env=self.scrubber.data({**env, "built_on": image.get("base")}),
+                records=records,
+                refs=refs,
+                patch_name=patch.name,
+                patch_text=patch.text,
+                ds_report=self.scrubber.text(artifact(results, raw_env, "ds_report")),
+                collect_env=self.scrubber.text(artifact(results, raw_env, "collect_env")),
+                reproduce=[commands["load"], "mkdir -p out", commands["run"]],
+                results_command=commands["reproduce_from_source"],
+            )
+        )
+        self.put("ISSUE_COMMENT.md", comment)
+
+    def write_readme(
+        self,
+        platform: str,
+        pins: Mapping[str, Any],
+        image: Mapping[str, Any],
+        expected: Sequence[Expected],
+        records: Sequence[RunRecord],
+        commands: Mapping[str, str],
+        patch: _Patch,
+    ) -> None:
+        """README.md: how to load and run the image, and what to expect."""
+        heads = issue_comment.headlines([issue_comment.RunRow.from_record(r) for r in records])
+        versions: dict[str, Any] = next((r["versions"] for r in records if r.get("versions")), {})
+        readme = (
+            _templates()
+            .get_template("README.md.j2")
+            .render(
+                env_id=self.request.env_id,
+                platform=platform,
+                pins=pins,
+                image=image,
+                run_command=commands["run"],
+                platform_note=PLATFORM_NOTES.get(platform, ""),
+                expected=expected,
+                has_control=any(r.get("scenario") == "zero3" for r in records),
+                commands=commands,
+                answer=issue_comment.answer(heads, versions, records),
+                issue_url=issue_comment.ISSUE_URL,
+                patch_name=patch.name,
+                patch_note=patch.note,
+                tool_version=__version__,
+                results_command=commands["reproduce_from_source"],
+            )
+        )
+        self.put("README.md", readme)
+
+    def finish(self, manifest: Manifest) -> BundleResult:
+        """Seal the folder (leak scan, hashes, manifest.json), then archive it when asked."""
+        manifest = _seal(self.out, manifest, self.scrubber)
+        self.say(f"bundle: wrote {self.out} ({len(manifest.files) + 1} files)")
+        tar = archive(self.out) if self.request.archive else None
+        if tar is not None:
+            self.say(f"bundle: wrote {tar} ({tar.stat().st_size / 1e9:.2f} GB)")
+        return BundleResult(self.out, tar, manifest)
 
 
 def _write_image(

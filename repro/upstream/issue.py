@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import jinja2
 
@@ -221,35 +221,11 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
     applied to the finished context (host paths are first turned into placeholders here)."""
     kind, data = _load(folder)
     runs = _runs(folder, kind, data)
-    commits = data.get("commits")
-    if isinstance(commits, list):  # a survey's: one commit bisect per change point, the first found
-        commits = next((c for c in commits if isinstance(c, dict) and c.get("status") == "found"), None)
-    commits = commits if isinstance(commits, dict) else None
-    commit_data = commits if commits and commits.get("kind") == "bisect" else None
-    if data.get("axis") == "deepspeed-commit":
-        commit_data = data
+    commit_data = _commit_bisect(data)
     axis = str(data.get("axis") or ("run" if kind == "run" else ""))
-    if kind == "run":
-        rows = _run_rows(runs)
-        # The bug's stock runs; else another failure of a MiCS run (the replica hang).
-        mics = [r for r in rows if ": zero3-" not in r.version]
-        bug = [r for r in mics if r.is_bug and "-fixed" not in r.version] or [
-            r for r in mics if r.finding is RunFinding.OTHER_FAILURE
-        ]
-        clean_rows = [r for r in rows if r.is_clean]
-        trans = facts.Transition(bad=bug[0] if bug else None, good=clean_rows[0] if clean_rows else None)
-    else:
-        rows = [facts.row_of(p, axis) for p in data.get("probes") or [] if isinstance(p, dict)]
-        trans = facts.transition(data, rows, [str(c) for c in data.get("candidates") or []])
-    if commit_data is not None and commit_data is not data:
-        rows += [facts.row_of(p, str(commit_data.get("axis"))) for p in commit_data.get("probes") or []]
-    if commit_data and commit_data.get("status") == "found":
-        trans = facts.transition(commit_data, rows, [])
+    rows, trans = _table(kind, data, axis, runs, commit_data)
     bad, good = trans.bad, trans.good
-    bad_run: dict[str, Any] = {}
-    if kind == "run" and bad is not None:
-        bad_run = next((r for r in runs if f"{r.get('env')}: {r.get('run_name')}" == bad.version), {})
-    record = bad_run or _record_of(folder, runs, bad, str(data.get("patch") or ""))
+    record = _bad_record(folder, kind, data, runs, bad)
     job = facts.job_facts(record)
     scenario = str(data.get("scenario") or record.get("scenario") or "")
     patch = str(data.get("patch") or record.get("patch") or "")
@@ -264,27 +240,14 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
     versions = {k: v for k, v in versions.items() if k in VERSION_KEYS and v}
     workdir = str((record.get("job") or {}).get("workdir") or "") or None
     invocation = as_dict(data.get("invocation"))
-    line = str(
-        data.get("repro_command")
-        or data.get("command")
-        or invocation.get("command")
-        or ((commit_data or {}).get("reproduce") or {}).get("make")
-        or ""
-    )
+    line = _recorded_line(data, invocation, commit_data)
     if kind != "run" and bad is not None and not data.get("repro_command") and not first_commit:
         line = facts.probe_line(line, axis, bad.version, scenario == CUSTOM_SCENARIO)
     line = facts.portable_line(line, workdir) if line else ""
-    twin = _fixed_twin(runs, record) if record else None
-    ds_version = versions.get("deepspeed") or (bad.version if bad and axis == "deepspeed" else None)
-    # No fixed run in the folder: the same line runs one (a probe runs one patch at a time).
-    tokens = line.split()
-    both = "PATCH=fixed" if "probe" in tokens else "PATCH=stock,fixed"
-    try_fix = " ".join(both if t == "PATCH=stock" else t for t in tokens) if "PATCH=stock" in tokens else ""
     container, steps = facts.bundle_steps(env, line, _engine_of(folder, kind, data, env) == "docker")
-    stacks = as_dict(record.get("stacks"))
     hung = bool(bad and bad.outcome == "hung")
-    groups = stack_groups({str(k): str(v) for k, v in stacks.items()}) if hung else []
-    next_steps = as_dict(data.get("next"))
+    stacks = {str(k): str(v) for k, v in as_dict(record.get("stacks")).items()}
+    groups = stack_groups(stacks) if hung else []
     ctx = {
         "kind": kind,
         "title": title,
@@ -302,16 +265,9 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
         "good_is_clean": bool(good and good.is_clean and not trans.both_bad),
         "links": [facts.ISSUE_URL] if bad and bad.illegal_work else [],
         "job": _plain(job),
-        # The fix is for the IllegalWork bug only (the replica hang is another; docs/background.md §2).
-        "fix": _fix(ds_version, twin, try_fix) if bad and bad.is_bug else None,
+        "fix": _fix_of(bad, record, runs, versions, axis, line),
         "versions": versions,
-        "first_release": {
-            "first_bad": data.get("first_bad"),
-            "last_good": data.get("last_good"),
-            "unknown_between": list(data.get("unknown_between") or []),
-        }
-        if kind == "bisect" and data.get("first_bad")
-        else None,
+        "first_release": _first_release(kind, data),
         "changes": [c for c in data.get("change_points") or [] if isinstance(c, dict)]
         if kind == "survey"
         else [],
@@ -319,25 +275,151 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
         "container": container,
         "bundle_steps": list(steps),
         "stacks": [{"ranks": list(g.ranks), "where": g.where, "stack": g.stack} for g in groups],
-        "adapter_note": facts.adapter_note({str(k): str(v) for k, v in stacks.items()}, groups)
-        if hung
-        else "",
+        "adapter_note": facts.adapter_note(stacks, groups) if hung else "",
         "rows": [_plain(r) for r in rows],
         "unfinished": bool(data.get("interrupted"))
         or data.get("status") == "in-progress"
         or bool(invocation.get("interrupted")),
-        # A bisect saves the narrowed range's line; a survey is run again (built envs are reused).
-        "resume": facts.portable_line(
-            str(data.get("resume_command") or (data.get("command") if kind == "survey" else "") or ""),
-            workdir,
-        ),
-        "next": {
-            "why": str(next_steps.get("why") or ""),
-            "lines": [facts.portable_line(str(x), workdir) for x in next_steps.get("lines") or []],
-        },
+        "resume": _resume_line(kind, data, workdir),
+        "next": _next_steps(data, workdir),
         "signature_note": str(data.get("signature_note") or ""),
     }
     return clean(ctx)  # type: ignore[no-any-return]
+
+
+def _commit_bisect(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The folder's commit bisect: the folder's own file, its `commits`, or a survey's first found one."""
+    if data.get("axis") == "deepspeed-commit":
+        return data
+    commits = data.get("commits")
+    if isinstance(commits, list):  # a survey's: one commit bisect per change point, the first found
+        commits = next((c for c in commits if isinstance(c, dict) and c.get("status") == "found"), None)
+    commits = commits if isinstance(commits, dict) else None
+    return commits if commits and commits.get("kind") == "bisect" else None
+
+
+def _table(
+    kind: str,
+    data: Mapping[str, Any],
+    axis: str,
+    runs: Sequence[Mapping[str, Any]],
+    commit_data: Mapping[str, Any] | None,
+) -> tuple[list[facts.Row], facts.Transition]:
+    """The table's rows (a commit bisect's after the folder's own) and the change that ISSUE.md reports."""
+    if kind == "run":
+        rows = _run_rows(runs)
+        trans = _run_transition(rows)
+    else:
+        rows = [facts.row_of(p, axis) for p in data.get("probes") or [] if isinstance(p, dict)]
+        trans = facts.transition(data, rows, [str(c) for c in data.get("candidates") or []])
+    if commit_data is not None and commit_data is not data:
+        rows += [facts.row_of(p, str(commit_data.get("axis"))) for p in commit_data.get("probes") or []]
+    if commit_data and commit_data.get("status") == "found":
+        trans = facts.transition(commit_data, rows, [])
+    return rows, trans
+
+
+def _run_transition(rows: Sequence[facts.Row]) -> facts.Transition:
+    """A run folder's change: its first bug run (bad) against its first clean run (good)."""
+    # The bug's stock runs; else another failure of a MiCS run (the replica hang).
+    mics = [r for r in rows if ": zero3-" not in r.version]
+    bug = [r for r in mics if r.is_bug and "-fixed" not in r.version] or [
+        r for r in mics if r.finding is RunFinding.OTHER_FAILURE
+    ]
+    clean_rows = [r for r in rows if r.is_clean]
+    return facts.Transition(bad=bug[0] if bug else None, good=clean_rows[0] if clean_rows else None)
+
+
+def _bad_record(
+    folder: Path, kind: str, data: Mapping[str, Any], runs: Sequence[dict[str, Any]], bad: facts.Row | None
+) -> dict[str, Any]:
+    """The record of the bad row's run: a run folder's own record of it, else the probe's."""
+    bad_run: dict[str, Any] = {}
+    if kind == "run" and bad is not None:
+        bad_run = next((r for r in runs if f"{r.get('env')}: {r.get('run_name')}" == bad.version), {})
+    return bad_run or _record_of(folder, runs, bad, str(data.get("patch") or ""))
+
+
+def _recorded_line(
+    data: Mapping[str, Any], invocation: Mapping[str, Any], commit_data: Mapping[str, Any] | None
+) -> str:
+    """The command line the folder recorded that made it (its own, or its commit bisect's)."""
+    return str(
+        data.get("repro_command")
+        or data.get("command")
+        or invocation.get("command")
+        or ((commit_data or {}).get("reproduce") or {}).get("make")
+        or ""
+    )
+
+
+def _fix_of(
+    bad: facts.Row | None,
+    record: Mapping[str, Any],
+    runs: Sequence[Mapping[str, Any]],
+    versions: Mapping[str, Any],
+    axis: str,
+    line: str,
+) -> dict[str, Any] | None:
+    """The fix's section: what the lab's fixed run showed, else the line that runs one."""
+    # The fix is for the IllegalWork bug only (the replica hang is another; docs/background.md §2).
+    if not (bad and bad.is_bug):
+        return None
+    twin = _fixed_twin(runs, record) if record else None
+    ds_version = versions.get("deepspeed") or (bad.version if axis == "deepspeed" else None)
+    return _fix(ds_version, twin, _try_fix(line))
+
+
+def _try_fix(line: str) -> str:
+    """The reproduce line with the fixed patch added ("" when it names no PATCH=stock)."""
+    # No fixed run in the folder: the same line runs one (a probe runs one patch at a time).
+    tokens = line.split()
+    both = "PATCH=fixed" if "probe" in tokens else "PATCH=stock,fixed"
+    return " ".join(both if t == "PATCH=stock" else t for t in tokens) if "PATCH=stock" in tokens else ""
+
+
+class _FirstRelease(TypedDict):
+    """A release bisect's answer, as the walk's file says it."""
+
+    first_bad: Any
+    last_good: Any
+    unknown_between: list[Any]
+
+
+class _NextSteps(TypedDict):
+    """What the walk suggests running next, and why."""
+
+    why: str
+    lines: list[str]
+
+
+def _first_release(kind: str, data: Mapping[str, Any]) -> _FirstRelease | None:
+    """A release bisect's answer: the first bad release, the last good one, the unknowns between."""
+    if kind != "bisect" or not data.get("first_bad"):
+        return None
+    return {
+        "first_bad": data.get("first_bad"),
+        "last_good": data.get("last_good"),
+        "unknown_between": list(data.get("unknown_between") or []),
+    }
+
+
+def _resume_line(kind: str, data: Mapping[str, Any], workdir: str | None) -> str:
+    """The line that finishes an unfinished walk."""
+    # A bisect saves the narrowed range's line; a survey is run again (built envs are reused).
+    return facts.portable_line(
+        str(data.get("resume_command") or (data.get("command") if kind == "survey" else "") or ""),
+        workdir,
+    )
+
+
+def _next_steps(data: Mapping[str, Any], workdir: str | None) -> _NextSteps:
+    """What the walk suggests running next, and why."""
+    next_steps = as_dict(data.get("next"))
+    return {
+        "why": str(next_steps.get("why") or ""),
+        "lines": [facts.portable_line(str(x), workdir) for x in next_steps.get("lines") or []],
+    }
 
 
 def _plain(value: Any) -> Any:

@@ -198,64 +198,88 @@ class AffectedRange:
 
         for column in self.columns:
             for patch in ("stock", "fixed"):
-                missing = []
-                for row in rows:
-                    if patch == "fixed" and not _ran(row["cells"].get(column.torch, {}).get("stock")):
-                        continue  # the release did not run MiCS on this torch: the fix has nothing to show
-                    hit = cache.get(cell_key(column, row["deepspeed"], patch))
-                    if hit is None:
-                        missing.append(row["deepspeed"])
-                    else:
-                        row["cells"].setdefault(column.torch, {})[patch] = hit
-                        data["probes_cached"] += 1
-                if missing:
-                    console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
-                    where = _new_folder(folder / f"torch{column.torch}-{patch}")
-                    if len(missing) == 1:  # a survey needs two ends: one release is a probe
-                        call = ProbeCall(
-                            column.env,
-                            column.torch,
-                            "",
-                            SCENARIO,
-                            "async",
-                            where,
-                            patch=patch,
-                            deepspeed=missing[0],
-                        )
-                        found = {missing[0]: dict(self.probe(call, self.ds_repo))}
-                    else:
-                        surveyed = self.survey(column, patch, missing, where, self.parallel)
-                        found = {p.get("version"): p for p in surveyed}
-                    for row in rows:
-                        if row["deepspeed"] in missing and row["deepspeed"] in found:
-                            result = found[row["deepspeed"]]
-                            cache.put(cell_key(column, row["deepspeed"], patch), result)
-                            row["cells"].setdefault(column.torch, {})[patch] = result
-                            data["probes_run"] += 1
+                cached, ran = self._release_cells(column, patch, rows, cache, folder)
+                data["probes_cached"] += cached
+                data["probes_run"] += ran
                 save()
             for side, sha in (("stock", self.pr["ref_sha"]), ("fixed", self.pr["commit"])):
-                probe: dict[str, Any] | None = self._seeded(column, sha) or cache.get(
-                    cell_key(column, sha, "stock")
-                )
-                if probe is None:
-                    call = ProbeCall(
-                        column.env,
-                        column.torch,
-                        sha,
-                        SCENARIO,
-                        "async",
-                        _new_folder(folder / f"torch{column.torch}-ref-{side}"),
-                    )
-                    probe = dict(self.probe(call, self.ds_repo))
-                    cache.put(cell_key(column, sha, "stock"), probe)
-                    data["probes_run"] += 1
-                else:
-                    data["probes_cached"] += 1
+                probe, was_cached = self._ref_probe(column, side, sha, cache, folder)
+                data["probes_cached" if was_cached else "probes_run"] += 1
                 ref_row["cells"].setdefault(column.torch, {})[side] = probe
             save()
         data["complete"] = True
         save()
         return data
+
+    def _release_cells(
+        self,
+        column: Column,
+        patch: str,
+        rows: Sequence[dict[str, Any]],
+        cache: CellCache,
+        folder: Path,
+    ) -> tuple[int, int]:
+        """One torch's release cells of `patch`, from the cache or probed: (cells cached, cells probed)."""
+        cached = ran = 0
+        missing: list[str] = []
+        for row in rows:
+            if patch == "fixed" and not _ran(row["cells"].get(column.torch, {}).get("stock")):
+                continue  # the release did not run MiCS on this torch: the fix has nothing to show
+            hit = cache.get(cell_key(column, row["deepspeed"], patch))
+            if hit is None:
+                missing.append(row["deepspeed"])
+            else:
+                row["cells"].setdefault(column.torch, {})[patch] = hit
+                cached += 1
+        if missing:
+            found = self._probe_releases(column, patch, missing, folder)
+            for row in rows:
+                if row["deepspeed"] in missing and row["deepspeed"] in found:
+                    result = found[row["deepspeed"]]
+                    cache.put(cell_key(column, row["deepspeed"], patch), result)
+                    row["cells"].setdefault(column.torch, {})[patch] = result
+                    ran += 1
+        return cached, ran
+
+    def _probe_releases(
+        self, column: Column, patch: str, missing: Sequence[str], folder: Path
+    ) -> dict[str | None, dict[str, Any]]:
+        """The probes of the releases not cached, by version: one probe, or a survey of several."""
+        console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
+        where = _new_folder(folder / f"torch{column.torch}-{patch}")
+        if len(missing) == 1:  # a survey needs two ends: one release is a probe
+            call = ProbeCall(
+                column.env,
+                column.torch,
+                "",
+                SCENARIO,
+                "async",
+                where,
+                patch=patch,
+                deepspeed=missing[0],
+            )
+            return {missing[0]: dict(self.probe(call, self.ds_repo))}
+        surveyed = self.survey(column, patch, missing, where, self.parallel)
+        return {p.get("version"): p for p in surveyed}
+
+    def _ref_probe(
+        self, column: Column, side: str, sha: str, cache: CellCache, folder: Path
+    ) -> tuple[dict[str, Any], bool]:
+        """REF's (stock) or the branch's (fixed) probe on one torch, and whether it was seeded or cached."""
+        probe: dict[str, Any] | None = self._seeded(column, sha) or cache.get(cell_key(column, sha, "stock"))
+        if probe is not None:
+            return probe, True
+        call = ProbeCall(
+            column.env,
+            column.torch,
+            sha,
+            SCENARIO,
+            "async",
+            _new_folder(folder / f"torch{column.torch}-ref-{side}"),
+        )
+        probe = dict(self.probe(call, self.ds_repo))
+        cache.put(cell_key(column, sha, "stock"), probe)
+        return probe, False
 
     def _seeded(self, column: Column, sha: str) -> dict[str, Any] | None:
         """REF's or the branch's flat MiCS probe on this torch from verify.json, if it ran there."""

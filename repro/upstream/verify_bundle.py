@@ -31,7 +31,7 @@ from repro.core.makeline import make_line
 from repro.core.paths import confined
 from repro.core.printable import printable
 from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir
-from repro.engines.base import EngineKind, Prepared
+from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.engines.gpu_host import GpuHost
 from repro.engines.preflight import DockerFacts, check_cuda, check_rocm
 from repro.run.job import JobRequest, build_records, job_args, read_raw, workdir_digest
@@ -343,30 +343,10 @@ def verify(
         check_privileges(platform, allow_privileges, host or GpuHost(), lambda: docker_client().info())
         for line in plan_lines(manifest, results_root):
             say(line)
-        image_path = folder / str(manifest.image["file"])
         image_id = str(manifest.image["id"])
-        if reuse_image and _has_image(docker_client(), image_id):
-            # An image id is the digest of its config, which names every layer's digest: the same
-            # id is the same image. The tarball's own hash was checked above with every file.
-            say(f"verify: Docker already has {image_id[:19]} (REUSE_IMAGE=1): {image_path.name} not loaded")
-            loaded = [image_id]
-        else:
-            say(f"verify: loading {image_path.name} ({image_path.stat().st_size / 1e9:.2f} GB) into Docker")
-            started = time.monotonic()
-            loaded = bundle_image.load(docker_client(), image_path)
-            say(f"verify: loaded in {time.monotonic() - started:.0f} s")
-        if image_id not in loaded:
-            raise BundleError(
-                "the loaded image is not the one the manifest names",
-                why=f"manifest: {image_id}; loaded: {', '.join(loaded) or 'nothing'}",
-                fix="make the bundle again",
-            )
-        out_root = new_invocation_dir(results_root, [f"verify-{env_id}"])
-        if confined(out_root, env_id) is None:  # the manifest check refuses such ids; never trust one
-            raise BundleError(f"env id {env_id!r} would leave the results folder {out_root}")
-        meta = invocation_meta(list(argv), make_line("verify-bundle", [("BUNDLE", bundle)]))
-        invocation = InvocationDir(out_root, meta)
-        invocation.save()
+        _load_image(docker_client, folder / str(manifest.image["file"]), image_id, reuse_image, say)
+        invocation = _new_invocation(results_root, env_id, argv, bundle)
+        out_root = invocation.folder
         client_now = docker_client()
         engine = engine_factory(client_now) if engine_factory else _docker_engine(client_now)
         prepared = Prepared(
@@ -378,32 +358,84 @@ def verify(
             {"platform": platform, "image_id": image_id},
         )
         say(f"verify: running the reproduction in {manifest.image['ref']} with networking off -> {out_root}")
-        runs: list[Any] = []
-        artifacts: dict[str, str] = {}
-        suite = None
-        if manifest.suite_args:
-            suite = engine.run_suite(
-                prepared, list(manifest.suite_args), invocation.env_dir(env_id), suite_timeout(manifest)
-            )
-            runs, artifacts = _suite_output(invocation.env_dir(env_id) / "suite.json", env_id)
-        if manifest.job is not None and job_dir is not None:
-            runs += run_job(engine, prepared, manifest.job, job_dir, invocation, platform, say)
-        invocation.add_env(
-            env_id,
-            {
-                "platform": platform,
-                "engine": "docker",
-                "image_id": image_id,
-                "pins": manifest.env.get("pins"),
-                "derived_from": manifest.env.get("derived_from"),
-                "artifacts": artifacts,
-                "suite_exit_code": suite.exit_code if suite else None,
-                "suite_timed_out": suite.timed_out if suite else False,
-            },
-        )
+        runs, artifacts, suite = _rerun(engine, prepared, manifest, job_dir, invocation, platform, say)
+        invocation.add_env(env_id, _env_info(manifest, platform, image_id, artifacts, suite))
         invocation.add_runs(env_id, runs)
         invocation.finish()
         return VerifyResult(out_root, image_id, compare(manifest.expected, invocation.runs))
+
+
+def _load_image(
+    docker_client: Callable[[], Any], image_path: Path, image_id: str, reuse: bool, say: Callable[[str], None]
+) -> None:
+    """The bundle's image into Docker (or Docker's copy, REUSE_IMAGE=1); refused if not the manifest's."""
+    if reuse and _has_image(docker_client(), image_id):
+        # An image id is the digest of its config, which names every layer's digest: the same
+        # id is the same image. The tarball's own hash was checked before, with every file.
+        say(f"verify: Docker already has {image_id[:19]} (REUSE_IMAGE=1): {image_path.name} not loaded")
+        loaded = [image_id]
+    else:
+        say(f"verify: loading {image_path.name} ({image_path.stat().st_size / 1e9:.2f} GB) into Docker")
+        started = time.monotonic()
+        loaded = bundle_image.load(docker_client(), image_path)
+        say(f"verify: loaded in {time.monotonic() - started:.0f} s")
+    if image_id not in loaded:
+        raise BundleError(
+            "the loaded image is not the one the manifest names",
+            why=f"manifest: {image_id}; loaded: {', '.join(loaded) or 'nothing'}",
+            fix="make the bundle again",
+        )
+
+
+def _new_invocation(results_root: Path, env_id: str, argv: Sequence[str], bundle: Path) -> InvocationDir:
+    """The verification's own results folder, its invocation saved before anything runs."""
+    out_root = new_invocation_dir(results_root, [f"verify-{env_id}"])
+    if confined(out_root, env_id) is None:  # the manifest check refuses such ids; never trust one
+        raise BundleError(f"env id {env_id!r} would leave the results folder {out_root}")
+    meta = invocation_meta(list(argv), make_line("verify-bundle", [("BUNDLE", bundle)]))
+    invocation = InvocationDir(out_root, meta)
+    invocation.save()
+    return invocation
+
+
+def _rerun(
+    engine: Any,
+    prepared: Prepared,
+    manifest: Manifest,
+    job_dir: Path | None,
+    invocation: InvocationDir,
+    platform: str,
+    say: Callable[[str], None],
+) -> tuple[list[Any], dict[str, str], SuiteRun | None]:
+    """The bundle's suite and its custom command in the image: (records, artifacts, the suite's run)."""
+    env_id = prepared.env_id
+    runs: list[Any] = []
+    artifacts: dict[str, str] = {}
+    suite = None
+    if manifest.suite_args:
+        suite = engine.run_suite(
+            prepared, list(manifest.suite_args), invocation.env_dir(env_id), suite_timeout(manifest)
+        )
+        runs, artifacts = _suite_output(invocation.env_dir(env_id) / "suite.json", env_id)
+    if manifest.job is not None and job_dir is not None:
+        runs += run_job(engine, prepared, manifest.job, job_dir, invocation, platform, say)
+    return runs, artifacts, suite
+
+
+def _env_info(
+    manifest: Manifest, platform: str, image_id: str, artifacts: Mapping[str, str], suite: SuiteRun | None
+) -> dict[str, Any]:
+    """The verification's entry for the env in results.json: the bundle's image and how the suite ended."""
+    return {
+        "platform": platform,
+        "engine": "docker",
+        "image_id": image_id,
+        "pins": manifest.env.get("pins"),
+        "derived_from": manifest.env.get("derived_from"),
+        "artifacts": artifacts,
+        "suite_exit_code": suite.exit_code if suite else None,
+        "suite_timed_out": suite.timed_out if suite else False,
+    }
 
 
 def _has_image(client: Any, image_id: str) -> bool:
