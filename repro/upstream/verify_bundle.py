@@ -31,7 +31,7 @@ from repro.core.makeline import make_line
 from repro.core.paths import confined
 from repro.core.printable import printable
 from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir
-from repro.engines.base import EngineKind, Prepared, SuiteRun
+from repro.engines.base import Engine, EngineKind, Prepared, SuiteRun
 from repro.engines.gpu_host import GpuHost
 from repro.engines.preflight import DockerFacts, check_cuda, check_rocm
 from repro.run.job import JobRequest, build_records, job_args, read_raw, workdir_digest
@@ -248,7 +248,7 @@ def job_workdir(folder: Path, manifest: Manifest, supplied: Path | None, scratch
 
 
 def run_job(
-    engine: Any,
+    engine: Engine,
     prepared: Prepared,
     job: Mapping[str, Any],
     workdir: Path,
@@ -311,7 +311,7 @@ def verify(
     results_root: Path,
     *,
     argv: Sequence[str] = (),
-    engine_factory: Callable[[Any], Any] | None = None,
+    engine_factory: Callable[[Any], Engine] | None = None,
     say: Callable[[str], None] = console.result,
     connect: Callable[[], Any] | None = None,
     allow_privileges: bool = False,
@@ -399,7 +399,7 @@ def _new_invocation(results_root: Path, env_id: str, argv: Sequence[str], bundle
 
 
 def _rerun(
-    engine: Any,
+    engine: Engine,
     prepared: Prepared,
     manifest: Manifest,
     job_dir: Path | None,
@@ -445,7 +445,7 @@ def _has_image(client: Any, image_id: str) -> bool:
         return False
 
 
-def _docker_engine(client: Any) -> Any:
+def _docker_engine(client: Any) -> Engine:
     from repro.engines.docker.engine import DockerEngine
 
     return DockerEngine(client)
