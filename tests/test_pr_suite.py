@@ -70,6 +70,50 @@ def test_the_module_level_skip_is_removed_and_named() -> None:
     assert pr_suite.remove_module_skip(text) == (text, None)
 
 
+# The shapes that matter, written for these tests: a helper whose data dtype defaults to
+# preferred_dtype() (DeepSpeed #5206 on) or to `fp16=True` (before), and an fp16 test calling it.
+HELPER_PREFERRED = """def checkpoint_correctness_verification(config_dict, models, hidden_dim, tmpdir,
+                                        load_module_only=False, dtype=None):
+    if dtype is None:
+        dtype = preferred_dtype()
+"""
+HELPER_FP16_FLAG = """def checkpoint_correctness_verification(config_dict, models, hidden_dim, tmpdir,
+                                        fp16=True):
+    dtype = torch.half if fp16 else torch.float32
+"""
+FP16_TEST = """import deepspeed
+
+from unit.checkpoint.common import *
+
+CONFIG = {"fp16": {"enabled": True, "initial_scale_power": 8}}
+
+
+def test_a(tmpdir):
+    checkpoint_correctness_verification(CONFIG, [], 10, tmpdir,
+                                        load_module_only=True)
+
+
+def test_b(tmpdir):
+    checkpoint_correctness_verification(CONFIG, [], 10, tmpdir, dtype=torch.bfloat16)
+"""
+
+
+def test_the_fp16_tests_data_follows_its_config_where_the_helper_would_pick_bf16() -> None:
+    import ast
+
+    text, count = pr_suite.align_data_dtype(FP16_TEST, HELPER_PREFERRED)
+    assert count == 1 and "import deepspeed\nimport torch\n" in text
+    calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)]
+    dtypes = [ast.unparse(k.value) for c in calls for k in c.keywords if k.arg == "dtype"]
+    assert dtypes == ["torch.float16", "torch.bfloat16"]  # a dtype the test gives is its own
+    # Left alone: a helper that follows `fp16=True`, a test that does not train in fp16.
+    assert pr_suite.align_data_dtype(FP16_TEST, HELPER_FP16_FLAG) == (FP16_TEST, 0)
+    fp32 = FP16_TEST.replace('"enabled": True', '"enabled": False')
+    assert pr_suite.align_data_dtype(fp32, HELPER_PREFERRED) == (fp32, 0)
+    assert pr_suite.defaults_to_preferred_dtype(HELPER_PREFERRED)
+    assert not pr_suite.defaults_to_preferred_dtype("def checkpoint_correctness_verification(:\n")
+
+
 def test_flags_and_pins_come_from_ref() -> None:
     flags, source = pr_suite.pytest_flags(WORKFLOW)
     assert flags == ("--forked", "-n", "4") and "at REF" in source

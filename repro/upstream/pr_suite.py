@@ -26,6 +26,7 @@ session's tests are then read from pytest's verbose lines, the hung one as "unfi
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import re
@@ -105,6 +106,59 @@ def remove_module_skip(text: str) -> tuple[str, str | None]:
             removed = guard + skip
             return "".join(lines[:i] + lines[i + 2 :]), removed.rstrip("\n")
     return text, None
+
+
+CHECKPOINT_HELPER = "checkpoint_correctness_verification"
+CHECKPOINT_COMMON = "tests/unit/checkpoint/common.py"
+FP16_CONFIG = re.compile(r'"fp16"\s*:\s*\{\s*"enabled"\s*:\s*True')
+
+
+def defaults_to_preferred_dtype(common: str) -> bool:
+    """Whether the harness's checkpoint helper takes its data's dtype from `preferred_dtype()`
+    when none is given (DeepSpeed #5206 on; before, `fp16=True` meant half data)."""
+    try:
+        tree = ast.parse(common)
+    except SyntaxError:
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == CHECKPOINT_HELPER:
+            params = [a.arg for a in node.args.args + node.args.kwonlyargs]
+            return "dtype" in params and "preferred_dtype()" in ast.unparse(node)
+    return False
+
+
+def align_data_dtype(test: str, common: str) -> tuple[str, int]:
+    """`test_mics_optimizer.py` with `dtype=torch.float16` given to each checkpoint helper call
+    that gives none, and how many calls changed (0: the text unchanged).
+
+    Why: its config trains in fp16, but since #5206 the helper's data is `preferred_dtype()`,
+    bf16 wherever bf16 is supported (every CPU, most GPUs), so the un-skipped test fails on
+    `mat1 and mat2 must have the same dtype` before MiCS is exercised. Only where the helper has
+    that default (`defaults_to_preferred_dtype`) and the test's config enables fp16."""
+    if not defaults_to_preferred_dtype(common) or not re.search(
+        r'"fp16"\s*:\s*\{\s*"enabled"\s*:\s*True', test
+    ):
+        return test, 0
+    try:
+        tree = ast.parse(test)
+    except SyntaxError:
+        return test, 0
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == CHECKPOINT_HELPER
+        and not any(k.arg == "dtype" for k in node.keywords)
+    ]
+    lines = test.splitlines(keepends=True)
+    for call in sorted(calls, key=lambda c: (c.end_lineno or 0, c.end_col_offset or 0), reverse=True):
+        row, col = (call.end_lineno or 1) - 1, (call.end_col_offset or 1) - 1  # the closing paren
+        lines[row] = lines[row][:col] + ", dtype=torch.float16" + lines[row][col:]
+    text = "".join(lines)
+    if calls and not re.search(r"^import torch$", text, re.MULTILINE):
+        text = re.sub(r"^(import deepspeed\n)", r"\1import torch\n", text, count=1, flags=re.MULTILINE)
+    return text, len(calls)
 
 
 def pytest_flags(workflow: str | None) -> tuple[tuple[str, ...], str]:
@@ -345,21 +399,32 @@ class UpstreamSuite:
             shutil.copyfile(test, ref / str(pr_fix.TEST_REL))
             edits.append(f"the branch's `{pr_fix.TEST_REL}` copied into REF's tree")
         unskipped: dict[str, str] = {}
+        aligned: dict[str, int] = {}
         for side, tree in (("ref", ref), ("branch", branch)):
             path = tree / OPTIMIZER_TEST
             text, removed = remove_module_skip(path.read_text()) if path.is_file() else ("", None)
             if removed:
-                path.write_text(text)
                 unskipped[side] = " ".join(removed.split())
+                common = tree / CHECKPOINT_COMMON
+                text, aligned[side] = align_data_dtype(text, common.read_text() if common.is_file() else "")
+                path.write_text(text)
         for removed in sorted(set(unskipped.values())):
             sides = " and ".join(s for s in SIDES if unskipped.get(s) == removed)
             edits.append(f"`{OPTIMIZER_TEST}` without its module-level skip at {sides} (`{removed}`)")
+        for count in sorted({n for n in aligned.values() if n}):
+            sides = " and ".join(s for s in SIDES if aligned.get(s) == count)
+            edits.append(
+                f"`{OPTIMIZER_TEST}` at {sides}: `dtype=torch.float16` given to its {count} "
+                f"`{CHECKPOINT_HELPER}` calls, as its config's fp16 says (`{CHECKPOINT_COMMON}` "
+                "makes the data `preferred_dtype()`, bf16 wherever bf16 is supported, when none is given)"
+            )
         workflow = self._read(ref, WORKFLOW, self.pr["ref_sha"])
         flags, flags_from = pytest_flags(workflow)
         packages, packages_from = pytest_packages(self._read(ref, REQUIREMENTS_DEV, self.pr["ref_sha"]))
         nodes, missing = node_ids(branch)
         self._trees = {
-            "ref": ref, "branch": branch, "edits": edits, "unskipped": unskipped, "flags": flags,
+            "ref": ref, "branch": branch, "edits": edits, "unskipped": unskipped, "aligned": aligned,
+            "flags": flags,
             "flags_from": flags_from, "packages": packages, "packages_from": packages_from,
             "tests": nodes, "missing": missing, "upstream_torches": workflow_torches(workflow),
         }  # fmt: skip
