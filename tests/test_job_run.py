@@ -18,61 +18,7 @@ from repro.core.verdict import FixVerdict, Reproduces, Subject, env_verdicts
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.matrix.schema import load_matrix
 from repro.run.job import JobRequest, custom_lines, execute_job, job_args, workdir_digest
-
-STOCK_LOG = (
-    "[Rank 0] Error message: Illegal to call wait on IllegalWork object\nstep 0 loss 2.5\nstep 1 loss nan\n"
-)
-FIXED_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
-
-
-class FakeJobEngine:
-    kind = EngineKind.VENV
-
-    def __init__(self) -> None:
-        self.calls: list[list[str]] = []
-
-    def describe(self) -> str:
-        return "fake"
-
-    def preflight(self, env: Any) -> None:
-        pass
-
-    def prepare(self, env: Any) -> Prepared:
-        return Prepared(EngineKind.VENV, env.id, "/fake/venv", "fake venv", True, {"platform": "cpu"})
-
-    def run_job(
-        self,
-        prepared: Prepared,
-        args: Sequence[str],
-        out_dir: Path,
-        workdir: Path,
-        timeout_s: float | None,
-        **kw: Any,
-    ) -> SuiteRun:
-        self.calls.append(list(args))
-        patch = args[list(args).index("--patch") + 1]
-        out_dir.mkdir(parents=True)
-        (out_dir / "job.log").write_text(STOCK_LOG if patch == "stock" else FIXED_LOG)
-        report = {"deepspeed": "0.13.1", "engine": {"dtype": "fp16", "world_size": 2}}
-        if patch == "fixed":
-            report["fix"] = {"applied": True, "fix_id": "abc"}
-        job = {
-            "status": None,
-            "exit_code": 0,
-            "wall_s": 1.0,
-            "stacks": {},
-            "survivors": [],
-            "processes": {"11": "train.py"},
-            "hook_reports": [report],
-            "versions": {"torch": "2.1.0"},
-            "command": args[list(args).index("--cmd") + 1],
-            "workdir": str(workdir),
-            "patch": patch,
-            "device": "cpu",
-            "transport": "async",
-        }
-        (out_dir / "job.json").write_text(json.dumps(job))
-        return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
+from tests.fixtures.fake_job import VenvJobEngine
 
 
 def test_each_patch_runs_once_and_both_records_land_in_results(tmp_path: Path) -> None:
@@ -81,7 +27,7 @@ def test_each_patch_runs_once_and_both_records_land_in_results(tmp_path: Path) -
     (work / "train.py").write_text("print('hi')\n")
     env = load_matrix().get("cpu")
     request = JobRequest(env_id="cpu", command="torchrun --nproc_per_node 2 train.py", workdir=work)
-    engine = FakeJobEngine()
+    engine = VenvJobEngine()
     invocation = InvocationDir(tmp_path / "out", invocation_meta(["run"], "make run"))
     (tmp_path / "out").mkdir()
     records = execute_job(request, env, engine, invocation, say=lambda _: None)
@@ -138,7 +84,7 @@ def test_shell_execs_an_interactive_shell_with_the_hook_on(
     from repro.cli import job_commands
     from repro.cli.main import main
 
-    class Engine(FakeJobEngine):
+    class Engine(VenvJobEngine):
         def prepare(self, env: Any) -> Prepared:
             return Prepared(EngineKind.VENV, env.id, "/venvs/cpu", "cpu venv", True, {"platform": "cpu"})
 
@@ -165,7 +111,7 @@ def test_shell_execs_an_interactive_shell_with_the_hook_on(
     assert env["PYTHONPATH"].split(":")[0].endswith("repro/workload/hook")
 
 
-class OneRankEngine(FakeJobEngine):
+class OneRankEngine(VenvJobEngine):
     """The job's launcher started one rank where its command asked for two (accelerate launch
     without --multi_gpu on a host without GPUs)."""
 
@@ -203,7 +149,7 @@ def test_a_job_that_started_fewer_ranks_than_it_asked_for_is_told_so(
     two = execute_job(
         request,
         env,
-        FakeJobEngine(),
+        VenvJobEngine(),
         InvocationDir(tmp_path / "two", invocation_meta(["run"], "m")),
         say=lambda _: None,
     )

@@ -21,6 +21,7 @@ import pytest
 from repro.core.verdict import FixVerdict, Reproduces, env_verdicts
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.workload import resume, runner, suite
+from tests.fixtures.fake_job import VenvJobEngine, argv_value
 from tests.fixtures.prefork import FakePreforkServer
 from tests.fixtures.runspec import write_fake_ranks
 
@@ -303,60 +304,17 @@ def test_an_env_with_a_run_recorded_as_interrupted_is_unfinished(tmp_path: Path)
 # ---- make run -----------------------------------------------------------------------------------------
 
 
-STOCK_LOG = (
-    "[Rank 0] Error message: Illegal to call wait on IllegalWork object\nstep 0 loss 2.5\nstep 1 loss nan\n"
-)
-FIXED_LOG = "step 0 loss 2.5\nstep 1 loss 2.25\n"
-
-
-class JobEngine:
+class JobEngine(VenvJobEngine):
     """The in-env job runner's files for each patch; `cut` patches are interrupted (Ctrl-C while
-    the job runs: a log, no job.json) the first time."""
-
-    kind = EngineKind.VENV
+    the job runs: a log, no job.json) the first time. `calls` are the patches run."""
 
     def __init__(self, cut: Sequence[str] = ()) -> None:
-        self.cut = set(cut)
-        self.calls: list[str] = []
-        self.prepared = 0
-
-    def describe(self) -> str:
-        return "fake"
-
-    def preflight(self, env: Any) -> None:
-        pass
-
-    def prepare(self, env: Any) -> Prepared:
-        self.prepared += 1
-        return Prepared(EngineKind.VENV, env.id, "/fake/venv", "fake venv", True, {"platform": "cpu"})
-
-    def run_job(
-        self, prepared: Prepared, args: Sequence[str], out_dir: Path, workdir: Path, timeout_s: Any, **kw: Any
-    ) -> SuiteRun:
-        patch = args[list(args).index("--patch") + 1]
-        self.calls.append(patch)
-        out_dir.mkdir(parents=True)
-        if patch in self.cut:
-            self.cut.discard(patch)
-            (out_dir / "job.log").write_text("step 0 loss 2.5\n")
-            raise KeyboardInterrupt("SIGINT")
-        (out_dir / "job.log").write_text(STOCK_LOG if patch == "stock" else FIXED_LOG)
-        report: dict[str, Any] = {"deepspeed": "0.13.1", "engine": {"dtype": "fp32", "world_size": 2}}
-        if patch == "fixed":
-            report["fix"] = {"applied": True, "fix_id": "abc"}
-        job = {
-            "status": None,
-            "exit_code": 0,
-            "wall_s": 1.0,
-            "hook_reports": [report],
-            "command": args[list(args).index("--cmd") + 1],
-            "workdir": str(workdir),
-            "patch": patch,
-            "device": "cpu",
-            "transport": "async",
-        }
-        (out_dir / "job.json").write_text(json.dumps(job))
-        return SuiteRun(0, False, 1.0, out_dir, out_dir / "job.log")
+        super().__init__(
+            cut=cut,
+            cut_log="step 0 loss 2.5\n",
+            call_of=lambda argv: argv_value(argv, "--patch"),
+            job={"fix_report": True},
+        )
 
 
 def _run(tmp_path: Path, *extra: str, command: str = "torchrun train.py") -> int:
