@@ -256,7 +256,7 @@ def test_probe_builds_a_named_commit(tmp_path: Path, ds: FakeDeepSpeed) -> None:
 
 def test_issue_from_the_chained_folder_names_the_commit(tmp_path: Path, ds: FakeDeepSpeed) -> None:
     from repro.core.scrub import Scrubber
-    from repro.upstream import issue
+    from repro.upstream.issue import make as issue
 
     bisect(
         tmp_path,

@@ -22,8 +22,13 @@ from markdown_it import MarkdownIt
 from repro.core.errors import BundleError
 from repro.core.scrub import Scrubber
 from repro.engines.base import SuiteRun
-from repro.upstream import bundle, bundle_image, issue_comment, patchgen, source_refs, verify_bundle
-from repro.upstream.bundle_manifest import Manifest, check_files
+from repro.upstream import patchgen
+from repro.upstream.bundle import comment as issue_comment
+from repro.upstream.bundle import image as bundle_image
+from repro.upstream.bundle import make as bundle
+from repro.upstream.bundle import source_refs
+from repro.upstream.bundle import verify as verify_bundle
+from repro.upstream.bundle.manifest import Manifest, check_files
 from repro.workload import suite as workload_suite
 from tests.fixtures.fake_bundle_docker import (
     COMM_SOURCE,

@@ -21,8 +21,10 @@ from repro.core.results import InvocationDir, invocation_meta
 from repro.core.scrub import Scrubber
 from repro.matrix.schema import load_matrix
 from repro.run.job import JobRequest, execute_job
-from repro.upstream import bundle, bundle_files, verify_bundle
-from repro.upstream.bundle_manifest import MANIFEST, Manifest, manifest_problems
+from repro.upstream.bundle import files as bundle_files
+from repro.upstream.bundle import make as bundle
+from repro.upstream.bundle import verify as verify_bundle
+from repro.upstream.bundle.manifest import MANIFEST, Manifest, manifest_problems
 from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
 from tests.fixtures.job_docker import STOCK_LOG, JobDocker, project
 

@@ -1,5 +1,5 @@
 """The bundle's image is compressed on every core as consecutive gzip members
-(repro.upstream.bundle_image.compress_members): one valid gzip file, the same bytes for the same
+(repro.upstream.bundle.image.compress_members): one valid gzip file, the same bytes for the same
 image whatever chunks Docker sends, in order, with bounded memory."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.upstream import bundle_image
+from repro.upstream.bundle import image as bundle_image
 
 
 def _stream(data: bytes, cuts: list[int]) -> list[bytes]:

@@ -15,7 +15,8 @@ import pytest
 from repro.core.runs import RunView, describe
 from repro.report.build import build_report
 from repro.run.job import RawRun, build_records
-from repro.upstream import issue_comment, source_refs
+from repro.upstream.bundle import comment as issue_comment
+from repro.upstream.bundle import source_refs
 from tests.fixtures.job_records import STOCK_LOG, job_records, job_report, write_folder
 from tests.fixtures.report_records import ResultsBuilder
 

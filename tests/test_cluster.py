@@ -21,7 +21,8 @@ import pytest
 
 from repro.core.errors import UsageError
 from repro.core.paths import REPO_ROOT
-from repro.upstream import cluster, cluster_summary
+from repro.upstream.cluster import scripts as cluster
+from repro.upstream.cluster import summary as cluster_summary
 from repro.workload import layout as lay
 from repro.workload import suite as workload_suite
 from repro.workload.defaults import DEFAULT_STEPS

@@ -173,7 +173,7 @@ def test_a_damaged_bisect_json_is_a_usage_error_naming_it(
 def test_a_first_bad_without_a_signature_still_makes_an_issue(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # The issue's facts are a typed model with defaults (repro/upstream/issue_facts.py): a field
+    # The issue's facts are a typed model with defaults (repro/upstream/issue/facts.py): a field
     # ISSUE.md can do without is no reason to refuse the folder.
     (tmp_path / "results.json").write_text("{}")
     walk = {**GOOD_WALK, "evidence": {"first_bad": {"version": "1", "outcome": "x"}}}

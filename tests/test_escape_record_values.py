@@ -15,7 +15,7 @@ from markdown_it import MarkdownIt
 
 from repro.core import console, templating
 from repro.core.scrub import Scrubber
-from repro.upstream import issue
+from repro.upstream.issue import make as issue
 from tests.fixtures.report_records import ResultsBuilder, standard_env
 
 # Everything a hostile value could try at once: a newline and a heading, a tag, a closing
@@ -277,7 +277,8 @@ def test_bisect_and_job_output_go_through_the_console() -> None:
 
 
 def test_issue_comment_shows_hostile_record_values_inert(tmp_path: Path) -> None:
-    from repro.upstream import issue_comment, source_refs
+    from repro.upstream.bundle import comment as issue_comment
+    from repro.upstream.bundle import source_refs
 
     b = ResultsBuilder(tmp_path, "r")
     b.env("cpu")

@@ -79,7 +79,7 @@ def test_as_evidence_turns_mismatches_into_env_errors() -> None:
 
 def test_the_bundle_refuses_runs_of_another_platform() -> None:
     from repro.core.errors import BundleError
-    from repro.upstream.bundle import refuse_other_platform
+    from repro.upstream.bundle.make import refuse_other_platform
 
     refuse_other_platform("rocm56", "rocm", [record("rocm56", ROCM_RAN)])
     with pytest.raises(BundleError, match="did not run on its platform") as caught:

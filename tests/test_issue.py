@@ -10,7 +10,7 @@ import pytest
 
 from repro.core.errors import UsageError
 from repro.core.scrub import Scrubber
-from repro.upstream import issue
+from repro.upstream.issue import make as issue
 
 HOME = "/home/alice"
 # faulthandler's dump (most recent call first), with a helper thread before the running one.

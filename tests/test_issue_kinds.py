@@ -22,7 +22,7 @@ from repro.engines import jobdeps
 from repro.engines.base import Prepared
 from repro.report.build import build_report
 from repro.run.job import JobRequest, execute_job, reproduce_line
-from repro.upstream import issue
+from repro.upstream.issue import make as issue
 from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse, torch_behaviour
 from tests.fixtures.fake_job import BAD_LOG, FakeJobEngine, always_bad, from_0_13
 from tests.fixtures.report_records import ResultsBuilder
@@ -276,7 +276,7 @@ def test_a_config_outside_the_job_folder_or_too_large_is_named_not_read(
     if how == "large":
         (job_folder / "ds_config.json").write_text(json.dumps({"pad": "x" * 5000}))
     from repro.run.job import workdir_digest
-    from repro.upstream.issue_facts import job_facts
+    from repro.upstream.issue.facts import job_facts
 
     job = {
         "command": command,
@@ -290,7 +290,7 @@ def test_a_config_outside_the_job_folder_or_too_large_is_named_not_read(
 
 
 def test_a_reproduce_line_keeps_no_host_path() -> None:
-    from repro.upstream.issue_facts import portable_line
+    from repro.upstream.issue.facts import portable_line
 
     line = (
         "PYTHONPATH=/home/alice/deps make run ENV=cpu WORKDIR=/home/alice/job "
@@ -314,7 +314,7 @@ def test_an_interrupted_survey_says_so_and_how_to_go_on(tmp_path: Path, job_fold
 def test_a_record_naming_another_folder_reads_nothing_from_it(tmp_path: Path) -> None:
     """A results folder from elsewhere (or edited) may name any folder of this host as its job's:
     without the run's digest, nothing of it (file names, a JSON config) reaches the text."""
-    from repro.upstream.issue_facts import job_facts
+    from repro.upstream.issue.facts import job_facts
 
     private = tmp_path / "private"
     private.mkdir()
@@ -328,7 +328,7 @@ def test_a_record_naming_another_folder_reads_nothing_from_it(tmp_path: Path) ->
 
 
 def test_a_local_wheel_requirement_is_named_without_its_host_path(tmp_path: Path) -> None:
-    from repro.upstream.issue_facts import job_facts
+    from repro.upstream.issue.facts import job_facts
 
     work = tmp_path / "job"
     work.mkdir()

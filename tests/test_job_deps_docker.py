@@ -91,7 +91,7 @@ def test_a_bundle_of_the_job_verifies_offline_in_its_image(job_run: Path, tmp_pa
     import docker
 
     from repro.cli.main import main
-    from repro.upstream.bundle_manifest import Manifest
+    from repro.upstream.bundle.manifest import Manifest
 
     results = job_run.parent
     out = tmp_path / "bundles" / ENV

@@ -24,7 +24,8 @@ from repro.core.results import LATEST, open_invocation_dir, point_latest
 from repro.core.scrub import Scrubber
 from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.report.build import build_report
-from repro.upstream import cluster, issue
+from repro.upstream.cluster import scripts as cluster
+from repro.upstream.issue import make as issue
 from tests.fixtures.resume_job_engine import JobEngine, run_job
 
 MINE = b"\x89PNG my own plot, not the tool's\n"
@@ -363,7 +364,7 @@ def test_write_file_refuses_a_link_anywhere_below_the_root(tmp_path: Path) -> No
 
 
 def test_bundle_archive_never_replaces_a_file_next_to_the_bundle(tmp_path: Path) -> None:
-    from repro.upstream.bundle_files import archive
+    from repro.upstream.bundle.files import archive
 
     bundle = tmp_path / "bundles" / "cpu"
     bundle.mkdir(parents=True)

@@ -55,7 +55,7 @@ def test_1_the_summary_counts_the_custom_job_as_the_envs_evidence() -> None:
 
 
 def test_1_the_issue_comment_says_the_same_words() -> None:
-    from repro.upstream import issue_comment
+    from repro.upstream.bundle import comment as issue_comment
 
     records = job_records()
     heads = issue_comment.headlines([issue_comment.RunRow.from_record(r) for r in records])

@@ -12,7 +12,7 @@ import pytest
 from repro.core import png_text
 from repro.core.errors import BundleError
 from repro.core.scrub import Scrubber
-from repro.upstream import bundle_files
+from repro.upstream.bundle import files as bundle_files
 
 # Bytes that read as a secret's shape (`password=...`) when a file is read as text.
 CHANCE = b"\x13\x9apassword=q7\x00\xff"

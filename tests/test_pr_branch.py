@@ -17,8 +17,8 @@ import pytest
 
 from repro.cli import main as cli
 from repro.core.errors import UsageError
-from repro.upstream import pr_fix
-from repro.upstream.pr_branch import PrRequest, make_pr
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr.branch import PrRequest, make_pr
 from repro.workload import fix
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import MICS, TORCH, FakeDeepSpeedPr, make_fake_deepspeed_pr
@@ -302,7 +302,7 @@ def test_a_failure_after_the_work_tree_was_added_leaves_no_branch_and_no_work_tr
 ) -> None:
     """Ctrl-C or an error between `worktree add` and the branch: the work tree is removed again
     and no branch exists, so the next `make pr` starts from the same place."""
-    from repro.upstream.pr_git import Checkout
+    from repro.upstream.pr.git import Checkout
 
     def fail(self: Checkout, branch: str, sha: str) -> None:
         raise stop

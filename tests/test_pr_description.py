@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from repro.upstream import pr_fix
-from repro.upstream.pr_description import TORCH_REFS, code, render
-from repro.upstream.pr_fix import Caller, CallerKind
-from repro.upstream.pr_record import FileStat, PrRecord
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr.description import TORCH_REFS, code, render
+from repro.upstream.pr.fix import Caller, CallerKind
+from repro.upstream.pr.record import FileStat, PrRecord
 from tests.fixtures.ds_pr_git import MICS, MICS_EARLY, TORCH
 
 SHA = "edaa7221267243c7be7fb49c5d5f5c4fb97b4641"

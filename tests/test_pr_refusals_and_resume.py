@@ -21,9 +21,10 @@ import pytest
 from repro.bisect.driver import Folder
 from repro.cli import main as cli
 from repro.core.errors import UsageError
-from repro.upstream import pr_range, pr_verify_run
-from repro.upstream.pr_branch import PrRequest, make_pr
-from repro.upstream.pr_verify import CellCache, ProbeCall, Verification
+from repro.upstream.pr import affected_range as pr_range
+from repro.upstream.pr import verify_run as pr_verify_run
+from repro.upstream.pr.branch import PrRequest, make_pr
+from repro.upstream.pr.verify import CellCache, ProbeCall, Verification
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import FakeDeepSpeedPr
 from tests.fixtures.pr_verify_standins import (
@@ -48,7 +49,7 @@ def test_a_failed_commit_leaves_out_as_it_was_so_the_rerun_takes_it(
     """The commit step fails after COMMIT_MSG.txt was written (here: the check that the commit holds
     the fix's bytes; a clone's own signing config no longer applies, repro/core/safe_git.py). Once
     the cause is gone, the same command (same OUT) must work."""
-    from repro.upstream import pr_blobs
+    from repro.upstream.pr import blobs as pr_blobs
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise UsageError("git commit failed: the commit does not hold the fix's bytes")
@@ -71,7 +72,7 @@ def test_a_failure_after_format_patch_removes_the_patch_and_message(
     monkeypatch: pytest.MonkeyPatch,
     stop: BaseException,
 ) -> None:
-    from repro.upstream.pr_git import Checkout
+    from repro.upstream.pr.git import Checkout
 
     def fail(self: Checkout, branch: str, sha: str) -> None:
         raise stop

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from repro.upstream import pr_regression as pr
-from repro.upstream.pr_regression import CaseResult, Outcome, Variant, VariantRun
+from repro.upstream.pr import regression as pr
+from repro.upstream.pr.regression import CaseResult, Outcome, Variant, VariantRun
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
 <testcase classname="unit.runtime.zero.test_mics_coalesced_wait.TestAllGatherCoalesced"

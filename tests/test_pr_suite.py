@@ -17,12 +17,13 @@ from typing import Any
 
 import pytest
 
-from repro.upstream import pr_fix, pr_suite
-from repro.upstream.pr_branch import PrRequest, make_pr
-from repro.upstream.pr_checks import Stack
-from repro.upstream.pr_description import record_from, render
-from repro.upstream.pr_suite import SuiteCall
-from repro.upstream.pr_verify import CellCache, Verification
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr import suite as pr_suite
+from repro.upstream.pr.branch import PrRequest, make_pr
+from repro.upstream.pr.checks import Stack
+from repro.upstream.pr.description import record_from, render
+from repro.upstream.pr.suite import SuiteCall
+from repro.upstream.pr.verify import CellCache, Verification
 from repro.workload import pytest_outcomes
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import FakeDeepSpeedPr
@@ -353,7 +354,7 @@ def test_a_rebuilt_report_without_a_crash_line_keeps_the_exceptions_words() -> N
 
 
 def test_parameters_that_fared_the_same_share_a_row() -> None:
-    from repro.upstream.pr_description import _parametrized_once
+    from repro.upstream.pr.description import _parametrized_once
 
     rows = [
         ("u.py::T::test_a[1]", ["failed → passed"]),

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from repro.upstream import pr_suite
-from repro.upstream.pr_suite import SuiteCall
+from repro.upstream.pr import suite as pr_suite
+from repro.upstream.pr.suite import SuiteCall
 from tests.envpython import env_python
 from tests.fixtures.ds_harness_job import TEST_NAME, installed_deepspeed, write_harness_project
 

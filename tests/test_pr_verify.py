@@ -18,10 +18,12 @@ import pytest
 
 from repro.cli import main as cli
 from repro.core.errors import UsageError
-from repro.upstream import pr_checks, pr_fix, pr_range
-from repro.upstream.pr_checks import Expect, Seen
-from repro.upstream.pr_description import record_from, render
-from repro.upstream.pr_verify import CellCache, Verification, export_tree
+from repro.upstream.pr import affected_range as pr_range
+from repro.upstream.pr import checks as pr_checks
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr.checks import Expect, Seen
+from repro.upstream.pr.description import record_from, render
+from repro.upstream.pr.verify import CellCache, Verification, export_tree
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import MICS, FakeDeepSpeedPr
 from tests.fixtures.pr_verify_standins import (
@@ -276,7 +278,7 @@ def test_range_rows_cells_cache_and_description(
     tmp_path: Path,
 ) -> None:
     out, pr = made
-    from repro.upstream.pr_verify_run import tag_reader
+    from repro.upstream.pr.verify_run import tag_reader
 
     read, _ = tag_reader(str(ds.path))
     columns = [pr_range.Column("2.0.1", "cpu"), pr_range.Column("2.13.0", "cpu-latest")]
@@ -349,7 +351,7 @@ def test_the_rerendered_description_is_scrubbed_of_host_paths(
 ) -> None:
     """Reasons are quoted from run records; a host path in one must not reach PR_DESCRIPTION.md."""
 
-    from repro.upstream import pr_verify_run
+    from repro.upstream.pr import verify_run as pr_verify_run
 
     out, pr = made
     home = str(Path.home())
@@ -395,7 +397,7 @@ def test_cause_is_the_last_error_named(reason: str, want: str) -> None:
 
 
 def test_range_notes_and_fix_applies_without_a_tag() -> None:
-    from repro.upstream.pr_description import range_table
+    from repro.upstream.pr.description import range_table
 
     failing = {"outcome": "env-error", "signature": "none", "reason": "environment: ImportError: no log"}
     ranged = {
@@ -427,7 +429,7 @@ def test_range_notes_and_fix_applies_without_a_tag() -> None:
 
 
 def test_log_path_keeps_the_version_dots(tmp_path: Path) -> None:
-    from repro.upstream.out_folders import log_path
+    from repro.upstream.pr.out_folders import log_path
 
     assert log_path(tmp_path / "torch2.13.0-ref-stock") == tmp_path / "torch2.13.0-ref-stock.log"
 

@@ -21,9 +21,9 @@ import pytest
 
 from repro.bisect.commits import DsRepo
 from repro.core.errors import UsageError
-from repro.upstream import pr_fix
-from repro.upstream.pr_branch import PrRequest, make_pr
-from repro.upstream.pr_verify import export_tree
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr.branch import PrRequest, make_pr
+from repro.upstream.pr.verify import export_tree
 from repro.workload import fix
 from tests.fixtures.ds_git import git
 from tests.fixtures.ds_pr_git import MICS, TORCH, FakeDeepSpeedPr, make_fake_deepspeed_pr
@@ -151,7 +151,7 @@ def test_a_commit_that_does_not_hold_the_fix_bytes_is_refused_and_no_branch_is_m
 ) -> None:
     """Whatever made git store other bytes (here: a stand-in that stages a changed file and a
     stray one), the check after the commit refuses it before the branch exists."""
-    from repro.upstream import pr_blobs
+    from repro.upstream.pr import blobs as pr_blobs
 
     real_stage = pr_blobs.stage
 

@@ -12,7 +12,7 @@ from markdown_it import MarkdownIt
 
 from repro.core.errors import BundleError
 from repro.core.scrub import Scrubber, secret_name
-from repro.upstream import bundle_files
+from repro.upstream.bundle import files as bundle_files
 from tests.fixtures.report_records import ResultsBuilder, standard_env
 
 # ---- item 15: SSHPASS=..., Password=... in a connection string -----------------------------------

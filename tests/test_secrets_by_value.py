@@ -26,8 +26,9 @@ from repro.core.scrub import Scrubber
 from repro.matrix.schema import load_matrix
 from repro.report import build_report
 from repro.run.job import JobRequest, execute_job, reproduce_line
-from repro.upstream import bundle, issue
-from repro.upstream.bundle_files import IMAGE_FILE
+from repro.upstream.bundle import make as bundle
+from repro.upstream.bundle.files import IMAGE_FILE
+from repro.upstream.issue import make as issue
 from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
 from tests.fixtures.job_docker import JobDocker, project
 

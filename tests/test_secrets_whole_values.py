@@ -23,8 +23,10 @@ import pytest
 
 from repro.core.errors import BundleError
 from repro.core.scrub import Scrubber
-from repro.upstream import bundle, issue, patchgen
-from repro.upstream.bundle_files import copy_workdir, scan
+from repro.upstream import patchgen
+from repro.upstream.bundle import make as bundle
+from repro.upstream.bundle.files import copy_workdir, scan
+from repro.upstream.issue import make as issue
 from tests.fixtures.fake_bundle_docker import FakeClient
 from tests.fixtures.report_records import ResultsBuilder, standard_env
 
@@ -351,7 +353,7 @@ def test_the_working_directorys_code_still_runs_only_its_literal_secrets_go(tmp_
 
 def test_the_leak_exit_code_is_no_other_errors() -> None:
     import repro.upstream.patchgen
-    import repro.upstream.pr_regression  # noqa: F401 - both define error classes of their own
+    import repro.upstream.pr.regression  # noqa: F401 - both define error classes of their own
     from repro.core.errors import LeakError, ReproError
 
     def kinds(cls: type[ReproError]) -> list[type[ReproError]]:

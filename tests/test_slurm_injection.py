@@ -20,7 +20,7 @@ from repro.bisect.probe import ProbeSpec
 from repro.cli.main import main
 from repro.core import templating
 from repro.core.errors import UsageError
-from repro.upstream import cluster
+from repro.upstream.cluster import scripts as cluster
 
 USAGE_EXIT = 2
 

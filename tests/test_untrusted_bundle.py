@@ -21,8 +21,9 @@ import pytest
 
 from repro.core.errors import BundleError
 from repro.run.job import workdir_digest
-from repro.upstream import bundle_manifest, verify_bundle
-from repro.upstream.bundle_manifest import Manifest, check_files
+from repro.upstream.bundle import manifest as bundle_manifest
+from repro.upstream.bundle import verify as verify_bundle
+from repro.upstream.bundle.manifest import Manifest, check_files
 
 IMAGE = b"\x1f\x8b" + b"stand-in image bytes " * 50
 
@@ -141,7 +142,7 @@ def test_an_archive_member_the_manifest_does_not_list_is_never_extracted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bundle_manifest, "MAX_FILE_BYTES", 1 << 20, raising=False)
-    monkeypatch.setattr("repro.upstream.bundle_archive.MAX_FILE_BYTES", 1 << 20)
+    monkeypatch.setattr("repro.upstream.bundle.archive.MAX_FILE_BYTES", 1 << 20)
     folder = _bundle_folder(tmp_path / "src")
     bomb = tarfile.TarInfo("cpu/results/bomb.bin")
     bomb.size = 4 << 20  # zeros: a few KB gzipped

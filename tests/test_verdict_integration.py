@@ -66,7 +66,7 @@ def test_summary_check_fix_report_and_issue_comment_agree(
 
 def _bundle_comment(results: Path, tmp_path: Path) -> str:
     from repro.core.scrub import Scrubber
-    from repro.upstream import bundle
+    from repro.upstream.bundle import make as bundle
     from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient
 
     folder = tmp_path / "as-docker"

@@ -238,7 +238,7 @@ def test_missing_results_is_a_usage_error(tmp_path: Path) -> None:
 
 
 def comment_answer(b: ResultsBuilder) -> Any:
-    from repro.upstream import issue_comment as ic
+    from repro.upstream.bundle import comment as ic
 
     heads = ic.headlines([ic.RunRow.from_record(r) for r in b.runs])
     return ic.answer(heads, b.runs[0]["versions"], b.runs)

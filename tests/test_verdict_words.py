@@ -36,8 +36,8 @@ READERS = (
     "repro/report/cause.py",
     "repro/report/upgrade.py",
     "repro/report/answers.py",
-    "repro/upstream/issue_comment.py",
-    "repro/upstream/bundle.py",
+    "repro/upstream/bundle/comment.py",
+    "repro/upstream/bundle/make.py",
     "repro/bisect/probe.py",
 )
 
@@ -124,7 +124,7 @@ def test_the_readers_take_the_verdict_from_the_one_module() -> None:
         "repro/cli/run_commands.py": "check_fix_outcome",  # the use case's, which raises the verdict's
         "repro/run/job.py": "env_verdicts",
         "repro/report/per_env.py": "env_verdict",
-        "repro/upstream/issue_comment.py": "env_verdicts",
+        "repro/upstream/bundle/comment.py": "env_verdicts",
         "repro/bisect/probe.py": "run_finding",
     }
     sources = ("repro.core.verdict", "repro.core.runs", "repro.run.usecase")

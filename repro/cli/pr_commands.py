@@ -11,7 +11,7 @@ from repro.core import console
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    from repro.upstream.pr_branch import DEFAULT_BRANCH, DEFAULT_REF
+    from repro.upstream.pr.branch import DEFAULT_BRANCH, DEFAULT_REF
 
     p.add_argument(
         "--ds-repo", required=True, help="a local DeepSpeed clone (full history, no uncommitted changes)"
@@ -52,7 +52,7 @@ def cmd_pr(args: argparse.Namespace) -> int:
     import datetime as dt
 
     from repro.bisect.commits import check_source
-    from repro.upstream.pr_branch import PrRequest, make_pr, summary
+    from repro.upstream.pr.branch import PrRequest, make_pr, summary
 
     check_source(args.ds_repo)  # the one DS_REPO checker: options, transport helpers, bad URLs
 
@@ -101,7 +101,8 @@ def verify_folder(folder: Path, args: argparse.Namespace) -> int:
     """The lab's verification and/or range for the branch recorded in folder/pr.json, then
     PR_DESCRIPTION.md again. Exit 0 when verified (or only the range was asked), 1 when not."""
     from repro.bisect.commits import DsRepo
-    from repro.upstream import pr_verify, pr_verify_run
+    from repro.upstream.pr import verify as pr_verify
+    from repro.upstream.pr import verify_run as pr_verify_run
 
     pr_verify.read_pr(folder)  # a folder without pr.json stops before git is touched
     # The probes' cached clone of DS_REPO (AXIS=deepspeed-commit's) must hold the branch's commit.

@@ -93,7 +93,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
     from repro.core.results import resolve_results_dir
     from repro.core.scrub import Scrubber
     from repro.matrix.schema import load_matrix
-    from repro.upstream.bundle import BundleRequest, default_out, make_bundle, summary
+    from repro.upstream.bundle.make import BundleRequest, default_out, make_bundle, summary
 
     matrix = load_matrix(args.matrix) if args.matrix else load_matrix()
     env_id = args.env or matrix.default_id
@@ -151,7 +151,7 @@ def _verify_options(p: argparse.ArgumentParser) -> None:
     _verify_options,
 )
 def cmd_verify_bundle(args: argparse.Namespace) -> int:
-    from repro.upstream.verify_bundle import report, require_match, verify
+    from repro.upstream.bundle.verify import report, require_match, verify
 
     clients: list[Any] = []  # Docker is asked for only once the bundle itself has passed its checks
 
@@ -198,7 +198,7 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
 def cmd_cluster(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from repro.upstream import cluster
+    from repro.upstream.cluster import scripts as cluster
     from repro.workload.record import DTYPES
 
     if args.layout not in cluster.LAYOUTS:
@@ -252,7 +252,7 @@ def _pr_options(p: argparse.ArgumentParser) -> None:
 def cmd_pr_regression(args: argparse.Namespace) -> int:
     import tempfile
 
-    from repro.upstream.pr_regression import RegressionTestError, Variant, discriminates, run_variant, summary
+    from repro.upstream.pr.regression import RegressionTestError, Variant, discriminates, run_variant, summary
 
     python = args.python or os.environ.get("MICS_TEST_PYTHON_T21")
     if not python:
@@ -292,7 +292,7 @@ def _issue_options(p: argparse.ArgumentParser) -> None:
 def cmd_issue(args: argparse.Namespace) -> int:
     from repro.core.results import resolve_results_dir
     from repro.core.scrub import Scrubber
-    from repro.upstream.issue import write
+    from repro.upstream.issue.make import write
 
     folder = resolve_results_dir(Path(args.results_root), args.results, console.info)
     cache = os.environ.get("MICS_REPRO_CACHE")

@@ -1,9 +1,14 @@
-"""Handing the reproduction upstream, to DeepSpeed maintainers and to clusters.
+"""Handing the reproduction upstream: to DeepSpeed maintainers, to clusters, as a pull request.
 
-Owns the bundle (bundle.py with bundle_files, bundle_image and bundle_manifest; verify_bundle.py
-reruns one offline), the issue comment (issue_comment.py, with source_refs.py for file and line
-numbers), scripts for clusters without Docker and the stdlib-only summary script they ship
-(cluster.py, cluster_summary.py), the shipped patches (patchgen.py), the DeepSpeed-style PR
-regression test (pr_regression.py), scrubbing host details out of everything handed over
-(scrub.py) and their Jinja templates (templates/).
+Each subpackage is one thing the lab hands out:
+
+- `bundle/`: a container and a ready-to-paste comment for maintainers (`make bundle`), and
+  its offline check (`make verify-bundle`);
+- `issue/`: ISSUE.md for the tracker from a run, survey or bisect folder (`make issue`);
+- `cluster/`: scripts for clusters without Docker (`make cluster`) and the stdlib-only summary
+  they ship;
+- `pr/`: the fix as a branch of a DeepSpeed checkout with its regression test (`make pr`), its
+  verification in the lab and under DeepSpeed's own tests (`make pr-verify`), PR_DESCRIPTION.md.
+
+Shared by them: `patchgen.py` (the shipped patches) and the Jinja templates (`templates/`).
 """

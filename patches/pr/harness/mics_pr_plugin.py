@@ -1,7 +1,7 @@
 """pytest plugin: run DeepSpeed-style `DistributedTest` classes on CPU, one process per rank.
 
 Used as `python -m pytest -p mics_pr_plugin patches/pr/tests/...` with this folder and the repo
-root on PYTHONPATH (`repro.upstream.pr_regression` sets that up). It stands in for what DeepSpeed's
+root on PYTHONPATH (`repro.upstream.pr.regression` sets that up). It stands in for what DeepSpeed's
 tests/conftest.py and tests/unit/common.py do on GPUs, and adds what CPU runs need:
 - before pytest imports a test module (which imports deepspeed): DS_ACCELERATOR=cpu and the empty
   placeholder modules DeepSpeed < 0.14.1 needs for its CPU accelerator (repro.workload.cpu.shims);

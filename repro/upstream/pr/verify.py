@@ -1,6 +1,6 @@
 """`make pr VERIFY=1` / `make pr-verify PR=dir`: the lab verifies a `make pr` branch at its commit.
 
-For each check of repro/upstream/pr_checks.py and each torch (the reporter's env and the matrix's
+For each check of repro/upstream/pr/checks.py and each torch (the reporter's env and the matrix's
 newest), two probes through the front door (`python -m repro probe`), both PATCH=stock, with
 DeepSpeed from a commit layer of DS_REPO (AXIS=deepspeed-commit's machinery): REF, then the
 branch's commit. No run-time fix is applied on either side: the branch's DeepSpeed holds the
@@ -30,10 +30,13 @@ from repro.core.errors import RunError, UsageError
 from repro.core.paths import cache_root
 from repro.core.safe_git import SafeGit
 from repro.core.smallfile import read_regular
-from repro.upstream import pr_checks, pr_fix, pr_regression, pr_suite
-from repro.upstream.out_folders import fresh_folder, log_path
-from repro.upstream.pr_checks import Seen, Stack
-from repro.upstream.pr_record import pr_data_problem
+from repro.upstream.pr import checks as pr_checks
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr import regression as pr_regression
+from repro.upstream.pr import suite as pr_suite
+from repro.upstream.pr.checks import Seen, Stack
+from repro.upstream.pr.out_folders import fresh_folder, log_path
+from repro.upstream.pr.record import pr_data_problem
 from repro.workload.record import write_json_atomic
 
 # What `import deepspeed` reads from a tree: deepspeed/ links into accelerator/ and op_builder/.
@@ -52,7 +55,7 @@ class ProbeCall:
     out: Path
     engine: str = "venv"
     patch: str = "stock"
-    deepspeed: str | None = None  # a release instead of a commit (repro/upstream/pr_range.py)
+    deepspeed: str | None = None  # a release instead of a commit (repro/upstream/pr/affected_range.py)
 
 
 ProbeRunner = Callable[[ProbeCall, str], Mapping[str, Any]]  # (call, DS_REPO) -> probes[0] of probe.json

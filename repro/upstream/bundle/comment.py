@@ -2,7 +2,7 @@
 
 Headline facts first (what reproduced, how, and that the patch fixes it), then the env table,
 the evidence table (one row per run), the root cause with links to the lines of THAT DeepSpeed
-release (repro.upstream.source_refs), the patch, and ds_report / collect_env folded in <details>. Every
+release (repro.upstream.bundle.source_refs), the patch, and ds_report / collect_env folded in <details>. Every
 statement about outcomes is read from the records; nothing here knows what "should" happen.
 """
 
@@ -18,9 +18,9 @@ import jinja2
 from repro.core import templating
 from repro.core.runs import RunView
 from repro.core.verdict import EnvVerdict, FixVerdict, Reproduces, env_verdicts
-from repro.upstream.source_refs import Refs
+from repro.upstream.bundle.source_refs import Refs
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # repro/upstream/templates
 ISSUE_URL = "https://github.com/deepspeedai/DeepSpeed/issues/5080"
 # GitHub refuses comments longer than this many characters.
 GITHUB_COMMENT_LIMIT = 65536

@@ -40,8 +40,8 @@ from typing import Any
 
 from repro.core import cmd, console
 from repro.core.errors import RunError
-from repro.upstream import pr_fix
-from repro.upstream.out_folders import fresh_folder, log_path
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr.out_folders import fresh_folder, log_path
 from repro.workload.pytest_outcomes import BARE_LOCATION, RAISED_LINE
 
 # What a tree needs for DeepSpeed's harness on CPU; the two files say how upstream runs it.

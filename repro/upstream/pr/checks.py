@@ -1,6 +1,6 @@
 """What the lab runs to verify a `make pr` branch at its commit, and what each result must be.
 
-Pure: the plan, the expectations and their judgement. repro/upstream/pr_verify.py runs the plan
+Pure: the plan, the expectations and their judgement. repro/upstream/pr/verify.py runs the plan
 (probes of REF and of the branch commit, both stock, through the commit layers of
 AXIS=deepspeed-commit) and the regression test.
 

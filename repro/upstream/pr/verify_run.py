@@ -16,9 +16,12 @@ from repro.core import console, safe_write
 from repro.core.errors import MatrixError, PythonVersionError, UsageError
 from repro.core.scrub import Scrubber, hand_out
 from repro.matrix import compat
-from repro.upstream import pr_description, pr_range, pr_suite, pr_verify
-from repro.upstream.pr_checks import Stack
-from repro.upstream.pr_fix import MICS
+from repro.upstream.pr import affected_range as pr_range
+from repro.upstream.pr import description as pr_description
+from repro.upstream.pr import suite as pr_suite
+from repro.upstream.pr import verify as pr_verify
+from repro.upstream.pr.checks import Stack
+from repro.upstream.pr.fix import MICS
 from repro.workload import fix
 
 REPORTER_ENV = "cpu"
@@ -85,8 +88,8 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 
 def tag_reader(ds_repo: str) -> Any:
-    from repro.upstream.pr_branch import read_at
-    from repro.upstream.pr_git import Checkout
+    from repro.upstream.pr.branch import read_at
+    from repro.upstream.pr.git import Checkout
 
     checkout = Checkout(ds_repo)
     targets = sorted({t.path for t in fix.TARGETS})

@@ -12,7 +12,7 @@
                                     it fits (bundle_files.WORKDIR_MAX_BYTES); else a note says so
     bundles/<env>.tar               the folder as one archive
 
-Plan as data (`BundleRequest` -> `make_bundle`), Docker behind `repro.upstream.bundle_image`. Every text
+Plan as data (`BundleRequest` -> `make_bundle`), Docker behind `repro.upstream.bundle.image`. Every text
 goes through `repro.core.scrub` on its way in (the records before anything is rendered from them, each
 written text through `hand_out`), and the finished folder is scanned again: a bundle that still contains
 a host value or a secret's shape is refused (LeakError), not shipped, and what it wrote is removed. A
@@ -42,8 +42,11 @@ from repro.core.makeline import make_line
 from repro.core.results import ResultsData
 from repro.core.results import load as load_results
 from repro.core.scrub import Scrubber, hand_out
-from repro.upstream import bundle_image, cluster, issue_comment, patchgen, source_refs
-from repro.upstream.bundle_files import (
+from repro.upstream import patchgen
+from repro.upstream.bundle import comment as issue_comment
+from repro.upstream.bundle import image as bundle_image
+from repro.upstream.bundle import source_refs
+from repro.upstream.bundle.files import (
     IMAGE_FILE,
     WORKDIR_DIR,
     archive,
@@ -54,10 +57,11 @@ from repro.upstream.bundle_files import (
     scan,
     write_sums,
 )
-from repro.upstream.bundle_files import (
+from repro.upstream.bundle.files import (
     copy_scrubbed as copy_scrubbed,  # noqa: F401 - callers and tests use bundle.copy_scrubbed
 )
-from repro.upstream.bundle_manifest import MANIFEST, Expected, Manifest, file_hashes
+from repro.upstream.bundle.manifest import MANIFEST, Expected, Manifest, file_hashes
+from repro.upstream.cluster import scripts as cluster
 from repro.workload.record import CPU_TRANSPORTS, CUSTOM_SCENARIO, PATCHES, SCENARIOS, RunRecord
 
 REPO_ROOT = paths.REPO_ROOT

@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 from repro.core.errors import BundleError
 from repro.core.printable import printable
-from repro.upstream.bundle_manifest import MANIFEST, MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest
+from repro.upstream.bundle.manifest import MANIFEST, MAX_FILE_BYTES, MAX_MANIFEST_BYTES, Manifest
 
 MAX_MEMBERS = 20_000  # a bundle: a few dozen files, plus a workdir of at most 5000
 MAX_OTHER_TOTAL = 2 << 30  # all files but the image together

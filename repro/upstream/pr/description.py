@@ -15,11 +15,14 @@ from typing import Any
 
 from repro.core import templating
 from repro.core.runs import RunFinding
-from repro.upstream import pr_checks, pr_fix, pr_range, pr_suite
-from repro.upstream.pr_checks import Seen
-from repro.upstream.pr_record import FileStat, PrRecord
+from repro.upstream.pr import affected_range as pr_range
+from repro.upstream.pr import checks as pr_checks
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr import suite as pr_suite
+from repro.upstream.pr.checks import Seen
+from repro.upstream.pr.record import FileStat, PrRecord
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # repro/upstream/templates
 TORCH_TAG = "v2.1.0"
 TORCH_FILE = "torch/distributed/distributed_c10d.py"
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from repro.core.errors import UsageError
-from repro.upstream.pr_git import Checkout
+from repro.upstream.pr.git import Checkout
 
 
 @dataclass(frozen=True)

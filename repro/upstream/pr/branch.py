@@ -8,7 +8,7 @@ own config. Then a detached work tree at REF is added under OUT/worktree, the fi
 DeepSpeed's files there (repro.workload.fix, as for the shipped patches), the regression test
 goes to tests/unit/runtime/zero/, and one commit is made of exactly those bytes, with hooks,
 fsmonitor and filters off (they are the checkout's code, not ours to run: repro/core/safe_git.py),
-and checked blob by blob (repro/upstream/pr_blobs.py). Only when all of that worked is
+and checked blob by blob (repro/upstream/pr/blobs.py). Only when all of that worked is
 refs/heads/BRANCH created. OUT receives
 the `git format-patch` file, COMMIT_MSG.txt, pr.json (the records) and PR_DESCRIPTION.md rendered
 from them. The work tree is removed afterwards unless keep=True (make: KEEP=1), which leaves it
@@ -24,11 +24,12 @@ from pathlib import Path
 
 from repro.core import console, safe_write
 from repro.core.errors import UsageError
-from repro.upstream import pr_blobs, pr_fix
-from repro.upstream.pr_blobs import Wanted
-from repro.upstream.pr_description import render
-from repro.upstream.pr_git import Checkout, Identity, Runner, check_identity
-from repro.upstream.pr_record import FileStat, PrRecord
+from repro.upstream.pr import blobs as pr_blobs
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr.blobs import Wanted
+from repro.upstream.pr.description import render
+from repro.upstream.pr.git import Checkout, Identity, Runner, check_identity
+from repro.upstream.pr.record import FileStat, PrRecord
 from repro.workload import fix
 
 DEFAULT_BRANCH = "mics-coalesced-wait"

@@ -3,7 +3,7 @@
 Read from the folder's bisect.json (a release bisect, a commit bisect, or a release bisect with
 its `commits`) or survey.json, else its results.json (a `make run`/`make repro` folder), and from
 the bad run's record (its job, its stacks when it hung). What the text says is decided in
-repro/upstream/issue_facts.py.
+repro/upstream/issue/facts.py.
 Everything written passes through the bundle's scrubbing (repro.core.scrub): the folder's data is
 scrubbed as it is read, the finished text passes `hand_out` (refused when a secret survives), so no
 host paths, user names, host names or secrets reach the text; the folder's own path is <results>.
@@ -25,11 +25,11 @@ from repro.core.errors import UsageError
 from repro.core.paths import confined
 from repro.core.runs import RunFinding
 from repro.core.scrub import Scrubber, hand_out
-from repro.upstream import issue_facts as facts
-from repro.upstream.issue_facts import as_dict
+from repro.upstream.issue import facts
+from repro.upstream.issue.facts import as_dict
 from repro.workload.record import CUSTOM_SCENARIO
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # repro/upstream/templates
 ISSUE_FILE = "ISSUE.md"
 VERSION_KEYS = ("python", "torch", "deepspeed", "cuda", "hip", "nccl")
 _STACKS = records.Shape((dict,), fields={"stacks": records.STR_MAP})

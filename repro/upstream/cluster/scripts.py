@@ -25,8 +25,8 @@ from repro.workload import layout as lay
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 from repro.workload.suite import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
 
-TEMPLATES = Path(__file__).resolve().parent / "templates" / "cluster"
-SUMMARY_SOURCE = Path(__file__).resolve().parent / "cluster_summary.py"
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates" / "cluster"
+SUMMARY_SOURCE = Path(__file__).resolve().parent / "summary.py"
 PLATFORMS = ("rocm", "cuda", "cpu")
 # The files `write` wrote into OUT= (so a second run replaces only those).
 MANIFEST = ".cluster-files.json"

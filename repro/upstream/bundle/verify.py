@@ -35,9 +35,9 @@ from repro.engines.base import Engine, EngineKind, Prepared, SuiteRun
 from repro.engines.gpu_host import GpuHost
 from repro.engines.preflight import DockerFacts, check_cuda, check_rocm
 from repro.run.job import JobRequest, build_records, job_args, read_raw, workdir_digest
-from repro.upstream import bundle_image, cluster
-from repro.upstream.bundle_archive import Loaded, load_archive
-from repro.upstream.bundle_manifest import (
+from repro.upstream.bundle import image as bundle_image
+from repro.upstream.bundle.archive import Loaded, load_archive
+from repro.upstream.bundle.manifest import (
     Expected,
     Manifest,
     check_files,
@@ -45,6 +45,7 @@ from repro.upstream.bundle_manifest import (
     safe_relpath,
     suite_time_limit,
 )
+from repro.upstream.cluster import scripts as cluster
 from repro.workload.record import Outcome, Signature, Transport
 
 CONSENT_FLAG = "--allow-gpu-privileges"

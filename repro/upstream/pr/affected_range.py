@@ -5,7 +5,7 @@ deepspeed/runtime/zero/mics.py), the last release of every minor series up to RE
 and REF itself. Columns: torch 2.0.1, 2.1.0, 2.3.1 and the matrix's newest. Each cell holds two
 probes of flat MiCS on the CPU twin: stock, and fixed (for a release the lab's run-time fix, the
 same splice as the branch; for REF the branch's commit, stock). Whether the fix applies to a
-release is read from its tag's files (repro.upstream.pr_fix.changed_files, as `make pr` reads REF).
+release is read from its tag's files (repro.upstream.pr.fix.changed_files, as `make pr` reads REF).
 
 Releases run through the survey machinery (`python -m repro survey --every --versions ...`, one
 survey per torch and patch, PARALLEL=k side by side); REF and the branch through commit probes.
@@ -30,11 +30,11 @@ from packaging.version import InvalidVersion, Version
 from repro.core import cmd, console
 from repro.core.errors import FixDoesNotApplyError, RunError
 from repro.core.runs import RunFinding
-from repro.upstream import pr_fix
-from repro.upstream.out_folders import fresh_folder as _new_folder
-from repro.upstream.out_folders import log_path
-from repro.upstream.pr_checks import Seen
-from repro.upstream.pr_verify import CellCache, ProbeCall, ProbeRunner, front_door_probe
+from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr.checks import Seen
+from repro.upstream.pr.out_folders import fresh_folder as _new_folder
+from repro.upstream.pr.out_folders import log_path
+from repro.upstream.pr.verify import CellCache, ProbeCall, ProbeRunner, front_door_probe
 from repro.workload import fix
 from repro.workload.record import write_json_atomic
 

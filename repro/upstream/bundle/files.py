@@ -13,7 +13,7 @@ from repro.core import png_text, safe_write
 from repro.core.errors import LeakError, UsageError
 from repro.core.paths import confined
 from repro.core.scrub import Form, Scrubber, command_secret_error
-from repro.upstream.bundle_manifest import MANIFEST
+from repro.upstream.bundle.manifest import MANIFEST
 
 IMAGE_FILE = "image.tar.gz"
 SUMS_FILE = "SHA256SUMS"

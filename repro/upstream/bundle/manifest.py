@@ -1,6 +1,6 @@
 """manifest.json of a bundle: what is in it (sha256 of every file), how to run it, what to expect.
 
-Written last by `repro.upstream.bundle`, read first by `repro.upstream.verify_bundle`. The expected
+Written last by `repro.upstream.bundle.make`, read first by `repro.upstream.bundle.verify`. The expected
 outcomes are copied from the records of the env's runs, keyed by run name, so a verification
 compares like with like. Read back, a manifest is untrusted input: `manifest_problems` checks every
 field against the grammar the matrix and the records use before any of it is used.

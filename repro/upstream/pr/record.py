@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from repro.upstream.pr_fix import Caller, CallerKind
+from repro.upstream.pr.fix import Caller, CallerKind
 
 # pr.json's schema version; a record without it was written before the field existed (the same
 # keys as version 1).
