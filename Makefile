@@ -17,7 +17,7 @@ USER_VARIABLES := ALLOW_PRIVILEGES AUTHOR_EMAIL AUTHOR_NAME AXIS BAD BAD_IF BOOT
 	GOOD GZIP_LEVEL IMAGE JOBS KEEP LAUNCHER LAYOUT LOSS_REGEX MATRIX NETWORK NO_HANG NO_SYNC_PROOF OUT PACKAGES \
 	PARALLEL PATCH PR PRERELEASES PYTEST_ARGS PYTHON PYTHON_VENV QUIET RANGE RANGE_TORCH REF REFERENCE REFRESH_VERSIONS \
 	RELEASES REQUIREMENTS RESULTS RESUME REUSE_IMAGE RUNNER SCENARIO SCENARIOS SLURM_GPUS_PER_TASK SLURM_PARTITION \
-	SLURM_TIME STALL_TIMEOUT STEPS TIMEOUT TO TORCH TRANSPORT VERBOSE VERIFY VERSIONS WORKDIR WORLD_SIZE
+	SLURM_TIME STALL_TIMEOUT STEPS TIMEOUT TO TORCH TORCHES TRANSPORT VERBOSE VERIFY VERSIONS WORKDIR WORLD_SIZE
 define _newline
 
 
@@ -261,9 +261,10 @@ pr-regression:
 # The fix as a branch of your DeepSpeed clone, plus the patch and PR_DESCRIPTION.md in OUT (never pushes):
 #   make pr DS_REPO=~/DeepSpeed [REF=master] [BRANCH=mics-coalesced-wait] [OUT=dir] [KEEP=1] [AUTHOR_NAME= AUTHOR_EMAIL=]
 #   make pr ... VERIFY=1 [RANGE=1]   then the lab verifies the branch at its commit (and the affected range)
-#   make pr-verify PR=dir DS_REPO=~/DeepSpeed [RANGE=1] [RANGE_TORCH=2.1.0,2.13.0] [RELEASES=0.13.1,...] [PARALLEL=2]
+#   make pr-verify PR=dir DS_REPO=~/DeepSpeed [TORCHES=2.10.0,2.13.0] [RANGE=1] [RANGE_TORCH=2.1.0,2.13.0] [RELEASES=0.13.1,...] [PARALLEL=2]
 PR_VERIFY_FLAGS = $(if $(call yes,VERIFY),--verify) $(if $(call yes,RANGE),--range) $(call flag,ENGINE,engine) \
-	$(call flag,RANGE_TORCH,range-torch) $(call flag,RELEASES,releases) $(call flag,PARALLEL,parallel)
+	$(call flag,TORCHES,torches) $(call flag,RANGE_TORCH,range-torch) $(call flag,RELEASES,releases) \
+	$(call flag,PARALLEL,parallel)
 pr:
 	$(REPRO) pr $(call flag,DS_REPO,ds-repo) $(call flag,REF,ref) $(call flag,BRANCH,branch) $(call flag,OUT,out) \
 		$(if $(call yes,KEEP),--keep) $(call flag,AUTHOR_NAME,author-name) $(call flag,AUTHOR_EMAIL,author-email) \

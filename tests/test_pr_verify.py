@@ -439,3 +439,66 @@ def test_a_survey_never_reuses_an_earlier_folder(tmp_path: Path) -> None:
     (tmp_path / "torch2.1.0-fixed-2").mkdir()
     assert pr_range._new_folder(tmp_path / "torch2.1.0-fixed") == tmp_path / "torch2.1.0-fixed-3"
     assert pr_range._new_folder(tmp_path / "x") == tmp_path / "x"
+
+
+def test_the_torches_come_from_refs_ci_and_the_suite_runs_on_its_default() -> None:
+    """#43 item 6: the reporter's torch, every preset of REF's cpu-torch-latest.yml and the
+    newest; DeepSpeed's own tests (the long step) on the torch that workflow installs by default."""
+    from repro.matrix.schema import load_matrix
+    from repro.upstream.pr.checks import UPSTREAM_CI
+    from repro.upstream.pr.verify_run import stacks
+
+    matrix = load_matrix()
+    ci = {"default": "2.10.0", "presets": ["2.7.1", "2.10.0", "2.13.0"]}
+    chosen = stacks(matrix, ci)
+    assert [(s.name, s.env, s.torch) for s in chosen] == [
+        ("reporter", "cpu", "2.1.0"),
+        ("torch2.7.1", "cpu-latest+torch2.7.1", "2.7.1"),
+        ("torch2.10.0", "cpu-latest+torch2.10.0", "2.10.0"),
+        ("newest", "cpu-latest", "2.13.0"),  # a preset that is the newest's torch: one stack
+    ]
+    assert [s.name for s in chosen if s.suite] == ["torch2.10.0"]
+    keys = [(stack.name, check.key) for stack, check in pr_checks.plan(chosen)]
+    assert {k for n, k in keys if n == "torch2.7.1"} == {"mics", "mics-hier", "zero3", "mics@plain"}
+    assert chosen[1].kind == UPSTREAM_CI and chosen[0].kind == "reporter"
+    # No workflow at REF (an older DeepSpeed): the two stacks of the matrix, both with the suite.
+    assert [(s.name, s.suite) for s in stacks(matrix, None)] == [("reporter", True), ("newest", True)]
+
+
+def test_torches_chooses_and_refuses_what_cannot_be_verified() -> None:
+    from repro.matrix.schema import load_matrix
+    from repro.upstream.pr.verify_run import stacks
+
+    matrix = load_matrix()
+    ci = {"default": "2.10.0", "presets": ["2.10.0"]}
+    chosen = stacks(matrix, ci, "2.10.0, 2.13.0,2.10.0")
+    assert [(s.name, s.suite) for s in chosen] == [("torch2.10.0", True), ("newest", True)]
+    refused = (("2.10.0+cpu", "not a torch release"), ("x", "not a torch release"), ("1.5.0", "knows"))
+    for bad, words in refused:
+        with pytest.raises(UsageError) as err:
+            stacks(matrix, ci, bad)
+        assert words in err.value.render(), bad
+    with pytest.raises(UsageError, match="names no torch"):
+        stacks(matrix, ci, " , ")
+
+
+def test_the_suite_runs_only_on_its_stacks(
+    made: tuple[Path, dict[str, Any]],  # noqa: F811
+    ds: FakeDeepSpeedPr,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    from dataclasses import replace
+
+    out, pr = made
+    ran: list[str] = []
+
+    def suite(call: Any) -> dict[str, Any]:
+        ran.append(call.torch)
+        return {"tests": {}, "counts": {}, "exit_code": 0, "from_log": False}
+
+    stacks = [replace(STACKS[0], suite=False), STACKS[1]]
+    data = Verification(
+        pr, stacks, out, str(ds.path), "venv", StandInProbe(pr, {}), regression_stand_in,
+        CellCache("pr-verify", tmp_path / "cache" / "pr-verify"), suite=suite,
+    ).run()  # fmt: skip
+    assert [e["torch"] for e in data["suite"]] == ["2.13.0"] and set(ran) == {"2.13.0"}

@@ -43,6 +43,11 @@ def _verify_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--releases", default=None, help="DeepSpeed releases of the range (default: see docs)")
     p.add_argument("--parallel", type=int, default=1, help="releases probed side by side in the range")
+    p.add_argument(
+        "--torches",
+        default=None,
+        help="torch versions to verify with (default: the reporter's, REF's CPU CI presets, the newest)",
+    )
 
 
 @command(
@@ -115,6 +120,7 @@ def verify_folder(folder: Path, args: argparse.Namespace) -> int:
         range_torch=args.range_torch,
         releases=args.releases,
         parallel=args.parallel,
+        torches=args.torches,
     )
     verified = pr_verify_run.run(folder, request)
     console.result(f"description: {folder / 'PR_DESCRIPTION.md'}")

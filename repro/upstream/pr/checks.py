@@ -43,11 +43,22 @@ class Expect(enum.Enum):
 
 @dataclass(frozen=True)
 class Stack:
-    """A torch the branch is verified with: an env of the matrix (torch pinned there)."""
+    """A torch the branch is verified with: an env of the matrix (torch pinned there), or one
+    derived from it with another torch ("cpu-latest+torch2.10.0")."""
 
-    name: str  # "reporter" or "newest"
+    name: str  # "reporter", "newest", or "torch<version>" for a torch REF's CI installs
     env: str
     torch: str
+    role: str = ""  # which checks run on it (Check.stacks); empty: the name says
+    suite: bool = True  # DeepSpeed's own tests run on it too (pr_suite: a long step)
+
+    @property
+    def kind(self) -> str:
+        return self.role or self.name
+
+
+# A stack of a torch that REF's CPU CI installs (a preset of its workflow): the newest's checks.
+UPSTREAM_CI = "upstream-ci"
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,7 @@ class Check:
     scenario: str
     transport: str
     expect: Expect
-    stacks: tuple[str, ...]  # Stack.name values it runs on
+    stacks: tuple[str, ...]  # the Stack.kind values it runs on
 
     @property
     def key(self) -> str:
@@ -65,10 +76,10 @@ class Check:
 # Plain gloo only with the newest torch: on torch 2.1 gloo has no _allgather_base, so even
 # ZeRO-3 cannot start there (docs/upstream.md) and the stack says nothing about the fix.
 CHECKS: tuple[Check, ...] = (
-    Check("mics", "async", Expect.FIXES, ("reporter", "newest")),
-    Check("mics-hier", "async", Expect.FIXES, ("reporter", "newest")),
-    Check("zero3", "async", Expect.UNCHANGED, ("reporter", "newest")),
-    Check("mics", "plain", Expect.FIXES_REFUSAL, ("newest",)),
+    Check("mics", "async", Expect.FIXES, ("reporter", "newest", UPSTREAM_CI)),
+    Check("mics-hier", "async", Expect.FIXES, ("reporter", "newest", UPSTREAM_CI)),
+    Check("zero3", "async", Expect.UNCHANGED, ("reporter", "newest", UPSTREAM_CI)),
+    Check("mics", "plain", Expect.FIXES_REFUSAL, ("newest", UPSTREAM_CI)),
 )
 
 # Which checks exercise which function of mics.py, by the scenario's config: flat gather
@@ -155,8 +166,8 @@ def judge(expect: Expect, ref: Seen, branch: Seen) -> tuple[bool | None, str]:
 
 
 def plan(stacks: Sequence[Stack]) -> list[tuple[Stack, Check]]:
-    by_name = {s.name: s for s in stacks}
-    return [(by_name[name], check) for check in CHECKS for name in check.stacks if name in by_name]
+    """Each check on each stack of its kinds, check by check (the stacks in their given order)."""
+    return [(stack, check) for check in CHECKS for stack in stacks if stack.kind in check.stacks]
 
 
 def regression_ok(ref: Mapping[str, str], branch: Mapping[str, str]) -> tuple[bool, str]:

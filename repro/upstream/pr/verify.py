@@ -255,7 +255,7 @@ class Verification:
                 self.pr, self.ds_repo, self.out / "verify", export_tree, self.engine, self.suite,
                 CellCache("pr-suite", sessions, keep=pr_suite.worth_caching),
             )  # fmt: skip
-            for stack in self.stacks:
+            for stack in (s for s in self.stacks if s.suite):
                 self.data["suite"].append(self._suite(upstream, stack))
                 self.save()
         self.data["complete"] = True

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from repro.upstream.pr import affected_range as pr_range
 from repro.upstream.pr import description as pr_description
 from repro.upstream.pr import suite as pr_suite
 from repro.upstream.pr import verify as pr_verify
-from repro.upstream.pr.checks import Stack
+from repro.upstream.pr.checks import UPSTREAM_CI, Stack
 from repro.upstream.pr.fix import MICS
 from repro.workload import fix
 
@@ -28,11 +28,65 @@ REPORTER_ENV = "cpu"
 NEWEST_ENV = "cpu-latest"
 
 
-def stacks(matrix: Any) -> list[Stack]:
-    return [
-        Stack("reporter", REPORTER_ENV, matrix.get(REPORTER_ENV).torch),
-        Stack("newest", NEWEST_ENV, matrix.get(NEWEST_ENV).torch),
-    ]
+def stacks(matrix: Any, upstream: Mapping[str, Any] | None = None, given: str | None = None) -> list[Stack]:
+    """The torches to verify with. Default: the reporter's, every preset of REF's CPU CI
+    (`upstream`: pr_suite.workflow_torches of its workflow) and the matrix's newest. TORCHES= picks
+    (each must be one of these or a release the matrix can derive the newest env with).
+
+    DeepSpeed's own tests (a long step) run on the torch REF's CI installs by default, else on
+    every stack; with TORCHES= on each torch given."""
+    reporter, newest = matrix.get(REPORTER_ENV).torch, matrix.get(NEWEST_ENV).torch
+    ci = dict(upstream or {})
+    presets = [t for t in ci.get("presets") or [] if t not in (reporter, newest)]
+    if given is None:
+        torches = [reporter, *presets, newest]
+    else:
+        torches = _given_torches(given)
+    chosen = [_stack(matrix, t, reporter, newest) for t in torches]
+    default = ci.get("default")
+    if given is None and any(s.torch == default for s in chosen):
+        chosen = [replace(s, suite=s.torch == default) for s in chosen]
+    return chosen
+
+
+def _given_torches(given: str) -> list[str]:
+    torches: list[str] = []
+    for text in (t.strip() for t in given.split(",") if t.strip()):
+        if text in torches:
+            console.warn(f"TORCHES: torch {text} is given twice: one stack")
+            continue
+        torches.append(text)
+    if not torches:
+        raise UsageError(f"TORCHES={given} names no torch", fix="e.g. TORCHES=2.10.0,2.13.0")
+    return torches
+
+
+def _stack(matrix: Any, torch: str, reporter: str, newest: str) -> Stack:
+    """The reporter's or the newest env for their own torch; any other torch on the newest env
+    (REF's CI installs torch on the newest Python), refused unless the matrix can derive it."""
+    if torch == reporter:
+        return Stack("reporter", REPORTER_ENV, torch)
+    if torch == newest:
+        return Stack("newest", NEWEST_ENV, torch)
+    try:
+        version = Version(torch)
+        if version.local is not None or version.is_prerelease or version.is_devrelease:
+            raise UsageError(f"{torch!r} is not a torch release", fix="give release numbers such as 2.10.0")
+        if compat.torch_pythons(str(version)) is None:
+            raise UsageError(
+                f"torch {version} is not a release repro/matrix/compat.py knows",
+                fix=f"give a listed release ({', '.join(compat.TORCH_PYTHONS)}), or add it there",
+            )
+        env = matrix.derive(NEWEST_ENV, torch=str(version))
+    except InvalidVersion:
+        raise UsageError(f"TORCHES: {torch!r} is not a torch release", fix="e.g. TORCHES=2.10.0") from None
+    except (UsageError, MatrixError, PythonVersionError) as exc:
+        raise UsageError(
+            f"TORCHES: torch {torch} cannot be verified here",
+            why=exc.what + (f" ({exc.why})" if exc.why else ""),
+            fix=exc.fix or "give torch releases the matrix can install, e.g. TORCHES=2.10.0",
+        ) from None
+    return Stack(f"torch{version}", env.id, str(version), role=UPSTREAM_CI)
 
 
 def columns(matrix: Any, given: str | None) -> list[pr_range.Column]:
@@ -87,6 +141,14 @@ def _read_json(path: Path) -> dict[str, Any] | None:
         return None
 
 
+def ref_file(ds_repo: str, sha: str, path: str) -> str | None:
+    """A file of DS_REPO at `sha` (None when the commit has no such file)."""
+    from repro.upstream.pr.git import Checkout
+
+    shown = Checkout(ds_repo).try_git("show", f"{sha}:{path}")
+    return shown.stdout if shown.ok else None
+
+
 def tag_reader(ds_repo: str) -> Any:
     from repro.upstream.pr.branch import read_at
     from repro.upstream.pr.git import Checkout
@@ -134,6 +196,7 @@ class VerifyRequest:
     range_torch: str | None = None  # RANGE_TORCH=: the torch columns of the range
     releases: str | None = None  # RELEASES=: the range's rows (default: every release with MiCS)
     parallel: int = 1
+    torches: str | None = None  # TORCHES=: the torches to verify with (default: see `stacks`)
 
 
 def run(folder: Path, args: VerifyRequest, runners: Mapping[str, Any] | None = None) -> bool | None:
@@ -151,8 +214,9 @@ def run(folder: Path, args: VerifyRequest, runners: Mapping[str, Any] | None = N
     if args.verify:
         # DeepSpeed's own tests run for a user; stand-ins (tests) run them only when given one.
         suite = given.get("suite") if runners is not None else pr_suite.front_door_session
+        upstream = pr_suite.workflow_torches(ref_file(args.ds_repo, pr["ref_sha"], pr_suite.WORKFLOW))
         verification = pr_verify.Verification(
-            pr, stacks(matrix), folder, args.ds_repo, args.engine,
+            pr, stacks(matrix, upstream, args.torches), folder, args.ds_repo, args.engine,
             **{k: v for k, v in given.items() if k in ("probe", "regression")}, suite=suite,
         ).run()  # fmt: skip
         verified = bool(verification["verified"])
