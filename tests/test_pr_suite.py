@@ -96,6 +96,10 @@ def test_a(tmpdir):
 
 def test_b(tmpdir):
     checkpoint_correctness_verification(CONFIG, [], 10, tmpdir, dtype=torch.bfloat16)
+
+
+def test_c(tmpdir):
+    checkpoint_correctness_verification(CONFIG, [], 10, tmpdir, load_optimizer_states=True, empty_tag=False)
 """
 
 
@@ -103,10 +107,14 @@ def test_the_fp16_tests_data_follows_its_config_where_the_helper_would_pick_bf16
     import ast
 
     text, count = pr_suite.align_data_dtype(FP16_TEST, HELPER_PREFERRED)
-    assert count == 1 and "import deepspeed\nimport torch\n" in text
+    assert count == 2 and "import deepspeed\nimport torch\n" in text
     calls = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Call)]
     dtypes = [ast.unparse(k.value) for c in calls for k in c.keywords if k.arg == "dtype"]
-    assert dtypes == ["torch.float16", "torch.bfloat16"]  # a dtype the test gives is its own
+    assert dtypes == ["torch.float16", "torch.bfloat16", "torch.float16"]  # a test's own dtype stays
+    # Past DeepSpeed's 119 columns a call is written as its yapf writes it: one argument a line.
+    assert max(len(line) for line in text.splitlines()) <= 119
+    pad = " " * len("    checkpoint_correctness_verification(")
+    assert f"empty_tag=False,\n{pad}dtype=torch.float16)\n" in text
     # Left alone: a helper that follows `fp16=True`, a test that does not train in fp16.
     assert pr_suite.align_data_dtype(FP16_TEST, HELPER_FP16_FLAG) == (FP16_TEST, 0)
     fp32 = FP16_TEST.replace('"enabled": True', '"enabled": False')

@@ -135,9 +135,7 @@ def align_data_dtype(test: str, common: str) -> tuple[str, int]:
     bf16 wherever bf16 is supported (every CPU, most GPUs), so the un-skipped test fails on
     `mat1 and mat2 must have the same dtype` before MiCS is exercised. Only where the helper has
     that default (`defaults_to_preferred_dtype`) and the test's config enables fp16."""
-    if not defaults_to_preferred_dtype(common) or not re.search(
-        r'"fp16"\s*:\s*\{\s*"enabled"\s*:\s*True', test
-    ):
+    if not defaults_to_preferred_dtype(common) or not FP16_CONFIG.search(test):
         return test, 0
     try:
         tree = ast.parse(test)
@@ -153,12 +151,34 @@ def align_data_dtype(test: str, common: str) -> tuple[str, int]:
     ]
     lines = test.splitlines(keepends=True)
     for call in sorted(calls, key=lambda c: (c.end_lineno or 0, c.end_col_offset or 0), reverse=True):
-        row, col = (call.end_lineno or 1) - 1, (call.end_col_offset or 1) - 1  # the closing paren
-        lines[row] = lines[row][:col] + ", dtype=torch.float16" + lines[row][col:]
+        _add_dtype(lines, call, test)
     text = "".join(lines)
     if calls and not re.search(r"^import torch$", text, re.MULTILINE):
         text = re.sub(r"^(import deepspeed\n)", r"\1import torch\n", text, count=1, flags=re.MULTILINE)
     return text, len(calls)
+
+
+# DeepSpeed's yapf style (its .style.yapf): a call that outgrows the line puts one argument per
+# line, aligned after the opening parenthesis.
+DS_COLUMN_LIMIT = 119
+DTYPE_ARGUMENT = "dtype=torch.float16"
+
+
+def _add_dtype(lines: list[str], call: ast.Call, source: str) -> None:
+    """`lines` with DTYPE_ARGUMENT last in `call`; a one-line call that would outgrow DeepSpeed's
+    column limit is written as its yapf would write it."""
+    row, col = (call.end_lineno or 1) - 1, (call.end_col_offset or 1) - 1  # the closing paren
+    line = lines[row]
+    added = line[:col] + ", " + DTYPE_ARGUMENT + line[col:]
+    if call.lineno != call.end_lineno or len(added.rstrip("\n")) <= DS_COLUMN_LIMIT:
+        lines[row] = added
+        return
+    start = call.func.col_offset if isinstance(call.func, ast.Name) else call.col_offset
+    opening = line.index("(", start) + 1
+    arguments = [ast.get_source_segment(source, node) or "" for node in (*call.args, *call.keywords)]
+    arguments.append(DTYPE_ARGUMENT)
+    indent = " " * opening
+    lines[row] = line[:opening] + (",\n" + indent).join(arguments) + line[col:]
 
 
 def pytest_flags(workflow: str | None) -> tuple[tuple[str, ...], str]:
