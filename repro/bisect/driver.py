@@ -38,6 +38,7 @@ from repro.bisect.worktree_layer import WorktreeLayer
 from repro.core import console, safe_write
 from repro.core.errors import Interrupted, UsageError
 from repro.core.jobname import job_identity, walk_subject
+from repro.core.make_options import checked_pairs, reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.results import (
     InvocationDir,
@@ -116,22 +117,24 @@ class ProbeOptions:
         )
 
     def make_pairs(self, env_id: str) -> list[tuple[str, object]]:
-        return [
-            ("ENV", env_id),
-            ("ENGINE", self.engine),
-            ("SCENARIO", None if self.command else self.scenario),  # CMD= runs no scenario of ours
-            ("PATCH", self.patch),
-            ("DTYPE", self.dtype),
-            ("TRANSPORT", None if self.transport == "async" else self.transport),
-            ("STEPS", self.steps),
-            ("WORLD_SIZE", self.world_size),
-            ("TIMEOUT", self.timeout_s),
-            ("CMD", self.command),
-            ("WORKDIR", self.workdir),
-            ("LOSS_REGEX", self.loss_regex),
-            ("REQUIREMENTS", self.requirements),
-            ("PACKAGES", self.packages),
-        ]
+        return reproduce_pairs(
+            {
+                "ENV": env_id,
+                "ENGINE": self.engine,
+                "SCENARIO": None if self.command else self.scenario,  # CMD= runs no scenario of ours
+                "PATCH": self.patch,
+                "DTYPE": self.dtype,
+                "TRANSPORT": None if self.transport == "async" else self.transport,
+                "STEPS": self.steps,
+                "WORLD_SIZE": self.world_size,
+                "TIMEOUT": self.timeout_s,
+                "CMD": self.command,
+                "WORKDIR": self.workdir,
+                "LOSS_REGEX": self.loss_regex,
+                "REQUIREMENTS": self.requirements,
+                "PACKAGES": self.packages,
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -260,21 +263,28 @@ class Walk:
         pins = dict(self.fixed, **{self.axis: version})
         return replace(self.base, torch=pins.get("torch"), deepspeed=pins.get("deepspeed"), label=version)
 
+    # The bisect and survey lines keep the order they were printed in before the table existed
+    # (the walk's own variables around the probe's): checked_pairs checks the names only.
     def make_pairs(self, req: WalkRequest, start: str, end: str) -> list[tuple[str, object]]:
+        # DS_REPO leads on the commit axis (the commits are its); COMMITS=1 goes on from releases
         if self.axis == COMMIT_AXIS:
-            return [("AXIS", self.axis), ("FROM", start), ("TO", end), ("DS_REPO", req.ds_repo)]
-        return [("AXIS", self.axis), ("FROM", start), ("TO", end), ("COMMITS", 1 if req.commits else None)]
+            last: tuple[str, object] = ("DS_REPO", req.ds_repo)
+        else:
+            last = ("COMMITS", 1 if req.commits else None)
+        return checked_pairs([("AXIS", self.axis), ("FROM", start), ("TO", end), last])
 
     def tail_pairs(self, req: WalkRequest) -> list[tuple[str, object]]:
-        return [
-            ("TORCH", self.fixed.get("torch")),
-            ("DEEPSPEED", self.fixed.get("deepspeed")),
-            ("VERSIONS", req.versions),
-            ("DS_REPO", req.ds_repo if req.commits else None),
-            *req.probe.make_pairs(self.env_id),
-            ("PARALLEL", req.parallel if req.parallel > 1 else None),
-            ("RUNNER", req.runner if req.runner != "local" else None),
-        ]
+        return checked_pairs(
+            [
+                ("TORCH", self.fixed.get("torch")),
+                ("DEEPSPEED", self.fixed.get("deepspeed")),
+                ("VERSIONS", req.versions),
+                ("DS_REPO", req.ds_repo if req.commits else None),
+                *req.probe.make_pairs(self.env_id),
+                ("PARALLEL", req.parallel if req.parallel > 1 else None),
+                ("RUNNER", req.runner if req.runner != "local" else None),
+            ]
+        )
 
 
 def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
@@ -450,7 +460,13 @@ class BisectMode:
         walk = self.walk
         return make_line(
             "bisect",
-            [*walk.make_pairs(self.req, start, end), ("BAD_IF", self.req.bad_if), *walk.tail_pairs(self.req)],
+            checked_pairs(
+                [
+                    *walk.make_pairs(self.req, start, end),
+                    ("BAD_IF", self.req.bad_if),
+                    *walk.tail_pairs(self.req),
+                ]
+            ),
         )
 
     def next_round(self, k: int) -> list[int]:
@@ -502,14 +518,16 @@ class BisectMode:
         good, bad = (TORCH_BEFORE_ILLEGAL_WORK, torch) if toward == "older" else (torch, None)
         return make_line(
             "bisect" if bad else "survey",
-            [
-                ("AXIS", "torch"),
-                ("GOOD" if bad else "FROM", good),
-                ("BAD", bad),
-                ("BAD_IF", self.req.bad_if if bad else None),
-                ("DEEPSPEED", at),
-                *self.req.probe.make_pairs(self.walk.env_id),
-            ],
+            checked_pairs(
+                [
+                    ("AXIS", "torch"),
+                    ("GOOD" if bad else "FROM", good),
+                    ("BAD", bad),
+                    ("BAD_IF", self.req.bad_if if bad else None),
+                    ("DEEPSPEED", at),
+                    *self.req.probe.make_pairs(self.walk.env_id),
+                ]
+            ),
         )
 
     def summary(self, data: dict[str, Any]) -> list[str]:
@@ -551,11 +569,13 @@ class SurveyMode:
         walk = self.walk
         return make_line(
             "survey",
-            [
-                *walk.make_pairs(self.req, start, end),
-                ("EVERY", 1 if self.req.every else None),
-                *walk.tail_pairs(self.req),
-            ],
+            checked_pairs(
+                [
+                    *walk.make_pairs(self.req, start, end),
+                    ("EVERY", 1 if self.req.every else None),
+                    *walk.tail_pairs(self.req),
+                ]
+            ),
         )
 
     def next_round(self, k: int) -> list[int]:

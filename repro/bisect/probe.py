@@ -35,6 +35,7 @@ from repro.bisect.search import ProbeVerdict
 from repro.core import console
 from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
 from repro.core.evidence import as_evidence
+from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
 from repro.core.runs import RunFinding, run_finding
@@ -206,40 +207,44 @@ class ProbeSpec:
                 + (" " if prefix else "")
                 + make_line(
                     "probe",
-                    [
-                        ("ENV", self.env_id),
-                        ("TORCH", self.torch),
-                        ("DEEPSPEED", self.deepspeed),
-                        ("DS_REPO", self.deepspeed_repo if self.deepspeed_commit else None),
-                        ("DEEPSPEED_COMMIT", self.deepspeed_commit),
-                        ("ENGINE", "venv" if self.deepspeed_commit else self.engine),
-                        ("SCENARIO", None if self.command else self.scenario),
-                        ("PATCH", self.patch),
-                        ("DTYPE", self.dtype),
-                        ("TRANSPORT", None if self.transport == "async" else self.transport),
-                        ("STEPS", self.steps),
-                        ("WORLD_SIZE", self.world_size),
-                        ("CMD", self.command),
-                        ("WORKDIR", self.workdir),
-                        ("LOSS_REGEX", self.loss_regex),
-                        ("REQUIREMENTS", self.requirements),
-                        ("PACKAGES", self.packages),
-                    ],
+                    reproduce_pairs(
+                        {
+                            "ENV": self.env_id,
+                            "TORCH": self.torch,
+                            "DEEPSPEED": self.deepspeed,
+                            "DS_REPO": self.deepspeed_repo if self.deepspeed_commit else None,
+                            "DEEPSPEED_COMMIT": self.deepspeed_commit,
+                            "ENGINE": "venv" if self.deepspeed_commit else self.engine,
+                            "SCENARIO": None if self.command else self.scenario,
+                            "PATCH": self.patch,
+                            "DTYPE": self.dtype,
+                            "TRANSPORT": None if self.transport == "async" else self.transport,
+                            "STEPS": self.steps,
+                            "WORLD_SIZE": self.world_size,
+                            "CMD": self.command,
+                            "WORKDIR": self.workdir,
+                            "LOSS_REGEX": self.loss_regex,
+                            "REQUIREMENTS": self.requirements,
+                            "PACKAGES": self.packages,
+                        }
+                    ),
                 )
             )
         return make_line(
             "repro",
-            [
-                ("ENV", self.env_id),
-                ("TORCH", self.torch),
-                ("DEEPSPEED", self.deepspeed),
-                ("SCENARIOS", self.scenario),
-                ("PATCH", self.patch),
-                ("DTYPE", self.dtype),
-                ("TRANSPORT", None if self.transport == "async" else self.transport),
-                ("STEPS", self.steps),
-                ("WORLD_SIZE", self.world_size),
-            ],
+            reproduce_pairs(
+                {
+                    "ENV": self.env_id,
+                    "TORCH": self.torch,
+                    "DEEPSPEED": self.deepspeed,
+                    "SCENARIOS": self.scenario,
+                    "PATCH": self.patch,
+                    "DTYPE": self.dtype,
+                    "TRANSPORT": None if self.transport == "async" else self.transport,
+                    "STEPS": self.steps,
+                    "WORLD_SIZE": self.world_size,
+                }
+            ),
         )
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from repro.core import paths
 from repro.core.errors import UsageError
 from repro.core.flags import env_bool
+from repro.core.make_options import checked_pairs
 from repro.core.makeline import make_line
 from repro.run.orchestrate import Request
 from repro.run.usecase import RunTarget as RunTarget  # the CLI builds it; the use case owns it
@@ -120,21 +121,25 @@ def request_from_args(args: argparse.Namespace, default_env: str) -> Request:
 
 def run_make_line(target: str, args: argparse.Namespace) -> str:
     """The make line for the run options as given (the user's own spellings, not the defaults)."""
+    # ENGINE right after ENV, before the pins (the table puts it after them): the order this line
+    # had before the table, which results.json files keep; checked_pairs checks the names only.
     return make_line(
         target,
-        [
-            ("ENV", args.env),
-            ("ENGINE", args.engine),
-            ("TORCH", args.torch),
-            ("DEEPSPEED", args.deepspeed),
-            ("SCENARIOS", args.scenarios),
-            ("PATCH", args.patch),
-            ("DTYPE", args.dtype),
-            ("TRANSPORT", args.transport),
-            ("CONFIG", args.config),
-            ("STEPS", args.steps),
-            ("WORLD_SIZE", args.world_size),
-        ],
+        checked_pairs(
+            [
+                ("ENV", args.env),
+                ("ENGINE", args.engine),
+                ("TORCH", args.torch),
+                ("DEEPSPEED", args.deepspeed),
+                ("SCENARIOS", args.scenarios),
+                ("PATCH", args.patch),
+                ("DTYPE", args.dtype),
+                ("TRANSPORT", args.transport),
+                ("CONFIG", args.config),
+                ("STEPS", args.steps),
+                ("WORLD_SIZE", args.world_size),
+            ]
+        ),
     )
 
 

@@ -11,6 +11,7 @@ from repro.cli.options import DEFAULT_RESULTS_ROOT, RunTarget, add_matrix_option
 from repro.cli.registry import command
 from repro.core import console, safe_write, script_values
 from repro.core.errors import DockerUnavailableError, UsageError
+from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.paths import REPO_ROOT
 
@@ -76,7 +77,7 @@ def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Pat
         out=folder,
         matrix=matrix,
         argv=tuple(argv),
-        make_command=make_line("repro", [("ENV", env_id), ("ENGINE", "docker")]),
+        make_command=make_line("repro", reproduce_pairs({"ENV": env_id, "ENGINE": "docker"})),
     )
     console.info(f"bundle: no RESULTS= given; running the reproduction of {env_id} in Docker first")
     run_request(Request(env_ids=(env_id,)), target)

@@ -27,6 +27,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 
 from repro.core.errors import UsageError
+from repro.core.make_options import reproduce_pairs
 from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 
 CONSTRAINT_LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
@@ -344,4 +345,4 @@ def line_pairs(deps: JobDeps | None) -> Iterable[tuple[str, object]]:
     """REQUIREMENTS/PACKAGES for a reproduce line (repro/core/makeline.py)."""
     if deps is None:
         return []
-    return [("REQUIREMENTS", deps.requirements_file), ("PACKAGES", deps.packages)]
+    return reproduce_pairs({"REQUIREMENTS": deps.requirements_file, "PACKAGES": deps.packages})

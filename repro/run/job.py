@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from repro.core import console, launchers
 from repro.core.diskfull import disk_full_at
 from repro.core.errors import UsageError
+from repro.core.make_options import checked_pairs
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
 from repro.core.smallfile import read_regular
@@ -635,19 +636,29 @@ def reproduce_line(request: JobRequest) -> str:
     before `make` (PYTHONPATH, GPU selection, NCCL settings) and every option that differs from
     its default. Printed by `run`, saved as the invocation's command (summary, report, bundle)."""
     defaults = JobRequest.__dataclass_fields__
-    pairs: list[tuple[str, object]] = [
-        ("ENV", request.env_id),
-        ("ENGINE", request.engine),
-        ("WORKDIR", str(request.workdir.resolve())),
-        *jobdeps.line_pairs(request.deps),
-        ("PATCH", ",".join(request.patches) if request.patches != defaults["patches"].default else None),
-        ("TRANSPORT", request.transport if request.transport != defaults["transport"].default else None),
-        ("LOSS_REGEX", request.loss_regex),
-        ("TIMEOUT", f"{request.timeout_s:g}" if request.timeout_s != defaults["timeout_s"].default else None),
-        ("STALL_TIMEOUT", f"{request.stall_s:g}" if request.stall_s != defaults["stall_s"].default else None),
-        ("NETWORK", "1" if request.network else None),
-        ("CMD", request.command),
-    ]
+    # Where and with what first, the command last: the order this line had before the table
+    # (repro/core/make_options.py), which saved results keep; checked_pairs checks the names only.
+    pairs = checked_pairs(
+        [
+            ("ENV", request.env_id),
+            ("ENGINE", request.engine),
+            ("WORKDIR", str(request.workdir.resolve())),
+            *jobdeps.line_pairs(request.deps),
+            ("PATCH", ",".join(request.patches) if request.patches != defaults["patches"].default else None),
+            ("TRANSPORT", request.transport if request.transport != defaults["transport"].default else None),
+            ("LOSS_REGEX", request.loss_regex),
+            (
+                "TIMEOUT",
+                f"{request.timeout_s:g}" if request.timeout_s != defaults["timeout_s"].default else None,
+            ),
+            (
+                "STALL_TIMEOUT",
+                f"{request.stall_s:g}" if request.stall_s != defaults["stall_s"].default else None,
+            ),
+            ("NETWORK", "1" if request.network else None),
+            ("CMD", request.command),
+        ]
+    )
     prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in request.inherited)
     return f"{prefix} {make_line('run', pairs)}".strip()
 

@@ -38,6 +38,7 @@ from repro import __version__
 from repro.core import console, paths, templating
 from repro.core.errors import BundleError, LeakError, ReproError
 from repro.core.evidence import platform_mismatch
+from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.results import ResultsData
 from repro.core.results import load as load_results
@@ -446,13 +447,14 @@ def _commands(
         "load": f"docker load -i {IMAGE_FILE}",
         "run": run_command,
         # Run from a mics-repro checkout; BUNDLE= takes this folder or its .tar archive.
-        # A GPU bundle's container gets device access: the verifier must consent (README "Security").
+        # A GPU bundle's container gets device access: the verifier must consent (docs/security.md).
         "verify": make_line(
             "verify-bundle",
-            [("BUNDLE", f"path/to/{out.name}.tar")]
-            + ([("ALLOW_PRIVILEGES", "1")] if platform != "cpu" else []),
+            reproduce_pairs(
+                {"BUNDLE": f"path/to/{out.name}.tar", "ALLOW_PRIVILEGES": "1" if platform != "cpu" else None}
+            ),
         ),
-        "reproduce_from_source": invocation_command or make_line("repro", [("ENV", env_id)]),
+        "reproduce_from_source": invocation_command or make_line("repro", reproduce_pairs({"ENV": env_id})),
     }
     return suite_args, commands
 

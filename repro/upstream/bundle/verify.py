@@ -27,6 +27,7 @@ from typing import Any
 
 from repro.core import console, records
 from repro.core.errors import BundleError, UsageError
+from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.paths import confined
 from repro.core.printable import printable
@@ -393,7 +394,7 @@ def _new_invocation(results_root: Path, env_id: str, argv: Sequence[str], bundle
     out_root = new_invocation_dir(results_root, [f"verify-{env_id}"])
     if confined(out_root, env_id) is None:  # the manifest check refuses such ids; never trust one
         raise BundleError(f"env id {env_id!r} would leave the results folder {out_root}")
-    meta = invocation_meta(list(argv), make_line("verify-bundle", [("BUNDLE", bundle)]))
+    meta = invocation_meta(list(argv), make_line("verify-bundle", reproduce_pairs({"BUNDLE": bundle})))
     invocation = InvocationDir(out_root, meta)
     invocation.save()
     return invocation

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.jobname import short_command
+from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.runs import RunFinding, run_finding
 from repro.workload.record import CUSTOM_SCENARIO, Outcome, Signature
@@ -361,14 +362,15 @@ def bundle_steps(env: str, line: str, docker: bool) -> tuple[str, tuple[str, ...
     """(the container line, the steps that make one): `make bundle` only works on a Docker run's
     results (a venv run's exits 16), so for those it is the same probe/run in Docker, then the bundle."""
     if docker:
-        return make_line("bundle", [("ENV", env), ("RESULTS", "<results>")]), ()
+        return make_line("bundle", reproduce_pairs({"ENV": env, "RESULTS": "<results>"})), ()
     tokens = line.split()
     if " ENGINE=" in f" {line}":
         tokens = [("ENGINE=docker" if t.startswith("ENGINE=") else t) for t in tokens]
     elif "make" in tokens:
         at = tokens.index("make") + 2  # after `make <target>`
         tokens[at:at] = ["ENGINE=docker"]
-    return "", (" ".join(tokens), make_line("bundle", [("ENV", env), ("RESULTS", "results/latest")]))
+    bundle = make_line("bundle", reproduce_pairs({"ENV": env, "RESULTS": "results/latest"}))
+    return "", (" ".join(tokens), bundle)
 
 
 def subject(scenario: str, patch: str, job: JobFacts | None) -> str:
