@@ -375,3 +375,38 @@ def test_parameters_that_fared_the_same_share_a_row() -> None:
         {"test": "u.py::T::test_a[4]", "cells": ["passed → passed"]},
         {"test": "u.py::T::test_b", "cells": ["failed → failed"]},
     ]
+
+
+def test_a_session_the_lab_stopped_says_why_beside_the_unskipped_tests(
+    made_with_tests: tuple[Path, dict[str, Any]],
+) -> None:
+    """The branch's un-skipped test deadlocked (shard 2 of world 4 on master): the description
+    quotes the lab's own reason for stopping the session, not only a tally."""
+    from repro.upstream.pr.description import suite_table
+
+    _, pr = made_with_tests
+    optimizer = "unit/checkpoint/test_mics_optimizer.py::TestMiCSCheckpoint"
+    reason = "deadlock: ranks 0,1 in all_reduce_coalesced on groups [0,2] #1, [1,3] #1"
+
+    def session(side: str, outcome: str, tests: dict[str, str]) -> dict[str, Any]:
+        said = {t: {"outcome": o, "message": ""} for t, o in tests.items()}
+        return {"side": side, "transport": "plain", "outcome": outcome, "reason": reason, "tests": said}
+
+    entry = {
+        "torch": "2.13.0",
+        "sessions": [
+            session("ref", "failed", {f"{optimizer}::test_load[4]": "failed"}),
+            session(
+                "branch",
+                "hung",
+                {f"{optimizer}::test_load[4]": "passed", f"{optimizer}::test_load[2]": "unfinished"},
+            ),
+        ],
+        "rows": [],
+        "upstream_torches": {"default": None, "presets": []},
+    }
+    verification = {"suite": [entry], "checks": [], "regression": [], "complete": True, "verified": True}
+    sides = suite_table(verification)["unskip"][0]["sides"]  # type: ignore[index]
+    assert sides["branch"]["stopped"] == reason and sides["ref"]["stopped"] is None
+    text = render(record_from(pr), verification)
+    assert f"branch 1 passed, 1 unfinished (the lab stopped the session: `{reason}`)." in text

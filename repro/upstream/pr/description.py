@@ -179,6 +179,8 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
                     "tally": tally({t: v["outcome"] for t, v in mine.items()}),
                     "failures": said,
                     "unsaid": bool(bad) and not said,  # stopped before pytest printed its failures
+                    # The lab ended the session (a deadlock seen, the stall limit): its own words.
+                    "stopped": s.get("reason") if s.get("outcome") == "hung" and mine else None,
                 }
             unskip.append(
                 {"column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(transport, transport)}", "sides": sides}
