@@ -472,7 +472,9 @@ def test_torches_chooses_and_refuses_what_cannot_be_verified() -> None:
     matrix = load_matrix()
     ci = {"default": "2.10.0", "presets": ["2.10.0"]}
     chosen = stacks(matrix, ci, "2.10.0, 2.13.0,2.10.0")
-    assert [(s.name, s.suite) for s in chosen] == [("torch2.10.0", True), ("newest", True)]
+    assert [(s.name, s.suite) for s in chosen] == [("torch2.10.0", True), ("newest", False)]
+    chosen = stacks(matrix, ci, "2.9.1,2.13.0")  # REF's CI torch not among them: the suite on each
+    assert [(s.name, s.suite) for s in chosen] == [("torch2.9.1", True), ("newest", True)]
     refused = (("2.10.0+cpu", "not a torch release"), ("x", "not a torch release"), ("1.5.0", "knows"))
     for bad, words in refused:
         with pytest.raises(UsageError) as err:

@@ -33,8 +33,8 @@ def stacks(matrix: Any, upstream: Mapping[str, Any] | None = None, given: str | 
     (`upstream`: pr_suite.workflow_torches of its workflow) and the matrix's newest. TORCHES= picks
     (each must be one of these or a release the matrix can derive the newest env with).
 
-    DeepSpeed's own tests (a long step) run on the torch REF's CI installs by default, else on
-    every stack; with TORCHES= on each torch given."""
+    DeepSpeed's own tests (a long step) run on the torch REF's CI installs by default when it is
+    one of them, else on every stack."""
     reporter, newest = matrix.get(REPORTER_ENV).torch, matrix.get(NEWEST_ENV).torch
     ci = dict(upstream or {})
     presets = [t for t in ci.get("presets") or [] if t not in (reporter, newest)]
@@ -44,7 +44,7 @@ def stacks(matrix: Any, upstream: Mapping[str, Any] | None = None, given: str | 
         torches = _given_torches(given)
     chosen = [_stack(matrix, t, reporter, newest) for t in torches]
     default = ci.get("default")
-    if given is None and any(s.torch == default for s in chosen):
+    if any(s.torch == default for s in chosen):
         chosen = [replace(s, suite=s.torch == default) for s in chosen]
     return chosen
 
