@@ -453,8 +453,8 @@ def test_the_torches_come_from_refs_ci_and_the_suite_runs_on_its_default() -> No
     chosen = stacks(matrix, ci)
     assert [(s.name, s.env, s.torch) for s in chosen] == [
         ("reporter", "cpu", "2.1.0"),
-        ("torch2.7.1", "cpu+torch2.7.1", "2.7.1"),
-        ("torch2.10.0", "cpu+torch2.10.0", "2.10.0"),
+        ("torch2.7.1", "cpu+torch2.7.1+ds0.19.6", "2.7.1"),
+        ("torch2.10.0", "cpu+torch2.10.0+ds0.19.6", "2.10.0"),
         ("newest", "cpu-latest", "2.13.0"),  # a preset that is the newest's torch: one stack
     ]
     assert [s.name for s in chosen if s.suite] == ["torch2.10.0"]

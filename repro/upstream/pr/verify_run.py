@@ -64,7 +64,8 @@ def _given_torches(given: str) -> list[str]:
 def _stack(matrix: Any, torch: str, reporter: str, newest: str) -> Stack:
     """The reporter's or the newest env for their own torch; any other torch on the reporter's env
     with that torch (as the range's columns: PyPI's wheels, where the newest env's CPU index may be
-    out of reach), refused unless the matrix can derive it."""
+    out of reach) and the newest env's DeepSpeed dependencies (a recent REF imports einops, which
+    0.13.1's do not hold), refused unless the matrix can derive it."""
     if torch == reporter:
         return Stack("reporter", REPORTER_ENV, torch)
     if torch == newest:
@@ -78,7 +79,7 @@ def _stack(matrix: Any, torch: str, reporter: str, newest: str) -> Stack:
                 f"torch {version} is not a release repro/matrix/compat.py knows",
                 fix=f"give a listed release ({', '.join(compat.TORCH_PYTHONS)}), or add it there",
             )
-        env = matrix.derive(REPORTER_ENV, torch=str(version))
+        env = matrix.derive(REPORTER_ENV, torch=str(version), deepspeed=matrix.get(NEWEST_ENV).deepspeed)
     except InvalidVersion:
         raise UsageError(f"TORCHES: {torch!r} is not a torch release", fix="e.g. TORCHES=2.10.0") from None
     except (UsageError, MatrixError, PythonVersionError) as exc:
