@@ -71,24 +71,15 @@ def _stack(matrix: Any, torch: str, reporter: str, newest: str) -> Stack:
     if torch == newest:
         return Stack("newest", NEWEST_ENV, torch)
     try:
-        version = Version(torch)
-        if version.local is not None or version.is_prerelease or version.is_devrelease:
-            raise UsageError(f"{torch!r} is not a torch release", fix="give release numbers such as 2.10.0")
-        if compat.torch_pythons(str(version)) is None:
-            raise UsageError(
-                f"torch {version} is not a release repro/matrix/compat.py knows",
-                fix=f"give a listed release ({', '.join(compat.TORCH_PYTHONS)}), or add it there",
-            )
-        env = matrix.derive(REPORTER_ENV, torch=str(version), deepspeed=matrix.get(NEWEST_ENV).deepspeed)
-    except InvalidVersion:
-        raise UsageError(f"TORCHES: {torch!r} is not a torch release", fix="e.g. TORCHES=2.10.0") from None
+        version = torch_release(torch)
+        env = matrix.derive(REPORTER_ENV, torch=version, deepspeed=matrix.get(NEWEST_ENV).deepspeed)
     except (UsageError, MatrixError, PythonVersionError) as exc:
         raise UsageError(
             f"TORCHES: torch {torch} cannot be verified here",
             why=exc.what + (f" ({exc.why})" if exc.why else ""),
             fix=exc.fix or "give torch releases the matrix can install, e.g. TORCHES=2.10.0",
         ) from None
-    return Stack(f"torch{version}", env.id, str(version), role=UPSTREAM_CI)
+    return Stack(f"torch{version}", env.id, version, role=UPSTREAM_CI)
 
 
 def columns(matrix: Any, given: str | None) -> list[pr_range.Column]:
@@ -112,21 +103,12 @@ def _column(matrix: Any, text: str, newest: str) -> pr_range.Column:
     """One torch of the range, refused unless the matrix can derive the column's env with it
     (a version, no local label, wheels for that env's Python: what the range's probes need)."""
     try:
-        version = Version(text)
+        version: str | None = str(Version(text))
     except InvalidVersion:
         version = None
-    env = NEWEST_ENV if version is not None and version == Version(newest) else REPORTER_ENV
+    env = NEWEST_ENV if version is not None and Version(version) == Version(newest) else REPORTER_ENV
     try:
-        if version is None or version.local is not None or version.is_prerelease or version.is_devrelease:
-            raise UsageError(f"{text!r} is not a torch release", fix="give release numbers such as 2.1.0")
-        if compat.torch_pythons(str(version)) is None:
-            raise UsageError(
-                f"torch {version} is not a release repro/matrix/compat.py knows",
-                why="its table of torch releases and the Pythons their wheels cover does not list "
-                f"torch {compat.minor(str(version))}, so no env of the range can be checked for it",
-                fix=f"give a listed release ({', '.join(compat.TORCH_PYTHONS)}), or add it there",
-            )
-        matrix.derive(env, torch=str(version))
+        matrix.derive(env, torch=torch_release(text))
     except (UsageError, MatrixError, PythonVersionError) as exc:
         raise UsageError(
             f"RANGE_TORCH={text!r} cannot be a column of the range",
@@ -134,6 +116,25 @@ def _column(matrix: Any, text: str, newest: str) -> pr_range.Column:
             fix=exc.fix or "give torch releases the matrix can install, e.g. RANGE_TORCH=2.1.0,2.3.1",
         ) from None
     return pr_range.Column(newest if env == NEWEST_ENV else str(version), env)
+
+
+def torch_release(text: str) -> str:
+    """`text` as a torch release this lab can derive an env with (a version without a local label
+    or pre-release part, whose minor repro/matrix/compat.py lists); a UsageError says why not."""
+    try:
+        version = Version(text)
+    except InvalidVersion:
+        version = None
+    if version is None or version.local is not None or version.is_prerelease or version.is_devrelease:
+        raise UsageError(f"{text!r} is not a torch release", fix="give release numbers such as 2.1.0")
+    if compat.torch_pythons(str(version)) is None:
+        raise UsageError(
+            f"torch {version} is not a release repro/matrix/compat.py knows",
+            why="its table of torch releases and the Pythons their wheels cover does not list "
+            f"torch {compat.minor(str(version))}, so no env can be derived with it",
+            fix=f"give a listed release ({', '.join(compat.TORCH_PYTHONS)}), or add it there",
+        )
+    return str(version)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
