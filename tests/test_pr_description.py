@@ -120,10 +120,66 @@ def test_the_description_names_other_callers_when_there_are_some() -> None:
     assert "removes that `try`" not in text
 
 
-def test_a_caller_line_cannot_break_out_of_its_code_block() -> None:
-    hostile = Caller("deepspeed/x.py", 1, "x = '```\n# injected heading'", CallerKind.SAME_NAME)
+@pytest.mark.parametrize("kind", [CallerKind.CALL, CallerKind.SAME_NAME])
+def test_a_caller_line_cannot_break_out_of_its_code_block(kind: CallerKind) -> None:
+    hostile = Caller("deepspeed/x.py", 1, "x = '```\n# injected heading'", kind)
     text = render(_record((hostile,)))
-    # one line, in a code span whose fence is longer than the backticks inside: no heading escapes
-    assert "````x = '``` # injected heading'````" in text
+    if kind is CallerKind.CALL:
+        # one line, in a code span whose fence is longer than the backticks inside: no heading escapes
+        assert "````x = '``` # injected heading'````" in text
+    else:
+        # a line that is no call is named by its place alone
+        assert "or a comment: `deepspeed/x.py:1`" in text and "injected" not in text
     assert not any(line.startswith("# injected") for line in text.splitlines())
     assert code("a`b") == "``a`b``" and code("`x") == "`` `x ``"
+
+
+def test_the_description_of_a_six_torch_master_verification_stays_short() -> None:
+    """#43 item 7: DeepSpeed master's record (15 `git grep` lines) verified on six torches with
+    DeepSpeed's own tests reads in at most 150 lines, each line of `git grep` named once."""
+    from repro.core.scrub import Scrubber, hand_out
+    from tests.fixtures import pr_master_sized as master
+
+    text = render(master.record(), master.verification())
+    assert len(text.splitlines()) <= 150, len(text.splitlines())
+    for caller in master.CALLERS:
+        assert text.count(f"`{caller.path}:{caller.line}`") == 1, caller
+    judged = ", ".join(master.TORCHES[1:])
+    for key, ref in (("mics", "reproduced (illegal-work-divergence)"), ("mics@plain", "crashed (crash)")):
+        assert f"| `{key}` | {judged} | {ref} | clean (none) | yes |" in text
+    assert f"| regression test | {judged} | 4 failed | 4 passed | yes |" in text
+    assert f"- `mics`, `mics-hier`, `zero3`, torch {master.OLD_TORCH}: not applicable" in text
+    assert f"(torch {judged}, flat MiCS, 4 ranks): REF crashed" in text
+    assert f"ZeRO-3 control (torch {judged}): clean at REF, clean on the branch" in text
+    # the hung session's reason reaches the text handed out
+    assert "which found `deadlock: ranks 0,1 in all_reduce_coalesced" in hand_out(
+        text, Scrubber.from_host(), "PR_DESCRIPTION.md"
+    )
+
+
+def test_torches_share_a_row_only_where_they_agree() -> None:
+    from repro.upstream.pr.description import by_torch, unexpected
+
+    def check(key: str, torch: str, ok: bool | None, ref: str = "reproduced") -> dict[str, object]:
+        seen = {"outcome": ref, "signature": "none", "reason": "r"}
+        return {"key": key, "torch": torch, "ok": ok, "why": "w", "ref": seen, "branch": seen}
+
+    rows = by_torch(
+        [check("mics", "2.7.1", True), check("mics", "2.8.0", True, "clean"), check("mics", "2.9.1", True)],
+        lambda c: (c["ref"]["outcome"],),
+    )
+    assert [(r["torches"], r["first"]["ref"]["outcome"]) for r in rows] == [
+        ("2.7.1, 2.9.1", "reproduced"),
+        ("2.8.0", "clean"),
+    ]
+    # not applicable for mics on two torches, for zero3 on one: no line claims zero3 on 2.7.1
+    lines = unexpected(
+        {
+            "checks": [
+                check("mics", "2.1.0", None),
+                check("mics", "2.7.1", None),
+                check("zero3", "2.1.0", None),
+            ]
+        }
+    )
+    assert [(u["keys"], u["torches"]) for u in lines] == [(["mics"], "2.1.0, 2.7.1"), (["zero3"], "2.1.0")]

@@ -234,7 +234,10 @@ def test_a_torch_the_commit_does_not_import_with_is_not_applicable(
     assert [c["ok"] for c in reporter] == [None, None, None]
     assert data["regression"][0]["ok"] is None and "not run" in data["regression"][0]["why"]
     text = render(record_from(pr), data, None)
-    assert "n/a" in text and "custom_op" in text
+    # not applicable: listed with its reason, once for the checks that share it, not in the table
+    assert "Not as expected, or not applicable:" in text and "custom_op" in text
+    assert "\n- `mics`, `mics-hier`, `zero3`, torch 2.1.0: not applicable" in text
+    assert "| `mics` | 2.1.0" not in text and "| `mics` | 2.13.0 |" in text
     # the callers' evidence names only judged checks
     assert "`mics-hier` on torch 2.13.0: REF reproduced" in text and "`mics-hier` on torch 2.1.0" not in text
 
@@ -323,15 +326,21 @@ def test_range_rows_cells_cache_and_description(
     assert "| 0.9.2 | yes | clean / clean | bug (illegal-work-divergence) / clean |" in text
     assert "| 0.9.1 | no | clean / clean | crashed (crash) |" in text
     assert "## Verified in the lab" in text
-    assert "| regression test | 2.13.0 | 1 failed | 1 passed | yes |" in text
+    # torches that agree share a row
+    assert "| regression test | 2.1.0, 2.13.0 | 1 failed | 1 passed | yes |" in text
+    assert "| `mics@plain` | 2.13.0 | crashed (crash) | clean (none) | yes |" in text
     # the points raised upstream carry the lab's evidence
     assert "In the lab on plain gloo (torch 2.13.0, flat MiCS, 4 ranks): REF crashed" in text
-    failed_wait = "`TestMiCS::test_failed_wait_is_raised` (torch 2.13.0): failed at REF, passed on the branch"
+    failed_wait = (
+        "`TestMiCS::test_failed_wait_is_raised` (torch 2.1.0, 2.13.0): failed at REF, passed on the branch"
+    )
     assert failed_wait in text
-    assert "ZeRO-3 control (torch 2.1.0): clean at REF, clean on the branch" in text
+    assert "ZeRO-3 control (torch 2.1.0, 2.13.0): clean at REF, clean on the branch" in text
     # each call site is listed once, with the checks of the function that holds it
     lines = [line for line in text.splitlines() if "in `_hierarchical_all_gather_params`" in line]
-    assert lines and all("Lab: `mics-hier` on torch 2.1.0: REF reproduced" in line for line in lines), lines
+    assert lines and all(
+        "Lab: `mics-hier` on torch 2.1.0, 2.13.0: REF reproduced" in line for line in lines
+    ), lines
 
 
 @pytest.mark.parametrize("target", ["/etc", "../../outside", "../.."])

@@ -8,7 +8,7 @@ the DeepSpeed commit (its files, the diff stat, the callers) comes from the reco
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,24 +79,82 @@ def record_from(data: Mapping[str, Any]) -> PrRecord:
     return PrRecord(**{k: v for k, v in fields.items() if k in known})
 
 
+def by_torch(
+    items: Iterable[Mapping[str, Any]], words: Callable[[Mapping[str, Any]], Any]
+) -> list[dict[str, Any]]:
+    """Items (checks, regression results) that say the same words on several torches, once, in
+    first-seen order: {"torches": "2.7.1, 2.8.0", "first": the first item}. Six torches read as
+    long as one where they agree (#43: the description stays about 150 lines)."""
+    groups: dict[Any, list[Mapping[str, Any]]] = {}
+    for item in items:
+        groups.setdefault(words(item), []).append(item)
+    return [
+        {"torches": ", ".join(str(i.get("torch")) for i in same), "first": same[0]}
+        for same in groups.values()
+    ]
+
+
+def _seen_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
+    ref, branch = check.get("ref") or {}, check.get("branch") or {}
+    return (
+        check.get("key"),
+        ref.get("outcome"),
+        ref.get("signature"),
+        branch.get("outcome"),
+        branch.get("signature"),
+    )
+
+
 def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """Each line of `git grep` once, and for a call of deepspeed.comm.all_gather_coalesced the lab's
-    checks that exercise it (`call`: False for the other lines, which no check is about)."""
+    """Each call of deepspeed.comm.all_gather_coalesced that `git grep` found, with the lab's checks
+    that exercise it (those that agree on several torches once)."""
     checks = list((verification or {}).get("checks") or [])
     rows = []
     for caller in record.callers:
-        call = caller.kind is pr_fix.CallerKind.CALL
-        keys = pr_checks.FUNCTION_SCENARIOS.get(caller.function or "", ()) if call else ()
-        rows.append(
-            {
-                "caller": caller,
-                "call": call,
-                # judged checks only: a torch the commit does not import with says nothing here
-                "checks": [c for c in checks if c.get("key") in keys and c.get("ok") is not None],
-                "scenarios": keys,
-            }
-        )
+        if caller.kind is not pr_fix.CallerKind.CALL:
+            continue
+        keys = pr_checks.FUNCTION_SCENARIOS.get(caller.function or "", ())
+        # judged checks only: a torch the commit does not import with says nothing here
+        judged = [c for c in checks if c.get("key") in keys and c.get("ok") is not None]
+        rows.append({"caller": caller, "checks": by_torch(judged, _seen_words), "scenarios": keys})
     return rows
+
+
+def other_lines(record: PrRecord) -> list[dict[str, Any]]:
+    """The lines of `git grep` that are no call, by kind, each once: where the function is
+    defined, forwarded or imported, and the other functions of that name and comments."""
+    by_kind: dict[pr_fix.CallerKind, list[str]] = {}
+    for caller in record.callers:
+        if caller.kind is not pr_fix.CallerKind.CALL:
+            by_kind.setdefault(caller.kind, []).append(f"{caller.path}:{caller.line}")
+    return [{"words": kind.words, "where": where} for kind, where in by_kind.items()]
+
+
+def unexpected(verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The checks not as expected or not applicable, one line per reason: the checks and torches
+    that share it, named so that every check listed ran on every torch listed."""
+    reasons: dict[tuple[str, ...], dict[str, list[str]]] = {}
+    regression = [{**r, "key": "regression test", "ok": r.get("ok"), "ref": {}, "branch": {}}
+                  for r in (verification or {}).get("regression") or []]  # fmt: skip
+    for c in [*((verification or {}).get("checks") or []), *regression]:
+        if c.get("ok") is True:
+            continue
+        said = (str(c.get("why")), "", "")
+        if c.get("ok") is not None:  # a judged check: each side's reason (the branch's when it differs)
+            ref, branch = (
+                (c.get("ref") or {}).get("reason") or "",
+                (c.get("branch") or {}).get("reason") or "",
+            )
+            said = (said[0], ref, branch if branch != ref else "")
+        reasons.setdefault(said, {}).setdefault(str(c.get("key")), []).append(str(c.get("torch")))
+    lines = []
+    for (why, ref, branch), torches_of in reasons.items():
+        keys_of: dict[str, list[str]] = {}  # the same torches: one line for their checks
+        for key, torches in torches_of.items():
+            keys_of.setdefault(", ".join(torches), []).append(key)
+        for named, keys in keys_of.items():
+            lines.append({"keys": keys, "torches": named, "why": why, "ref": ref, "branch": branch})
+    return lines
 
 
 def range_table(ranged: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -235,10 +293,21 @@ def context(
     lab: dict[str, list[Any]] = {}
     for check in (verification or {}).get("checks") or []:
         lab.setdefault(str(check.get("key")), []).append(check)
+    checks: list[Mapping[str, Any]] = list((verification or {}).get("checks") or [])
+    regression = list((verification or {}).get("regression") or [])
     return {
         "verify": verification,
-        "lab": lab,
+        "lab": {key: by_torch(same, _lab_words) for key, same in lab.items()},
+        # The table holds the judged checks; those not applicable are listed with their reason.
+        "checked": sorted(
+            by_torch([c for c in checks if c.get("ok") is not None], _table_words),
+            key=lambda g: _key_order(checks, g["first"]),
+        ),
+        "regression_rows": by_torch([r for r in regression if r.get("ok") is not None], _regression_words),
+        "failed_wait": by_torch(_failed_wait(regression), lambda t: (t["test"], t["ref"], t["branch"])),
+        "unexpected": unexpected(verification),
         "evidence": evidence(record, verification),
+        "other_lines": other_lines(record),
         "range": range_table(ranged),
         "suite": suite_table(verification),
         "r": record,
@@ -249,6 +318,45 @@ def context(
         "added": sum(f.added for f in record.files),
         "removed": sum(f.removed for f in record.files),
     }
+
+
+def _lab_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
+    ref, branch = check.get("ref") or {}, check.get("branch") or {}
+    return (
+        check.get("ok") is None,
+        ref.get("outcome"),
+        str(ref.get("reason") or "")[:120],
+        branch.get("outcome"),
+    )
+
+
+def _table_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (*_seen_words(check), check.get("ok"))
+
+
+def _key_order(checks: list[Mapping[str, Any]], check: Mapping[str, Any]) -> tuple[int, int]:
+    """The table's rows by check, in the order the checks were made, then by torch."""
+    keys = list(dict.fromkeys(str(c.get("key")) for c in checks))
+    return keys.index(str(check.get("key"))), checks.index(check)
+
+
+def _regression_words(result: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (tally(result.get("ref") or {}), tally(result.get("branch") or {}), result.get("ok"))
+
+
+def _failed_wait(regression: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The regression test's failed-wait case per torch (the AVAILABLE point's evidence)."""
+    return [
+        {
+            "torch": r.get("torch"),
+            "test": test,
+            "ref": outcome,
+            "branch": (r.get("branch") or {}).get(test, "-"),
+        }
+        for r in regression
+        for test, outcome in (r.get("ref") or {}).items()
+        if "failed_wait" in test
+    ]
 
 
 def tally(outcomes: Mapping[str, str]) -> str:
