@@ -414,3 +414,29 @@ def test_a_session_the_lab_stopped_says_why_beside_the_unskipped_tests(
     assert said in text
     # As pr-verify hands it out: the reason survives the secrets gate (it read `<secret>` there).
     assert said in hand_out(text, Scrubber.from_host(), "PR_DESCRIPTION.md")
+
+
+def test_a_session_stopped_on_a_proven_deadlock_is_kept_and_one_stopped_for_silence_is_not() -> None:
+    test = {"unit/x.py::T::t[2]": {"outcome": "unfinished", "message": "started, never ended"}}
+    deadlock = "deadlock: ranks 0,1 in all_reduce_coalesced on groups [0,2] #1; 8 Python stacks recorded"
+    quiet = "no output and no heartbeat for 730 s (stall limit 720 s); 8 Python stacks recorded"
+    assert pr_suite.worth_caching({"tests": test, "from_log": False, "outcome": "failed"})
+    assert pr_suite.worth_caching({"tests": test, "from_log": True, "outcome": "hung", "reason": deadlock})
+    assert not pr_suite.worth_caching({"tests": test, "from_log": True, "outcome": "hung", "reason": quiet})
+    assert not pr_suite.worth_caching({"tests": {}, "from_log": False, "outcome": "env-error"})
+
+
+def test_the_session_key_follows_the_bytes_the_edits_wrote(tmp_path: Path) -> None:
+    """The cache key changed when an edit's wording did, not when its written bytes did (session
+    17: the dtype edit's formatting changed under one key)."""
+    optimizer = tmp_path / pr_suite.OPTIMIZER_TEST
+    optimizer.parent.mkdir(parents=True)
+    optimizer.write_text("checkpoint_correctness_verification(config, models, dtype=torch.float16)\n")
+    call = SuiteCall(
+        "cpu", "2.13.0", "ref", "a" * 40, "plain", tmp_path, ("-q",), ("pytest",), tmp_path / "o"
+    )
+    edits = ["`dtype=torch.float16` given"]
+    before = call.key(edits)
+    assert call.key(edits) == before
+    optimizer.write_text("checkpoint_correctness_verification(\n    config, models, dtype=torch.float16\n)\n")
+    assert call.key(edits) != before

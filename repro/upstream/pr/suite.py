@@ -52,6 +52,9 @@ REQUIREMENTS_DEV = "requirements/requirements-dev.txt"
 DEFAULT_FLAGS = ("--forked", "-n", "4")
 DEFAULT_PACKAGES = ("pytest>=7.2.0,<8.4.0", "pytest-forked", "pytest-xdist")
 OPTIMIZER_TEST = "tests/unit/checkpoint/test_mics_optimizer.py"
+# The files the lab's edits of an exported tree write (UpstreamSuite.trees): the regression test
+# copied into REF's tree, the optimizer test without its skip and with its data dtype.
+EDITED = (str(pr_fix.TEST_REL), OPTIMIZER_TEST)
 # DeepSpeed's MiCS tests: (file under the tree, the class; None for the whole file).
 MICS_TESTS: tuple[tuple[str, str | None], ...] = (
     (str(pr_fix.TEST_REL), None),
@@ -62,7 +65,8 @@ MICS_TESTS: tuple[tuple[str, str | None], ...] = (
 # The transports a side runs on: upstream's CI (plain gloo) and the lab's adapter.
 TRANSPORTS = ("plain", "async")
 SIDES = ("ref", "branch")
-CACHE_FORMAT = 1
+# 2: the key holds the bytes of the files the lab's edits wrote (EDITED), not only the edits' names.
+CACHE_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -84,8 +88,13 @@ class SuiteCall:
         return "cd tests && python -m pytest " + " ".join(shlex.quote(a) for a in self.argv)
 
     def key(self, edits: Sequence[str]) -> str:
-        what = [CACHE_FORMAT, self.env, self.torch, self.engine, self.commit, self.transport]
+        """What decides the session: the commit, the stack, the command and the files the lab's
+        edits wrote, by their bytes (a change in how an edit is written is a new session)."""
+        what: list[Any] = [CACHE_FORMAT, self.env, self.torch, self.engine, self.commit, self.transport]
         what += [list(self.argv), list(self.packages), list(edits)]
+        for rel in EDITED:
+            path = self.tree / rel
+            what.append(hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None)
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
 
@@ -499,9 +508,15 @@ class UpstreamSuite:
 
 
 def worth_caching(seen: Mapping[str, Any]) -> bool:
-    """A session is kept when pytest reported tests: one the lab stopped (read from its log) or
-    one that ran none (an install failure) runs again next time."""
-    return bool(seen.get("tests")) and not seen.get("from_log")
+    """A session is kept when pytest reported tests, or when the lab stopped it on a deadlock it
+    proved (each rank's collective: what the code did, not how busy the machine was; on master
+    such a session costs about 30 minutes to run again). One the lab stopped for silence or its
+    time limit, and one that ran no test (an install failure), runs again next time."""
+    if not seen.get("tests"):
+        return False
+    if not seen.get("from_log"):
+        return True
+    return seen.get("outcome") == "hung" and str(seen.get("reason") or "").startswith("deadlock:")
 
 
 def _counts(seen: Mapping[str, Any]) -> str:
