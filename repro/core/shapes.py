@@ -18,48 +18,48 @@ from repro.core.records import (
     Shape,
     optional,
 )
+from repro.workload.record import record_annotations
 
-# One run's record (repro.workload.record.RunRecord): in results.json, suite.json, probe.json.
+# How a record key's annotation (repro.workload.record.RunRecord, the one declaration of the keys)
+# reads as a shape. Lenient on purpose: older records lack newer keys and null stands for "not
+# known", so every key is optional and may be null, but a present key of another type is refused.
+_BY_ANNOTATION: dict[str, Shape] = {
+    "int": OPT_INT,
+    "str": OPT_STR,
+    "bool": OPT_BOOL,
+    "float": OPT_NUM,
+    "list[str]": STRINGS,
+    "list[float | None]": Shape(optional(list), items=OPT_NUM),
+    "dict[str, str]": STR_MAP,
+    "dict[str, int | None]": Shape(optional(dict), items=OPT_INT),
+    "dict[str, float | None]": Shape(optional(dict), items=OPT_NUM),
+    "dict[str, str | None]": Shape(optional(dict), items=OPT_SCALAR),  # versions: as older tools wrote them
+    "dict[str, Any]": OPT_OBJECT,
+}
+# What names a run: always present, always a string.
+RUN_IDENTITY = ("env", "scenario", "patch")
+
+
+def field_shape(key: str, annotation: str) -> Shape | None:
+    """The shape of one record key (None: any JSON value, e.g. the DeepSpeed config). An
+    annotation without a shape here fails at import, so a new key cannot go unchecked."""
+    if key in RUN_IDENTITY:
+        return STR
+    if annotation == "Any":
+        return None
+    base = annotation.removesuffix(" | None")
+    if base not in _BY_ANNOTATION:
+        raise TypeError(f"RunRecord.{key}: no shape for the annotation {annotation!r} (repro/core/shapes.py)")
+    return _BY_ANNOTATION[base]
+
+
+# One run's record: in results.json, suite.json, probe.json.
 RUN = Shape(
     (dict,),
     fields={
-        "env": STR,
-        "scenario": STR,
-        "patch": STR,
-        "run_name": OPT_STR,
-        "control_run": OPT_STR,
-        "dtype": OPT_STR,
-        "world_size": OPT_INT,
-        "shard_size": OPT_INT,
-        "hierarchical": OPT_BOOL,
-        "layout": OPT_OBJECT,
-        "backend": OPT_STR,
-        "transport": OPT_STR,
-        "steps": OPT_INT,
-        "seed": OPT_INT,
-        "outcome": OPT_STR,
-        "signature": OPT_STR,
-        "reason": OPT_STR,
-        "losses": Shape(optional(list), items=OPT_NUM),
-        "loss_scale": Shape(optional(list), items=OPT_NUM),
-        "skipped_steps": OPT_INT,
-        "illegal_work_messages": OPT_INT,
-        "first_divergent_step": OPT_INT,
-        "exception": OPT_OBJECT,
-        "exit_codes": Shape(optional(dict), items=OPT_INT),
-        "durations": Shape(optional(dict), items=OPT_NUM),
-        "versions": Shape(optional(dict), items=OPT_SCALAR),
-        "weights_checksum": OPT_STR,
-        "config_adaptations": STRINGS,
-        "config_problems": STRINGS,
-        "stacks": STR_MAP,
-        "logs": STR_MAP,
-        "timeout_s": OPT_NUM,
-        "started_at": OPT_STR,
-        "transport_info": OPT_OBJECT,
-        "ran_on": OPT_OBJECT,
-        "job": OPT_OBJECT,
-        "launcher": STR_MAP,
+        key: shape
+        for key, annotation in record_annotations().items()
+        if (shape := field_shape(key, annotation)) is not None
     },
 )
 RUNS = Shape((list,), items=RUN)

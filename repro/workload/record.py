@@ -2,83 +2,9 @@
 
 Keys are stable; add new ones, never rename. Schema version bumps only on incompatible change.
 
-Record keys (`RECORD_KEYS`):
-  schema              int, SCHEMA_VERSION
-  env                 env id (e.g. "cpu", "rocm56", or a derived "cpu+torch2.2.2")
-  scenario            one of SCENARIOS
-  patch               "stock" (DeepSpeed as released) or "fixed" (our fix applied at run time)
-  run_name            "<scenario>-<patch>-<dtype>-<transport>-w<world_size>": unique within an env
-  control_run         run_name of the zero3 run this one was compared with (null for the control)
-  dtype               "fp32" | "bf16" | "fp16"
-  world_size          int, ranks launched by torchrun
-  shard_size          int MiCS shard size, null for zero3
-  hierarchical        bool, mics_hierarchical_params_gather
-  layout              {"nodes", "devices_per_node", "how"}: how a multi-node layout was made
-  backend             "gloo" | "nccl" (RCCL on ROCm is exposed through torch's nccl backend)
-  transport           "native" on GPUs, else the gloo adapter mode: "async" | "sync" | "strict", or
-                      "plain" (CPU: gloo as torch ships it, no adapter; transport_info.adapter null)
-  steps, seed         ints
-  outcome             one of OUTCOMES (set by classify.classify)
-  signature           one of SIGNATURES (set by classify.classify)
-  reason              human sentence naming the evidence
-  losses              per-step loss of rank 0, null where NaN/inf
-  loss_scale          per-step loss scale (fp16 dynamic scaler), null when not fp16
-  skipped_steps       steps the optimizer skipped for overflow
-  illegal_work_messages  count of DeepSpeed's IllegalWork log lines (all levels, all ranks)
-  first_divergent_step   first step whose loss leaves the control's (null: none / no control)
-  exception           {"type", "message", "rank", "traceback"} or null
-  exit_codes          {rank: int} as reported by the ranks, plus "launcher": torchrun's code
-  durations           {"total_s": float, "train_s": float | null}
-  versions            {"python", "torch", "deepspeed", "hip", "cuda", "nccl"} (null when absent)
-  weights_checksum    sha256 of the final full weights (gathered without DeepSpeed's paths)
-  config              the DeepSpeed config the run used
-  config_adaptations  list of strings: every change made to a user config to fit the model
-  config_problems     list of strings: inconsistencies found in a user config (not fixed)
-  stacks              {rank: python stack text} captured on a hang, else {}
-  logs                {name: path relative to the results folder}
-  timeout_s           the run's time limit
-  fix                 what the run-time fix patched (fixed runs), else null
-  transport_info      what the CPU adapter / placeholder modules added (CPU runs), else {}
-  started_at          ISO 8601 UTC
-  ran_on              what the run really used (repro/workload/device.py), from rank 0:
-                      {"device": "cpu" | "gpu" | null (never launched), "backend": "gloo" | "nccl",
-                       "gpu_count", "gpus": [names], "arch": [gfx arch (ROCm gcnArchName;
-                       "unknown" without it) or "sm_XY" (CUDA compute capability)], "hip",
-                       "cuda" (torch.version.*), "nccl" (NCCL/RCCL version), "ran": bool,
-                       "visible_devices": {*_VISIBLE_DEVICES},
-                       "passed_env": {host NCCL_*/RCCL_*/HSA_*/MIOPEN_*/*_VISIBLE_DEVICES the engine
-                       passed (repro/engines/passthrough.py)}, "dropped_env": {host NCCL network
-                       settings (NCCL_SOCKET_IFNAME, NCCL_IB_*...) held back from a networkless
-                       container},
-                       "rocm_runtime": {"container", "host"} ROCm versions (/opt/rocm/.info/version
-                       in the env; MICS_REPRO_HOST_ROCM from the cluster scripts), ROCm runs only,
-                       "env_platform": what the env asked for (cpu | rocm | cuda | gpu | null: auto),
-                       "planned_device" (never-launched runs only)}; null in older records.
-                      A run whose ran_on does not match its env's platform is not evidence for that
-                      env (repro/core/evidence.py). Custom runs: from the hook in every process
-                      that joined a process group (rank 0's view plus "devices", "processes",
-                      "joined_group"; device null when none joined: no GPU evidence).
-  launcher            how the ranks were started: {"kind": "prefork" (forked from the suite's
-                      pre-imported launcher, repro/workload/prefork_server.py; CPU) | "torchrun",
-                      "note": why torchrun ran a run meant for prefork, else ""}; null when
-                      nothing was launched and in older records. The evidence is the same either way.
-  job                 custom runs (scenario "custom", `python -m repro run --cmd`) only, else null:
-                      {"command", "workdir", "workdir_digest", "job_id" (custom_job_id: which job
-                       this is; stock and fixed of one job share it), "patterns" (what decided: loss regex,
-                       IllegalWork and overflow patterns), "notes", "exit_code", "survivors" (pids
-                       alive after SIGKILL), "left_running" ({pid: command line} of the job's
-                       processes still running after its command ended, stopped by the runner),
-                       "processes" (pid: argv of every hooked Python process), "loss_steps",
-                       "requirements" (REQUIREMENTS=/PACKAGES=: the lines, the layer or image, its
-                       base and the packages it added; null without), "illegal_work_in_log" /
-                       "illegal_work_by_hook" (the two counts; with "hook_signed" true only the
-                       hook's is evidence, the log's corroborates), "hook_signed" (the runner
-                       verified the hook's signatures, repro/workload/hooksign.py),
-                       "forged_hook_records" ([{"file", "why"}]: hook records that did not verify,
-                       not counted), "job_wrote" (paths the job created or changed in its results
-                       folder besides the lab's files), "nan_logged_as_zero_from" (step),
-                       "rendezvous" ({"port", "set_by": "repro" | "job"}), "hook_pth" (the hook's
-                       .pth in the env's site-packages, or null)}
+The record's keys are declared once, as the fields of `RunRecord` below, each with what it
+holds: `RECORD_KEYS` and the shape the host checks records against (repro.core.shapes.RUN) are
+read from it.
 """
 
 from __future__ import annotations
@@ -179,94 +105,97 @@ CPU_TRANSPORTS = (*TRANSPORT_MODES, Transport.PLAIN.value)
 OUTCOMES = tuple(o.value for o in Outcome)
 SIGNATURES = tuple(s.value for s in Signature)
 
-RECORD_KEYS = (
-    "schema",
-    "env",
-    "scenario",
-    "patch",
-    "run_name",
-    "control_run",
-    "dtype",
-    "world_size",
-    "shard_size",
-    "hierarchical",
-    "layout",
-    "backend",
-    "transport",
-    "steps",
-    "seed",
-    "outcome",
-    "signature",
-    "reason",
-    "losses",
-    "loss_scale",
-    "skipped_steps",
-    "illegal_work_messages",
-    "first_divergent_step",
-    "exception",
-    "exit_codes",
-    "durations",
-    "versions",
-    "weights_checksum",
-    "config",
-    "config_adaptations",
-    "config_problems",
-    "stacks",
-    "logs",
-    "timeout_s",
-    "started_at",
-    "fix",
-    "transport_info",
-    "ran_on",
-    "job",
-    "launcher",
-)
 
-
-# The record as the host side types it (results store, summary, verdict, report, bundle): a TypedDict
-# over the JSON object itself, so reading and writing keep the exact same bytes. total=False: records
-# of older tools lack newer keys. (Annotations stay strings, so Python 3.8 in the envs is fine.)
+# The record: the one declaration of its keys (RECORD_KEYS and repro.core.shapes.RUN are read from
+# these fields). A TypedDict over the JSON object itself, so reading and writing keep the exact same
+# bytes. total=False: records of older tools lack newer keys. (Annotations stay strings, so Python
+# 3.8 in the envs is fine.)
 class RunRecord(TypedDict, total=False):
-    schema: int
-    env: str
-    scenario: str
-    patch: str
-    run_name: str
-    control_run: str | None
-    dtype: str
-    world_size: int
-    shard_size: int | None
-    hierarchical: bool
-    layout: dict[str, Any]
-    backend: str
+    schema: int  # SCHEMA_VERSION
+    env: str  # env id (e.g. "cpu", "rocm56", or a derived "cpu+torch2.2.2")
+    scenario: str  # one of SCENARIOS, or "custom" (`python -m repro run --cmd`)
+    patch: str  # "stock" (DeepSpeed as released) or "fixed" (our fix applied at run time)
+    run_name: str  # "<scenario>-<patch>-<dtype>-<transport>-w<world_size>": unique within an env
+    control_run: str | None  # run_name of the zero3 run this one was compared with (null for the control)
+    dtype: str  # "fp32" | "bf16" | "fp16"
+    world_size: int  # ranks launched by torchrun
+    shard_size: int | None  # MiCS shard size, null for zero3
+    hierarchical: bool  # mics_hierarchical_params_gather
+    layout: dict[str, Any]  # {"nodes", "devices_per_node", "how"}: how a multi-node layout was made
+    backend: str  # "gloo" | "nccl" (RCCL on ROCm is exposed through torch's nccl backend)
+    # "native" on GPUs, else the gloo adapter mode: "async" | "sync" | "strict", or "plain" (CPU:
+    # gloo as torch ships it, no adapter; transport_info.adapter null)
     transport: str
     steps: int
     seed: int
-    outcome: str
-    signature: str
-    reason: str
-    losses: list[float | None]
-    loss_scale: list[float | None] | None
-    skipped_steps: int
-    illegal_work_messages: int
-    first_divergent_step: int | None
-    exception: dict[str, Any] | None
+    outcome: str  # one of OUTCOMES (set by the judge)
+    signature: str  # one of SIGNATURES (set by the judge)
+    reason: str  # human sentence naming the evidence
+    losses: list[float | None]  # per-step loss of rank 0, null where NaN/inf
+    loss_scale: list[float | None] | None  # per-step loss scale (fp16 dynamic scaler), null when not fp16
+    skipped_steps: int  # steps the optimizer skipped for overflow
+    illegal_work_messages: int  # count of DeepSpeed's IllegalWork log lines (all levels, all ranks)
+    first_divergent_step: int | None  # first step whose loss leaves the control's (null: none / no control)
+    exception: dict[str, Any] | None  # {"type", "message", "rank", "traceback"} or null
+    # {rank: int} as reported by the ranks, plus "launcher": torchrun's code
     exit_codes: dict[str, int | None]
-    durations: dict[str, float | None]
+    durations: dict[str, float | None]  # {"total_s": float, "train_s": float | null}
+    # {"python", "torch", "deepspeed", "hip", "cuda", "nccl"} (null when absent)
     versions: dict[str, str | None]
-    weights_checksum: str | None
-    config: Any
-    config_adaptations: list[str]
-    config_problems: list[str]
-    stacks: dict[str, str]
-    logs: dict[str, str]
-    timeout_s: float | None
-    started_at: str
-    fix: Any
-    transport_info: dict[str, Any]
+    weights_checksum: str | None  # sha256 of the final full weights (gathered without DeepSpeed's paths)
+    config: Any  # the DeepSpeed config the run used
+    config_adaptations: list[str]  # every change made to a user config to fit the model
+    config_problems: list[str]  # inconsistencies found in a user config (not fixed)
+    stacks: dict[str, str]  # {rank: python stack text} captured on a hang, else {}
+    logs: dict[str, str]  # {name: path relative to the results folder}
+    timeout_s: float | None  # the run's time limit
+    started_at: str  # ISO 8601 UTC
+    fix: Any  # what the run-time fix patched (fixed runs), else null
+    transport_info: dict[str, Any]  # what the CPU adapter / placeholder modules added (CPU runs), else {}
+    # What the run really used (repro/workload/device.py), from rank 0: {"device": "cpu" | "gpu" |
+    # null (never launched), "backend": "gloo" | "nccl", "gpu_count", "gpus": [names], "arch": [gfx
+    # arch (ROCm gcnArchName; "unknown" without it) or "sm_XY" (CUDA compute capability)], "hip",
+    # "cuda" (torch.version.*), "nccl" (NCCL/RCCL version), "ran": bool, "visible_devices":
+    # {*_VISIBLE_DEVICES}, "passed_env": {host NCCL_*/RCCL_*/HSA_*/MIOPEN_*/*_VISIBLE_DEVICES the
+    # engine passed (repro/engines/passthrough.py)}, "dropped_env": {host NCCL network settings
+    # (NCCL_SOCKET_IFNAME, NCCL_IB_*...) held back from a networkless container}, "rocm_runtime":
+    # {"container", "host"} ROCm versions (/opt/rocm/.info/version in the env; MICS_REPRO_HOST_ROCM
+    # from the cluster scripts), ROCm runs only, "env_platform": what the env asked for (cpu | rocm |
+    # cuda | gpu | null: auto), "planned_device" (never-launched runs only)}; null in older records.
+    # A run whose ran_on does not match its env's platform is not evidence for that env
+    # (repro/core/evidence.py). Custom runs: from the hook in every process that joined a process
+    # group (rank 0's view plus "devices", "processes", "joined_group"; device null when none
+    # joined: no GPU evidence).
     ran_on: dict[str, Any] | None
+    # Custom runs (scenario "custom", `python -m repro run --cmd`) only, else null: {"command",
+    # "workdir", "workdir_digest", "job_id" (custom_job_id: which job this is; stock and fixed of
+    # one job share it), "patterns" (what decided: loss regex, IllegalWork and overflow patterns),
+    # "notes", "exit_code", "survivors" (pids alive after SIGKILL), "left_running" ({pid: command
+    # line} of the job's processes still running after its command ended, stopped by the runner),
+    # "processes" (pid: argv of every hooked Python process), "loss_steps", "requirements"
+    # (REQUIREMENTS=/PACKAGES=: the lines, the layer or image, its base and the packages it added;
+    # null without), "illegal_work_in_log" / "illegal_work_by_hook" (the two counts; with
+    # "hook_signed" true only the hook's is evidence, the log's corroborates), "hook_signed" (the
+    # runner verified the hook's signatures, repro/workload/hooksign.py), "forged_hook_records"
+    # ([{"file", "why"}]: hook records that did not verify, not counted), "job_wrote" (paths the job
+    # created or changed in its results folder besides the lab's files), "nan_logged_as_zero_from"
+    # (step), "rendezvous" ({"port", "set_by": "repro" | "job"}), "hook_pth" (the hook's .pth in
+    # the env's site-packages, or null)}
     job: dict[str, Any] | None
+    # How the ranks were started: {"kind": "prefork" (forked from the suite's pre-imported launcher,
+    # repro/workload/prefork_server.py; CPU) | "torchrun", "note": why torchrun ran a run meant for
+    # prefork, else ""}; null when nothing was launched and in older records. The evidence is the
+    # same either way.
     launcher: dict[str, str] | None
+
+
+def record_annotations() -> dict[str, str]:
+    """Each record key with its annotation as written in RunRecord (a string: typing keeps it as a
+    forward reference on some Pythons), in declaration order."""
+    return {key: str(getattr(tp, "__forward_arg__", tp)) for key, tp in RunRecord.__annotations__.items()}
+
+
+RECORD_KEYS = tuple(record_annotations())
 
 
 def custom_job_id(command: str, workdir: str) -> str:
