@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,18 +17,7 @@ from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
 from repro.bisect.search import Bisection, BisectStatus, ProbeVerdict, Survey, bisect, survey
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.errors import Interrupted, UsageError
-
-G, B, U = ProbeVerdict.GOOD, ProbeVerdict.BAD, ProbeVerdict.UNKNOWN
-
-
-def scripted(verdicts: Sequence[ProbeVerdict]) -> tuple[list[int], Callable[[int], ProbeVerdict]]:
-    asked: list[int] = []
-
-    def judge(i: int) -> ProbeVerdict:
-        asked.append(i)
-        return verdicts[i]
-
-    return asked, judge
+from tests.fixtures.scripted_verdicts import B, G, U, scripted
 
 
 def regression(n: int, first_bad: int) -> list[ProbeVerdict]:
@@ -282,6 +270,7 @@ def test_judge_takes_its_reference_from_the_first_decisive_probe() -> None:
 
 
 # -- the commands, through the real orchestration ------------------------------------------------
+from repro.bisect.driver import WalkRequest  # noqa: E402
 from tests.fixtures.fake_bisect import (  # noqa: E402 - the fakes the commands below run on
     TORCHES,
     FakeEngine,
@@ -292,24 +281,32 @@ from tests.fixtures.fake_bisect import (  # noqa: E402 - the fakes the commands 
 )
 
 
+def walk_argv(
+    tmp: Path, axis: str, versions: str, *argv: str, out: str | None = "o", results: Path | None = None
+) -> list[str]:
+    """The options of `bisect`/`survey` over `versions` of `axis`, `argv` between them and the output
+    folders: `--out tmp/out` (none where out is None), `--results-root` results or tmp."""
+    where = ["--out", str(tmp / out)] if out is not None else []
+    return ["--axis", axis, "--versions", versions, *argv, *where, "--results-root", str(results or tmp)]
+
+
+def walk_args(
+    command: str,
+    tmp: Path,
+    axis: str,
+    versions: str,
+    *argv: str,
+    out: str | None = "o",
+    results: Path | None = None,
+) -> WalkRequest:
+    return parse(command, walk_argv(tmp, axis, versions, *argv, out=out, results=results))
+
+
 def run_bisect(
     tmp: Path, engine: FakeEngine, extra: list[str], out: str = "out"
 ) -> tuple[dict[str, Any], list[str]]:
     lines: list[str] = []
-    args = parse(
-        "bisect",
-        [
-            "--axis",
-            "torch",
-            "--versions",
-            TORCHES,
-            "--out",
-            str(tmp / out),
-            "--results-root",
-            str(tmp / "results"),
-            *extra,
-        ],
-    )
+    args = walk_args("bisect", tmp, "torch", TORCHES, *extra, out=out, results=tmp / "results")
     services = bisect_cli.Services(matrix=FakeMatrix(), engine=engine, say=lines.append)
     assert bisect_cli.run_bisect(args, services) == 0
     return json.loads((tmp / out / "bisect.json").read_text()), lines
@@ -351,21 +348,7 @@ def test_install_failure_is_stepped_around(tmp_path: Path) -> None:
 
 def test_a_release_the_matrix_cannot_pair_is_unknown(tmp_path: Path) -> None:
     lines: list[str] = []
-    args = parse(
-        "bisect",
-        [
-            "--axis",
-            "torch",
-            "--versions",
-            TORCHES,
-            "--from",
-            "2.0.0",
-            "--out",
-            str(tmp_path / "o"),
-            "--results-root",
-            str(tmp_path),
-        ],
-    )
+    args = walk_args("bisect", tmp_path, "torch", TORCHES, "--from", "2.0.0")
     matrix = FakeMatrix(unpairable=["2.3.0", "2.2.1"])
     bisect_cli.run_bisect(
         args, bisect_cli.Services(matrix=matrix, engine=FakeEngine(torch_behaviour), say=lines.append)
@@ -392,22 +375,8 @@ def test_deepspeed_axis_keeps_the_torch_pin(tmp_path: Path) -> None:
         return ("reproduced", "illegal-work-crash") if env.deepspeed < "0.13.0" else ("clean", "none")
 
     lines: list[str] = []
-    args = parse(
-        "bisect",
-        [
-            "--axis",
-            "deepspeed",
-            "--versions",
-            "0.12.5,0.12.6,0.13.0,0.13.1",
-            "--torch",
-            "2.1.0",
-            "--from",
-            "0.12.5",
-            "--out",
-            str(tmp_path / "o"),
-            "--results-root",
-            str(tmp_path),
-        ],
+    args = walk_args(
+        "bisect", tmp_path, "deepspeed", "0.12.5,0.12.6,0.13.0,0.13.1", "--torch", "2.1.0", "--from", "0.12.5"
     )
     services = bisect_cli.Services(matrix=FakeMatrix(), engine=FakeEngine(ds), say=lines.append)
     bisect_cli.run_bisect(args, services)
@@ -442,21 +411,7 @@ def test_unsupported_is_unknown_for_the_default_rule(tmp_path: Path) -> None:
 
 def test_interrupted_bisect_prints_a_resume_command(tmp_path: Path) -> None:
     engine = FakeEngine(torch_behaviour, interrupt_at=4)
-    args = parse(
-        "bisect",
-        [
-            "--axis",
-            "torch",
-            "--versions",
-            TORCHES,
-            "--from",
-            "2.0.0",
-            "--out",
-            str(tmp_path / "o"),
-            "--results-root",
-            str(tmp_path),
-        ],
-    )
+    args = walk_args("bisect", tmp_path, "torch", TORCHES, "--from", "2.0.0")
     with pytest.raises(Interrupted) as info:
         bisect_cli.run_bisect(
             args, bisect_cli.Services(matrix=FakeMatrix(), engine=engine, say=lambda _: None)
@@ -475,20 +430,7 @@ def test_interrupted_bisect_prints_a_resume_command(tmp_path: Path) -> None:
 
 def test_dry_run_touches_no_engine(tmp_path: Path) -> None:
     lines: list[str] = []
-    args = parse(
-        "bisect",
-        [
-            "--axis",
-            "torch",
-            "--versions",
-            TORCHES,
-            "--from",
-            "2.0.1",
-            "--dry-run",
-            "--results-root",
-            str(tmp_path),
-        ],
-    )
+    args = walk_args("bisect", tmp_path, "torch", TORCHES, "--from", "2.0.1", "--dry-run", out=None)
     engine = FakeEngine(torch_behaviour)
     bisect_cli.run_bisect(args, bisect_cli.Services(matrix=FakeMatrix(), engine=engine, say=lines.append))
     assert engine.prepares == 0 and not list(tmp_path.iterdir())
@@ -496,6 +438,11 @@ def test_dry_run_touches_no_engine(tmp_path: Path) -> None:
 
 
 DS_RELEASES = "0.12.5,0.12.6,0.13.0,0.13.1,0.13.2,0.13.3,0.14.0,0.14.5,0.15.0,0.16.0,0.19.6,0.19.7,0.19.8"
+
+
+def ds_survey_argv(tmp: Path, out: str) -> list[str]:
+    """`survey` over DS_RELEASES on torch 2.1.0."""
+    return walk_argv(tmp, "deepspeed", DS_RELEASES, "--from", "0.12.5", "--torch", "2.1.0", out=out)
 
 
 def ds_landscape(env: FakeEnv) -> tuple[str, str]:
@@ -514,20 +461,7 @@ def ds_landscape(env: FakeEnv) -> tuple[str, str]:
 @pytest.mark.parametrize("every", [False, True])
 def test_survey_command_reports_every_change_point(tmp_path: Path, every: bool) -> None:
     lines: list[str] = []
-    argv = [
-        "--axis",
-        "deepspeed",
-        "--versions",
-        DS_RELEASES,
-        "--from",
-        "0.12.5",
-        "--torch",
-        "2.1.0",
-        "--out",
-        str(tmp_path / "s"),
-        "--results-root",
-        str(tmp_path),
-    ]
+    argv = ds_survey_argv(tmp_path, "s")
     args = parse("survey", argv + (["--every"] if every else []))
     engine = FakeEngine(ds_landscape, broken=["2.1.0-0.14.0"])
     assert (
@@ -553,20 +487,7 @@ def test_survey_command_reports_every_change_point(tmp_path: Path, every: bool) 
 
 def test_interrupted_survey_saves_what_it_has_and_names_the_command(tmp_path: Path) -> None:
     """The one driver handles Ctrl-C for both commands: save, mark interrupted, say how to go on."""
-    argv = [
-        "--axis",
-        "deepspeed",
-        "--versions",
-        DS_RELEASES,
-        "--from",
-        "0.12.5",
-        "--torch",
-        "2.1.0",
-        "--out",
-        str(tmp_path / "s"),
-        "--results-root",
-        str(tmp_path),
-    ]
+    argv = ds_survey_argv(tmp_path, "s")
     engine = FakeEngine(ds_landscape, interrupt_at=3)
     with pytest.raises(Interrupted) as info:
         bisect_cli.run_survey(
@@ -601,23 +522,7 @@ def test_report_reads_the_timeline_files(tmp_path: Path) -> None:
     from repro.report.timeline import load_timelines
 
     data, _ = run_bisect(tmp_path, FakeEngine(torch_behaviour), ["--from", "2.0.0"])
-    args = parse(
-        "survey",
-        [
-            "--axis",
-            "deepspeed",
-            "--versions",
-            DS_RELEASES,
-            "--from",
-            "0.12.5",
-            "--torch",
-            "2.1.0",
-            "--out",
-            str(tmp_path / "out"),
-            "--results-root",
-            str(tmp_path),
-        ],
-    )
+    args = parse("survey", ds_survey_argv(tmp_path, "out"))
     with pytest.raises(UsageError):  # the bisect already wrote results.json there
         bisect_cli.run_survey(args, bisect_cli.Services(matrix=FakeMatrix(), engine=FakeEngine(ds_landscape)))
     args = replace(args, folder=replace(args.folder, out=tmp_path / "survey"))

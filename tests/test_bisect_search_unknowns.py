@@ -5,25 +5,14 @@ interruption leads to the same answer."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.bisect.search import Bisection, BisectResult, BisectStatus, ProbeVerdict, bisect
-
-G, B, U = ProbeVerdict.GOOD, ProbeVerdict.BAD, ProbeVerdict.UNKNOWN
-
-
-def scripted(verdicts: Sequence[ProbeVerdict]) -> tuple[list[int], Callable[[int], ProbeVerdict]]:
-    asked: list[int] = []
-
-    def judge(i: int) -> ProbeVerdict:
-        asked.append(i)
-        return verdicts[i]
-
-    return asked, judge
+from tests.fixtures.scripted_verdicts import B, G, U, scripted
 
 
 def masked(n: int, first_bad: int, unknown: set[int]) -> list[ProbeVerdict]:
