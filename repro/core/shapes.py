@@ -35,6 +35,8 @@ _BY_ANNOTATION: dict[str, Shape] = {
     "dict[str, float | None]": Shape(optional(dict), items=OPT_NUM),
     "dict[str, str | None]": Shape(optional(dict), items=OPT_SCALAR),  # versions: as older tools wrote them
     "dict[str, Any]": OPT_OBJECT,
+    "Layout": OPT_OBJECT,
+    "RecordedException": OPT_OBJECT,
 }
 # What names a run: always present, always a string.
 RUN_IDENTITY = ("env", "scenario", "patch")

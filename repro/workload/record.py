@@ -106,6 +106,21 @@ OUTCOMES = tuple(o.value for o in Outcome)
 SIGNATURES = tuple(s.value for s in Signature)
 
 
+# How a multi-node layout was made (the record's `layout`).
+class Layout(TypedDict):
+    nodes: int
+    devices_per_node: int
+    how: str
+
+
+# The exception that ended a run (the record's `exception`; a rank's, without `rank`, in rank*.json).
+class RecordedException(TypedDict, total=False):
+    type: str
+    message: str
+    rank: int | None
+    traceback: str
+
+
 # The record: the one declaration of its keys (RECORD_KEYS and repro.core.shapes.RUN are read from
 # these fields). A TypedDict over the JSON object itself, so reading and writing keep the exact same
 # bytes. total=False: records of older tools lack newer keys. (Annotations stay strings, so Python
@@ -121,7 +136,7 @@ class RunRecord(TypedDict, total=False):
     world_size: int  # ranks launched by torchrun
     shard_size: int | None  # MiCS shard size, null for zero3
     hierarchical: bool  # mics_hierarchical_params_gather
-    layout: dict[str, Any]  # {"nodes", "devices_per_node", "how"}: how a multi-node layout was made
+    layout: Layout
     backend: str  # "gloo" | "nccl" (RCCL on ROCm is exposed through torch's nccl backend)
     # "native" on GPUs, else the gloo adapter mode: "async" | "sync" | "strict", or "plain" (CPU:
     # gloo as torch ships it, no adapter; transport_info.adapter null)
@@ -136,7 +151,7 @@ class RunRecord(TypedDict, total=False):
     skipped_steps: int  # steps the optimizer skipped for overflow
     illegal_work_messages: int  # count of DeepSpeed's IllegalWork log lines (all levels, all ranks)
     first_divergent_step: int | None  # first step whose loss leaves the control's (null: none / no control)
-    exception: dict[str, Any] | None  # {"type", "message", "rank", "traceback"} or null
+    exception: RecordedException | None
     # {rank: int} as reported by the ranks, plus "launcher": torchrun's code
     exit_codes: dict[str, int | None]
     durations: dict[str, float | None]  # {"total_s": float, "train_s": float | null}
