@@ -13,7 +13,9 @@ import pytest
 
 from repro.workload import device as dev
 from repro.workload import runner, suite
+from tests.fixtures.layouts import layout_shapes, reporter_layouts
 from tests.fixtures.prefork import FakePreforkServer
+from tests.fixtures.runspec import LaunchStandIn
 
 ROCM_NO_GPU = dev.TorchView(gpus=0, hip="5.6.31061-8c743ae5d", cuda=None)
 
@@ -55,20 +57,14 @@ def test_wrong_kind_of_torch_is_an_env_error() -> None:
     assert rocm_torch.error and "ROCm" in rocm_torch.error
 
 
-class FakeLaunch:
+class FakeLaunch(LaunchStandIn):
     """Stands in for torchrun on GPUs: rank records as a real GPU run writes them."""
 
     def __init__(self) -> None:
         self.specs: list[runner.RunSpec] = []
         self.lock = threading.Lock()
 
-    def __call__(
-        self,
-        spec: runner.RunSpec,
-        progress: Any = None,
-        stop: threading.Event | None = None,
-        server: Any = None,
-    ) -> runner.LaunchResult:
+    def launch(self, spec: runner.RunSpec, stop: threading.Event | None, server: Any) -> runner.LaunchResult:
         with self.lock:
             self.specs.append(spec)
         for rank in range(spec.world_size):
@@ -106,9 +102,11 @@ def _suite(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     view: dev.TorchView | None,
-    *args: str,
+    argv: str,
     launch: Any = _refuse_launch,
 ) -> dict[str, Any]:
+    """The suite run with the options `argv` (split at spaces) on a host whose torch sees `view`."""
+
     def probe() -> dev.TorchView:
         if view is None:
             raise AssertionError("a cpu env must not ask torch about GPUs")
@@ -119,7 +117,7 @@ def _suite(
     monkeypatch.setattr(suite, "mics_available", lambda: True)
     monkeypatch.setattr(suite, "start_prefork", lambda out, device: FakePreforkServer())
     out = tmp_path / "out"
-    assert suite.main(["--out", str(out), "--no-artifacts", "--jobs", "1", *args]) == 0
+    assert suite.main(["--out", str(out), "--no-artifacts", "--jobs", "1", *argv.split()]) == 0
     data: dict[str, Any] = json.loads((out / "suite.json").read_text())
     return data
 
@@ -127,7 +125,7 @@ def _suite(
 def test_rocm_env_without_gpu_ends_every_run_env_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = _suite(tmp_path, monkeypatch, ROCM_NO_GPU, "--env", "rocm56", "--device", "rocm")
+    data = _suite(tmp_path, monkeypatch, ROCM_NO_GPU, "--env rocm56 --device rocm")
     runs = data["runs"]
     assert len(runs) == 7  # control + 3 scenarios x 2 patches, nothing over a CPU transport
     assert {r["outcome"] for r in runs} == {"env-error"}
@@ -148,17 +146,7 @@ def test_cpu_env_runs_on_cpu_on_a_gpu_host(tmp_path: Path, monkeypatch: pytest.M
         tmp_path,
         monkeypatch,
         None,
-        "--env",
-        "cpu",
-        "--device",
-        "cpu",
-        "--world-size",
-        "2",
-        "--scenarios",
-        "mics",
-        "--patches",
-        "stock",
-        "--no-sync-proof",
+        "--env cpu --device cpu --world-size 2 --scenarios mics --patches stock --no-sync-proof",
         launch=launched,
     )
     assert {s.device for s in launched.specs} == {"cpu"} and data["device"] == "cpu"
@@ -173,14 +161,7 @@ def test_one_gpu_runs_the_control_and_says_what_mics_needs(
 ) -> None:
     launched = FakeLaunch()
     data = _suite(
-        tmp_path,
-        monkeypatch,
-        dev.TorchView(gpus=1, cuda="12.1"),
-        "--env",
-        "cuda",
-        "--device",
-        "cuda",
-        launch=launched,
+        tmp_path, monkeypatch, dev.TorchView(gpus=1, cuda="12.1"), "--env cuda --device cuda", launch=launched
     )
     assert [s.run_name for s in launched.specs] == ["zero3-stock-fp16-native-w1"]
     by_outcome: dict[str, list[dict[str, Any]]] = {}
@@ -204,38 +185,17 @@ def test_eight_gpus_run_the_reporters_layouts(tmp_path: Path, monkeypatch: pytes
         tmp_path,
         monkeypatch,
         dev.TorchView(gpus=8, hip="5.6"),
-        "--env",
-        "rocm56",
-        "--device",
-        "rocm",
-        "--patches",
-        "stock",
+        "--env rocm56 --device rocm --patches stock",
         launch=launched,
     )
-    shapes = {
-        s.scenario: (s.world_size, s.shard_size, s.hierarchical, s.devices_per_node) for s in launched.specs
-    }
-    assert shapes == {
-        "zero3": (8, None, False, 8),
-        "mics": (8, 8, False, 8),
-        "mics-hier": (8, 8, True, 4),
-        "mics-replica": (8, 4, False, 8),
-    }
+    assert layout_shapes(launched.specs) == reporter_layouts(8)
     hier = [s for s in launched.specs if s.scenario == "mics-hier"]
     assert {runner.launch_env(s)["NDEV_PER_NODE"] for s in hier} == {"4"}
 
 
 def test_world_size_above_the_gpus_is_an_env_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     data = _suite(
-        tmp_path,
-        monkeypatch,
-        dev.TorchView(gpus=4, hip="5.6"),
-        "--env",
-        "rocm56",
-        "--device",
-        "rocm",
-        "--world-size",
-        "8",
+        tmp_path, monkeypatch, dev.TorchView(gpus=4, hip="5.6"), "--env rocm56 --device rocm --world-size 8"
     )
     assert {r["outcome"] for r in data["runs"]} == {"env-error"}
     assert "WORLD_SIZE=8" in data["runs"][0]["reason"]
@@ -265,14 +225,7 @@ def test_world_size_one_is_the_control_only(tmp_path: Path, monkeypatch: pytest.
         tmp_path,
         monkeypatch,
         dev.TorchView(gpus=8, cuda="12.1"),
-        "--env",
-        "cuda",
-        "--device",
-        "cuda",
-        "--world-size",
-        "1",
-        "--patches",
-        "fixed",
+        "--env cuda --device cuda --world-size 1 --patches fixed",
         launch=launched,
     )
     assert [s.run_name for s in launched.specs] == ["zero3-stock-fp16-native-w1"]

@@ -10,6 +10,7 @@ import pytest
 
 from repro.workload import layout as lay
 from repro.workload.record import SCENARIOS
+from tests.fixtures.layouts import layout_shapes, reporter_layouts
 
 LAYOUT_DOC = Path(__file__).resolve().parents[1] / "docs" / "how-it-works.md"
 
@@ -98,15 +99,7 @@ def test_world_size_chooses_a_subset_and_may_not_exceed_the_gpus() -> None:
 
 def test_cpu_keeps_the_layout_it_always_had() -> None:
     plan = lay.plan_layouts("cpu")
-    shapes = {
-        x.scenario: (x.world_size, x.shard_size, x.hierarchical, x.devices_per_node) for x in plan.layouts
-    }
-    assert shapes == {
-        "zero3": (4, None, False, 4),
-        "mics": (4, 4, False, 4),
-        "mics-hier": (4, 4, True, 2),
-        "mics-replica": (4, 2, False, 4),
-    }
+    assert layout_shapes(plan.layouts) == reporter_layouts(4)
     assert plan.get("mics-hier").how("cpu") == (
         "2 nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE=2 with world size 4"
     )

@@ -23,7 +23,7 @@ from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.workload import resume, runner, suite
 from tests.fixtures.fake_job import VenvJobEngine, argv_value
 from tests.fixtures.prefork import FakePreforkServer
-from tests.fixtures.runspec import write_fake_ranks
+from tests.fixtures.runspec import LaunchStandIn, write_fake_ranks
 
 # ---- which runs are kept (pure) ---------------------------------------------------------------------
 
@@ -93,7 +93,7 @@ def test_a_record_of_other_settings_is_not_the_planned_run() -> None:
 # ---- the suite finishes its own folder ----------------------------------------------------------------
 
 
-class ScriptedLaunch:
+class ScriptedLaunch(LaunchStandIn):
     """Stands in for runner.launch: MiCS stock runs reproduce (NaN losses, IllegalWork lines), the
     rest match the control; the runs named in `interrupt` come back interrupted (once each)."""
 
@@ -102,9 +102,7 @@ class ScriptedLaunch:
         self.started: list[tuple[str, str]] = []
         self.lock = threading.Lock()
 
-    def __call__(
-        self, spec: runner.RunSpec, progress: Any = None, stop: Any = None, server: Any = None
-    ) -> runner.LaunchResult:
+    def launch(self, spec: runner.RunSpec, stop: threading.Event | None, server: Any) -> runner.LaunchResult:
         with self.lock:
             self.started.append((spec.env, spec.run_name))
         if (spec.env, spec.run_name) in self.interrupt:

@@ -17,10 +17,10 @@ import pytest
 
 from repro.workload import runner, suite
 from tests.fixtures.prefork import FakePreforkServer
-from tests.fixtures.runspec import write_fake_ranks
+from tests.fixtures.runspec import LaunchStandIn, write_fake_ranks
 
 
-class FakeTorchrun:
+class FakeTorchrun(LaunchStandIn):
     """Stands in for `runner.launch`: writes rank records; counts how many runs overlap."""
 
     def __init__(self, interrupt_run: str | None = None) -> None:
@@ -33,13 +33,7 @@ class FakeTorchrun:
         self.servers: list[Any] = []
         self.server: Any = None  # what the suite's start_prefork returned
 
-    def __call__(
-        self,
-        spec: runner.RunSpec,
-        progress: Any = None,
-        stop: threading.Event | None = None,
-        server: Any = None,
-    ) -> runner.LaunchResult:
+    def launch(self, spec: runner.RunSpec, stop: threading.Event | None, server: Any) -> runner.LaunchResult:
         with self.lock:
             self.running += 1
             self.most_at_once = max(self.most_at_once, self.running)
