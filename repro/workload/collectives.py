@@ -41,7 +41,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 FORMAT = 1
 FOLDER = "collectives"  # in a run's folder (ours) or a job's folder (users' jobs)
@@ -78,6 +78,51 @@ def canonical(op: str) -> str:
 
 
 GroupInfo = tuple[str, tuple[int, ...]]  # (the group's name, its global ranks)
+# One call as the file holds it ("async" is a keyword: the functional form).
+CallRecord = TypedDict(
+    "CallRecord",
+    {
+        "op": str,
+        "group": str,
+        "ranks": "list[int]",
+        "seq": int,
+        "sizes": "list[int]",
+        "dtype": "str | None",
+        "async": bool,
+    },
+)
+
+
+class GroupRecord(TypedDict, total=False):
+    """The last call issued on one group (sizes and dtype once it issued one)."""
+
+    ranks: list[int]
+    seq: int
+    op: str | None
+    sizes: list[int]
+    dtype: str | None
+
+
+class Snapshot(TypedDict):
+    """FOLDER/<pid>.json: what hangwatch.parse reads."""
+
+    n: int
+    format: int
+    pid: int
+    rank: int
+    world: int
+    done: int
+    current: CallRecord | None
+    groups: dict[str, GroupRecord]
+    z: int
+
+
+class Installed(TypedDict, total=False):
+    """What install() wrapped (the hook's and the run's record)."""
+
+    recorded: list[str]
+    why: str
+    folder: str
 
 
 class Recorder:
@@ -95,8 +140,8 @@ class Recorder:
         self.local = threading.local()
         self.update = 0
         self.done = 0
-        self.inflight: dict[int, dict[str, Any]] = {}  # call id -> the call
-        self.groups: dict[str, dict[str, Any]] = {}  # group name -> ranks, seq, last op
+        self.inflight: dict[int, CallRecord] = {}  # call id -> the call
+        self.groups: dict[str, GroupRecord] = {}  # group name -> ranks, seq, last op
         self.calls = 0
         self.fd: int | None = None
         self.written = 0
@@ -119,7 +164,7 @@ class Recorder:
                 entry["seq"] += 1
                 entry["op"] = canonical(op)
                 self.calls += 1
-                call = {
+                call: CallRecord = {
                     "op": canonical(op),
                     "group": name,
                     "ranks": list(ranks),
@@ -148,7 +193,7 @@ class Recorder:
             pass
 
     # -- the file ----------------------------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self) -> Snapshot:
         rank, world = self.identity()
         current = self.inflight[min(self.inflight)] if self.inflight else None
         return {
@@ -271,7 +316,7 @@ def _torch_group_info(c10d: Any) -> Callable[[Any], GroupInfo | None]:
     return resolve
 
 
-def install(folder: str) -> dict[str, Any]:
+def install(folder: str) -> Installed:
     """Record this process's collectives into FOLDER/<pid>.json (idempotent). Returns what was
     wrapped, for the run's record."""
     import torch.distributed as dist

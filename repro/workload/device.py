@@ -17,7 +17,7 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 REQUESTS = ("auto", "cpu", "gpu", "rocm", "cuda")
 
@@ -169,7 +169,28 @@ def decide(requested: str, view: TorchView | None) -> Decision:
     return Decision("gpu", view.gpus, requested)
 
 
-def view_summary(view: TorchView | None, device: str | None) -> dict[str, Any]:
+# A record's `ran_on`: what a run's processes really used (ran_on) or, never launched, what the suite
+# saw (view_summary); "rank" is the hook's (jobhook.py), "env_platform" the suite's.
+class RanOn(TypedDict, total=False):
+    device: str | None  # "cpu" | "gpu"; None: never launched
+    planned_device: str | None
+    backend: str | None
+    gpu_count: int
+    gpus: list[str]
+    arch: list[str]
+    hip: str | None
+    cuda: str | None
+    nccl: str | None
+    ran: bool
+    visible_devices: dict[str, str]
+    passed_env: dict[str, str]
+    dropped_env: dict[str, str]
+    rocm_runtime: dict[str, str | None]
+    rank: int
+    env_platform: str | None
+
+
+def view_summary(view: TorchView | None, device: str | None) -> RanOn:
     """`ran_on` for a run that was never launched: what the suite saw, and that nothing ran."""
     return {
         "device": None,
@@ -233,9 +254,9 @@ def gpu_arch(props: Any, *, rocm: bool) -> str:
     return f"sm_{props.major}{props.minor}"
 
 
-def ran_on(device: str, backend: str | None) -> dict[str, Any]:
+def ran_on(device: str, backend: str | None) -> RanOn:
     """What a rank actually used (train.py, rank 0, after the process group is up)."""
-    found: dict[str, Any] = {
+    found: RanOn = {
         "device": device,
         "backend": backend,
         "gpu_count": 0,

@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 CONFIRM_S = 2.0  # a mismatch must stand still this long before it is called a deadlock
 STEP_FACTOR = 10.0
@@ -70,11 +70,35 @@ class RankView:
     last: Mapping[str, Call] = field(default_factory=dict)  # group name -> last call issued there
 
 
+class CallFacts(TypedDict, total=False):
+    """One rank's call in a Hang's evidence (group_ranks: find_blocked's only)."""
+
+    op: str
+    seq: int
+    sizes: list[int]
+    dtype: str | None
+    group_ranks: list[int]
+
+
+class Evidence(TypedDict, total=False):
+    """What a Hang rests on: a mismatch's group, the blocked ranks' calls, a stall's limit."""
+
+    group: str
+    group_ranks: list[int]
+    seq: int
+    calls: dict[str, CallFacts]  # rank -> its call
+    ranks_inside_a_call: list[int]
+    issued: dict[str, dict[str, int]]  # rank -> {group name: last position issued}
+    limit_s: float
+    slowest_step_s: float
+    steps_seen: int
+
+
 @dataclass(frozen=True)
 class Hang:
     kind: HangKind
     reason: str
-    evidence: dict[str, Any]
+    evidence: Evidence
 
 
 def _call(data: Mapping[str, Any], group: str | None = None) -> Call:
@@ -155,7 +179,7 @@ def find_mismatch(views: list[RankView]) -> Hang | None:
                 f"deadlock: {' and '.join(parts)} on group [{','.join(map(str, call.ranks))}]"
                 f" (collective #{found[0].seq} of that group)"
             )
-            evidence = {
+            evidence: Evidence = {
                 "group": name,
                 "group_ranks": list(call.ranks),
                 "seq": found[0].seq,
@@ -197,14 +221,14 @@ def find_blocked(views: list[RankView]) -> Hang | None:
         where = ", ".join(f"[{','.join(map(str, g))}] #{seq}" for g, seq in places)
         parts.append(f"{_ranks_text(ranks)} in {op} on group{'s' if len(places) > 1 else ''} {where}")
     reason = f"deadlock: {' and '.join(parts)}; each waits for a rank blocked in another collective"
-    evidence = {
+    evidence: Evidence = {
         "calls": {str(r): {**_describe(c), "group_ranks": list(c.ranks)} for r, c in sorted(current.items())},
         "issued": {str(v.rank): {n: c.seq for n, c in sorted(v.last.items())} for v in views},
     }
     return Hang(HangKind.DEADLOCK, reason, evidence)
 
 
-def _describe(call: Call) -> dict[str, Any]:
+def _describe(call: Call) -> CallFacts:
     return {"op": call.op, "seq": call.seq, "sizes": list(call.sizes), "dtype": call.dtype}
 
 
@@ -269,7 +293,7 @@ class HangWatch:
                 f" for {still:.0f} s (limit {limit:.0f} s = max({self.factor:g} x slowest step"
                 f" {self.slowest_step:.1f} s, {self.floor_s:g} s))"
             )
-            evidence = {
+            evidence: Evidence = {
                 "calls": {str(v.rank): _describe(v.current) for v in views if v.current is not None},
                 "limit_s": round(limit, 2),
                 "slowest_step_s": round(self.slowest_step, 3),
