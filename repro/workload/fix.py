@@ -22,7 +22,7 @@ import linecache
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 # Statements after the docstring of TorchBackend.all_gather_coalesced (deepspeed/comm/torch.py).
 # The branches that do not touch the coalescing manager keep the release's text so the diff only
@@ -260,7 +260,7 @@ def _free_names(func: ast.FunctionDef) -> list[str]:
     return sorted(loaded - bound)
 
 
-def compile_method(text: str, target: Target, namespace: dict[str, Any]) -> Any:
+def compile_method(text: str, target: Target, namespace: dict[str, Any]) -> Any:  # a module's globals
     """Compile a method's text with `namespace` as its globals; returns the decorated object.
 
     Names the body needs must already be in `namespace` (or builtins): checking here turns a
@@ -274,7 +274,7 @@ def compile_method(text: str, target: Target, namespace: dict[str, Any]) -> Any:
     code = _wrap(text, target.cls)
     # Tracebacks through the new code can then show its lines.
     linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
-    local: dict[str, Any] = {}
+    local: dict[str, Any] = {}  # whatever the compiled text defines
     exec(compile(code, filename, "exec"), namespace, local)
     return local[target.cls].__dict__[target.func]
 
@@ -314,7 +314,19 @@ def _resolve(target: Target, importer: Callable[[str], Any]) -> tuple[Any, Any, 
     return module, cls, source
 
 
-def apply(importer: Callable[[str], Any] = importlib.import_module) -> dict[str, Any]:
+# What apply() installed, or (applied false) why not: a record's `fix`, this module's JSON.
+class FixReport(TypedDict, total=False):
+    applied: bool
+    deepspeed: str
+    fix_id: str
+    patched: list[str]  # the qualnames of TARGETS
+    source: str  # "runtime" | "in-source" | "in-source+runtime"
+    package_dir: str | None
+    sources: dict[str, str]  # main() only: installed_sources()
+    reason: str
+
+
+def apply(importer: Callable[[str], Any] = importlib.import_module) -> FixReport:
     """Install the fix into the live DeepSpeed classes; safe to call more than once.
 
     Call after `import deepspeed` and before the engine or MiCS_Init is built. Raises
