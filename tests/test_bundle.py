@@ -605,16 +605,25 @@ def _rocm_bundle(tmp_path: Path, host: dict[str, str], client: FakeClient) -> Pa
     return folder
 
 
+def _rocm_door(
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, devices: bool
+) -> tuple[FakeClient, Path, _Door, _DeviceCheck]:
+    """verify-bundle's front door on a rocm bundle, the host's device check standing in (`devices`:
+    whether the host has the devices)."""
+    client = FakeClient()
+    folder = _rocm_bundle(tmp_path, host, client)
+    door = _Door(monkeypatch, client, _recorded(folder))
+    check = _DeviceCheck(devices=devices)
+    monkeypatch.setattr(verify_bundle, "check_rocm", check)
+    return client, folder, door, check
+
+
 def test_a_gpu_bundle_needs_the_users_consent(
     tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from repro.core.errors import UsageError
 
-    client = FakeClient()
-    folder = _rocm_bundle(tmp_path, host, client)
-    door = _Door(monkeypatch, client, _recorded(folder))
-    devices = _DeviceCheck(devices=True)
-    monkeypatch.setattr(verify_bundle, "check_rocm", devices)
+    client, folder, door, devices = _rocm_door(tmp_path, host, monkeypatch, devices=True)
     assert door("--bundle", str(folder), "--results-root", str(tmp_path / "v")) == UsageError.exit_code
     err = capsys.readouterr().err
     assert "ALLOW_PRIVILEGES=1" in err and "--cap-add SYS_PTRACE" in err
@@ -627,10 +636,7 @@ def test_a_gpu_bundle_needs_a_host_with_the_devices(
 ) -> None:
     from repro.core.errors import DeviceUnavailableError
 
-    client = FakeClient()
-    folder = _rocm_bundle(tmp_path, host, client)
-    door = _Door(monkeypatch, client, _recorded(folder))
-    monkeypatch.setattr(verify_bundle, "check_rocm", _DeviceCheck(devices=False))
+    client, folder, door, _ = _rocm_door(tmp_path, host, monkeypatch, devices=False)
     code = door("--bundle", str(folder), "--results-root", str(tmp_path / "v"), "--allow-gpu-privileges")
     assert code == DeviceUnavailableError.exit_code
     assert client.loaded == [] and door.engine.calls == []
@@ -639,11 +645,7 @@ def test_a_gpu_bundle_needs_a_host_with_the_devices(
 def test_with_consent_a_gpu_bundle_says_what_will_run_then_runs(
     tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    client = FakeClient()
-    folder = _rocm_bundle(tmp_path, host, client)
-    door = _Door(monkeypatch, client, _recorded(folder))
-    devices = _DeviceCheck(devices=True)
-    monkeypatch.setattr(verify_bundle, "check_rocm", devices)
+    client, folder, door, devices = _rocm_door(tmp_path, host, monkeypatch, devices=True)
     assert door("--bundle", str(folder), "--results-root", str(tmp_path / "v"), "--allow-gpu-privileges") == 0
     assert devices.calls == 1
     out = capsys.readouterr().out
