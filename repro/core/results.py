@@ -19,7 +19,7 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from repro import __version__
 from repro.core import records, run_lock, safe_write, shapes
@@ -30,13 +30,53 @@ from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
 RESULTS_FILE = "results.json"
 
 
+class HostInfo(TypedDict):
+    """Host facts that help a maintainer; no hostnames, user names or paths (they leak into bundles)."""
+
+    os: str
+    machine: str
+    python: str
+    cpu_count: int | None
+
+
+class Invocation(TypedDict, total=False):
+    """results.json's "invocation": the command that made the folder, and when it ran."""
+
+    argv: list[str]
+    command: str
+    started_at: str
+    finished_at: str | None
+    interrupted: bool
+    host: HostInfo
+    python_command: str
+    resumed_at: list[str]  # RESUME=1 runs that finished the folder
+
+
+class EnvInfo(TypedDict, total=False):
+    """results.json's entry for one env: what ran the suite and how it ended."""
+
+    platform: str
+    engine: str  # "docker" | "venv"
+    pins: dict[str, str] | None
+    derived_from: str | None
+    image_id: str | None  # the Docker image the runs used (`make bundle` packs it)
+    venv: str | None
+    built_on: str
+    artifacts: dict[str, str]  # {name: path relative to the results folder}
+    suite_exit_code: int | None
+    suite_timed_out: bool
+    interrupted: bool
+    custom_command: str  # `make run CMD=`: the user's command
+    job_layer: dict[str, Any] | None  # the job's packages (engines' prepare_job): free-form per engine
+
+
 class ResultsData(TypedDict):
     """results.json as the host side types it (the JSON itself, so its bytes never change)."""
 
     schema: int
     tool_version: str
-    invocation: dict[str, Any]
-    envs: dict[str, dict[str, Any]]
+    invocation: Invocation
+    envs: dict[str, EnvInfo]
     runs: list[RunRecord]
 
 
@@ -192,8 +232,7 @@ def discard_unused(folder: Path, made: bool, root: Path, previous_latest: str | 
     return True
 
 
-def host_info() -> dict[str, Any]:
-    # Host facts that help a maintainer; no hostnames, user names or paths (they leak into bundles).
+def host_info() -> HostInfo:
     return {
         "os": f"{platform.system()} {platform.release()}",
         "machine": platform.machine(),
@@ -202,7 +241,7 @@ def host_info() -> dict[str, Any]:
     }
 
 
-def invocation_meta(argv: list[str], command: str) -> dict[str, Any]:
+def invocation_meta(argv: list[str], command: str) -> Invocation:
     return {
         "argv": list(argv),
         "command": command,
@@ -214,7 +253,7 @@ def invocation_meta(argv: list[str], command: str) -> dict[str, Any]:
     }
 
 
-def resume_line(meta: dict[str, Any], folder: Path) -> str:
+def resume_line(meta: Invocation, folder: Path) -> str:
     """The command that finishes this invocation into `folder` (RESUME=1): its make line, else
     its `python -m repro` line, with the folder named (results/latest may move on meanwhile)."""
     where = shlex.quote(str(folder))
@@ -228,7 +267,7 @@ class InvocationDir:
     """One invocation's folder (results.json and the envs' folders). `save()` after every change,
     so Ctrl-C loses nothing."""
 
-    def __init__(self, folder: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, folder: Path, meta: Invocation) -> None:
         self.folder = folder
         self.data: ResultsData = {
             "schema": SCHEMA_VERSION,
@@ -245,7 +284,7 @@ class InvocationDir:
         run of the folder while one goes refuses, naming its pid (run_lock.py)."""
         run_lock.lock_folder(folder)
         data = load(folder)
-        invocation = cls(folder, dict(data["invocation"]))
+        invocation = cls(folder, data["invocation"].copy())
         invocation.data = data
         meta = invocation.data["invocation"]
         meta.setdefault("resumed_at", []).append(utc_now())
@@ -276,8 +315,9 @@ class InvocationDir:
         for rel in below:
             safe_write.check_inside(self.folder, f"{env_id}/{rel}")
 
-    def add_env(self, env_id: str, info: dict[str, Any]) -> None:
-        self.data["envs"][env_id] = info
+    # The plain dict: repro/run/orchestrate.py still builds its entry key by key (not an EnvInfo yet).
+    def add_env(self, env_id: str, info: EnvInfo | dict[str, Any]) -> None:
+        self.data["envs"][env_id] = cast(EnvInfo, info)
         self.save()
 
     def add_runs(self, env_id: str, runs: list[RunRecord]) -> None:

@@ -31,7 +31,7 @@ from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.paths import confined
 from repro.core.printable import printable
-from repro.core.results import InvocationDir, invocation_meta, new_invocation_dir
+from repro.core.results import EnvInfo, InvocationDir, invocation_meta, new_invocation_dir
 from repro.engines.base import Engine, EngineKind, Prepared, SuiteRun
 from repro.engines.gpu_host import GpuHost
 from repro.engines.preflight import DockerFacts, check_cuda, check_rocm
@@ -426,7 +426,7 @@ def _rerun(
 
 def _env_info(
     manifest: Manifest, platform: str, image_id: str, artifacts: Mapping[str, str], suite: SuiteRun | None
-) -> dict[str, Any]:
+) -> EnvInfo:
     """The verification's entry for the env in results.json: the bundle's image and how the suite ended."""
     return {
         "platform": platform,
@@ -434,7 +434,7 @@ def _env_info(
         "image_id": image_id,
         "pins": manifest.env.get("pins"),
         "derived_from": manifest.env.get("derived_from"),
-        "artifacts": artifacts,
+        "artifacts": dict(artifacts),
         "suite_exit_code": suite.exit_code if suite else None,
         "suite_timed_out": suite.timed_out if suite else False,
     }
