@@ -15,9 +15,9 @@ import hashlib
 import re
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from repro.core import cmd
 from repro.core.errors import UsageError
@@ -30,6 +30,18 @@ _PR = re.compile(r"\(#(\d+)\)\s*$|^Merge pull request #(\d+)\b")
 _SEP = "\x1f"
 # Folders a DeepSpeed build reads (deepspeed/ links into accelerator/, op_builder/ and csrc/).
 SPARSE = ("deepspeed", "accelerator", "op_builder", "csrc", "requirements")
+
+
+class CommitRow(TypedDict, total=False):
+    """A commit in bisect.json: candidate_commits, first_bad_commit, last_good_commit (shapes.COMMIT)."""
+
+    sha: str
+    short: str
+    subject: str
+    date: str
+    pr: int | None
+    pr_url: str | None
+    files: str  # first_bad_commit only: what it changed (git show --stat)
 
 
 @dataclass(frozen=True)
@@ -45,8 +57,16 @@ class CommitInfo:
             return None
         return f"{repo_url.removesuffix('.git').rstrip('/')}/pull/{self.pr}"
 
-    def as_dict(self, repo_url: str) -> dict[str, Any]:
-        return {**asdict(self), "pr_url": self.pr_url(repo_url)}
+    def as_dict(self, repo_url: str) -> CommitRow:
+        pr_url = self.pr_url(repo_url)
+        return {
+            "sha": self.sha,
+            "short": self.short,
+            "subject": self.subject,
+            "date": self.date,
+            "pr": self.pr,
+            "pr_url": pr_url,
+        }
 
 
 def pr_number(subject: str) -> int | None:

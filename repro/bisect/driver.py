@@ -15,14 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
 from repro.bisect import rounds
 from repro.bisect.commits import UPSTREAM_URL, CommitInfo, DsRepo, tag_for
 from repro.bisect.output import (
+    Change,
     ProbeLog,
+    WalkData,
     bisect_data,
     bisect_summary,
     commit_fields,
@@ -65,6 +67,24 @@ TORCH_BEFORE_ILLEGAL_WORK = "2.0.1"
 AXES = ("torch", "deepspeed", COMMIT_AXIS)
 
 
+class SpecFields(TypedDict):
+    """ProbeOptions' part of a ProbeSpec: its keyword arguments."""
+
+    scenario: str
+    patch: str
+    dtype: str | None
+    transport: str
+    timeout_s: float | None
+    steps: int | None
+    world_size: int | None
+    command: str | None
+    workdir: str | None
+    loss_regex: str | None
+    requirements: str | None
+    packages: str | None
+    engine: str | None
+
+
 @dataclass(frozen=True)
 class ProbeOptions:
     """How each candidate is run (shared by bisect, survey and probe)."""
@@ -99,8 +119,8 @@ class ProbeOptions:
             timeout_s=self.timeout_s,
         )
 
-    def spec_fields(self) -> dict[str, Any]:
-        return dict(
+    def spec_fields(self) -> SpecFields:
+        return SpecFields(
             scenario=self.scenario,
             patch=self.patch,
             dtype=self.dtype,
@@ -408,12 +428,12 @@ class Mode(Protocol):
     def make_command(self, start: str, end: str) -> str: ...
     def next_round(self, k: int) -> list[int]: ...
     def record(self, index: int, obs: Observation, log: ProbeLog) -> None: ...
-    def data(self, log: ProbeLog, done: bool, interrupted: bool) -> dict[str, Any]: ...
-    def summary(self, data: dict[str, Any]) -> list[str]: ...
+    def data(self, log: ProbeLog, done: bool, interrupted: bool) -> WalkData: ...
+    def summary(self, data: WalkData) -> list[str]: ...
     def interrupted(self, folder: Path, probes: int) -> Interrupted: ...
 
 
-def _header(req: WalkRequest, walk: Walk) -> dict[str, Any]:
+def _header(req: WalkRequest, walk: Walk) -> WalkData:
     # The user's command is scenario `custom` everywhere (as in its records), never the suite's
     # default scenario that ProbeOptions still carries.
     command = req.probe.command
@@ -477,12 +497,12 @@ class BisectMode:
         self.state.record(index, verdict)
         log.add(obs, verdict)
 
-    def data(self, log: ProbeLog, done: bool, interrupted: bool) -> dict[str, Any]:
+    def data(self, log: ProbeLog, done: bool, interrupted: bool) -> WalkData:
         if interrupted:
             lo, hi = self.state.bounds()
             self.resume = self.make_command(self.walk.candidates[lo], self.walk.candidates[hi])
         names = self.walk.candidates
-        header = {
+        header: WalkData = {
             **_header(self.req, self.walk),
             "bad_if": self.req.bad_if,
             "reference": list(self.judge.reference) if self.judge.reference else None,
@@ -530,7 +550,7 @@ class BisectMode:
             ),
         )
 
-    def summary(self, data: dict[str, Any]) -> list[str]:
+    def summary(self, data: WalkData) -> list[str]:
         return bisect_summary(data) + commit_summary(data)
 
     def interrupted(self, folder: Path, probes: int) -> Interrupted:
@@ -585,13 +605,13 @@ class SurveyMode:
         self.state.record(index, _survey_key(obs))
         log.add(obs, None)
 
-    def data(self, log: ProbeLog, done: bool, interrupted: bool) -> dict[str, Any]:
-        header = {**_header(self.req, self.walk), "every": self.req.every, "command": self.command}
+    def data(self, log: ProbeLog, done: bool, interrupted: bool) -> WalkData:
+        header: WalkData = {**_header(self.req, self.walk), "every": self.req.every, "command": self.command}
         return survey_data(
             header, self.walk.candidates, self.state.result(), log, done=done, interrupted=interrupted
         )
 
-    def summary(self, data: dict[str, Any]) -> list[str]:
+    def summary(self, data: WalkData) -> list[str]:
         return survey_summary(data)
 
     def interrupted(self, folder: Path, probes: int) -> Interrupted:
@@ -723,12 +743,12 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
     runner = make_runner(req, services, matrix, engine, inv, walk)
     log = ProbeLog(walk.axis, say)
     say(f"results: {folder}")
-    chained: dict[str, Any] = {}
+    chained: WalkData = {}  # COMMITS=1: the commit stage(s)
     where = rounds.data_of(runner)
-    counted = {"rounds": 0}
+    counted: WalkData = {"rounds": 0}
 
-    def save(done: bool, interrupted: bool = False) -> dict[str, Any]:
-        data = {**mode.data(log, done, interrupted), **where, **counted, **chained}
+    def save(done: bool, interrupted: bool = False) -> WalkData:
+        data: WalkData = {**mode.data(log, done, interrupted), **where, **counted, **chained}
         write_json_atomic(str(folder / mode.marker), data)
         return data
 
@@ -763,15 +783,15 @@ def chain_all(
     matrix: Matrix,
     engine: Engine,
     inv: InvocationDir,
-    data: dict[str, Any],
-    chained: dict[str, Any],
+    data: WalkData,
+    chained: WalkData,
     save: Callable[..., Any],
 ) -> None:
     """COMMITS=1: a bisect goes on between its boundary releases (`commits`: one commit bisect); a
     survey between the releases of each change point (`commits`: a list in change-point order),
     where `bad` means behaving differently from the older release (BAD_IF=differs)."""
     if data["kind"] == "survey":
-        stages: list[dict[str, Any]] = []
+        stages: list[WalkData] = []
         chained["commits"] = stages
         for point in data["change_points"]:
             stages.append({})
@@ -800,8 +820,8 @@ def chain_commits(
     matrix: Matrix,
     engine: Engine,
     inv: InvocationDir,
-    point: dict[str, Any],
-    publish: Callable[[dict[str, Any]], None],
+    point: Change,
+    publish: Callable[[WalkData], None],
     save: Callable[..., Any],
 ) -> None:
     """Bisect the first-parent commits between the two releases of `point` (their v<version> tags),
@@ -825,7 +845,7 @@ def chain_commits(
     services.say(mode.headline(walk))
     runner = make_runner(sub, services, matrix, engine, inv, walk)
     log = ProbeLog(walk.axis, services.say)
-    counted = {"rounds": 0}
+    counted: WalkData = {"rounds": 0}
 
     def save_commits(done: bool, interrupted: bool = False) -> None:
         publish({**mode.data(log, done, interrupted), **rounds.data_of(runner), **counted})

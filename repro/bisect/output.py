@@ -1,36 +1,108 @@
 """What bisect and survey print and save: one line per probe, OUT/bisect.json, OUT/survey.json,
 and the closing summary. Pure functions of the probes (the report reads the same JSON).
 
-bisect.json: kind, axis, env, fixed, scenario, patch, bad_if, reference, candidates, status
-  (found | no-transition | no-verdict | too-few | in-progress), direction (regression | fix),
-  last_good, first_bad (the good and the bad member of the boundary pair), evidence {last_good,
-  first_bad: probe}, unknown_between, change_points (the boundary, in the survey's shape), probes
-  [{version, outcome, signature, verdict, reason, seconds, env, reused_env, record, versions,
-  layered_on (the cached venv a DeepSpeed-only probe venv was layered on, or null)}],
-  probe_count, envs_built, envs_reused, repro_command, interrupted, resume_command, runner
-  (in-process | local | slurm), parallel, rounds. AXIS=deepspeed-commit adds ds_repo, repo_url,
-  candidate_commits {short: commit}, and when found first_bad_commit {sha, short, subject, date,
-  pr, pr_url, files (git show --stat)}, last_good_commit, reproduce {make, pip, command}; a
-  release bisect with COMMITS=1 holds that commit bisect as `commits`.
-survey.json: kind, axis, env, fixed, scenario, patch, every, candidates, status, interrupted,
-  change_points [{before, after, outcome_before, outcome_after, signature_before, signature_after,
-  unknown_between}], segments [{from, to, outcome, signature}], unknown, probes, probe_count,
-  envs_built, envs_reused, command.
+bisect.json and survey.json: `WalkData` below says what each key holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
-from repro.bisect.commits import CommitInfo, DsRepo
-from repro.bisect.probe import BadIf, Observation, ProbeSpec
+from repro.bisect.commits import CommitInfo, CommitRow, DsRepo
+from repro.bisect.probe import BadIf, Observation, ProbeRow, ProbeSpec
 from repro.bisect.search import BisectResult, BisectStatus, ProbeVerdict, SurveyResult
 from repro.core.jobname import walk_subject
 from repro.core.runs import RunFinding
 from repro.workload.record import CUSTOM_SCENARIO, Signature
+
+
+class Change(TypedDict):
+    """A change point: two neighbouring probed candidates whose outcome or signature differ
+    (repro.core.shapes.CHANGE), with the candidates between them that gave no answer."""
+
+    before: str
+    after: str
+    outcome_before: str
+    outcome_after: str
+    signature_before: str
+    signature_after: str
+    unknown_between: list[str]
+
+
+# survey.json: a run of candidates with one outcome and signature ("from" is a keyword, hence the call).
+Segment = TypedDict("Segment", {"from": str, "to": str, "outcome": str, "signature": str})
+
+
+class Next(TypedDict):
+    """bisect.json's `next` when both ends gave one verdict: why, the lines to run instead, and
+    the releases the index lists beyond the range (oldest first)."""
+
+    why: str
+    lines: list[str]
+    earlier: list[str]
+    later: list[str]
+
+
+class Reproduce(TypedDict):
+    """How to reproduce the first bad commit: with this tool, with pip, and the command after."""
+
+    make: str
+    pip: str
+    command: str | None
+
+
+class WalkData(TypedDict, total=False):
+    """bisect.json and survey.json (repro.core.shapes.WALK): one bisect's or survey's data."""
+
+    kind: str  # bisect | survey (a COMMITS=1 stage the releases gave no boundary for: skipped)
+    why: str  # kind skipped: why
+    axis: str  # torch | deepspeed | deepspeed-commit
+    env: str
+    fixed: dict[str, str | None]  # the other package's pin (None: the env's own)
+    scenario: str
+    patch: str
+    job: dict[str, str] | None  # the user's command (repro.core.jobname.job_identity), else None
+    command: str  # the make line of the whole walk
+    candidates: list[str]
+    status: str  # found | no-transition | no-verdict | too-few | in-progress (survey: done | in-progress)
+    interrupted: bool
+    change_points: list[Change]
+    probes: list[ProbeRow]
+    probe_count: int
+    envs_built: int
+    envs_reused: int
+    signature_note: str | None  # STOCK_ONLY_NOTE where it applies
+    runner: str  # where the probes ran: in-process | local | slurm (rounds.data_of)
+    parallel: int  # probes a round
+    rounds: int
+    # bisect only
+    bad_if: str
+    reference: list[str] | None  # BAD_IF=differs: the (outcome, signature) bad means differing from
+    direction: str | None  # regression | fix
+    last_good: str | None
+    first_bad: str | None
+    evidence: dict[str, ProbeRow]  # {"last_good", "first_bad"}: the boundary's probes ({} until found)
+    unknown_between: list[str]
+    repro_command: str | None
+    next: Next | None  # no-transition: what to run next
+    resume_command: str | None  # interrupted: the line that goes on from the narrowed range
+    # survey only
+    every: bool
+    segments: list[Segment]
+    unknown: list[str]  # candidates whose env could not run
+    # AXIS=deepspeed-commit
+    ds_repo: str
+    repo_url: str
+    candidate_commits: dict[str, CommitRow]  # short SHA -> commit
+    first_bad_commit: CommitRow | None
+    last_good_commit: CommitRow | None
+    reproduce: Reproduce | None
+    # COMMITS=1: the commit bisect between a bisect's boundary releases, or (survey) one per change point
+    commits: WalkData | list[WalkData]
+
 
 # A stock-only probe of the user's command has no fixed run to compare its losses with: the judge
 # says "divergence" only when its own losses go non-finite (repro/workload/ladder.py), and
@@ -43,7 +115,7 @@ STOCK_ONLY_NOTE = (
 )
 
 
-def signature_note(data: Mapping[str, Any]) -> str | None:
+def signature_note(data: WalkData) -> str | None:
     """STOCK_ONLY_NOTE when it applies to these probes (a custom job probed without the fix)."""
     if data.get("scenario") != CUSTOM_SCENARIO or data.get("patch") != "stock":
         return None
@@ -59,7 +131,7 @@ class ProbeLog:
 
     def __init__(self, axis: str, say: Callable[[str], None]) -> None:
         self.axis, self.say = axis, say
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[ProbeRow] = []
         self.observations: dict[str, Observation] = {}
 
     def add(self, obs: Observation, verdict: ProbeVerdict | None) -> None:
@@ -76,7 +148,7 @@ class ProbeLog:
         if obs.finding not in (RunFinding.BUG, RunFinding.CLEAN):
             self.say(f"          {obs.reason}")  # why nothing was learnt about the bug
 
-    def summary_fields(self) -> dict[str, Any]:
+    def summary_fields(self) -> WalkData:
         return {
             "probes": self.rows,
             "probe_count": len(self.rows),
@@ -85,7 +157,7 @@ class ProbeLog:
         }
 
 
-def _change(before: str, after: str, kb: Key, ka: Key, unknown: list[str]) -> dict[str, Any]:
+def _change(before: str, after: str, kb: Key, ka: Key, unknown: list[str]) -> Change:
     return {
         "before": before,
         "after": after,
@@ -98,7 +170,7 @@ def _change(before: str, after: str, kb: Key, ka: Key, unknown: list[str]) -> di
 
 
 def bisect_data(
-    header: Mapping[str, Any],
+    header: WalkData,
     names: tuple[str, ...],
     result: BisectResult,
     log: ProbeLog,
@@ -106,8 +178,8 @@ def bisect_data(
     done: bool,
     repro_for: Callable[[str], str],
     resume: str | None = None,
-) -> dict[str, Any]:
-    data: dict[str, Any] = {
+) -> WalkData:
+    data: WalkData = {
         "kind": "bisect",
         **header,
         "candidates": list(names),
@@ -131,25 +203,27 @@ def bisect_data(
         unknown = [names[i] for i in result.unknown_between]
         obs = log.observations
         data.update(
-            direction="regression" if good == before else "fix",
-            last_good=good,
-            first_bad=bad,
-            evidence={"last_good": obs[good].as_dict(), "first_bad": obs[bad].as_dict()},
-            unknown_between=unknown,
-            repro_command=repro_for(bad),
-            change_points=[_change(before, after, obs[before].key, obs[after].key, unknown)],
+            {
+                "direction": "regression" if good == before else "fix",
+                "last_good": good,
+                "first_bad": bad,
+                "evidence": {"last_good": obs[good].as_dict(), "first_bad": obs[bad].as_dict()},
+                "unknown_between": unknown,
+                "repro_command": repro_for(bad),
+                "change_points": [_change(before, after, obs[before].key, obs[after].key, unknown)],
+            }
         )
     data["signature_note"] = signature_note(data)
     return data
 
 
 def no_transition_next(
-    data: Mapping[str, Any],
+    data: WalkData,
     earlier: Sequence[str],
     later: Sequence[str],
     widen: Callable[[str, str], str],
     other_axis: Callable[[str, str], str | None],
-) -> dict[str, Any]:
+) -> Next:
     """What to do when both ends gave the same verdict: runnable lines that widen the range to the
     releases the index has beyond it (`earlier`/`later`, oldest first), and the other axis.
 
@@ -191,7 +265,7 @@ def _order(label: str) -> tuple[int, Any]:
         return 1, label
 
 
-def bisect_summary(data: Mapping[str, Any]) -> list[str]:
+def bisect_summary(data: WalkData) -> list[str]:
     lines = [
         "",
         f"bisect {data['status']}: {data['axis']} on {data['env']}, {walk_subject(data)}, "
@@ -201,10 +275,10 @@ def bisect_summary(data: Mapping[str, Any]) -> list[str]:
     if data["status"] != BisectStatus.FOUND.value:
         seen = sorted({(r["outcome"], r["signature"], r["verdict"]) for r in data["probes"]})
         lines.append("  no good/bad boundary: " + "; ".join(f"{o} ({s}) = {v}" for o, s, v in seen))
-        steps = data.get("next") or {}
-        if steps.get("why"):
+        steps = data.get("next")
+        if steps and steps.get("why"):
             lines.append(f"  {steps['why']}")
-        lines += [f"    {line}" for line in steps.get("lines") or ()]
+        lines += [f"    {line}" for line in (steps and steps.get("lines")) or ()]
         lines.append("  try `make survey` over the same range to see every outcome")
         note = signature_note(data)
         return lines + ([f"  {note}"] if note else [])
@@ -223,14 +297,14 @@ def bisect_summary(data: Mapping[str, Any]) -> list[str]:
 
 
 def survey_data(
-    header: Mapping[str, Any],
+    header: WalkData,
     names: tuple[str, ...],
     result: SurveyResult[Key],
     log: ProbeLog,
     *,
     done: bool,
     interrupted: bool = False,
-) -> dict[str, Any]:
+) -> WalkData:
     points = [
         _change(
             names[c.before], names[c.after], c.key_before, c.key_after, [names[i] for i in c.unknown_between]
@@ -238,7 +312,7 @@ def survey_data(
         for c in result.change_points
     ]
     known = sorted(i for i, k in result.keys.items() if k is not None)
-    segments = []
+    segments: list[Segment] = []
     if known:
         starts = [known[0], *(c.after for c in result.change_points)]
         ends = [*(c.before for c in result.change_points), known[-1]]
@@ -246,7 +320,7 @@ def survey_data(
             key = result.keys[a]
             assert key is not None
             segments.append({"from": names[a], "to": names[b], "outcome": key[0], "signature": key[1]})
-    data = {
+    data: WalkData = {
         "kind": "survey",
         **header,
         "candidates": list(names),
@@ -261,7 +335,7 @@ def survey_data(
     return data
 
 
-def survey_summary(data: Mapping[str, Any]) -> list[str]:
+def survey_summary(data: WalkData) -> list[str]:
     lines = [
         "",
         f"survey: {data['axis']} on {data['env']}, {walk_subject(data)}: "
@@ -299,7 +373,7 @@ def survey_summary(data: Mapping[str, Any]) -> list[str]:
     return lines + ([f"  {note}"] if note else [])
 
 
-def _unknown_reasons(data: Mapping[str, Any], unknown: list[str]) -> list[tuple[str, list[str]]]:
+def _unknown_reasons(data: WalkData, unknown: list[str]) -> list[tuple[str, list[str]]]:
     """Why the unknown releases did not run, one line per distinct reason (the last probe of each)."""
     last = {row["version"]: row.get("reason") or "no reason recorded" for row in data["probes"]}
     by_reason: dict[str, list[str]] = {}
@@ -309,17 +383,17 @@ def _unknown_reasons(data: Mapping[str, Any], unknown: list[str]) -> list[tuple[
 
 
 def commit_fields(
-    data: Mapping[str, Any],
+    data: WalkData,
     commits: Mapping[str, CommitInfo],
     repo: DsRepo,
     spec_of: Callable[[str], ProbeSpec],
     *,
     done: bool,
-) -> dict[str, Any]:
+) -> WalkData:
     """AXIS=deepspeed-commit: what the commits are, and for the first bad one what it changed and
     how to reproduce it with and without this tool."""
     url = repo.url()
-    fields: dict[str, Any] = {
+    fields: WalkData = {
         "ds_repo": repo.source,
         "repo_url": url,
         "candidate_commits": {label: info.as_dict(url) for label, info in commits.items()},
@@ -329,31 +403,37 @@ def commit_fields(
     }
     if not (done and data.get("status") == BisectStatus.FOUND.value):
         return fields
-    bad, good = commits[data["first_bad"]], commits[data["last_good"]]
-    spec = spec_of(data["first_bad"])
+    first_bad, last_good = data["first_bad"], data["last_good"]
+    assert first_bad is not None and last_good is not None  # a found bisection names both
+    bad, good = commits[first_bad], commits[last_good]
+    spec = spec_of(first_bad)
+    reproduce: Reproduce = {
+        "make": spec.repro_command()
+        + (
+            f" BAD_IF={data['bad_if']}"
+            if data.get("bad_if", BadIf.REPRODUCED.value) != BadIf.REPRODUCED.value
+            else ""
+        ),
+        "pip": f"DS_BUILD_OPS=0 pip install --no-deps --no-build-isolation 'git+{url}@{bad.sha}'",
+        "command": spec.command,
+    }
     fields.update(
-        first_bad_commit={**bad.as_dict(url), "files": repo.files_changed(bad.sha)},
-        last_good_commit=good.as_dict(url),
-        reproduce={
-            "make": spec.repro_command()
-            + (
-                f" BAD_IF={data['bad_if']}"
-                if data.get("bad_if", BadIf.REPRODUCED.value) != BadIf.REPRODUCED.value
-                else ""
-            ),
-            "pip": f"DS_BUILD_OPS=0 pip install --no-deps --no-build-isolation 'git+{url}@{bad.sha}'",
-            "command": spec.command,
-        },
+        {
+            "first_bad_commit": {**bad.as_dict(url), "files": repo.files_changed(bad.sha)},
+            "last_good_commit": good.as_dict(url),
+            "reproduce": reproduce,
+        }
     )
     return fields
 
 
-def commit_summary(data: Mapping[str, Any]) -> list[str]:
+def commit_summary(data: WalkData) -> list[str]:
     """The closing lines of a commit bisection (nothing for a release bisection)."""
     bad = data.get("first_bad_commit")
     if not bad:
         return []
-    good = data["last_good_commit"]
+    good, reproduce = data["last_good_commit"], data["reproduce"]
+    assert good is not None and reproduce is not None  # set with first_bad_commit
     pr = f"  PR #{bad['pr']}" + (f" {bad['pr_url']}" if bad["pr_url"] else "") if bad["pr"] else ""
     lines = [
         f"  first bad commit: {bad['short']} {bad['subject']} ({bad['date']}){pr}",
@@ -361,9 +441,9 @@ def commit_summary(data: Mapping[str, Any]) -> list[str]:
         f"  last good commit: {good['short']} {good['subject']} ({good['date']})",
         f"  probes: {data['probe_count']} in {data.get('rounds', data['probe_count'])} rounds "
         f"({data.get('parallel', 1)} a round, {data.get('runner', 'in-process')})",
-        f"  reproduce with this tool: {data['reproduce']['make']}",
-        f"  reproduce without it: {data['reproduce']['pip']}",
+        f"  reproduce with this tool: {reproduce['make']}",
+        f"  reproduce without it: {reproduce['pip']}",
     ]
-    if data["reproduce"]["command"]:
-        lines.append(f"    then: {data['reproduce']['command']}")
+    if reproduce["command"]:
+        lines.append(f"    then: {reproduce['command']}")
     return lines

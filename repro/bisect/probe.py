@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from repro.bisect.search import ProbeVerdict
 from repro.core import console
@@ -95,6 +95,22 @@ def verdict_for(
     return _by_rule(finding, bad_if)
 
 
+class ProbeRow(TypedDict, total=False):
+    """One probe in bisect.json, survey.json and probe.json (repro.core.shapes.PROBE)."""
+
+    version: str  # the candidate's label: a release, or a commit's short SHA
+    outcome: str
+    signature: str
+    reason: str
+    seconds: float
+    env: str | None
+    reused_env: bool | None
+    record: str | None
+    versions: dict[str, str | None]  # the run record's `versions`
+    layered_on: str | None  # the cached venv a DeepSpeed-only probe venv was layered on
+    verdict: str  # bisect only: good | bad | unknown
+
+
 @dataclass(frozen=True)
 class Observation:
     """What one probe saw. `seconds` is the whole probe, env preparation included."""
@@ -107,7 +123,7 @@ class Observation:
     env_id: str | None = None
     reused_env: bool | None = None
     record: str | None = None  # record.json path, relative to the results folder
-    versions: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)
     layered_on: str | None = None  # the cached venv a layered probe venv stands on (venv engine)
 
     @property
@@ -119,8 +135,8 @@ class Observation:
         """What the run says about the bug, read as the env verdict reads it."""
         return run_finding(Outcome(self.outcome), Signature(self.signature))
 
-    def as_dict(self, verdict: ProbeVerdict | None = None) -> dict[str, Any]:
-        data: dict[str, Any] = {
+    def as_dict(self, verdict: ProbeVerdict | None = None) -> ProbeRow:
+        data: ProbeRow = {
             "version": self.label,
             "outcome": self.outcome,
             "signature": self.signature,
@@ -337,7 +353,7 @@ class OrchestratedProbe:
             watch.layered_on,
         )
 
-    def _custom(self, spec: ProbeSpec, env: Any, watch: _Watch) -> list[RunRecord]:
+    def _custom(self, spec: ProbeSpec, env: Env, watch: _Watch) -> list[RunRecord]:
         """One patch of the user's command in this candidate's env (its records land in the
         shared results folder like the suite's)."""
         from repro.engines import jobdeps
@@ -356,7 +372,7 @@ class OrchestratedProbe:
         return execute_job(request, env, watch, self.invocation, say=self.say)
 
 
-def _record_path(logs: dict[str, Any]) -> str | None:
+def _record_path(logs: dict[str, str]) -> str | None:
     # The suite writes record.json next to the launcher log, in the run's folder; a custom run
     # leaves job.json next to its job log.
     if isinstance(logs.get("job"), str) and "/" in logs["job"]:

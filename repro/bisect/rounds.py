@@ -26,8 +26,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from repro.bisect.output import WalkData
 from repro.bisect.probe import Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
 from repro.core import cmd, console, records, script_values, shapes, templating
@@ -394,7 +395,7 @@ def _user() -> str | None:
         return None
 
 
-def data_of(runner: Any) -> dict[str, Any]:
+def data_of(runner: RoundRunner) -> WalkData:
     """What bisect.json says about where the probes ran."""
     kind = {InProcess: "in-process", Processes: "local", Slurm: "slurm"}.get(
         type(runner), type(runner).__name__
