@@ -32,10 +32,10 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from repro.core import cmd, console, paths, safe_write
-from repro.core.results import host_info, utc_now
+from repro.core.results import HostInfo, host_info, utc_now
 
 REPO = paths.REPO_ROOT
 LAUNCHERS = ("torchrun", "prefork")
@@ -51,12 +51,71 @@ dist.destroy_process_group()
 """
 
 
+class SuiteFigure(TypedDict):
+    """One launcher's full set, in bench.jsonl's `suites`."""
+
+    seconds: float
+    exit_code: int
+    runs: int
+    per_run_s: dict[str, float | None]  # run name -> its total seconds
+    world_sizes: list[int]
+    outcomes: dict[str, list[str | None]]  # run name -> [outcome, signature]
+
+
+class BareFigure(TypedDict):
+    """The bare start-up of the suite's torchrun jobs, in bench.jsonl's `bare`."""
+
+    seconds: float
+    jobs: int
+    exit_codes: list[int]
+
+
+class ProbeFigure(TypedDict):
+    """One probe of the hang pair: its first (env-building) run and its timed one."""
+
+    first_s: float
+    seconds: float
+    exit_code: int
+    outcome: str | None
+
+
+class HangFigure(TypedDict):
+    """bench.jsonl's `hang`: the clean and the hung probe of HANG_PAIR."""
+
+    clean: ProbeFigure
+    hung: ProbeFigure
+    ratio_hung_to_clean: float | None
+
+
+class Figure(TypedDict):
+    """One line of results/bench.jsonl (the module's docstring says what each step times)."""
+
+    at: str
+    env: str
+    engine: str
+    prepare_warm_s: float
+    full_suite_s: dict[str, float]  # launcher -> seconds
+    ratio_prefork_to_torchrun: float | None
+    same_outcomes: bool
+    bare_start_s: float | None
+    bare: BareFigure | None
+    ratio_verdict_to_bare: float | None
+    hang: HangFigure | None
+    probe_warm_s: float
+    probe_exit_code: int
+    commit: str | None
+    commit_probe_warm_s: list[float]
+    commit_probe_median_s: float | None
+    suites: dict[str, SuiteFigure]  # launcher -> its full set
+    host: HostInfo
+
+
 def _timed(argv: list[str]) -> tuple[float, int]:
     done = cmd.run(argv, cwd=REPO)
     return done.duration_s, done.returncode
 
 
-def _suite(base: list[str], env: str, engine: str, launcher: str, out: Path) -> dict[str, Any]:
+def _suite(base: list[str], env: str, engine: str, launcher: str, out: Path) -> SuiteFigure:
     seconds, code = _timed(
         [*base, "repro", "--env", env, "--engine", engine, "--launcher", launcher, "--out", str(out)]
     )
@@ -77,7 +136,7 @@ def _env_python(base: list[str], env: str) -> str | None:
     return lines[-1].strip() if done.returncode == 0 and lines else None
 
 
-def _bare(python: str, world_sizes: list[int], tmp: Path) -> dict[str, Any]:
+def _bare(python: str, world_sizes: list[int], tmp: Path) -> BareFigure:
     """The bare start-up of one torchrun job per world size, one after the other."""
     script = tmp / "bare_job.py"
     script.write_text(BARE_JOB)
@@ -91,9 +150,9 @@ def _bare(python: str, world_sizes: list[int], tmp: Path) -> dict[str, Any]:
     return {"seconds": round(seconds, 1), "jobs": len(world_sizes), "exit_codes": codes}
 
 
-def _hang(base: list[str], env: str, tmp: Path) -> dict[str, Any]:
+def _hang(base: list[str], env: str, tmp: Path) -> HangFigure:
     """Clean and hung probe of HANG_PAIR, each run once to build its env, then timed."""
-    figures: dict[str, Any] = {}
+    figures: dict[str, ProbeFigure] = {}
     for name in ("clean", "hung"):
         argv = [*base, "probe", "--env", env, "--engine", "venv", "--torch", HANG_PAIR["torch"]]
         argv += ["--deepspeed", HANG_PAIR[name], *HANG_PROBE]
@@ -104,11 +163,15 @@ def _hang(base: list[str], env: str, tmp: Path) -> dict[str, Any]:
         if probe_json.is_file():
             probes = json.loads(probe_json.read_text()).get("probes") or [{}]
             outcome = probes[0].get("outcome")
-        figures[name] = {"first_s": round(first_s, 1), "seconds": round(seconds, 1), "exit_code": code}
-        figures[name]["outcome"] = outcome
-    clean, hung = figures["clean"]["seconds"], figures["hung"]["seconds"]
-    figures["ratio_hung_to_clean"] = round(hung / clean, 2) if clean else None
-    return figures
+        figures[name] = {
+            "first_s": round(first_s, 1),
+            "seconds": round(seconds, 1),
+            "exit_code": code,
+            "outcome": outcome,
+        }
+    clean, hung = figures["clean"], figures["hung"]
+    ratio = round(hung["seconds"] / clean["seconds"], 2) if clean["seconds"] else None
+    return {"clean": clean, "hung": hung, "ratio_hung_to_clean": ratio}
 
 
 def bench(
@@ -159,7 +222,7 @@ def bench(
     ratio = round(fast["seconds"] / slow["seconds"], 2) if slow["seconds"] else None
     bare_ok = bare is not None and bare["seconds"] and not any(bare["exit_codes"])
     verdict_ratio = round(fast["seconds"] / bare["seconds"], 2) if bare is not None and bare_ok else None
-    figure = {
+    figure: Figure = {
         "at": utc_now(),
         "env": env,
         "engine": engine,
@@ -192,7 +255,7 @@ def bench(
     return failed or (probe_code if probe_code >= 128 else 0)
 
 
-def _table(figure: dict[str, Any]) -> str:
+def _table(figure: Figure) -> str:
     suites = figure["suites"]
     lines = [
         f"bench: env {figure['env']}, engine {figure['engine']}, {figure['host'].get('cpu_count')} CPUs",
@@ -206,17 +269,17 @@ def _table(figure: dict[str, Any]) -> str:
     if figure["commit_probe_median_s"] is not None:
         what = f"probe of commit {figure['commit']}, warm (median of 3)"
         lines.append(f"  {what:<44} {figure['commit_probe_median_s']:>8}")
-    if figure.get("bare") is not None:
-        bare = figure["bare"]
+    bare = figure["bare"]
+    if bare is not None:
         what = f"bare start-up of the same {bare['jobs']} torchrun jobs"
         lines.append(f"  {what:<44} {bare['seconds']:>8}")
     hang = figure.get("hang")
     if hang is not None:
-        for name in ("clean", "hung"):
-            what = f"probe {HANG_PAIR[name]} mics-replica fixed ({hang[name]['outcome']})"
-            lines.append(f"  {what:<44} {hang[name]['seconds']:>8}")
+        for name, probe in (("clean", hang["clean"]), ("hung", hang["hung"])):
+            what = f"probe {HANG_PAIR[name]} mics-replica fixed ({probe['outcome']})"
+            lines.append(f"  {what:<44} {probe['seconds']:>8}")
     lines.append(f"  ratio prefork / torchrun: {figure['ratio_prefork_to_torchrun']}")
-    if figure.get("bare") is not None:
+    if bare is not None:
         lines.append(f"  ratio warm verdict / bare start-up: {figure['ratio_verdict_to_bare']}")
     if hang is not None:
         lines.append(f"  ratio hung / clean probe: {hang['ratio_hung_to_clean']}")
