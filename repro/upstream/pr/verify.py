@@ -169,6 +169,17 @@ def probe_key(call: ProbeCall) -> str:
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
 
+def cached_probe(call: ProbeCall, cache: CellCache, probe: ProbeRunner, ds_repo: str) -> dict[str, Any]:
+    """The probe's result from the cache, else probed now (and cached when it is a result)."""
+    hit = cache.get(probe_key(call))
+    if hit is None:
+        # A rerun after an interruption: the probe's first folder holds what it began.
+        call = replace(call, out=fresh_folder(call.out))
+        hit = dict(probe(call, ds_repo))
+        cache.put(probe_key(call), hit)
+    return hit
+
+
 RegressionRunner = Callable[[str, str, Path, Path, Path], dict[str, str]]
 
 
@@ -189,6 +200,7 @@ class Verification:
     regression: RegressionRunner = harness_regression
     cache: CellCache | None = None
     suite: pr_suite.SuiteRunner | None = None  # DeepSpeed's own tests (pr_suite); None: not run
+    oldest: Mapping[str, Any] | None = None  # the search for the oldest torch REF imports with
 
     def __post_init__(self) -> None:
         self.data: dict[str, Any] = {
@@ -201,6 +213,7 @@ class Verification:
             "checks": [],
             "regression": [],
             "suite": [],
+            "oldest_torch": dict(self.oldest) if self.oldest is not None else None,
             "verified": False,
             "complete": False,
             "seconds": 0.0,
@@ -225,14 +238,9 @@ class Verification:
                 call = ProbeCall(
                     stack.env, stack.torch, sha, check.scenario, check.transport, folder / name, self.engine
                 )
-                cache = self.cache or CellCache("pr-verify")
-                hit = cache.get(probe_key(call))
-                if hit is None:
-                    # A rerun after an interruption: the probe's first folder holds what it began.
-                    call = replace(call, out=fresh_folder(call.out))
-                    hit = dict(self.probe(call, self.ds_repo))
-                    cache.put(probe_key(call), hit)
-                seen[side] = hit
+                seen[side] = cached_probe(
+                    call, self.cache or CellCache("pr-verify"), self.probe, self.ds_repo
+                )
             ok, why = pr_checks.judge(
                 check.expect, Seen.from_probe(seen["ref"]), Seen.from_probe(seen["branch"])
             )

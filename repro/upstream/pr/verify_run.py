@@ -5,7 +5,7 @@ then renders PR_DESCRIPTION.md again from pr.json, verify.json and range.json.""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ from repro.core.scrub import Scrubber, hand_out
 from repro.matrix import compat
 from repro.upstream.pr import affected_range as pr_range
 from repro.upstream.pr import description as pr_description
+from repro.upstream.pr import oldest_torch as pr_oldest
 from repro.upstream.pr import suite as pr_suite
 from repro.upstream.pr import verify as pr_verify
 from repro.upstream.pr.checks import UPSTREAM_CI, Stack
@@ -80,6 +81,44 @@ def _stack(matrix: Any, torch: str, reporter: str, newest: str) -> Stack:
             fix=exc.fix or "give torch releases the matrix can install, e.g. TORCHES=2.10.0",
         ) from None
     return Stack(f"torch{version}", env.id, version, role=UPSTREAM_CI)
+
+
+def pypi_torches() -> tuple[str, ...]:
+    """torch's releases on PyPI with wheels for the reporter's env's Python."""
+    from repro.matrix.schema import load_matrix
+    from repro.matrix.versions import VersionIndex, VersionQuery
+
+    python = load_matrix().get(REPORTER_ENV).python
+    return VersionIndex().available(VersionQuery("torch", python=python, binary_only=True))
+
+
+def with_oldest(
+    chosen: list[Stack],
+    matrix: Any,
+    pr: Mapping[str, Any],
+    folder: Path,
+    args: VerifyRequest,
+    probe: pr_verify.ProbeRunner | None,
+    releases: Callable[[], Sequence[str]],
+) -> tuple[list[Stack], pr_oldest.OldestJSON]:
+    """The stacks with the oldest torch REF imports with added after the reporter's (when it is
+    older than every other taken), and what the search saw (verify.json's `oldest_torch`)."""
+    reporter, newest = matrix.get(REPORTER_ENV).torch, matrix.get(NEWEST_ENV).torch
+
+    def env_for(torch: str) -> str:
+        return REPORTER_ENV if torch == reporter else _stack(matrix, torch, reporter, newest).env
+
+    search = pr_oldest.OldestTorch(
+        pr["ref_sha"], args.ds_repo, folder / "verify", env_for, probe or pr_verify.front_door_probe,
+        pr_verify.CellCache("pr-verify"), args.engine,
+    )  # fmt: skip
+    taken = min((s.torch for s in chosen if s.torch != reporter), key=Version, default=newest)
+    found = search.run(reporter, taken, releases())
+    if found["torch"] is None:
+        return chosen, found
+    stack = replace(_stack(matrix, found["torch"], reporter, newest), suite=False)
+    at = next((i + 1 for i, s in enumerate(chosen) if s.torch == reporter), 0)
+    return [*chosen[:at], stack, *chosen[at:]], found
 
 
 def columns(matrix: Any, given: str | None) -> list[pr_range.Column]:
@@ -218,9 +257,14 @@ def run(folder: Path, args: VerifyRequest, runners: Mapping[str, Any] | None = N
         # DeepSpeed's own tests run for a user; stand-ins (tests) run them only when given one.
         suite = given.get("suite") if runners is not None else pr_suite.front_door_session
         upstream = pr_suite.workflow_torches(ref_file(args.ds_repo, pr["ref_sha"], pr_suite.WORKFLOW))
+        chosen, oldest = stacks(matrix, upstream, args.torches), None
+        # Without TORCHES=, the oldest torch REF imports with (probed; stand-ins: only when given one).
+        releases = given.get("releases") if runners is not None else pypi_torches
+        if args.torches is None and releases is not None:
+            chosen, oldest = with_oldest(chosen, matrix, pr, folder, args, given.get("probe"), releases)
         verification = pr_verify.Verification(
-            pr, stacks(matrix, upstream, args.torches), folder, args.ds_repo, args.engine,
-            **{k: v for k, v in given.items() if k in ("probe", "regression")}, suite=suite,
+            pr, chosen, folder, args.ds_repo, args.engine,
+            **{k: v for k, v in given.items() if k in ("probe", "regression")}, suite=suite, oldest=oldest,
         ).run()  # fmt: skip
         verified = bool(verification["verified"])
         console.result(f"verified:   {'yes' if verified else 'NO'} (verify.json)")
