@@ -16,6 +16,7 @@ from markdown_it import MarkdownIt
 from repro.core import console, templating
 from repro.core.scrub import Scrubber
 from repro.upstream.issue import make as issue
+from tests.fixtures.bisect_entries import commit_entry, commits_entry, probe_entry
 from tests.fixtures.report_records import ResultsBuilder, standard_env
 
 # Everything a hostile value could try at once: a newline and a heading, a tag, a closing
@@ -68,27 +69,15 @@ def assert_inert(markdown: str) -> None:
 
 
 def _probe(version: str, outcome: str, verdict: str, record: str | None = None) -> dict[str, Any]:
-    return {
-        "version": version,
-        "outcome": outcome,
-        "signature": "hang" if outcome == "hung" else "none",
-        "verdict": verdict,
-        "reason": f"{outcome}: {HOSTILE}",
-        "seconds": 12.0,
-        "env": ENV_ID,
-        "record": record,
-        "versions": {"python": "3.11.7", "torch": HOSTILE, "deepspeed": "0.19.3"},
-    }
+    versions = {"python": "3.11.7", "torch": HOSTILE, "deepspeed": "0.19.3"}
+    return probe_entry(
+        version, outcome, verdict, record, reason=f"{outcome}: {HOSTILE}", env=ENV_ID, versions=versions
+    )
 
 
 def _commit(short: str, subject: str) -> dict[str, Any]:
     return {
-        "sha": short + "0" * 33,
-        "short": short,
-        "subject": subject,
-        "date": "2026-01-01",
-        "pr": 1,
-        "pr_url": "javascript:alert(1)",
+        **commit_entry(short, subject, date="2026-01-01", pr=1, pr_url="javascript:alert(1)"),
         "files": f" mics.py | 4 +-\n{HOSTILE}",
     }
 
@@ -102,16 +91,8 @@ def bisect_folder(tmp_path: Path) -> Path:
     (run / "record.json").write_text(json.dumps({"stacks": {"0": stack, "1": stack}}))
     bad = _probe("02663d6", "hung", "bad", "cpu/runs/r/record.json")
     good = _probe("1111111", "clean", "good")
-    commits = {
-        "kind": "bisect",
-        "axis": "deepspeed-commit",
-        "status": "found",
-        "evidence": {"first_bad": bad, "last_good": good},
-        "probes": [good, bad],
-        "first_bad_commit": _commit("02663d6", HOSTILE),
-        "last_good_commit": _commit("1111111", HOSTILE),
-        "reproduce": {"make": f"make probe {HOSTILE}", "pip": f"pip install {HOSTILE}", "command": HOSTILE},
-    }
+    reproduce = {"make": f"make probe {HOSTILE}", "pip": f"pip install {HOSTILE}", "command": HOSTILE}
+    commits = commits_entry(bad, good, (_commit("02663d6", HOSTILE), _commit("1111111", HOSTILE)), reproduce)
     data = {
         "kind": "bisect",
         "axis": "deepspeed",

@@ -11,6 +11,7 @@ import pytest
 from repro.core.errors import UsageError
 from repro.core.scrub import Scrubber
 from repro.upstream.issue import make as issue
+from tests.fixtures.bisect_entries import bisect_entry, commit_entry, commits_entry, probe_entry
 
 HOME = "/home/alice"
 # faulthandler's dump (most recent call first), with a helper thread before the running one.
@@ -32,28 +33,14 @@ STACK_ON = (
 
 
 def probe(version: str, outcome: str, verdict: str, record: str | None = None) -> dict[str, Any]:
-    return {
-        "version": version,
-        "outcome": outcome,
-        "signature": "hang" if outcome == "hung" else "none",
-        "verdict": verdict,
-        "reason": f"{outcome} in {HOME}/results",
-        "seconds": 12.0,
-        "env": "cpu-latest",
-        "record": record,
-        "versions": {"python": "3.11.7", "torch": "2.13.0", "deepspeed": "0.19.3+abc", "hip": None},
-    }
+    versions = {"python": "3.11.7", "torch": "2.13.0", "deepspeed": "0.19.3+abc", "hip": None}
+    reason = f"{outcome} in {HOME}/results"
+    return probe_entry(version, outcome, verdict, record, reason=reason, env="cpu-latest", versions=versions)
 
 
 def commit(short: str, subject: str, pr: int | None) -> dict[str, Any]:
-    return {
-        "sha": short + "0" * 33,
-        "short": short,
-        "subject": subject,
-        "date": "2026-01-01T00:00:00+00:00",
-        "pr": pr,
-        "pr_url": f"https://github.com/deepspeedai/DeepSpeed/pull/{pr}" if pr else None,
-    }
+    url = f"https://github.com/deepspeedai/DeepSpeed/pull/{pr}" if pr else None
+    return commit_entry(short, subject, date="2026-01-01T00:00:00+00:00", pr=pr, pr_url=url)
 
 
 @pytest.fixture
@@ -67,45 +54,29 @@ def folder(tmp_path: Path) -> Path:
     (out / "results.json").write_text("{}")
     bad_probe = probe("02663d6", "hung", "bad", "cpu-latest/runs/mics-replica-fixed/record.json")
     good_probe = probe("1111111", "clean", "good")
-    commits = {
-        "kind": "bisect",
-        "axis": "deepspeed-commit",
-        "status": "found",
-        "first_bad": "02663d6",
-        "last_good": "1111111",
-        "evidence": {"first_bad": bad_probe, "last_good": good_probe},
-        "probes": [good_probe, bad_probe],
-        "first_bad_commit": {
-            **commit("02663d6", "MiCS: replica groups (#8060)", 8060),
-            "files": " mics.py | 4 +-",
-        },
-        "last_good_commit": commit("1111111", "Docs (#8000)", 8000),
-        "reproduce": {
-            "make": f"make probe ENV=cpu-latest DS_REPO={HOME}/DeepSpeed DEEPSPEED_COMMIT=02663d6",
-            "pip": "DS_BUILD_OPS=0 pip install --no-deps --no-build-isolation 'git+https://github.com/deepspeedai/DeepSpeed@02663d6'",
-            "command": None,
-        },
+    first_bad_commit = {**commit("02663d6", "MiCS: replica groups (#8060)", 8060), "files": " mics.py | 4 +-"}
+    reproduce = {
+        "make": f"make probe ENV=cpu-latest DS_REPO={HOME}/DeepSpeed DEEPSPEED_COMMIT=02663d6",
+        "pip": "DS_BUILD_OPS=0 pip install --no-deps --no-build-isolation 'git+https://github.com/deepspeedai/DeepSpeed@02663d6'",
+        "command": None,
     }
-    data = {
-        "kind": "bisect",
-        "axis": "deepspeed",
-        "env": "cpu-latest",
-        "scenario": "mics-replica",
-        "patch": "fixed",
-        "bad_if": "failed",
-        "status": "found",
-        "first_bad": "0.19.3",
-        "last_good": "0.19.2",
-        "unknown_between": [],
-        "evidence": {
-            "first_bad": probe("0.19.3", "hung", "bad"),
-            "last_good": probe("0.19.2", "clean", "good"),
-        },
-        "change_points": [],
-        "probes": [probe("0.19.0", "clean", "good"), probe("0.19.3", "hung", "bad")],
-        "repro_command": "make repro ENV=cpu-latest DEEPSPEED=0.19.3",
-        "commits": commits,
-    }
+    commits = commits_entry(
+        bad_probe,
+        good_probe,
+        (first_bad_commit, commit("1111111", "Docs (#8000)", 8000)),
+        reproduce,
+        first_bad="02663d6",
+        last_good="1111111",
+    )
+    data = bisect_entry(
+        "cpu-latest",
+        "0.19.3",
+        "0.19.2",
+        (probe("0.19.3", "hung", "bad"), probe("0.19.2", "clean", "good")),
+        probes=[probe("0.19.0", "clean", "good"), probe("0.19.3", "hung", "bad")],
+        repro_command="make repro ENV=cpu-latest DEEPSPEED=0.19.3",
+        commits=commits,
+    )
     (out / "bisect.json").write_text(json.dumps(data))
     return out
 

@@ -27,6 +27,7 @@ from repro.upstream import patchgen
 from repro.upstream.bundle import make as bundle
 from repro.upstream.bundle.files import copy_workdir, scan
 from repro.upstream.issue import make as issue
+from tests.fixtures.bisect_entries import bisect_entry, probe_entry
 from tests.fixtures.fake_bundle_docker import FakeClient
 from tests.fixtures.report_records import ResultsBuilder, standard_env
 
@@ -241,36 +242,16 @@ def bisect_folder(tmp_path: Path) -> Path:
     (run / "record.json").write_text(json.dumps({"stacks": {"0": stack + LOG, "1": stack}}))
 
     def probe(version: str, outcome: str, verdict: str, record: str | None = None) -> dict[str, Any]:
-        return {
-            "version": version,
-            "outcome": outcome,
-            "signature": "hang" if outcome == "hung" else "none",
-            "verdict": verdict,
-            "reason": f"{outcome}: {LOG}",
-            "seconds": 12.0,
-            "env": "cpu",
-            "record": record,
-            "versions": {"python": "3.11.7", "torch": "2.13.0", "deepspeed": "0.19.3"},
-        }
+        versions = {"python": "3.11.7", "torch": "2.13.0", "deepspeed": "0.19.3"}
+        return probe_entry(
+            version, outcome, verdict, record, reason=f"{outcome}: {LOG}", env="cpu", versions=versions
+        )
 
     bad = probe("0.19.3", "hung", "bad", "cpu/runs/mics-replica-fixed/record.json")
-    data = {
-        "kind": "bisect",
-        "axis": "deepspeed",
-        "env": "cpu",
-        "scenario": "mics-replica",
-        "patch": "fixed",
-        "bad_if": "failed",
-        "status": "found",
-        "first_bad": "0.19.3",
-        "last_good": "0.19.2",
-        "unknown_between": [],
-        "evidence": {"first_bad": bad, "last_good": probe("0.19.2", "clean", "good")},
-        "change_points": [],
-        "probes": [probe("0.19.2", "clean", "good"), bad],
-        "repro_command": COMMAND,
-        "command": COMMAND,
-    }
+    good = probe("0.19.2", "clean", "good")
+    data = bisect_entry(
+        "cpu", "0.19.3", "0.19.2", (bad, good), probes=[good, bad], repro_command=COMMAND, command=COMMAND
+    )
     (out / "bisect.json").write_text(json.dumps(data))
     return out
 
