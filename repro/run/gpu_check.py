@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from repro import __version__
 from repro.core import console, safe_write, shapes
@@ -40,7 +40,8 @@ from repro.workload.closed import assert_never
 if TYPE_CHECKING:
     from repro.engines.base import Prepared
     from repro.matrix.model import Env, Matrix
-    from repro.run.gpu_check_device import Device
+    from repro.run.gpu_check_device import Device, HostFacts
+    from repro.workload.record import RunRecord
 
 # Only the repro step's runs are read here (its whole results.json is checked when a report reads it).
 _RUNS_OF = rec_files.Shape((dict,), fields={"runs": shapes.RUNS})
@@ -64,7 +65,7 @@ class GpuCheck:
         return "\n".join(lines)
 
 
-def choose_env(facts: dict[str, Any], matrix: Matrix, env_id: str | None) -> Env:
+def choose_env(facts: HostFacts, matrix: Matrix, env_id: str | None) -> Env:
     """The named env, else `cuda` on NVIDIA hosts, else the first ROCm env whose torch wheel has
     kernels for every GPU arch here (MI100/MI200: rocm56; MI300: a ROCm 6 env)."""
     if env_id:
@@ -98,7 +99,7 @@ class _Runner:
         self.matrix = matrix
         self.prepared: Prepared | None = None
 
-    def run(self, step: Step, facts: dict[str, Any]) -> StepResult:
+    def run(self, step: Step, facts: HostFacts) -> StepResult:
         kind = step.kind
         if kind is StepKind.HOST:
             return judge.host(facts)
@@ -141,7 +142,7 @@ class _Runner:
         assert self.prepared is not None
         shape = ds_config.ScenarioShape("mics", 1, 1, False, 1)
         config = ds_config.build_config(shape, dtype="fp16").config  # the GPU default, the reporter's
-        records: dict[str, Any] = {}
+        records: dict[str, RunRecord | None] = {}  # rank 0's record of each patch
         codes: dict[str, int] = {}
         for patch in ("stock", "fixed"):
             run_dir = safe_write.make_folders(self.folder, f"mics-smoke-{patch}")

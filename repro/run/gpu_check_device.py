@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from repro.core import cmd
 from repro.core.errors import MissingToolError
@@ -30,8 +30,19 @@ HIDE_ALL = hide_gpus_env()
 ROCM_VERSION_FILE = "opt/rocm/.info/version"
 
 
+class HostFacts(TypedDict):
+    """What the host's GPUs are (gpu-check.json's `host`)."""
+
+    platform: str | None  # cuda | rocm, None: no GPU found
+    gpus: list[dict[str, str]]  # {"index", "name", "driver", "arch"}, as far as the host tells
+    driver: str | None
+    visible: int  # the GPUs *_VISIBLE_DEVICES leave
+    host_rocm: str | None  # /opt/rocm/.info/version
+    visibility: dict[str, str]  # the ROCm *_VISIBLE_DEVICES variables set
+
+
 class Device(Protocol):
-    def host_facts(self) -> dict[str, Any]: ...
+    def host_facts(self) -> HostFacts: ...
 
     def prepare(self, env: Env) -> Prepared: ...
 
@@ -55,10 +66,10 @@ class HostDevice:
         self.engine = engine or VenvEngine()
 
     # -- facts -----------------------------------------------------------------------------------
-    def host_facts(self) -> dict[str, Any]:
+    def host_facts(self) -> HostFacts:
         """GPUs (name, arch / compute capability), driver, runtime and what *_VISIBLE_DEVICES leave."""
         environ = self.host.env()
-        facts: dict[str, Any] = {
+        facts: HostFacts = {
             "platform": None,
             "gpus": [],
             "driver": None,
@@ -68,15 +79,17 @@ class HostDevice:
         }
         nvidia = self._nvidia()
         if nvidia:
-            facts.update(platform="cuda", gpus=nvidia, driver=nvidia[0].get("driver"))
+            facts.update({"platform": "cuda", "gpus": nvidia, "driver": nvidia[0].get("driver")})
             facts["visible"] = visible_count(len(nvidia), environ, CUDA_VISIBILITY)
             return facts
         arches = self.host.gfx_arches()
         if arches:
             facts.update(
-                platform="rocm",
-                gpus=[{"index": str(i), "arch": a} for i, a in enumerate(arches)],
-                driver=_read_first_line(self.host.sys / "module" / "amdgpu" / "version"),
+                {
+                    "platform": "rocm",
+                    "gpus": [{"index": str(i), "arch": a} for i, a in enumerate(arches)],
+                    "driver": _read_first_line(self.host.sys / "module" / "amdgpu" / "version"),
+                }
             )
             facts["visible"] = visible_count(len(arches), environ, ROCM_VISIBILITY)
         return facts
