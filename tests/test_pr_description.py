@@ -134,8 +134,8 @@ def test_a_caller_line_cannot_break_out_of_its_code_block(kind: CallerKind) -> N
     assert code("a`b") == "``a`b``" and code("`x") == "`` `x ``"
 
 
-def test_the_description_of_a_six_torch_master_verification_stays_short() -> None:
-    """#43 item 7: DeepSpeed master's record (15 `git grep` lines) verified on six torches with
+def test_the_description_of_a_master_verification_on_seven_torches_stays_short() -> None:
+    """#43 item 7: DeepSpeed master's record (15 `git grep` lines) verified on seven torches with
     DeepSpeed's own tests reads in at most 150 lines, each line of `git grep` named once."""
     from repro.core.scrub import Scrubber, hand_out
     from tests.fixtures import pr_master_sized as master

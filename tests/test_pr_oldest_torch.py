@@ -83,7 +83,7 @@ def test_pr_verify_adds_the_oldest_torch_ref_imports_with(
     assert len(ref_zero3) == 1
     text = (out / "PR_DESCRIPTION.md").read_text()
     said = "The oldest torch REF imports with, probed (2.1.0 does not, 2.3.1 does not, 2.4.1 imports, "
-    assert said + "2.6.0 imports): torch 2.4.1, verified above." in text
+    assert said + "2.6.0 imports): torch 2.4.1, verified below." in text
 
 
 def test_with_torches_given_nothing_is_probed_for_the_oldest(
