@@ -23,11 +23,12 @@ import jinja2
 from repro.core import records, safe_write, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.paths import confined
+from repro.core.results import ResultsData
 from repro.core.runs import RunFinding
 from repro.core.scrub import Scrubber, hand_out
 from repro.upstream.issue import facts
 from repro.upstream.issue.facts import as_dict
-from repro.workload.record import CUSTOM_SCENARIO
+from repro.workload.record import CUSTOM_SCENARIO, RunRecord
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # repro/upstream/templates
 ISSUE_FILE = "ISSUE.md"
@@ -75,12 +76,13 @@ def _same(data: Any) -> Any:
     return data
 
 
+# The folder's bisect.json or survey.json (repro.bisect's WalkData, which upstream may not import)
+# or results.json, read key by key as JSON: which one it is, is the kind.
 def _load(folder: Path) -> tuple[str, dict[str, Any]]:
     for kind in ("bisect", "survey"):
         path = folder / f"{kind}.json"
         if path.exists():
-            data: dict[str, Any] = records.load(path, shapes.WALK, f"{kind} file")
-            return kind, data
+            return kind, records.load(path, shapes.WALK, f"{kind} file")
     if (folder / "results.json").exists():
         return "run", dict(records.load(folder / "results.json", shapes.RESULTS, "results file"))
     raise UsageError(
@@ -89,30 +91,29 @@ def _load(folder: Path) -> tuple[str, dict[str, Any]]:
     )
 
 
-def _results(folder: Path) -> dict[str, Any]:
-    """A walk folder's results.json (its probes' records); {} when it is missing or damaged: the
+def _results(folder: Path) -> ResultsData | None:
+    """A walk folder's results.json (its probes' records); None when it is missing or damaged: the
     walk's own file says what ISSUE.md needs, the records only add the job and the stacks."""
     try:
-        return dict(records.load(folder / "results.json", shapes.RESULTS, "results file"))
+        data: ResultsData = records.load(folder / "results.json", shapes.RESULTS, "results file")
     except UsageError:
-        return {}
+        return None
+    return data
 
 
-def _record(folder: Path, rel: str | None) -> dict[str, Any]:
+def _record(folder: Path, rel: str | None) -> RunRecord:
     path = confined(folder, rel) if rel else None
     if path is None or not path.is_file():
         return {}
     # The record only adds the hung ranks' stacks: a damaged one is left out, not fatal.
     try:
-        data = records.check(records.read(path, "run record"), _STACKS, path)
+        record: RunRecord = records.check(records.read(path, "run record"), _STACKS, path)  # a dict
     except UsageError:
         return {}
-    return data if isinstance(data, dict) else {}
+    return record
 
 
-def _record_of(
-    folder: Path, runs: Sequence[Mapping[str, Any]], row: facts.Row | None, patch: str
-) -> dict[str, Any]:
+def _record_of(folder: Path, runs: Sequence[RunRecord], row: facts.Row | None, patch: str) -> RunRecord:
     """The record behind a probe row: results.json's (a custom run's has its `job` block there, its
     run folder's job.json is only the runner's), else the file the row names."""
     if row is None:
@@ -122,23 +123,23 @@ def _record_of(
         for run in runs:
             logs = as_dict(run.get("logs"))
             if run.get("env") == row.env and any(str(v).startswith(where) for v in logs.values()):
-                return dict(run)
+                return run.copy()
     for run in runs:
         if run.get("env") == row.env and run.get("patch") == patch and run.get("scenario") != "zero3":
-            return dict(run)
+            return run.copy()
     return _record(folder, row.record)
 
 
-def _runs(folder: Path, kind: str, data: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _runs(folder: Path, kind: str, data: Mapping[str, Any]) -> list[RunRecord]:
     """The folder's records (results.json): a walk's probes made them too."""
-    results = data if kind == "run" else _results(folder)
-    runs = results.get("runs")
-    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+    found = data if kind == "run" else _results(folder) or {}
+    runs: list[RunRecord] = found.get("runs") or []  # a list of objects (shapes.RESULTS)
+    return list(runs)
 
 
 def _engine_of(folder: Path, kind: str, data: Mapping[str, Any], env: str) -> str:
-    results = data if kind == "run" else _results(folder)
-    envs = as_dict(results.get("envs"))
+    found = data if kind == "run" else _results(folder) or {}
+    envs = as_dict(found.get("envs"))
     info = as_dict(envs.get(env))
     return str(info.get("engine") or "")
 
@@ -161,7 +162,7 @@ def _same_job(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return isinstance(ja, dict) and isinstance(jb, dict) and ja.get("job_id") == jb.get("job_id")
 
 
-def _fixed_twin(runs: Sequence[Mapping[str, Any]], bad: Mapping[str, Any]) -> Mapping[str, Any] | None:
+def _fixed_twin(runs: Sequence[RunRecord], bad: RunRecord) -> RunRecord | None:
     """The lab's fixed run of the same env and scenario (same job for a custom one), if one ran."""
     for run in runs:
         if (
@@ -174,7 +175,15 @@ def _fixed_twin(runs: Sequence[Mapping[str, Any]], bad: Mapping[str, Any]) -> Ma
     return None
 
 
-def _fix(version: str | None, twin: Mapping[str, Any] | None, try_line: str) -> dict[str, Any]:
+# ISSUE.md's fix section: the patch file, what the lab's fixed run showed, else the line that runs one
+# ("try" is a keyword, hence the call).
+_Fix = TypedDict(
+    "_Fix",
+    {"patch_file": str, "deepspeed": str, "outcome": str, "signature": str, "reason": str, "try": str},
+)
+
+
+def _fix(version: str | None, twin: RunRecord | None, try_line: str) -> _Fix:
     from repro.upstream import patchgen
 
     shipped = patchgen.patch_file(version) if version else None
@@ -331,12 +340,12 @@ def _run_transition(rows: Sequence[facts.Row]) -> facts.Transition:
 
 
 def _bad_record(
-    folder: Path, kind: str, data: Mapping[str, Any], runs: Sequence[dict[str, Any]], bad: facts.Row | None
-) -> dict[str, Any]:
+    folder: Path, kind: str, data: Mapping[str, Any], runs: Sequence[RunRecord], bad: facts.Row | None
+) -> RunRecord:
     """The record of the bad row's run: a run folder's own record of it, else the probe's."""
-    bad_run: dict[str, Any] = {}
+    bad_run: RunRecord | None = None
     if kind == "run" and bad is not None:
-        bad_run = next((r for r in runs if f"{r.get('env')}: {r.get('run_name')}" == bad.version), {})
+        bad_run = next((r for r in runs if f"{r.get('env')}: {r.get('run_name')}" == bad.version), None)
     return bad_run or _record_of(folder, runs, bad, str(data.get("patch") or ""))
 
 
@@ -355,12 +364,12 @@ def _recorded_line(
 
 def _fix_of(
     bad: facts.Row | None,
-    record: Mapping[str, Any],
-    runs: Sequence[Mapping[str, Any]],
+    record: RunRecord,
+    runs: Sequence[RunRecord],
     versions: Mapping[str, Any],
     axis: str,
     line: str,
-) -> dict[str, Any] | None:
+) -> _Fix | None:
     """The fix's section: what the lab's fixed run showed, else the line that runs one."""
     # The fix is for the IllegalWork bug only (the replica hang is another; docs/background.md §2).
     if not (bad and bad.is_bug):
@@ -442,7 +451,7 @@ def render(folder: Path, scrubber: Scrubber) -> str:
     # Each secret value of the folder's command lines is replaced wherever it appears, quoted or
     # not (a reproduce line quotes CMD='...' once more); the lines themselves word by word.
     kind, data = _load(folder)
-    recorded = [raw, data, _results(folder) if kind != "run" else {}]
+    recorded = [raw, data, (_results(folder) if kind != "run" else None) or {}]
     scrub = scrubber.with_paths(paths).with_command_secrets(recorded)
     # The records are scrubbed as they are read, each value again before it is escaped for
     # Markdown (a secret is matched as recorded, not in its escaped form), and the whole text
