@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from repro.core import console, records, shapes
 from repro.core.errors import ConfigError, UsageError
-from repro.core.results import InvocationDir
+from repro.core.results import EnvInfo, InvocationDir
 from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
 from repro.engines.preflight import check_world_size
 from repro.workload.ds_config import type_problems
@@ -32,7 +32,7 @@ from repro.workload.record import (
 from repro.workload.suite import LAUNCHERS, needs_sync_proof, planned_keys
 
 if TYPE_CHECKING:
-    from repro.engines.base import Engine
+    from repro.engines.base import Engine, Prepared
     from repro.matrix.model import Env, Matrix
 
 
@@ -141,6 +141,7 @@ MAX_CONFIG_BYTES = 64 << 10
 
 
 def load_user_config(path: str | None) -> dict[str, Any] | None:
+    """CONFIG=: the user's DeepSpeed config (free-form: DeepSpeed's own keys), checked to be one."""
     if path is None:
         return None
     try:
@@ -182,7 +183,10 @@ def load_user_config(path: str | None) -> dict[str, Any] | None:
 
 
 def suite_args(
-    request: Request, env_id: str, user_config: dict[str, Any] | None, platform: str = "cpu"
+    request: Request,
+    env_id: str,
+    user_config: dict[str, Any] | None,  # the user's DeepSpeed config: free-form
+    platform: str = "cpu",
 ) -> tuple[str, ...]:
     """The suite's command line. `--device` is the env's platform: a cpu env runs on CPU also on a
     GPU host, a rocm/cuda env only on GPUs of its kind (else every run ends env-error), never a
@@ -292,7 +296,7 @@ def execute(
 def _collect(
     invocation: InvocationDir,
     env: Env,
-    prepared: Any,
+    prepared: Prepared | None,
     out: Path,
     engine: str,
     exit_code: int | None = None,
@@ -302,7 +306,7 @@ def _collect(
     suite: dict[str, Any] = (
         records.load(suite_file, shapes.SUITE, "suite file") if suite_file.exists() else {"runs": []}
     )
-    info = {
+    info: EnvInfo = {
         "platform": env.platform.value,
         "engine": engine,
         "pins": env.pins(),
@@ -314,11 +318,10 @@ def _collect(
         "suite_timed_out": timed_out,
         "interrupted": bool(suite.get("interrupted")),
     }
-    if prepared is not None:
-        key = "image_id" if engine == "docker" else "venv"
-        info[key] = (
-            prepared.details.get("image_id", prepared.handle) if engine == "docker" else prepared.label
-        )
+    if prepared is not None and engine == "docker":
+        info["image_id"] = prepared.details.get("image_id", prepared.handle)
+    elif prepared is not None:
+        info["venv"] = prepared.label
     invocation.add_env(env.id, info)
     invocation.add_runs(env.id, list(suite.get("runs") or []))
 
