@@ -20,12 +20,54 @@ import json
 import os
 import socket
 import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypedDict
+
+if TYPE_CHECKING:
+    from repro.workload.device import RanOn
+    from repro.workload.fix import FixReport
 
 PROBES = ("raw-torch", "ds-gather")
 
 
-def _outcome(call: Callable[[], Any]) -> dict[str, Any]:
+class Outcome(TypedDict):
+    """One call's outcome: the type it returned, or what it raised."""
+
+    ok: bool
+    result: str | None
+    error: str | None
+
+
+class GatherFacts(TypedDict, total=False):
+    """DeepSpeed's all_gather_coalesced, called async then sync (_gather_probe)."""
+
+    async_call: Outcome
+    async_handle: str | None
+    async_wait: Outcome | None
+    async_landed_after_wait: bool
+    sync_call: Outcome
+    sync_landed: bool
+
+
+class Report(TypedDict, total=False):
+    """The --out JSON: raw-torch's facts or ds-gather's, with what ran."""
+
+    probe: str
+    torch: str
+    ran_on: RanOn
+    manager: str | None  # raw-torch
+    placeholder_type: str
+    placeholder_wait: Outcome
+    cm_works: int
+    async_landed: bool
+    sync_exit: Outcome
+    sync_landed: bool
+    deepspeed: str  # ds-gather
+    stock: GatherFacts
+    fix: FixReport
+    fixed: GatherFacts
+
+
+def _outcome(call: Callable[[], Any]) -> Outcome:
     try:
         result = call()
     except Exception as exc:  # the probes record what raised; nothing here may stop the report
@@ -91,12 +133,12 @@ def _landed(out: Any, inp: Any) -> bool:
     return bool(torch.equal(out.cpu(), inp.cpu()))
 
 
-def raw_torch(dev: Any) -> dict[str, Any]:
+def raw_torch(dev: Any) -> Report:
     """torch's own `_coalescing_manager` with `device=` set, as DeepSpeed calls it."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
 
-    facts: dict[str, Any] = {"manager": None}
+    facts: Report = {"manager": None}
     manager = getattr(c10d, "_coalescing_manager", None)
     if manager is None or "async_ops" not in inspect.signature(manager).parameters:
         facts["manager"] = "before torch 2.1: no placeholder, requests are real works"
@@ -123,18 +165,18 @@ def raw_torch(dev: Any) -> dict[str, Any]:
     return facts
 
 
-def _gather_probe(dev: Any) -> dict[str, Any]:
+def _gather_probe(dev: Any) -> GatherFacts:
     ct = importlib.import_module("deepspeed.comm.torch")
     gather = ct.TorchBackend.all_gather_coalesced
-    facts: dict[str, Any] = {}
+    facts: GatherFacts = {}
     out, inp = _tensors(dev)
     handle: list[Any] = []
     facts["async_call"] = _outcome(
         lambda: handle.append(gather(object(), [out], [inp], group=None, async_op=True))
     )
     facts["async_handle"] = type(handle[0]).__name__ if handle else None
-    facts["async_wait"] = _outcome(lambda: handle[0].wait()) if handle else None
-    facts["async_landed_after_wait"] = bool(handle) and facts["async_wait"]["ok"] and _landed(out, inp)
+    wait = facts["async_wait"] = _outcome(lambda: handle[0].wait()) if handle else None
+    facts["async_landed_after_wait"] = wait is not None and wait["ok"] and _landed(out, inp)
     _sync(dev)  # whatever the stock handle did, the real gather must finish before the next probe
     out.zero_()
     facts["sync_call"] = _outcome(lambda: gather(object(), [out], [inp], group=None, async_op=False))
@@ -143,13 +185,13 @@ def _gather_probe(dev: Any) -> dict[str, Any]:
     return facts
 
 
-def ds_gather(dev: Any) -> dict[str, Any]:
+def ds_gather(dev: Any) -> Report:
     """DeepSpeed's TorchBackend.all_gather_coalesced as released, then with our fix applied."""
     import deepspeed
 
     from repro.workload import fix
 
-    facts: dict[str, Any] = {"deepspeed": deepspeed.__version__, "stock": _gather_probe(dev)}
+    facts: Report = {"deepspeed": deepspeed.__version__, "stock": _gather_probe(dev)}
     try:
         facts["fix"] = fix.apply()
     except fix.FixNotApplicableError as exc:
@@ -170,7 +212,7 @@ def main(argv: list[str]) -> int:
 
     from repro.workload.device import ran_on
 
-    report: dict[str, Any] = {
+    report: Report = {
         "probe": args.probe,
         "torch": torch.__version__,
         "ran_on": ran_on("gpu" if dev.type == "cuda" else "cpu", "nccl" if dev.type == "cuda" else "gloo"),
