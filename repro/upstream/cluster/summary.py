@@ -11,9 +11,28 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # a login node's Python 3.7 has no typing.TypedDict: the type exists for mypy only
+    from typing import TypedDict
+
+    class RunSummary(TypedDict):
+        """One run of summary.json: what its rank files say."""
+
+        run: str  # the run's folder name
+        exit_code: str | None  # the launcher's, as its exit_code file holds it
+        ranks_reported: int
+        world_size: int | None
+        steps_completed: int | None
+        illegal_work_messages: int
+        non_finite_losses: int
+        first_loss: float | None
+        last_loss: float | None
+        losses: int
+        errors: list[str]  # "Type: message" of each distinct exception
 
 
+# The ranks' rank*.json, read as JSON: this script ships alone, without repro.workload.train.
 def _rank_files(run_dir: Path) -> list[dict[str, Any]]:
     ranks = []
     for path in sorted(run_dir.glob("rank*.json")):
@@ -28,7 +47,7 @@ def _error(exc: dict[str, Any]) -> str:
     return f"{exc.get('type')}: {exc.get('message', '')}"[:160]
 
 
-def summarize_run(run_dir: Path) -> dict[str, Any]:
+def summarize_run(run_dir: Path) -> RunSummary:
     ranks = _rank_files(run_dir)
     rank0 = next((r for r in ranks if r.get("rank") == 0), ranks[0] if ranks else {})
     losses = rank0.get("losses") or []
@@ -49,7 +68,7 @@ def summarize_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def render(rows: list[dict[str, Any]]) -> str:
+def render(rows: list[RunSummary]) -> str:
     def loss(v: Any) -> str:
         return "NaN/inf" if v is None else f"{v:.4g}"
 
