@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
@@ -48,6 +48,32 @@ _TAG = re.compile(r"^v(\d+\.\d+\.\d+)$")
 class Column:
     torch: str
     env: str
+
+
+class RangeRow(TypedDict, total=False):
+    """One row of range.json: a DeepSpeed release, or REF (is_ref), and its probes by torch and patch."""
+
+    deepspeed: str
+    is_ref: bool
+    applies: bool | None  # whether the fix applies (None: DS_REPO has no such tag)
+    applies_why: str
+    # A probe as probe.json holds it, read as JSON (repro.bisect's ProbeRow, which upstream may not import).
+    cells: dict[str, dict[str, dict[str, Any]]]
+
+
+class RangeData(TypedDict):
+    """range.json: the affected range's rows (oldest release first, REF last) by the torch columns."""
+
+    kind: str  # "pr-range"
+    ref: str
+    ref_sha: str
+    scenario: str
+    columns: list[dict[str, str]]  # Column's fields
+    rows: list[RangeRow]
+    complete: bool
+    probes_run: int
+    probes_cached: int
+    seconds: float
 
 
 def release_rows(releases: Sequence[str], first: str, last: str) -> list[str]:
@@ -172,21 +198,22 @@ class AffectedRange:
     survey: SurveyRunner = front_door_survey
     probe: ProbeRunner = front_door_probe
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RangeData:
         start = time.monotonic()
         cache = self.cache or CellCache("pr-range")
         folder = self.out / "range"
-        rows: list[dict[str, Any]] = [
-            {"deepspeed": v, **self._applies(f"v{v}"), "cells": {}} for v in self.releases
-        ]
-        ref_row: dict[str, Any] = {
+        rows: list[RangeRow] = []
+        for v in self.releases:
+            applies, why = self._applies(f"v{v}")
+            rows.append({"deepspeed": v, "applies": applies, "applies_why": why, "cells": {}})
+        ref_row: RangeRow = {
             "deepspeed": f"{self.pr['ref']} ({self.pr['ref_sha'][:10]})",
             "is_ref": True,
             "applies": True,
             "applies_why": f"the branch {self.pr['branch']}",
             "cells": {},
         }
-        data = {
+        data: RangeData = {
             "kind": "pr-range", "ref": self.pr["ref"], "ref_sha": self.pr["ref_sha"], "scenario": SCENARIO,
             "columns": [vars(c) for c in self.columns], "rows": [*rows, ref_row], "complete": False,
             "probes_run": 0, "probes_cached": 0, "seconds": 0.0,
@@ -204,7 +231,8 @@ class AffectedRange:
                 save()
             for side, sha in (("stock", self.pr["ref_sha"]), ("fixed", self.pr["commit"])):
                 probe, was_cached = self._ref_probe(column, side, sha, cache, folder)
-                data["probes_cached" if was_cached else "probes_run"] += 1
+                data["probes_cached"] += int(was_cached)
+                data["probes_run"] += int(not was_cached)
                 ref_row["cells"].setdefault(column.torch, {})[side] = probe
             save()
         data["complete"] = True
@@ -215,7 +243,7 @@ class AffectedRange:
         self,
         column: Column,
         patch: str,
-        rows: Sequence[dict[str, Any]],
+        rows: Sequence[RangeRow],
         cache: CellCache,
         folder: Path,
     ) -> tuple[int, int]:
@@ -293,14 +321,15 @@ class AffectedRange:
                 return dict(check[side])
         return None
 
-    def _applies(self, tag: str) -> dict[str, Any]:
+    def _applies(self, tag: str) -> tuple[bool | None, str]:
+        """Whether the fix applies to the tag's files, and why."""
         files = self.tag_files(tag)
         if not any(files.values()):
-            return {"applies": None, "applies_why": f"no tag {tag} in DS_REPO"}
+            return None, f"no tag {tag} in DS_REPO"
         try:
             pr_fix.changed_files(files)
         except FixDoesNotApplyError as exc:
             if "already holds" in exc.what:
-                return {"applies": False, "applies_why": "already holds the fix"}
-            return {"applies": False, "applies_why": exc.why or exc.what}
-        return {"applies": True, "applies_why": f"{tag}: every target found"}
+                return False, "already holds the fix"
+            return False, exc.why or exc.what
+        return True, f"{tag}: every target found"
