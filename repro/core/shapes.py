@@ -37,6 +37,7 @@ _BY_ANNOTATION: dict[str, Shape] = {
     "dict[str, Any]": OPT_OBJECT,
     "Layout": OPT_OBJECT,
     "RecordedException": OPT_OBJECT,
+    "RanOn": OPT_OBJECT,
 }
 # What names a run: always present, always a string.
 RUN_IDENTITY = ("env", "scenario", "patch")

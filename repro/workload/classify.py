@@ -22,10 +22,9 @@ own-job judge (judge.py); this module only gathers a suite record's evidence for
 
 from __future__ import annotations
 
-from typing import Any
-
 from repro.workload import ladder
 from repro.workload.ladder import TOLERANCE
+from repro.workload.record import RunRecord
 
 # A suite run's judgement (its historical name here).
 Classification = ladder.Judgement
@@ -45,16 +44,16 @@ def first_divergent_step(losses: list[float | None], control: list[float | None]
     return ladder.first_divergent_step(losses, control, TOLERANCE[dtype])
 
 
-def _control_usable(control: dict[str, Any] | None) -> bool:
+def _control_usable(control: RunRecord | None) -> bool:
     return bool(control and control.get("outcome") == "clean" and control.get("losses"))
 
 
-def _failed(record: dict[str, Any]) -> bool:
+def _failed(record: RunRecord) -> bool:
     exc = record.get("exception")
     return exc is not None or any(code not in (0, None) for code in (record.get("exit_codes") or {}).values())
 
 
-def _crashed(record: dict[str, Any], illegal: int) -> Classification:
+def _crashed(record: RunRecord, illegal: int) -> Classification:
     exc = record.get("exception")
     where = f" on rank {exc.get('rank')}" if exc and exc.get("rank") is not None else ""
     bug = ladder.crash(exc, where, illegal)
@@ -72,9 +71,7 @@ def _as_control(losses: list[float | None]) -> Classification:
     return Classification("clean", "none", f"control: {len(losses)} finite losses", None)
 
 
-def classify(
-    record: dict[str, Any], control: dict[str, Any] | None, status: str | None = None
-) -> Classification:
+def classify(record: RunRecord, control: RunRecord | None, status: str | None = None) -> Classification:
     """Classify one run. `control` is the classified zero3 record of the same env, dtype and
     world size (None for the control itself or when it is missing). `status` is the runner's
     verdict on how the run ended ("hung", "interrupted", "unsupported", "env-error" or None)."""

@@ -14,7 +14,10 @@ import hashlib
 import json
 import math
 import os
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
+
+if TYPE_CHECKING:
+    from repro.workload.device import RanOn
 
 SCHEMA_VERSION = 1
 
@@ -115,10 +118,10 @@ class Layout(TypedDict):
 
 # The exception that ended a run (the record's `exception`; a rank's, without `rank`, in rank*.json).
 class RecordedException(TypedDict, total=False):
-    type: str
-    message: str
+    type: str | None
+    message: str | None
     rank: int | None
-    traceback: str
+    traceback: str | None
 
 
 # The record: the one declaration of its keys (RECORD_KEYS and repro.core.shapes.RUN are read from
@@ -137,7 +140,7 @@ class RunRecord(TypedDict, total=False):
     shard_size: int | None  # MiCS shard size, null for zero3
     hierarchical: bool  # mics_hierarchical_params_gather
     layout: Layout
-    backend: str  # "gloo" | "nccl" (RCCL on ROCm is exposed through torch's nccl backend)
+    backend: str | None  # "gloo" | "nccl" (RCCL on ROCm is exposed through torch's nccl backend)
     # "native" on GPUs, else the gloo adapter mode: "async" | "sync" | "strict", or "plain" (CPU:
     # gloo as torch ships it, no adapter; transport_info.adapter null)
     transport: str
@@ -181,7 +184,7 @@ class RunRecord(TypedDict, total=False):
     # (repro/core/evidence.py). Custom runs: from the hook in every process that joined a process
     # group (rank 0's view plus "devices", "processes", "joined_group"; device null when none
     # joined: no GPU evidence).
-    ran_on: dict[str, Any] | None
+    ran_on: RanOn | None
     # Custom runs (scenario "custom", `python -m repro run --cmd`) only, else null: {"command",
     # "workdir", "workdir_digest", "job_id" (custom_job_id: which job this is; stock and fixed of
     # one job share it), "patterns" (what decided: loss regex, IllegalWork and overflow patterns),
@@ -227,10 +230,12 @@ def finite_or_none(value: float | None) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def empty_record(**fields: Any) -> dict[str, Any]:
-    """A record with every documented key present, filled from `fields`."""
-    rec: dict[str, Any] = {key: None for key in RECORD_KEYS}
-    rec.update(
+def empty_record(**fields: Any) -> RunRecord:
+    """A record with every documented key present (null where nothing says more), filled from `fields`."""
+    unknown = set(fields) - set(RECORD_KEYS)
+    if unknown:
+        raise KeyError(f"not record keys: {sorted(unknown)}")
+    rec = RunRecord(
         schema=SCHEMA_VERSION,
         losses=[],
         loss_scale=[],
@@ -243,15 +248,9 @@ def empty_record(**fields: Any) -> dict[str, Any]:
         config_problems=[],
         stacks={},
         logs={},
-        outcome=None,
-        signature=None,
         reason="",
     )
-    unknown = set(fields) - set(RECORD_KEYS)
-    if unknown:
-        raise KeyError(f"not record keys: {sorted(unknown)}")
-    rec.update(fields)
-    return rec
+    return cast(RunRecord, {**dict.fromkeys(RECORD_KEYS), **rec, **fields})
 
 
 def write_json_atomic(path: str, data: Any) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from repro.workload.controls import ControlKey, choose_control
-from repro.workload.record import CONTROL_SCENARIO, Outcome, read_json
+from repro.workload.record import CONTROL_SCENARIO, Outcome, RunRecord, read_json
 
 SUITE_FILE = "suite.json"
 
@@ -43,7 +43,7 @@ class RunKey(NamedTuple):
         return f"{self.scenario}-{self.patch}-{self.dtype}-{self.transport}-w{self.world_size}"
 
 
-def record_run_key(record: Mapping[str, Any]) -> RunKey:
+def record_run_key(record: RunRecord) -> RunKey:
     return RunKey(
         str(record.get("scenario")),
         str(record.get("patch")),
@@ -53,7 +53,7 @@ def record_run_key(record: Mapping[str, Any]) -> RunKey:
     )
 
 
-def is_final(record: Mapping[str, Any]) -> bool:
+def is_final(record: RunRecord) -> bool:
     """A record the run finished with (an interrupted run, or one with no outcome, is redone)."""
     outcome = record.get("outcome")
     return outcome is not None and outcome != Outcome.INTERRUPTED.value
@@ -61,13 +61,13 @@ def is_final(record: Mapping[str, Any]) -> bool:
 
 def split(
     planned: Sequence[RunKey],
-    previous: Sequence[Mapping[str, Any]],
-    same_run: Callable[[int, Mapping[str, Any]], bool] = lambda i, record: True,
-) -> tuple[list[dict[str, Any]], list[int]]:
+    previous: Sequence[RunRecord],
+    same_run: Callable[[int, RunRecord], bool] = lambda i, record: True,
+) -> tuple[list[RunRecord], list[int]]:
     """(records kept, in plan order; indexes into `planned` of the runs to do again, in plan
     order). `same_run(i, record)` says whether a record answers planned run i as it is planned
     now (steps, seed, config)."""
-    found: dict[int, Mapping[str, Any]] = {}
+    found: dict[int, RunRecord] = {}
     for i, key in enumerate(planned):
         match = next(
             (r for r in previous if record_run_key(r) == key and is_final(r) and same_run(i, r)), None
@@ -79,7 +79,7 @@ def split(
     def control_key(i: int) -> ControlKey:
         return ControlKey(planned[i].dtype, planned[i].transport, planned[i].world_size, planned[i].patch)
 
-    kept: dict[int, Mapping[str, Any]] = {i: found[i] for i in controls if i in found}
+    kept: dict[int, RunRecord] = {i: found[i] for i in controls if i in found}
     for i, record in found.items():
         if planned[i].is_control:
             continue
@@ -92,17 +92,18 @@ def split(
         if ok:
             kept[i] = record
     redo = [i for i in range(len(planned)) if i not in kept]
-    return [dict(kept[i]) for i in sorted(kept)], redo
+    return [kept[i].copy() for i in sorted(kept)], redo
 
 
-def previous_records(out: str) -> list[dict[str, Any]]:
+def previous_records(out: str) -> list[RunRecord]:
     """The records the earlier suite in `out` left ([] when it left none, or no readable file)."""
     try:
         data = read_json(os.path.join(out, SUITE_FILE))
     except (OSError, ValueError):
         return []
     runs = data.get("runs") if isinstance(data, dict) else None
-    return [r for r in runs if isinstance(r, dict)] if isinstance(runs, list) else []
+    records: list[RunRecord] = runs if isinstance(runs, list) else []
+    return [r for r in records if isinstance(r, dict)]
 
 
 def clear_stale(out: str, names: Sequence[str]) -> list[str]:

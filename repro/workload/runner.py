@@ -23,13 +23,16 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from repro.workload import collectives, hangwatch, stackfiles
 from repro.workload import record as rec
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
-from repro.workload.device import hide_gpus_env
+from repro.workload.device import RanOn, hide_gpus_env
 from repro.workload.prefork import PreforkServer, PreforkUnavailable
+
+if TYPE_CHECKING:
+    from repro.workload.train import RankRecord
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOP_GRACE_S = RANK_STOP_GRACE_S
@@ -390,8 +393,8 @@ def stopped_by_signal(returncode: int | None) -> bool:
     return returncode is not None and (-returncode in codes or returncode - 128 in codes)
 
 
-def _read_ranks(run_dir: str) -> dict[int, dict[str, Any]]:
-    ranks: dict[int, dict[str, Any]] = {}
+def _read_ranks(run_dir: str) -> dict[int, RankRecord]:
+    ranks: dict[int, RankRecord] = {}
     for path in glob.glob(os.path.join(run_dir, "rank*.json")):
         try:
             data = rec.read_json(path)
@@ -409,11 +412,11 @@ def _tail(path: str, lines: int = 40) -> str:
         return ""
 
 
-def _pick_exception(ranks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+def _pick_exception(ranks: dict[int, RankRecord]) -> rec.RecordedException | None:
     """The exception to show: one raised from an IllegalWork object if any rank had it, else the
     lowest rank's own error, else the lowest rank's. A rank that was only `Terminated` (torchrun
     sends SIGTERM to the others when one rank fails) names the launcher, not the cause."""
-    found = [(r, d["exception"]) for r, d in sorted(ranks.items()) if d.get("exception")]
+    found = [(r, exc) for r, d in sorted(ranks.items()) if (exc := d.get("exception"))]
     if not found:
         return None
     illegal = [(r, e) for r, e in found if "IllegalWork" in f"{e.get('message')}{e.get('traceback')}"]
@@ -427,7 +430,7 @@ def _pick_exception(ranks: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+def assemble(spec: RunSpec, result: LaunchResult, base: rec.RunRecord) -> tuple[rec.RunRecord, str | None]:
     """Build the (unclassified) record and the runner status for `classify`."""
     ranks = _read_ranks(spec.run_dir)
     zero = ranks.get(0, {})
@@ -438,30 +441,32 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
     logs = {"launcher": rel(os.path.join(spec.run_dir, "launcher.log"))}
     for path in sorted(glob.glob(os.path.join(spec.run_dir, "rank*.log"))):
         logs[os.path.basename(path)[:-4]] = rel(path)
-    exit_codes: dict[str, Any] = {"launcher": result.launcher_code}
+    exit_codes: dict[str, int | None] = {"launcher": result.launcher_code}
     for r, d in sorted(ranks.items()):
         exit_codes[str(r)] = 1 if d.get("exception") else 0
     record = rec.empty_record(**base)
     record.update(
-        run_name=spec.run_name,
-        losses=zero.get("losses") or [],
-        loss_scale=zero.get("loss_scale"),
-        skipped_steps=int(zero.get("skipped_steps") or 0),
-        illegal_work_messages=sum(int(d.get("illegal_work_messages") or 0) for d in ranks.values()),
-        exception=_pick_exception(ranks),
-        exit_codes=exit_codes,
-        durations={"total_s": round(result.wall_s, 2), "train_s": zero.get("train_s")},
-        versions=zero.get("versions")
-        or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
-        weights_checksum=zero.get("weights_checksum"),
-        stacks=result.stacks,
-        logs=logs,
-        backend=zero.get("backend"),
-        fix=zero.get("fix"),
-        transport_info=zero.get("transport_info") or {},
-        # What rank 0 really ran on (plus the env's platform); the suite's view when it never said.
-        ran_on=_ran_on(base.get("ran_on"), zero.get("ran_on")),
-        launcher={"kind": result.launcher, "note": result.launcher_note},
+        {
+            "run_name": spec.run_name,
+            "losses": zero.get("losses") or [],
+            "loss_scale": zero.get("loss_scale"),
+            "skipped_steps": int(zero.get("skipped_steps") or 0),
+            "illegal_work_messages": sum(int(d.get("illegal_work_messages") or 0) for d in ranks.values()),
+            "exception": _pick_exception(ranks),
+            "exit_codes": exit_codes,
+            "durations": {"total_s": round(result.wall_s, 2), "train_s": zero.get("train_s")},
+            "versions": zero.get("versions")
+            or next((d["versions"] for d in ranks.values() if d.get("versions")), {}),
+            "weights_checksum": zero.get("weights_checksum"),
+            "stacks": result.stacks,
+            "logs": logs,
+            "backend": zero.get("backend"),
+            "fix": zero.get("fix"),
+            "transport_info": zero.get("transport_info") or {},
+            # What rank 0 really ran on (plus the env's platform); the suite's view when it never said.
+            "ran_on": _ran_on(base.get("ran_on"), zero.get("ran_on")),
+            "launcher": {"kind": result.launcher, "note": result.launcher_note},
+        }
     )
     status = result.status
     if status == "hung":
@@ -488,7 +493,7 @@ def assemble(spec: RunSpec, result: LaunchResult, base: dict[str, Any]) -> tuple
     return record, status
 
 
-def _ran_on(planned: dict[str, Any] | None, reported: dict[str, Any] | None) -> dict[str, Any] | None:
+def _ran_on(planned: RanOn | None, reported: RanOn | None) -> RanOn | None:
     if not reported:
         return planned
     return {**reported, "env_platform": (planned or {}).get("env_platform")}

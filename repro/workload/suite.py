@@ -18,7 +18,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from repro.workload import classify as cls
 from repro.workload import device as dev
@@ -44,6 +44,10 @@ class PlannedRun:
     # (outcome, reason) for a run that is recorded without being launched: the env cannot run it
     # (env-error: no GPU of its platform) or the layout cannot (unsupported: too few GPUs).
     skip: tuple[str, str] | None = None
+
+
+# The stock zero3 runs judged so far, by (dtype, transport, world size): the controls.
+Controls = dict[tuple[str, str, int], rec.RunRecord]
 
 
 def shape_of(layout: lay.Layout) -> ds_config.ScenarioShape:
@@ -137,7 +141,7 @@ def choose_layouts(decision: dev.Decision, world_size: int | None) -> tuple[lay.
         return lay.plan_layouts("cpu", world_size), str(exc)
 
 
-def default_dtype(device: str, user_config: dict[str, Any] | None) -> str:
+def default_dtype(device: str, user_config: dict[str, Any] | None) -> str:  # the user's config: free-form
     """Without DTYPE=: the user config's precision; else the reporter's fp16 (with their loss-scale
     settings, which our default config carries) on GPUs, where the overflow storm they saw shows;
     fp32 on CPU, as always (torch < 2.2 has no fp16 CPU kernels)."""
@@ -146,12 +150,41 @@ def default_dtype(device: str, user_config: dict[str, Any] | None) -> str:
     return "fp16" if device == "gpu" else "fp32"
 
 
-def _progress_line(i: int, n: int, name: str, record: dict[str, Any]) -> str:
+def _progress_line(i: int, n: int, name: str, record: rec.RunRecord) -> str:
     secs = record.get("durations", {}).get("total_s")
     return f"[{i}/{n}] {name:<42} {record['outcome']:<12} {record['signature']:<24} {secs} s"
 
 
-def _save(out: str, runs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+# RESUME=1: the earlier suite's runs kept (their names) and how many run again.
+class Resumed(TypedDict):
+    kept: list[str]
+    redone: int
+
+
+# How the suite's runs were started (suite.json's "launcher").
+class LauncherUsed(TypedDict, total=False):
+    requested: str
+    used: str
+    note: str
+    server: dict[str, Any] | None  # what the pre-imported launcher said when ready (prefork.py)
+
+
+# suite.json besides its "runs": what the suite was asked, saw and did.
+class SuiteMeta(TypedDict, total=False):
+    env: str
+    device: str
+    platform: str | None
+    device_error: str | None
+    layout_notes: list[str]
+    started_at: str
+    finished_at: str
+    interrupted: bool
+    artifacts: dict[str, str]
+    resumed: Resumed
+    launcher: LauncherUsed
+
+
+def _save(out: str, runs: list[rec.RunRecord], meta: SuiteMeta) -> None:
     rec.write_json_atomic(os.path.join(out, "suite.json"), {**meta, "runs": runs})
 
 
@@ -161,14 +194,16 @@ def run_transports(device: str, requested: list[str]) -> list[str]:
 
 
 def _user_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The user's DeepSpeed config (free-form: DeepSpeed's own keys), or None."""
     if args.config:
         with open(args.config) as fh:
-            loaded: dict[str, Any] = json.load(fh)
-            return loaded
-    if args.config_json:
-        inline: dict[str, Any] = json.loads(args.config_json)
-        return inline
-    return None
+            text = fh.read()
+    elif args.config_json:
+        text = args.config_json
+    else:
+        return None
+    config: dict[str, Any] = json.loads(text)
+    return config
 
 
 def planned_keys(argv: list[str]) -> list[tuple[str, str, str, str]]:
@@ -241,7 +276,7 @@ def run_suite(args: argparse.Namespace) -> int:
         layouts=layouts,
         error=error,
     )
-    meta: dict[str, Any] = {
+    meta: SuiteMeta = {
         "env": args.env,
         "device": device,
         "platform": decision.platform,
@@ -251,13 +286,13 @@ def run_suite(args: argparse.Namespace) -> int:
         "interrupted": False,
         "artifacts": {},
     }
-    kept: list[dict[str, Any]] = []
+    kept: list[rec.RunRecord] = []
     if args.resume:  # finish an earlier suite in this folder: its finished runs are kept
         kept, planned = _resume(out, planned, RunOptions.from_args(args), dtype, user_config)
         meta["resumed"] = {"kept": [str(r.get("run_name")) for r in kept], "redone": len(planned)}
         print(f"resume: kept {len(kept)} finished run(s), running {len(planned)} again", flush=True)
     # Every record says what ran; a run never launched keeps what the suite saw (nothing ran).
-    not_run = {**dev.view_summary(view, device), "env_platform": decision.platform}
+    not_run: dev.RanOn = {**dev.view_summary(view, device), "env_platform": decision.platform}
     if error:
         print(f"error: {error}", flush=True)
     for note in layouts.notes:
@@ -270,7 +305,7 @@ def run_suite(args: argparse.Namespace) -> int:
     wanted = launcher == "prefork" and any(item.skip is None for item in planned)
     server = start_prefork(out, device) if wanted else None
     if wanted and server is None:
-        meta["launcher"].update(used="torchrun", note="the pre-imported launcher could not start")
+        meta["launcher"].update({"used": "torchrun", "note": "the pre-imported launcher could not start"})
     capture = None
     if not args.no_artifacts:
         print("capturing ds_report and collect_env in the background ...", flush=True)
@@ -305,12 +340,12 @@ def _resume(
     opts: RunOptions,
     dtype: str,
     user_config: dict[str, Any] | None,
-) -> tuple[list[dict[str, Any]], list[PlannedRun]]:
+) -> tuple[list[rec.RunRecord], list[PlannedRun]]:
     """(the earlier suite's records kept, the planned runs to do again): repro/workload/resume.py.
     A record answers a planned run only when it ran the same steps, seed and DeepSpeed config."""
     keys = [resume.RunKey(p.scenario, p.patch, p.transport, p.dtype, p.shape.world_size) for p in planned]
 
-    def same_run(i: int, record: Any) -> bool:
+    def same_run(i: int, record: rec.RunRecord) -> bool:
         built = ds_config.build_config(planned[i].shape, dtype=dtype, user_config=user_config)
         config = json.loads(json.dumps(built.config))  # as the record holds it (JSON)
         return bool(
@@ -357,21 +392,21 @@ def _run_planned(
     opts: RunOptions,
     out: str,
     planned: list[PlannedRun],
-    meta: dict[str, Any],
+    meta: SuiteMeta,
     device: str,
     dtype: str,
     user_config: dict[str, Any] | None,
     capture: ArtifactCapture | None,
-    not_run: dict[str, Any] | None = None,
+    not_run: dev.RanOn | None = None,
     server: PreforkServer | None = None,
-    kept: list[dict[str, Any]] | None = None,
+    kept: list[rec.RunRecord] | None = None,
 ) -> int:
     """Launch up to `jobs` runs at once; classify and record them in plan order, so a run is
     always judged after its control (controls come first in the plan). `kept`: an earlier suite's
     finished records (RESUME=1), recorded first; its controls judge the runs done now."""
     has_mics = mics_available()
-    runs: list[dict[str, Any]] = list(kept or [])
-    controls: dict[tuple[str, str, int], dict[str, Any]] = {
+    runs: list[rec.RunRecord] = list(kept or [])
+    controls: Controls = {
         (str(r["dtype"]), str(r["transport"]), int(r["world_size"])): r
         for r in runs
         if r.get("scenario") == rec.CONTROL_SCENARIO and r.get("patch") == "stock"
@@ -382,7 +417,9 @@ def _run_planned(
         spec = _spec(opts, out, item, device)
         built = ds_config.build_config(item.shape, dtype=dtype, user_config=user_config)
         rec.write_json_atomic(spec.ds_config_path, built.config)
-        prepared.append((item, spec, {**_base_record(opts, spec, item, built), "ran_on": not_run}))
+        base = _base_record(opts, spec, item, built)
+        base["ran_on"] = not_run
+        prepared.append((item, spec, base))
     total = len(prepared)
     jobs = opts.jobs or default_jobs(device, prepared[0][1].world_size if prepared else 1)
     stop = threading.Event()
@@ -403,13 +440,13 @@ def _run_planned(
 
 def _execute_all(
     out: str,
-    prepared: list[tuple[PlannedRun, runner.RunSpec, dict[str, Any]]],
+    prepared: list[tuple[PlannedRun, runner.RunSpec, rec.RunRecord]],
     execute: Any,
     jobs: int,
     stop: threading.Event,
-    controls: dict[tuple[str, str, int], dict[str, Any]],
-    runs: list[dict[str, Any]],
-    meta: dict[str, Any],
+    controls: Controls,
+    runs: list[rec.RunRecord],
+    meta: SuiteMeta,
     capture: ArtifactCapture | None,
     server: PreforkServer | None,
 ) -> int:
@@ -460,10 +497,10 @@ def _record_run(
     result: runner.LaunchResult | None,
     item: PlannedRun,
     spec: runner.RunSpec,
-    base: dict[str, Any],
-    controls: dict[tuple[str, str, int], dict[str, Any]],
-    runs: list[dict[str, Any]],
-    meta: dict[str, Any],
+    base: rec.RunRecord,
+    controls: Controls,
+    runs: list[rec.RunRecord],
+    meta: SuiteMeta,
 ) -> str | None:
     """Classify one finished run against its control, write its record and the suite file."""
     if result is None and item.skip is not None:  # the env or the layout cannot run it: not launched
@@ -485,10 +522,12 @@ def _record_run(
         record["control_run"] = control["run_name"] if control else None
         verdict = cls.classify(record, control, status)
     record.update(
-        outcome=verdict.outcome,
-        signature=verdict.signature,
-        reason=verdict.reason,
-        first_divergent_step=verdict.first_divergent_step,
+        {
+            "outcome": verdict.outcome,
+            "signature": verdict.signature,
+            "reason": verdict.reason,
+            "first_divergent_step": verdict.first_divergent_step,
+        }
     )
     if item.scenario == "zero3" and item.patch == "stock":
         controls[(item.dtype, item.transport, item.shape.world_size)] = record
@@ -498,9 +537,7 @@ def _record_run(
     return status
 
 
-def _control_for(
-    controls: dict[tuple[str, str, int], dict[str, Any]], item: PlannedRun
-) -> dict[str, Any] | None:
+def _control_for(controls: Controls, item: PlannedRun) -> rec.RunRecord | None:
     """The stock zero3 run this run is compared with (the one rule in workload/controls.py)."""
     want = ControlKey(item.dtype, item.transport, item.shape.world_size, item.patch)
     return choose_control(want, list(controls.values()), record_key)
@@ -536,7 +573,7 @@ def _spec(opts: RunOptions, out: str, item: PlannedRun, device: str) -> runner.R
 
 def _base_record(
     opts: RunOptions, spec: runner.RunSpec, item: PlannedRun, built: ds_config.BuiltConfig
-) -> dict[str, Any]:
+) -> rec.RunRecord:
     shape = item.shape
     how = (
         "one node"
@@ -546,7 +583,7 @@ def _base_record(
         if spec.device == "cpu"
         else f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE={shape.devices_per_node}"
     )
-    return dict(
+    return rec.RunRecord(
         env=opts.env,
         scenario=item.scenario,
         patch=item.patch,

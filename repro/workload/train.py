@@ -25,43 +25,54 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 from repro.workload.record import (
     CPU_TRANSPORTS,
     PATCHES,
     SCENARIOS,
+    RecordedException,
     Transport,
     finite_or_none,
     write_json_atomic,
 )
 
+if TYPE_CHECKING:
+    from repro.workload.device import RanOn
+    from repro.workload.fix import FixReport
+
 DEVICES = ("cpu", "gpu")
 
-RANK_KEYS = (
-    "rank",
-    "world_size",
-    "pid",
-    "losses",
-    "loss_scale",
-    "skipped_steps",
-    "illegal_work_messages",
-    "exception",
-    "weights_checksum",
-    "train_s",
-    "backend",
-    "transport",
-    "versions",
-    "fix",
-    "devices_per_node",
-    "steps_completed",
-    # extras: what the CPU scaffolding did ({"adapter": ..., "cpu_shims": ...}) and the model that ran
-    "transport_info",
-    "model",
+
+# A rank's DIR/rank{RANK}.json, read into the run's record by the runner: the rank writes every key
+# (null until it gets that far); total=False for what a reader finds.
+class RankRecord(TypedDict, total=False):
+    rank: int
+    world_size: int
+    pid: int
+    losses: list[float | None]
+    loss_scale: list[float | None] | None
+    skipped_steps: int
+    illegal_work_messages: int
+    exception: RecordedException | None
+    weights_checksum: str | None
+    train_s: float | None
+    backend: str | None
+    transport: str | None
+    versions: dict[str, str | None]
+    fix: FixReport | None
+    devices_per_node: int | None
+    steps_completed: int
+    # extras: what the CPU scaffolding did ({"adapter", "cpu_shims", "half_kernels": each module's
+    # own report}) and the model that ran
+    transport_info: dict[str, Any] | None
+    model: dict[str, int] | None
     # what the run really used: device, backend, GPUs, arch, runtimes (repro/workload/device.py)
-    "ran_on",
-)
+    ran_on: RanOn | None
+
+
+RANK_KEYS = tuple(RankRecord.__annotations__)
 
 
 class ScenarioUnsupported(RuntimeError):
@@ -128,7 +139,7 @@ def setup_rank_files(run_dir: str, rank: int) -> None:
 _FINISHED = threading.Event()
 
 
-def arm_termination(record_path: str, out: dict[str, Any]) -> None:
+def arm_termination(record_path: str, out: RankRecord) -> None:
     """On SIGTERM (torchrun stopping the surviving ranks, the launcher after a hang) write the
     record and exit now. A Python signal handler would only run once the main thread returns from
     C code, which a rank blocked in a collective never does; the C-level handler still writes the
@@ -147,8 +158,10 @@ def arm_termination(record_path: str, out: dict[str, Any]) -> None:
             pass
         if not _FINISHED.is_set():
             frame = sys._current_frames().get(main_thread)
-            snapshot = {k: list(v) if isinstance(v, list) else v for k, v in out.items()}
-            if snapshot.get("exception") is None:
+            snapshot = out.copy()  # with the lists the main thread still appends to
+            snapshot["losses"] = list(out["losses"])
+            snapshot["loss_scale"] = None if out["loss_scale"] is None else list(out["loss_scale"])
+            if snapshot["exception"] is None:
                 where = "".join(traceback.format_stack(frame)) if frame is not None else ""
                 snapshot["exception"] = {
                     "type": "Terminated",
@@ -223,7 +236,7 @@ def collect_versions() -> dict[str, str | None]:
     return found
 
 
-def start_distributed(args: argparse.Namespace, dtype: str, out: dict[str, Any]) -> Any:
+def start_distributed(args: argparse.Namespace, dtype: str, out: RankRecord) -> Any:
     """Bring up DeepSpeed's distributed layer; returns the torch device ranks compute on."""
     if args.device == "cpu":
         from repro.workload.cpu import gloo_transport
@@ -271,7 +284,7 @@ def build_model(args: argparse.Namespace, config: dict[str, Any]) -> Any:
         return TinyGPT(shape)
 
 
-def train(args: argparse.Namespace, config: dict[str, Any], out: dict[str, Any]) -> None:
+def train(args: argparse.Namespace, config: dict[str, Any], out: RankRecord) -> None:
     dtype = precision(config)
     check_scenario(args.scenario, config, int(out["world_size"]))
     from repro.workload import logcount
@@ -397,16 +410,26 @@ def weights_checksum(module: Any) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    out: dict[str, Any] = {key: None for key in RANK_KEYS}
-    out.update(
+    out = RankRecord(
         rank=rank,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
         pid=os.getpid(),
         losses=[],
+        loss_scale=None,
         skipped_steps=0,
         illegal_work_messages=0,
-        steps_completed=0,
+        exception=None,
+        weights_checksum=None,
+        train_s=None,
+        backend=None,
+        transport=None,
         versions={"python": platform.python_version()},
+        fix=None,
+        devices_per_node=None,
+        steps_completed=0,
+        transport_info=None,
+        model=None,
+        ran_on=None,
     )
     setup_rank_files(args.run_dir, rank)
     record_path = os.path.join(args.run_dir, f"rank{rank}.json")
@@ -432,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def write_rank_record(path: str, out: dict[str, Any]) -> None:
+def write_rank_record(path: str, out: RankRecord) -> None:
     try:
         write_json_atomic(path, out)
     except (TypeError, ValueError) as exc:  # something unserialisable slipped in: keep the essentials
