@@ -22,6 +22,7 @@ from repro.core.errors import (
 )
 from repro.engines import base as engines
 from repro.workload.record import empty_record, write_json_atomic
+from tests.fixtures.stand_in_engine import RefusedEngine, StandInEngine
 
 
 def run(args: list[str], tmp_path: Path) -> int:
@@ -114,23 +115,13 @@ def test_rocm_dry_run_names_run_flags_and_held_back_variables(
 
 
 # -- numbers are checked at the front door, before any engine or folder ---------------------------
-class CountingEngine:
+class CountingEngine(RefusedEngine):
     """An engine that must not be reached: bad numbers fail before preflight."""
 
-    kind = engines.EngineKind.VENV
+    name = "counting"
 
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def describe(self) -> str:
-        return "counting"
-
-    def preflight(self, env: object) -> None:
-        self.calls.append("preflight")
-
-    def prepare(self, env: object) -> object:
-        self.calls.append("prepare")
-        raise AssertionError("must not prepare")
+    def failure(self) -> Exception:
+        return AssertionError("must not prepare")
 
 
 @pytest.mark.parametrize(
@@ -203,11 +194,11 @@ CPU_PLAN = [
 GPU_PLAN = [("zero3", "stock", "native", "fp16"), *((s, p, "native", "fp16") for s, p in MICS_RUNS)]
 
 
-class SuiteEngine:
+class SuiteEngine(StandInEngine):
     """Runs a scripted 'suite': writes a record for each of `keys` (scenario, patch, transport,
     dtype) to suite.json and exits with `code`."""
 
-    kind = engines.EngineKind.VENV
+    name = "scripted suite"
 
     def __init__(
         self,
@@ -217,15 +208,6 @@ class SuiteEngine:
         outcome: str = "clean",
     ) -> None:
         self.code, self.keys, self.timed_out, self.outcome = code, keys, timed_out, outcome
-
-    def describe(self) -> str:
-        return "scripted suite"
-
-    def preflight(self, env: object) -> None:
-        pass
-
-    def prepare(self, env: Any) -> engines.Prepared:
-        return engines.Prepared(engines.EngineKind.VENV, env.id, "/fake", "fake venv", True)
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> engines.SuiteRun:
         runs = [

@@ -13,8 +13,8 @@ import pytest
 
 from repro.cli import main as cli
 from repro.core.errors import BuildError, ConfigError, MatrixError, UsageError
-from repro.engines import base as engines
 from tests.fixtures.report_records import ResultsBuilder, standard_env
+from tests.fixtures.stand_in_engine import RefusedEngine
 
 
 def run(args: list[str], tmp_path: Path) -> int:
@@ -26,23 +26,13 @@ def left_behind(tmp_path: Path) -> list[Path]:
     return list(root.rglob("*")) if root.exists() else []
 
 
-class NoEngine:
+class NoEngine(RefusedEngine):
     """An engine whose build fails; it must not even be reached where the input is refused."""
 
-    kind = engines.EngineKind.VENV
+    name = "failing build"
 
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def describe(self) -> str:
-        return "failing build"
-
-    def preflight(self, env: object) -> None:
-        self.calls.append("preflight")
-
-    def prepare(self, env: object) -> object:
-        self.calls.append("prepare")
-        raise BuildError("building the venv failed", why="pip said no")
+    def failure(self) -> Exception:
+        return BuildError("building the venv failed", why="pip said no")
 
     def run_job(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("must not run")

@@ -15,6 +15,7 @@ from repro.cli import main as cli
 from repro.core.makeline import make_line
 from repro.engines import base as engines
 from repro.workload.record import empty_record, write_json_atomic
+from tests.fixtures.stand_in_engine import StandInEngine
 
 
 def test_only_given_values_appear_in_order() -> None:
@@ -45,17 +46,8 @@ def test_probe_repro_command() -> None:
     )
 
 
-class OneRunEngine:
-    kind = engines.EngineKind.VENV
-
-    def describe(self) -> str:
-        return "one run"
-
-    def preflight(self, env: object) -> None:
-        pass
-
-    def prepare(self, env: Any) -> engines.Prepared:
-        return engines.Prepared(engines.EngineKind.VENV, env.id, "/fake", "fake venv", True)
+class OneRunEngine(StandInEngine):
+    name = "one run"
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> engines.SuiteRun:
         run = empty_record(

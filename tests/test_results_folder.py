@@ -13,18 +13,13 @@ from repro.cli import main as cli
 from repro.core import results
 from repro.core.errors import BuildError, UsageError
 from repro.engines import base as engines
+from tests.fixtures.stand_in_engine import StandInEngine
 
 
-class FailingBuild:
+class FailingBuild(StandInEngine):
     """An engine whose build fails (after preflight passed), like a pip error would."""
 
-    kind = engines.EngineKind.VENV
-
-    def describe(self) -> str:
-        return "failing build"
-
-    def preflight(self, env: object) -> None:
-        pass
+    name = "failing build"
 
     def prepare(self, env: Any) -> engines.Prepared:
         raise BuildError(f"venv for {env.id}: pip step torch failed (exit 1)")

@@ -17,15 +17,16 @@ from repro.bisect.probe import Observation, ProbeSpec
 from repro.bisect.worktree_layer import GENERATED, ImportChecked, WorktreeLayer, installed_info
 from repro.engines.base import EngineKind, Prepared
 from tests.fixtures.ds_git import FakeDeepSpeed, make_fake_deepspeed
+from tests.fixtures.stand_in_engine import StandInEngine
 
 pytestmark = pytest.mark.usefixtures("real_subprocess")
 RELEASE_INFO = "version='0.0.1'\naccelerator_name='cpu'\ntorch_info={'version': '2.13'}\n"
 
 
-class BaseVenv:
+class BaseVenv(StandInEngine):
     """The env's cached venv: a real venv whose site-packages holds a 'release' deepspeed."""
 
-    kind = EngineKind.VENV
+    name = "base"
 
     def __init__(self, root: Path) -> None:
         self.dir = root / "venvs" / "cpu-latest-abc"
@@ -50,12 +51,6 @@ class BaseVenv:
             "Metadata-Version: 2.1\nName: deepspeed\nVersion: 0.0.1\n"
         )
         self.prepares = 0
-
-    def describe(self) -> str:
-        return "base"
-
-    def preflight(self, env: Any) -> None:
-        pass
 
     def prepare(self, env: Any) -> Prepared:
         self.prepares += 1
