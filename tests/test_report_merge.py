@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from fixtures.report_records import ResultsBuilder, standard_env
+from fixtures.report_records import ResultsBuilder, rocm56_invocation, standard_env
 
 from repro.core.errors import UsageError
 from repro.report.build import build_report
@@ -17,15 +17,7 @@ def two_invocations(tmp_path: Path) -> tuple[Path, Path]:
     first = ResultsBuilder(tmp_path, "20250101T000000Z-cpu", started_at="2025-01-01T00:00:00+00:00")
     first.env("cpu")
     standard_env(first, "cpu")
-    second = ResultsBuilder(
-        tmp_path,
-        "20250102T000000Z-rocm56",
-        started_at="2025-01-02T00:00:00+00:00",
-        command="make repro ENV=rocm56",
-    )
-    second.env("rocm56", platform="rocm", rocm="5.6")
-    standard_env(second, "rocm56")
-    return first.write(), second.write()
+    return first.write(), rocm56_invocation(tmp_path)
 
 
 def test_two_invocations_merge_into_one_view(tmp_path: Path) -> None:
