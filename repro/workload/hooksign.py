@@ -23,11 +23,56 @@ import hmac
 import json
 import os
 import re
-from collections.abc import MutableMapping
-from typing import Any
+from collections.abc import Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Final, TypedDict
+
+if TYPE_CHECKING:
+    from repro.workload.collectives import Installed
+    from repro.workload.cpu.shims import TransportInfo
+    from repro.workload.device import RanOn
+    from repro.workload.fix import FixReport
 
 KEY_VAR = "MICS_REPRO_HOOK_KEY"
-MAC_FIELD = "mac"
+MAC_FIELD: Final = "mac"
+
+
+class EngineFacts(TypedDict, total=False):
+    """What only the DeepSpeed engine knows (dtype_error: a DeepSpeed without those methods)."""
+
+    dtype: str
+    dtype_error: str
+    world_size: int
+    rank: int
+
+
+# hook/<pid>.json: what one hooked process did. Written by jobhook.py, declared here because
+# job.py reads it back through sort_records (and jobhook imports this module, not the reverse).
+class HookRecord(TypedDict, total=False):
+    pid: int
+    argv: list[str]
+    patch: str  # MICS_REPRO_PATCH
+    device: str  # MICS_REPRO_DEVICE
+    placeholders: list[str]  # modules the CPU shims stood in for
+    collectives: Installed
+    collectives_error: str
+    deepspeed: str  # its version
+    fix: FixReport
+    fix_error: str
+    framework_dirs: list[str]
+    launcher_default_port: int
+    transport_info: TransportInfo
+    steps: int
+    engine: EngineFacts
+    ran_on: RanOn
+    ran_on_error: str
+    test_harness_devices: int
+    pytest: dict[str, Any]  # pytest_outcomes.summary(), typed there as dict[str, Any] for now
+    illegal_work_failures: int
+    illegal_work_lines: int
+    illegal_work_not_from_deepspeed: int
+    mac: str  # MAC_FIELD
+
+
 _RECORD_NAME = re.compile(r"^(?P<pid>\d+)\.json$")
 
 
@@ -41,19 +86,20 @@ def take_key(environ: MutableMapping[str, str]) -> bytes | None:
     return value.encode() if value else None
 
 
-def _payload(record: dict[str, Any]) -> bytes:
+# record: a HookRecord, or whatever JSON object a file under hook/ holds (the job may forge it).
+def _payload(record: Mapping[str, object]) -> bytes:
     body = {k: v for k, v in record.items() if k != MAC_FIELD}
     return json.dumps(body, sort_keys=True, default=str, separators=(",", ":")).encode()
 
 
-def mac(record: dict[str, Any], key: bytes) -> str:
+def mac(record: Mapping[str, object], key: bytes) -> str:
     return hmac.new(key, _payload(record), hashlib.sha256).hexdigest()
 
 
-def sign(record: dict[str, Any], key: bytes | None) -> dict[str, Any]:
+def sign(record: HookRecord, key: bytes | None) -> HookRecord:
     """The record as written: JSON-normalised (what a reader gets back) with its MAC, or as it is
     without a key (a process the run's key did not reach)."""
-    body: dict[str, Any] = json.loads(json.dumps(record, default=str))
+    body: HookRecord = json.loads(json.dumps(record, default=str))
     if key:
         body[MAC_FIELD] = mac(body, key)
     return body
@@ -76,10 +122,10 @@ def why_not_signed(record: Any, file_name: str, key: bytes) -> str:
 
 def sort_records(
     found: list[tuple[str, Any]], key: bytes | None
-) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+) -> tuple[list[HookRecord], list[dict[str, str]]]:
     """(the hook's records without their MAC, the others as {"file", "why"}) from (file name,
     parsed JSON) pairs. Without a key (a runner that gave none) every record is taken as before."""
-    trusted: list[dict[str, Any]] = []
+    trusted: list[HookRecord] = []
     forged: list[dict[str, str]] = []
     for name, record in found:
         why = (
@@ -90,5 +136,11 @@ def sort_records(
         if why:
             forged.append({"file": name, "why": why})
             continue
-        trusted.append({k: v for k, v in record.items() if k != MAC_FIELD})
+        trusted.append(_without_mac(record))
     return trusted, forged
+
+
+def _without_mac(record: HookRecord) -> HookRecord:
+    body = record.copy()
+    body.pop(MAC_FIELD, None)
+    return body

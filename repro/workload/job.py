@@ -33,12 +33,13 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 from repro.workload import collectives, hangwatch, hookpth, hooksign, leftovers, outwrites, stackfiles
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
 from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
+from repro.workload.hooksign import HookRecord
 from repro.workload.parentwatch import become_subreaper, follow_tool
 from repro.workload.record import CPU_TRANSPORTS, write_json_atomic
 from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
@@ -93,7 +94,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rendezvous(command: str, environ: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+class Rendezvous(TypedDict):
+    """job.json's rendezvous: the port, and who chose it ("repro" | "job")."""
+
+    port: int | None
+    set_by: str
+
+
+def rendezvous(command: str, environ: dict[str, str]) -> tuple[dict[str, str], Rendezvous]:
     """The variables that give this run a free rendezvous port, and what to record about it.
 
     Every launcher defaults to 29500, so two jobs, or a job next to another torchrun on this host,
@@ -312,7 +320,39 @@ def _watch(
     return None, "", {}, []
 
 
-def run_job(args: argparse.Namespace) -> dict[str, Any]:
+class JobEvidence(TypedDict):
+    """What the job could reach (_evidence)."""
+
+    hook_reports: list[HookRecord]  # signature verified
+    hook_signed: bool
+    forged_hook_records: list[dict[str, str]]  # {"file", "why"}
+    job_wrote: list[str]
+
+
+class JobResult(JobEvidence):
+    """OUT/job.json: how the job ended; repro/run/job.py reads it."""
+
+    status: str | None  # None: the command ended by itself
+    exit_code: int | None
+    hang_detail: str
+    wall_s: float
+    started_at: float
+    stacks: dict[str, str]
+    survivors: list[int]
+    left_running: dict[str, str]
+    processes: dict[str, str]
+    hook_pth: str | None
+    rendezvous: Rendezvous
+    versions: dict[str, str | None]
+    log: str
+    command: str
+    workdir: str
+    patch: str
+    device: str
+    transport: str
+
+
+def run_job(args: argparse.Namespace) -> JobResult:
     out = os.path.abspath(args.out)
     job_dir = os.path.join(out, "job")
     os.makedirs(job_dir, exist_ok=True)
@@ -391,9 +431,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _evidence(
-    out: str, job_dir: str, key: str, before: dict[str, tuple[int, int]], tee: _Tee
-) -> dict[str, Any]:
+def _evidence(out: str, job_dir: str, key: str, before: dict[str, tuple[int, int]], tee: _Tee) -> JobEvidence:
     """What job.json says of the evidence the job could reach: the hook's records whose signature
     verified (hooksign.py), the others, and what the job wrote into OUT (outwrites.py)."""
     trusted, forged = _reports(job_dir, key.encode())
@@ -406,7 +444,7 @@ def _evidence(
     }
 
 
-def _reports(job_dir: str, key: bytes) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+def _reports(job_dir: str, key: bytes) -> tuple[list[HookRecord], list[dict[str, str]]]:
     """The hook's records (signature verified, hooksign.py) and the others, named by file."""
     found: list[tuple[str, Any]] = []
     for path in sorted(glob.glob(os.path.join(job_dir, "hook", "*.json"))):
@@ -444,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _write_result(path: str, result: dict[str, Any]) -> None:
+def _write_result(path: str, result: JobResult) -> None:
     try:
         write_json_atomic(path, result)
     except OSError as exc:

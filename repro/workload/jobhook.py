@@ -41,16 +41,34 @@ import signal
 import sys
 import time
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
 from repro.workload import hooksign
+from repro.workload.hooksign import EngineFacts, HookRecord
+
+if TYPE_CHECKING:
+    from repro.workload.cpu.half_kernels import HalfKernels
+    from repro.workload.logcount import IllegalWorkCounter
 
 _OPEN: list[Any] = []  # stack files must stay open for faulthandler
 # The mark on every function the hook wraps: a second activation (a .pth and an import, a child
 # that inherits a wrapped module) must not wrap a wrapper.
 WRAPPED = "_mics_repro"
-_REPORT: dict[str, Any] = {}
-_STATE: dict[str, Any] = {}
+_REPORT: HookRecord = {}
+
+
+# What the hook holds between its callbacks: set by activate().
+class _State(TypedDict, total=False):
+    active: bool
+    sign: Callable[[HookRecord], HookRecord]
+    patch: str
+    device: str
+    job_dir: str | None
+    transport: str
+    counter: IllegalWorkCounter  # once DeepSpeed is imported
+
+
+_STATE: _State = {}
 
 
 def _mark_wrapped(function: Callable[..., Any]) -> None:
@@ -70,9 +88,14 @@ def activate(environ: Mapping[str, str]) -> None:
     device = environ.get("MICS_REPRO_DEVICE", "gpu")
     job_dir = environ.get("MICS_REPRO_JOB_DIR") or None
     _STATE.update(
-        patch=patch, device=device, job_dir=job_dir, transport=environ.get("MICS_REPRO_TRANSPORT", "async")
+        {
+            "patch": patch,
+            "device": device,
+            "job_dir": job_dir,
+            "transport": environ.get("MICS_REPRO_TRANSPORT", "async"),
+        }
     )
-    _REPORT.update(pid=os.getpid(), argv=list(sys.argv), patch=patch, device=device)
+    _REPORT.update({"pid": os.getpid(), "argv": list(sys.argv), "patch": patch, "device": device})
     if job_dir:
         _arm_stack_dump(job_dir)
         _load_pytest_plugin(os.environ)
@@ -107,10 +130,10 @@ def _load_pytest_plugin(environ: Any) -> None:
         environ["PYTEST_PLUGINS"] = ",".join([*plugins, PYTEST_PLUGIN])
 
 
-def _signer(key: bytes | None) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def _signer(key: bytes | None) -> Callable[[HookRecord], HookRecord]:
     """Signs with the key held in this closure only (not in a module attribute the job might read)."""
 
-    def sign(record: dict[str, Any]) -> dict[str, Any]:
+    def sign(record: HookRecord) -> HookRecord:
         return hooksign.sign(record, key)
 
     return sign
@@ -303,7 +326,7 @@ def _launcher_port() -> None:
         _REPORT["launcher_default_port"] = int(port)
 
 
-def _install_half_kernels() -> dict[str, Any] | None:
+def _install_half_kernels() -> HalfKernels | None:
     """The Half CPU kernels torch lacks (torch 2.1), for any fp16 job: the job's dtype is not
     known here, so wherever torch lacks them (repro/workload/cpu/half_kernels.py)."""
     from repro.workload.cpu import shims
@@ -429,8 +452,8 @@ def _note_process_group() -> None:
     _REPORT["ran_on"] = {**found, "rank": rank}
 
 
-def _describe_engine(engine: Any) -> dict[str, Any]:
-    found: dict[str, Any] = {}
+def _describe_engine(engine: Any) -> EngineFacts:
+    found: EngineFacts = {}
     try:
         found["dtype"] = "fp16" if engine.fp16_enabled() else "bf16" if engine.bfloat16_enabled() else "fp32"
     except Exception as exc:  # noqa: BLE001 - a DeepSpeed without these methods: leave it out
@@ -467,7 +490,7 @@ def pytest_session_started() -> None:
     _REPORT["test_harness_devices"] = int(count)
 
 
-def note_pytest(summary: dict[str, Any]) -> None:
+def note_pytest(summary: dict[str, Any]) -> None:  # pytest_outcomes.summary()
     """What pytest said of this session's tests (repro/workload/pytest_outcomes.py), into the
     signed record: written even when the session never imported DeepSpeed (no test ran it)."""
     _REPORT["pytest"] = summary

@@ -46,7 +46,7 @@ import itertools
 import queue
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -483,8 +483,20 @@ class _Transport:
 
 
 _TRANSPORT: _Transport | None = None
-_ORIGINALS: dict[str, Any] = {}
-_INSTALLED: dict[str, Any] = {}
+_ORIGINALS: dict[str, Callable[..., Any]] = {}
+
+
+class Adapter(TypedDict, total=False):
+    """What install() added, for the record (transport_info.adapter)."""
+
+    mode: str
+    torch: str
+    block_work: str  # "lost" | "kept"
+    patched: list[str]
+    gloo_native: dict[str, bool]
+
+
+_INSTALLED: Adapter = {}
 
 
 def _is_gloo(pg: Any) -> bool:
@@ -640,7 +652,7 @@ _FACTORIES: dict[tuple[str, ...], Callable[[str], Callable[..., Any]]] = {
 }
 
 
-def install(mode: str, loses_block_work: bool | None = None) -> dict[str, Any]:
+def install(mode: str, loses_block_work: bool | None = None) -> Adapter:
     """Add the adapter's methods to `torch.distributed.ProcessGroup` (gloo groups only).
 
     `loses_block_work`: model an NCCL that loses a coalescing block's work (module docstring);
@@ -657,7 +669,7 @@ def install(mode: str, loses_block_work: bool | None = None) -> dict[str, Any]:
                 f"gloo transport already installed in mode {_TRANSPORT.mode.value!r}"
                 f" (block work {'lost' if _TRANSPORT.loses_block_work else 'kept'})"
             )
-        return dict(_INSTALLED)
+        return _INSTALLED.copy()
     pg_cls = dist.ProcessGroup
     caps = probe_gloo()
     patched: list[str] = []
@@ -687,19 +699,21 @@ def install(mode: str, loses_block_work: bool | None = None) -> dict[str, Any]:
         )
     _TRANSPORT = _Transport(wanted, caps, lost)
     _INSTALLED.update(
-        mode=wanted.value,
-        torch=torch.__version__,
-        # "lost": as NCCL on this release, _end_coalescing returns None for a block whose
-        # collectives were all `*_coalesced` calls (pytorch#122807)
-        block_work="lost" if lost else "kept",
-        patched=patched,
-        gloo_native={
-            "allgather_base": caps.allgather_base,
-            "reduce_scatter_base": caps.reduce_scatter_base,
-            "bf16": caps.bf16,
-        },
+        {
+            "mode": wanted.value,
+            "torch": torch.__version__,
+            # "lost": as NCCL on this release, _end_coalescing returns None for a block whose
+            # collectives were all `*_coalesced` calls (pytorch#122807)
+            "block_work": "lost" if lost else "kept",
+            "patched": patched,
+            "gloo_native": {
+                "allgather_base": caps.allgather_base,
+                "reduce_scatter_base": caps.reduce_scatter_base,
+                "bf16": caps.bf16,
+            },
+        }
     )
-    return dict(_INSTALLED)
+    return _INSTALLED.copy()
 
 
 def synchronize_device() -> None:
@@ -710,9 +724,9 @@ def synchronize_device() -> None:
 
 def uninstall() -> None:
     """Restore torch's own ProcessGroup methods (works already handed out keep their semantics)."""
-    global _TRANSPORT
+    global _TRANSPORT, _INSTALLED
     for name, original in _ORIGINALS.items():
         setattr(dist.ProcessGroup, name, original)
     _ORIGINALS.clear()
-    _INSTALLED.clear()
+    _INSTALLED = {}
     _TRANSPORT = None

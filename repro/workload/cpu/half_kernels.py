@@ -24,7 +24,7 @@ gets nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _push_mode
@@ -33,7 +33,18 @@ from torch.utils._pytree import tree_map
 MISSING_KERNEL = "not implemented for 'Half'"
 WHAT = "fp32 compute, fp16 storage, for the aten ops whose CPU kernel lacks Half"
 
-_INSTALLED: dict[str, Any] = {}
+
+class HalfKernels(TypedDict, total=False):
+    """What install() put in place, for the record (error: the hook's, when it failed)."""
+
+    what: str
+    reason: str  # the missing kernel's error
+    torch: str
+    upcast_ops: list[str]  # live: every op met so far
+    error: str
+
+
+_INSTALLED: HalfKernels = {}
 
 
 def _all_floats_half(values: Any) -> bool:
@@ -51,6 +62,7 @@ def _all_floats_half(values: Any) -> bool:
     return dtypes == {torch.float16}
 
 
+# kwargs below: an aten op's keyword arguments, whatever its schema names.
 def _written_args(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
     """The tensors an in-place or out= overload writes to (its schema marks them)."""
     written: list[Any] = []
@@ -121,16 +133,18 @@ class HalfViaFloat32(TorchDispatchMode):  # type: ignore[misc]  # no torch in th
         return tree_map(down, result)
 
 
-def installed() -> dict[str, Any] | None:
+def installed() -> HalfKernels | None:
     """What `install` returned in this process, or None before it ran."""
     return _INSTALLED or None
 
 
-def install(reason: str) -> dict[str, Any]:
+def install(reason: str) -> HalfKernels:
     """Push the mode in this thread (once per process); returns what the record shows. The
     returned `upcast_ops` is the live list: a record written later lists every op met by then."""
     if not _INSTALLED:
         mode = HalfViaFloat32()
         _push_mode(mode)  # never popped: the rank computes under it until it exits
-        _INSTALLED.update(what=WHAT, reason=reason, torch=torch.__version__, upcast_ops=mode.upcast_ops)
+        _INSTALLED.update(
+            {"what": WHAT, "reason": reason, "torch": torch.__version__, "upcast_ops": mode.upcast_ops}
+        )
     return _INSTALLED

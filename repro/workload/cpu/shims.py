@@ -47,7 +47,11 @@ import re
 import sys
 import types
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from repro.workload.cpu.gloo_transport import Adapter
+    from repro.workload.cpu.half_kernels import HalfKernels
 
 PLACEHOLDER_MODULES = ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch")
 _SKIPPED_OP_BUILDERS = ("ShareMemCommBuilder",)
@@ -123,7 +127,7 @@ def torch_runs_fp16_on_cpu() -> tuple[bool, str]:
     return True, ""
 
 
-def install_half_kernels() -> dict[str, Any] | None:
+def install_half_kernels() -> HalfKernels | None:
     """The Half kernels adapter in this thread when this torch lacks Half kernels on CPU
     (repro/workload/cpu/half_kernels.py), for the record; None where torch has them."""
     from repro.workload.cpu import half_kernels
@@ -219,12 +223,31 @@ def hide_unused_modules(names: Sequence[str] = UNUSED_ON_CPU) -> list[str]:
 _PREPARED_BEFORE_IMPORT = False
 
 
-def before_deepspeed_import() -> dict[str, Any]:
+# What prepare_cpu (or only its pre-import step) did: the record's transport_info.cpu_shims.
+class CpuShims(TypedDict, total=False):
+    DS_ACCELERATOR: str
+    LOCAL_SIZE: str
+    placeholders: list[str]
+    hidden_modules: list[str]
+    accelerator: str
+    skipped_op_builders: list[str]
+    fp16_claimed: bool
+    dist_backend: str
+
+
+# A CPU run's transport_info (train.py) and the hook's (jobhook.py).
+class TransportInfo(TypedDict):
+    adapter: Adapter | None  # None: plain gloo
+    cpu_shims: CpuShims
+    half_kernels: HalfKernels | None
+
+
+def before_deepspeed_import() -> CpuShims:
     """What must hold when DeepSpeed is imported on CPU: the accelerator forced to cpu, for
     DeepSpeed < 0.14.1 the placeholder modules, and triton hidden. Idempotent; returns what was
     done."""
     global _PREPARED_BEFORE_IMPORT
-    done: dict[str, Any] = {}
+    done: CpuShims = {}
     # forced, not defaulted: DeepSpeed < 0.14.1 would otherwise pick cuda on a CUDA build of torch
     done["DS_ACCELERATOR"] = os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.setdefault("LOCAL_SIZE", os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -235,7 +258,7 @@ def before_deepspeed_import() -> dict[str, Any]:
     return done
 
 
-def prepare_cpu(dtype: str) -> dict[str, Any]:
+def prepare_cpu(dtype: str) -> CpuShims:
     """Get DeepSpeed running on CPU/gloo. Must run before `import deepspeed` (imports it), unless
     `before_deepspeed_import` ran in this process before DeepSpeed was imported (a forked rank
     of the pre-imported launcher): the same steps in the same order, the import already done.
