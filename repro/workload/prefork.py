@@ -17,7 +17,10 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO, Any, Callable
+from typing import IO, TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from repro.workload.prefork_server import Reply, RunRequest, TaskRequest
 
 SERVER_MODULE = "repro.workload.prefork_server"
 READY_TIMEOUT_S = 300.0  # importing torch and DeepSpeed on a loaded 2-core host: seconds; a cold disk: more
@@ -44,9 +47,9 @@ class PreforkServer:
         self.alive = alive
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._replies: dict[str, dict[str, Any]] = {}
+        self._replies: dict[str, Reply] = {}
         self._exits: dict[str, int] = {}
-        self._ready: dict[str, Any] | None = None
+        self._ready: Reply | None = None
         self._dead = False
         self._count = 0
         self._log: IO[bytes] = open(log_path, "ab")
@@ -82,7 +85,7 @@ class PreforkServer:
             self._dead = True
             self._changed.notify_all()
 
-    def wait_ready(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def wait_ready(self, timeout_s: float | None = None) -> Reply:
         """The server's ready message; raises PreforkUnavailable when it is not ready. A server
         not ready in time is given up (killed) once, so later runs do not wait for it again."""
         timeout_s = READY_TIMEOUT_S if timeout_s is None else timeout_s
@@ -116,20 +119,31 @@ class PreforkServer:
 
     def start(self, argv: list[str], env: dict[str, str], world_size: int, log: str) -> ForkedRun:
         """A run: `world_size` ranks of the trainer with `argv`, logging to `log`."""
-        return self._request({"argv": argv, "env": env, "world_size": world_size, "log": log})
+        return self._request(
+            lambda run: {"run": run, "argv": argv, "env": env, "world_size": world_size, "log": log}
+        )
 
     def start_task(
         self, entry: str, argv: list[str] | None, env: dict[str, str], stdout: str, stderr: str
     ) -> ForkedRun:
         """One process running `module:function` (`argv` None: called without arguments)."""
-        return self._request({"task": entry, "argv": argv, "env": env, "stdout": stdout, "stderr": stderr})
+        return self._request(
+            lambda run: {
+                "run": run,
+                "task": entry,
+                "argv": argv,
+                "env": env,
+                "stdout": stdout,
+                "stderr": stderr,
+            }
+        )
 
-    def _request(self, fields: dict[str, Any]) -> ForkedRun:
+    def _request(self, build: Callable[[str], RunRequest | TaskRequest]) -> ForkedRun:
         self.wait_ready()
         with self._lock:
             self._count += 1
             run = str(self._count)
-        request = {"run": run, **fields}
+        request = build(run)
         try:
             assert self.proc.stdin is not None
             with self._lock:
@@ -145,10 +159,10 @@ class PreforkServer:
             raise PreforkUnavailable(f"the pre-imported launcher could not start the run: {why}")
         return ForkedRun(self, run, int(reply["pid"]))
 
-    def ready_info(self) -> dict[str, Any] | None:
+    def ready_info(self) -> Reply | None:
         """What the server said when it was ready (import seconds, modules), for suite.json."""
         with self._lock:
-            return dict(self._ready) if self._ready else None
+            return self._ready.copy() if self._ready else None
 
     def abandon(self) -> None:
         """Interrupted: kill the server now (it only imports and forks; runs it started are their

@@ -48,7 +48,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import NoReturn, TypedDict, final
 
 from repro.workload.parentwatch import become_subreaper
 from repro.workload.train import exit_now
@@ -93,7 +93,38 @@ def take_protocol_channel() -> None:
     os.dup2(2, 1)
 
 
-def emit(message: dict[str, Any]) -> None:
+# The protocol's messages (module docstring), as prefork.py sends and reads them.
+@final  # final: `"task" in request` tells the two apart
+class RunRequest(TypedDict):
+    run: str
+    argv: list[str]  # the trainer's
+    env: dict[str, str]
+    world_size: int
+    log: str
+
+
+class TaskRequest(TypedDict):
+    run: str
+    task: str  # "module:function"
+    argv: list[str] | None  # None: called without arguments
+    env: dict[str, str]
+    stdout: str
+    stderr: str
+
+
+class Reply(TypedDict, total=False):
+    ready: bool  # the first message: ready, or error
+    import_s: float
+    modules: list[str]
+    skipped: dict[str, str]  # module -> why its import failed
+    gc_frozen: int
+    pid: int  # also: a run's leader
+    error: str
+    run: str
+    exit: int
+
+
+def emit(message: Reply) -> None:
     data = (json.dumps(message) + "\n").encode()
     fd = _CHANNEL[0] if _CHANNEL else 1
     while data:
@@ -115,7 +146,7 @@ def threads() -> int:
         return threading.active_count()
 
 
-def preload(modules: Sequence[str] = PRELOAD, required: Sequence[str] = REQUIRED) -> dict[str, Any]:
+def preload(modules: Sequence[str] = PRELOAD, required: Sequence[str] = REQUIRED) -> Reply:
     """Import what every rank imports. The CPU shims' pre-import step comes first, as in a rank."""
     started = time.perf_counter()
     from repro.workload.cpu import shims
@@ -217,7 +248,7 @@ def _adopt(stdout: str, stderr: str, env: dict[str, str], append: bool) -> None:
     os.environ.update(env)
 
 
-def _task(request: dict[str, Any]) -> NoReturn:
+def _task(request: TaskRequest) -> NoReturn:
     """A one-process job in its own session (the suite's ds_report and collect_env): its stdout
     and stderr go to the files the request names."""
     try:
@@ -240,7 +271,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 LEADER_SIGNALS = (signal.SIGCHLD, *STOP_SIGNALS)
 
 
-def _lead(request: dict[str, Any], entry: str) -> NoReturn:
+def _lead(request: RunRequest, entry: str) -> NoReturn:
     """The run's session leader: fork the ranks, wait for them, stop the peers of a failed rank
     (torchrun's rule: SIGTERM, then SIGKILL after a grace period), exit with the first failure's
     code (0 when every rank exited 0). The suite signals the whole session and the ranks act on
@@ -361,7 +392,7 @@ def _signal_all(ranks: dict[int, int], sig: int) -> None:
             pass
 
 
-def _start(request: dict[str, Any], entry: str) -> int:
+def _start(request: RunRequest | TaskRequest, entry: str) -> int:
     """Fork the run's leader (or a task); returns once its session exists (so the suite can
     signal it)."""
     count = threads()
@@ -426,7 +457,7 @@ def serve(argv: Sequence[str] | None = None) -> int:
         _reap(leaders)
 
 
-def _handle(request: dict[str, Any], leaders: dict[int, str], entry: str) -> None:
+def _handle(request: RunRequest | TaskRequest, leaders: dict[int, str], entry: str) -> None:
     run = str(request.get("run"))
     try:
         pid = _start(request, entry)
