@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from repro.workload.record import RecordedException
 
 _ILLEGAL_WORK_MARKERS = ("IllegalWork", "_IllegalWork")
 # A traceback's frame line: `  File "/.../torch/distributed/distributed_c10d.py", line 1, in wait`.
@@ -22,18 +25,18 @@ _LOST_WORK_MESSAGE = "'NoneType' object has no attribute 'wait'"
 _LOST_WORK_FRAME = "_coalescing_manager"
 
 
-def _text(exc: dict[str, Any]) -> str:
+def _text(exc: RecordedException) -> str:
     return f"{exc.get('message') or ''}\n{exc.get('traceback') or ''}"
 
 
-def raising_file(exc: dict[str, Any] | None) -> str | None:
+def raising_file(exc: RecordedException | None) -> str | None:
     """The file of the innermost frame of the exception's traceback (the one that raised), or None
     when the traceback names no frame."""
     frames = _FRAME.findall(str((exc or {}).get("traceback") or ""))
     return frames[-1] if frames else None
 
 
-def raised_in_framework(exc: dict[str, Any] | None, framework_dirs: Sequence[str] = ()) -> bool:
+def raised_in_framework(exc: RecordedException | None, framework_dirs: Sequence[str] = ()) -> bool:
     """The raising frame is torch.distributed's or DeepSpeed's code: under one of `framework_dirs`
     (the package folders the job's processes imported, as the hook recorded them; a DeepSpeed
     checkout in the job's WORKDIR included), or, where none are known, a file under a
@@ -46,7 +49,7 @@ def raised_in_framework(exc: dict[str, Any] | None, framework_dirs: Sequence[str
     return bool(_FRAMEWORK_FILE.search(where))
 
 
-def raised_from_illegal_work(exc: dict[str, Any] | None) -> bool:
+def raised_from_illegal_work(exc: RecordedException | None) -> bool:
     """The exception names an `_IllegalWork` placeholder (its wait() or DeepSpeed's check). Enough
     for the suite (classify.py): its ranks run our own model, whose code raises nothing of the kind.
     A custom job's code is not ours: the judge asks `framework_raised_illegal_work`."""
@@ -55,13 +58,13 @@ def raised_from_illegal_work(exc: dict[str, Any] | None) -> bool:
     return any(marker in _text(exc) for marker in _ILLEGAL_WORK_MARKERS)
 
 
-def framework_raised_illegal_work(exc: dict[str, Any] | None, framework_dirs: Sequence[str] = ()) -> bool:
+def framework_raised_illegal_work(exc: RecordedException | None, framework_dirs: Sequence[str] = ()) -> bool:
     """`raised_from_illegal_work`, and the frame that raised it is torch.distributed's or
     DeepSpeed's (`raised_in_framework`): the same words raised by a job's own code are not the bug."""
     return raised_from_illegal_work(exc) and raised_in_framework(exc, framework_dirs)
 
 
-def lost_coalesced_work(exc: dict[str, Any] | None) -> bool:
+def lost_coalesced_work(exc: RecordedException | None) -> bool:
     """The exception is torch's coalescing manager waiting a coalesced work the release lost.
 
     DeepSpeed's synchronous MiCS gather (the hierarchical one) enters `_coalescing_manager` with
