@@ -81,39 +81,33 @@ def release_behaviour(env: FakeEnv) -> tuple[str, str]:
     return ("hung", "hang") if env.deepspeed == "0.3.0" else ("clean", "none")
 
 
-def bisect(
-    tmp: Path, argv: list[str], engine: FakeEngine | None = None
-) -> tuple[dict[str, Any], list[str], list[Path]]:
-    lines: list[str] = []
-    trees: list[Path] = []
-    engine = engine or FakeEngine(release_behaviour)
-    args = parse("bisect", [*argv, "--out", str(tmp / "out"), "--results-root", str(tmp / "results")])
-    services = bisect_cli.Services(
+def services(engine: FakeEngine, lines: list[str], trees: list[Path]) -> bisect_cli.Services:
+    """The walk's services: the fake matrix, `engine` for the releases and ImportProbe over it for
+    each commit (its work tree kept in `trees`), the walk's lines said into `lines`."""
+    return bisect_cli.Services(
         matrix=FakeMatrix(),
         engine=engine,
         say=lines.append,
         overlay=lambda inner, tree: ImportProbe(inner, tree, trees),  # type: ignore[arg-type,return-value]
     )
-    assert bisect_cli.run_bisect(args, services) == 0
+
+
+def bisect(
+    tmp: Path, options: str, ds_repo: Path | None = None, engine: FakeEngine | None = None
+) -> tuple[dict[str, Any], list[str], list[Path]]:
+    """`bisect` with `options` (split at spaces), then `--ds-repo ds_repo` where given."""
+    lines: list[str] = []
+    trees: list[Path] = []
+    repo = ["--ds-repo", str(ds_repo)] if ds_repo is not None else []
+    argv = [*options.split(), *repo, "--out", str(tmp / "out"), "--results-root", str(tmp / "results")]
+    args = parse("bisect", argv)
+    assert bisect_cli.run_bisect(args, services(engine or FakeEngine(release_behaviour), lines, trees)) == 0
     return json.loads((tmp / "out" / "bisect.json").read_text()), lines, trees
 
 
 def test_commit_axis_names_the_first_bad_commit(tmp_path: Path, ds: FakeDeepSpeed) -> None:
-    data, lines, trees = bisect(
-        tmp_path,
-        [
-            "--axis",
-            "deepspeed-commit",
-            "--good",
-            "v0.2.0",
-            "--bad",
-            "v0.3.0",
-            "--ds-repo",
-            str(ds.path),
-            "--bad-if",
-            "failed",
-        ],
-    )
+    options = "--axis deepspeed-commit --good v0.2.0 --bad v0.3.0 --bad-if failed"
+    data, lines, trees = bisect(tmp_path, options, ds.path)
     order = ["v0.2.0", "docs", "broken", "repaired", "bad", "later", "v0.3.0"]
     assert data["candidates"] == [ds.shas[name][:7] for name in order]
     assert data["status"] == "found"
@@ -132,19 +126,7 @@ def test_commit_axis_names_the_first_bad_commit(tmp_path: Path, ds: FakeDeepSpee
 
 def test_a_commit_that_does_not_import_is_stepped_around(tmp_path: Path, ds: FakeDeepSpeed) -> None:
     data, _, _ = bisect(
-        tmp_path,
-        [
-            "--axis",
-            "deepspeed-commit",
-            "--from",
-            "v0.2.0",
-            "--to",
-            ds.bad,
-            "--ds-repo",
-            str(ds.path),
-            "--bad-if",
-            "failed",
-        ],
+        tmp_path, f"--axis deepspeed-commit --from v0.2.0 --to {ds.bad} --bad-if failed", ds.path
     )
     by_label = {p["version"]: p for p in data["probes"]}
     broken = by_label[ds.shas["broken"][:7]]  # the midpoint of five: probed, unknown
@@ -154,25 +136,12 @@ def test_a_commit_that_does_not_import_is_stepped_around(tmp_path: Path, ds: Fak
     assert data["last_good_commit"]["sha"] == ds.shas["repaired"]
 
 
+# The release bisect over three releases that goes on into the commits of its boundary.
+CHAINED = "--axis deepspeed --versions 0.1.0,0.2.0,0.3.0 --from 0.1.0 --to 0.3.0 --bad-if failed --commits"
+
+
 def test_release_bisect_goes_on_into_the_commits(tmp_path: Path, ds: FakeDeepSpeed) -> None:
-    data, lines, _ = bisect(
-        tmp_path,
-        [
-            "--axis",
-            "deepspeed",
-            "--versions",
-            "0.1.0,0.2.0,0.3.0",
-            "--from",
-            "0.1.0",
-            "--to",
-            "0.3.0",
-            "--bad-if",
-            "failed",
-            "--commits",
-            "--ds-repo",
-            str(ds.path),
-        ],
-    )
+    data, lines, _ = bisect(tmp_path, CHAINED, ds.path)
     assert (data["last_good"], data["first_bad"]) == ("0.2.0", "0.3.0")
     commits = data["commits"]
     assert commits["axis"] == "deepspeed-commit" and commits["status"] == "found"
@@ -225,7 +194,7 @@ def test_an_unreachable_repository_is_a_clear_error(tmp_path: Path, monkeypatch:
 
 def test_commit_axis_needs_a_repository(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="DS_REPO"):
-        bisect(tmp_path, ["--axis", "deepspeed-commit", "--good", "v0.2.0", "--bad", "v0.3.0"])
+        bisect(tmp_path, "--axis deepspeed-commit --good v0.2.0 --bad v0.3.0")
 
 
 @pytest.mark.parametrize(
@@ -258,11 +227,7 @@ def test_issue_from_the_chained_folder_names_the_commit(tmp_path: Path, ds: Fake
     from repro.core.scrub import Scrubber
     from repro.upstream.issue import make as issue
 
-    bisect(
-        tmp_path,
-        ["--axis", "deepspeed", "--versions", "0.1.0,0.2.0,0.3.0", "--from", "0.1.0", "--to", "0.3.0",
-         "--bad-if", "failed", "--commits", "--ds-repo", str(ds.path)],
-    )  # fmt: skip
+    bisect(tmp_path, CHAINED, ds.path)
     text = issue.render(tmp_path / "out", Scrubber.from_host({}, home="/nonexistent", hostnames=[], user=""))
     (tmp_path / "ISSUE.md").write_text(text)
     assert text.splitlines()[0] == (
@@ -277,13 +242,8 @@ def test_survey_goes_on_into_the_commits_of_each_change_point(tmp_path: Path, ds
     argv = ["--axis", "deepspeed", "--versions", "0.1.0,0.2.0,0.3.0", "--from", "0.1.0", "--to", "0.3.0",
             "--commits", "--ds-repo", str(ds.path), "--out", str(tmp_path / "out"),
             "--results-root", str(tmp_path / "r")]  # fmt: skip
-    services = bisect_cli.Services(
-        matrix=FakeMatrix(),
-        engine=FakeEngine(release_behaviour),
-        say=lines.append,
-        overlay=lambda inner, tree: ImportProbe(inner, tree, trees),  # type: ignore[arg-type,return-value]
-    )
-    assert bisect_cli.run_survey(parse("survey", argv), services) == 0
+    walk = services(FakeEngine(release_behaviour), lines, trees)
+    assert bisect_cli.run_survey(parse("survey", argv), walk) == 0
     data = json.loads((tmp_path / "out" / "survey.json").read_text())
     assert [(c["before"], c["after"]) for c in data["change_points"]] == [("0.2.0", "0.3.0")]
     (stage,) = data["commits"]
