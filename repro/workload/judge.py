@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from repro.workload import ladder
 from repro.workload.crash_signs import (
@@ -45,6 +45,11 @@ from repro.workload.crash_signs import (
     raising_file,
 )
 from repro.workload.ladder import Judgement
+
+if TYPE_CHECKING:
+    from repro.workload.hooksign import HookRecord
+    from repro.workload.pytest_outcomes import PytestSummary
+    from repro.workload.record import RecordedException
 
 # The ladder's tolerance for a user's job: its other run is the same command with a different patch,
 # possibly on GPUs whose reductions are not deterministic.
@@ -133,7 +138,7 @@ class Parsed:
     skipped_steps: int = 0
     loss_scale: list[float | None] = field(default_factory=list)
     overflow_patterns: list[str] = field(default_factory=list)
-    exception: dict[str, Any] | None = None
+    exception: RecordedException | None = None
     missing_module: str | None = None
     missing_program: str | None = None  # what the job's shell could not start (exit 127/126)
     missing_program_why: str | None = None  # the shell's words: "command not found", "bad interpreter: ..."
@@ -149,7 +154,7 @@ class Parsed:
     # them; the first step's engine description stands in), and what pytest said of the session
     # that ran the most tests (pytest_outcomes.py; None: no pytest session).
     steps: int | None = None
-    pytest: dict[str, Any] | None = None
+    pytest: PytestSummary | None = None
     # The exception's own `No module named X` (any module), when that is how the job ended.
     missing_any_module: str | None = None
 
@@ -212,8 +217,8 @@ def _steps(found: list[tuple[int | None, float]]) -> list[int | None]:
     return out
 
 
-def _tracebacks(lines: list[str]) -> list[dict[str, Any]]:
-    found = []
+def _tracebacks(lines: list[str]) -> list[RecordedException]:
+    found: list[RecordedException] = []
     for start, line in enumerate(lines):
         if not line.startswith("Traceback (most recent call last)"):
             continue
@@ -232,7 +237,7 @@ def _tracebacks(lines: list[str]) -> list[dict[str, Any]]:
     return found
 
 
-def _exception(lines: list[str]) -> dict[str, Any] | None:
+def _exception(lines: list[str]) -> RecordedException | None:
     """The exception that ended the job: one raised from an _IllegalWork object (or torch's manager
     waiting a lost work) if any rank had it, else the first traceback (a launcher's own traceback,
     e.g. torchrun's ChildFailedError, comes after the rank's that caused it)."""
@@ -244,7 +249,7 @@ def _exception(lines: list[str]) -> dict[str, Any] | None:
     )
 
 
-def _missing_module(exc: dict[str, Any] | None, lines: list[str]) -> str | None:
+def _missing_module(exc: RecordedException | None, lines: list[str]) -> str | None:
     """The top-level module whose absence ended the job: the exception that ended it, or the line
     `python -m` prints for a module it cannot run. None for a warning about an optional module that
     the job survived (DeepSpeed's own try/except imports), which ends no job."""
@@ -329,7 +334,7 @@ class IllegalWorkCount:
 
 def illegal_work_count(
     in_log: int,
-    reports: list[dict[str, Any]],
+    reports: list[HookRecord],
     forged: list[dict[str, str]] | None = None,
     signed: bool = False,
 ) -> IllegalWorkCount:
@@ -341,7 +346,7 @@ def illegal_work_count(
 
 def with_hook(
     parsed: Parsed,
-    reports: list[dict[str, Any]],
+    reports: list[HookRecord],
     forged: list[dict[str, str]] | None = None,
     signed: bool = False,
 ) -> Parsed:
@@ -355,7 +360,7 @@ def with_hook(
     return parsed
 
 
-def _steps_taken(reports: list[dict[str, Any]]) -> int | None:
+def _steps_taken(reports: list[HookRecord]) -> int | None:
     """Optimizer steps of the process that ran the most; 1 where a runner before the count saw the
     engine (its first step), 0 where no process stepped."""
     counted = [int(r["steps"]) for r in reports if isinstance(r.get("steps"), int)]
@@ -534,29 +539,29 @@ def missing_module_reason(module: str, exit_code: int | None) -> str:
     )
 
 
-def _missing_in_collection(tests: dict[str, Any] | None) -> str | None:
+def _missing_in_collection(tests: PytestSummary | None) -> str | None:
     """The module whose absence kept pytest from collecting a test module (pytest prints no
     Python traceback for it, only its own report)."""
-    for error in (tests or {}).get("collect_errors") or []:
+    for error in (tests.get("collect_errors") if tests else None) or []:
         m = _NO_MODULE.search(str(error.get("message") or ""))
         if m and "No module named" in str(error.get("message")):
             return m["name"].split(".")[0]
     return None
 
 
-def _failed(tests: dict[str, Any]) -> int:
+def _failed(tests: PytestSummary) -> int:
     counts = tests.get("counts") or {}
     return int(counts.get("failed") or 0) + int(counts.get("error") or 0)
 
 
-def _counts_text(tests: dict[str, Any]) -> str:
+def _counts_text(tests: PytestSummary) -> str:
     counts = tests.get("counts") or {}
     order = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
     said = ", ".join(f"{counts[k]} {k}" for k in order if counts.get(k))
     return said or "no test collected"
 
 
-def no_test_ran(tests: dict[str, Any], exit_code: int | None) -> str:
+def no_test_ran(tests: PytestSummary, exit_code: int | None) -> str:
     """A pytest session that ran no test: what it did instead, with pytest's own reasons."""
     reasons: dict[str, int] = {}
     for entry in (tests.get("tests") or {}).values():
@@ -569,7 +574,7 @@ def no_test_ran(tests: dict[str, Any], exit_code: int | None) -> str:
 
 
 def _with_tests(
-    judged: Judgement, tests: dict[str, Any], exit_code: int | None, other: dict[str, Any] | None
+    judged: Judgement, tests: PytestSummary, exit_code: int | None, other: PytestSummary | None
 ) -> Judgement:
     """A pytest session's judgement says its counts and, beside the other patch's session, which
     tests changed; tests that failed with no sign of the bug make the session "crashed"."""
@@ -597,7 +602,7 @@ def _with_tests(
     )
 
 
-def tests_that_differ(own: dict[str, Any], other: dict[str, Any]) -> list[tuple[str, str, str]]:
+def tests_that_differ(own: PytestSummary, other: PytestSummary) -> list[tuple[str, str, str]]:
     """(test id, its outcome here, its outcome in the other session) for tests both ran differently."""
     mine, theirs = own.get("tests") or {}, other.get("tests") or {}
     return [
@@ -625,7 +630,7 @@ def bugs_path_only(judged: Judgement, own: Parsed) -> Judgement:
     )
 
 
-def _not_the_bug(exc: dict[str, Any] | None) -> str:
+def _not_the_bug(exc: RecordedException | None) -> str:
     """Why a crash that names IllegalWork is not counted as the bug ("" for any other crash)."""
     if not (raised_from_illegal_work(exc) or lost_coalesced_work(exc)):
         return ""
@@ -691,7 +696,14 @@ def _corroboration(own: Parsed) -> str:
     return f" counted by the hook (the job's log shows {own.illegal_work_in_log}: corroboration)"
 
 
-def patterns_used(parsed: Parsed, loss_regex: str | None) -> dict[str, Any]:
+# What decided a custom run's verdict: the record's job.patterns.
+class Patterns(TypedDict):
+    loss: dict[str, str | None]  # {"name", "regex"} of the loss pattern
+    illegal_work: str
+    overflow: dict[str, str]  # name: regex of each overflow pattern the log matched
+
+
+def patterns_used(parsed: Parsed, loss_regex: str | None) -> Patterns:
     """What decided, for the record: the loss pattern (name and text) and the message patterns."""
     loss_text = (
         loss_regex if parsed.loss_pattern == "custom" else LOSS_PATTERNS.get(parsed.loss_pattern or "")

@@ -27,7 +27,7 @@ Runs inside the environments: standard library only (Python 3.8+).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from repro.workload.crash_signs import lost_coalesced_work, raised_from_illegal_work
 
@@ -37,6 +37,8 @@ OVERFLOW_STORM_EXTRA = 3
 
 if TYPE_CHECKING:  # annotations only: the workload runs on Pythons whose typing cannot subscript these
     from collections.abc import Sequence
+
+    from repro.workload.record import RecordedException
 
     Losses = Sequence[float | None]
 
@@ -78,7 +80,7 @@ def first_non_finite(losses: Losses) -> int | None:
 
 
 def crash(
-    exc: dict[str, Any] | None, where: str, illegal_work: int, *, in_framework: bool = True
+    exc: RecordedException | None, where: str, illegal_work: int, *, in_framework: bool = True
 ) -> Judgement | None:
     """The crash rungs that are the bug; None for any other failure (the caller words it).
     `in_framework`: the frame that raised it is torch.distributed's or DeepSpeed's (a user's job

@@ -20,7 +20,7 @@ attribute.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, TypedDict
 
 # Outcomes that ran a test body: a session with none of these ran no test.
 RAN = ("passed", "failed", "error", "xfailed", "xpassed")
@@ -29,6 +29,18 @@ MAX_TESTS = 2000
 MAX_MESSAGE = 300
 
 MAX_ERRORS = 20
+
+
+# What pytest said of one session: the hook record's "pytest" (jobhook.note_pytest), judge.py's input.
+class PytestSummary(TypedDict):
+    exitstatus: int
+    collected: int | None
+    counts: dict[str, int]  # outcome: tests
+    ran: int
+    tests: dict[str, dict[str, str]]  # test id: {"outcome", "message"}, the first MAX_TESTS
+    tests_cut: int
+    collect_errors: list[dict[str, str]]  # {"nodeid", "message"}: modules pytest could not collect
+
 
 _TESTS: dict[str, dict[str, str]] = {}
 # "path/file.py:774: RuntimeError": a location and an exception's name, without its message
@@ -96,7 +108,7 @@ def pytest_collectreport(report: Any) -> None:
         _ERRORS.append({"nodeid": str(report.nodeid), "message": _message(report)})
 
 
-def summary(exitstatus: int, collected: int | None) -> dict[str, Any]:
+def summary(exitstatus: int, collected: int | None) -> PytestSummary:
     counts: dict[str, int] = {}
     for entry in _TESTS.values():
         counts[entry["outcome"]] = counts.get(entry["outcome"], 0) + 1

@@ -18,7 +18,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from repro.workload import classify as cls
 from repro.workload import device as dev
@@ -29,6 +29,9 @@ from repro.workload.artifacts import ArtifactCapture
 from repro.workload.controls import ControlKey, choose_control, record_key
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
 from repro.workload.prefork import PreforkServer
+
+if TYPE_CHECKING:
+    from repro.workload.prefork_server import Reply
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_STALL_S = 60.0
@@ -166,7 +169,7 @@ class LauncherUsed(TypedDict, total=False):
     requested: str
     used: str
     note: str
-    server: dict[str, Any] | None  # what the pre-imported launcher said when ready (prefork.py)
+    server: Reply | None  # what the pre-imported launcher said when ready
 
 
 # suite.json besides its "runs": what the suite was asked, saw and did.
