@@ -21,8 +21,7 @@ from repro.core.errors import (
     UsageError,
 )
 from repro.engines import base as engines
-from repro.workload.record import empty_record, write_json_atomic
-from tests.fixtures.stand_in_engine import RefusedEngine, StandInEngine
+from tests.fixtures.stand_in_engine import RefusedEngine, StandInEngine, use_engine, write_suite
 
 
 def run(args: list[str], tmp_path: Path) -> int:
@@ -124,24 +123,22 @@ class CountingEngine(RefusedEngine):
         return AssertionError("must not prepare")
 
 
-@pytest.mark.parametrize(
-    "flag,value,name,allowed",
-    [
-        ("--steps", "0", "STEPS", ">= 1"),
-        ("--steps", "-1", "STEPS", ">= 1"),
-        ("--world-size", "0", "WORLD_SIZE", "1 (the control only) or an even number >= 2"),
-        ("--world-size", "3", "WORLD_SIZE", "1 (the control only) or an even number >= 2"),
-        ("--world-size", "-2", "WORLD_SIZE", "or an even number >= 2"),
-        ("--timeout", "nan", "TIMEOUT", "> 0 and finite"),
-        ("--timeout", "inf", "TIMEOUT", "> 0 and finite"),
-        ("--timeout", "0", "TIMEOUT", "> 0 and finite"),
-        ("--timeout", "-5", "TIMEOUT", "> 0 and finite"),
-        ("--stall-timeout", "nan", "STALL_TIMEOUT", "> 0 and finite"),
-        ("--stall-timeout", "0", "STALL_TIMEOUT", "> 0 and finite"),
-        ("--jobs", "-3", "JOBS", ">= 1"),
-        ("--jobs", "0", "JOBS", ">= 1"),
-    ],
-)
+def _refused(flag: str, name: str, allowed: str, *values: str) -> list[tuple[str, str, str, str]]:
+    """(flag, value, name, allowed) for each value the flag refuses, naming `allowed`."""
+    return [(flag, value, name, allowed) for value in values]
+
+
+BAD_NUMBERS = [
+    *_refused("--steps", "STEPS", ">= 1", "0", "-1"),
+    *_refused("--world-size", "WORLD_SIZE", "1 (the control only) or an even number >= 2", "0", "3"),
+    *_refused("--world-size", "WORLD_SIZE", "or an even number >= 2", "-2"),
+    *_refused("--timeout", "TIMEOUT", "> 0 and finite", "nan", "inf", "0", "-5"),
+    *_refused("--stall-timeout", "STALL_TIMEOUT", "> 0 and finite", "nan", "0"),
+    *_refused("--jobs", "JOBS", ">= 1", "-3", "0"),
+]
+
+
+@pytest.mark.parametrize("flag,value,name,allowed", BAD_NUMBERS)
 @pytest.mark.parametrize("command", ["repro", "check-fix", "build"])
 def test_bad_numbers_fail_before_any_build(
     command: str,
@@ -153,8 +150,7 @@ def test_bad_numbers_fail_before_any_build(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    engine = CountingEngine()
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
+    engine = use_engine(monkeypatch, CountingEngine())
     code = run([command, "--env", "cpu", f"{flag}={value}"], tmp_path)
     err = capsys.readouterr().err
     assert code == UsageError.exit_code, err
@@ -210,20 +206,8 @@ class SuiteEngine(StandInEngine):
         self.code, self.keys, self.timed_out, self.outcome = code, keys, timed_out, outcome
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> engines.SuiteRun:
-        runs = [
-            empty_record(
-                env=prepared.env_id,
-                run_name=f"run{i}",
-                scenario=scenario,
-                patch=patch,
-                transport=transport,
-                dtype=dtype,
-                outcome=self.outcome,
-                signature="none",
-            )
-            for i, (scenario, patch, transport, dtype) in enumerate(self.keys)
-        ]
-        write_json_atomic(str(out_dir / "suite.json"), {"env": prepared.env_id, "runs": runs})
+        runs = [(f"run{i}", key) for i, key in enumerate(self.keys)]
+        write_suite(out_dir, prepared.env_id, runs, self.outcome)
         return engines.SuiteRun(self.code, self.timed_out, 0.1, out_dir, None)
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.stand_in_engine import StandInEngine, use_engine, write_suite
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -173,50 +175,24 @@ def test_the_prefork_server_stops_its_runs_when_the_suite_is_gone(
 # ---- items 7 and 8: RESUME=1, and a stop during the summary ----------------------------------------
 
 
-class PlanEngine:
+class PlanEngine(StandInEngine):
     """Runs a scripted suite: one record per planned run of its command line; `stop_at` env ids
     are interrupted (Ctrl-C during their suite)."""
+
+    name = "scripted"
 
     def __init__(self, stop_at: tuple[str, ...] = ()) -> None:
         self.calls: list[str] = []
         self.stop_at = stop_at
-        from repro.engines import base as engines
-
-        self.kind = engines.EngineKind.VENV
-
-    def describe(self) -> str:
-        return "scripted"
-
-    def preflight(self, env: object) -> None:
-        pass
-
-    def prepare(self, env: Any) -> Any:
-        from repro.engines import base as engines
-
-        return engines.Prepared(engines.EngineKind.VENV, env.id, "/fake", "fake venv", True)
 
     def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> Any:
         from repro.engines import base as engines
-        from repro.workload.record import empty_record, write_json_atomic
         from repro.workload.suite import planned_keys
 
         self.calls.append(prepared.env_id)
         if prepared.env_id in self.stop_at:
             raise KeyboardInterrupt("SIGTERM")
-        runs = [
-            empty_record(
-                env=prepared.env_id,
-                run_name=f"{s}-{p}-{t}-{d}",
-                scenario=s,
-                patch=p,
-                transport=t,
-                dtype=d,
-                outcome="clean",
-                signature="none",
-            )
-            for s, p, t, d in planned_keys(list(args))
-        ]
-        write_json_atomic(str(out_dir / "suite.json"), {"env": prepared.env_id, "runs": runs})
+        write_suite(out_dir, prepared.env_id, [("-".join(key), key) for key in planned_keys(list(args))])
         return engines.SuiteRun(0, False, 0.1, out_dir, None)
 
 
@@ -261,8 +237,7 @@ def test_resume_after_a_sigkill_recognises_the_unfinished_invocation(
 ) -> None:
     import json
 
-    engine = PlanEngine()
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
+    engine = use_engine(monkeypatch, PlanEngine())
     assert _repro(tmp_path) == 0
     # What a SIGKILL during cpu-latest's suite leaves: cpu recorded, finished_at null.
     path = tmp_path / "out" / "results.json"

@@ -24,6 +24,7 @@ from repro.workload import resume, runner, suite
 from tests.fixtures.fake_job import VenvJobEngine, argv_value
 from tests.fixtures.prefork import FakePreforkServer
 from tests.fixtures.runspec import LaunchStandIn, write_fake_ranks
+from tests.fixtures.stand_in_engine import use_engine
 
 # ---- which runs are kept (pure) ---------------------------------------------------------------------
 
@@ -218,8 +219,7 @@ def test_resume_reruns_only_the_unfinished_runs_and_recomputes_the_verdict(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    engine = SuiteEngine()
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
+    engine = use_engine(monkeypatch, SuiteEngine())
     out = tmp_path / "out"
     launch.interrupt = {("cpu-latest", "mics-fixed-fp32-async-w2")}
     assert _repro(out) == 130
@@ -255,8 +255,7 @@ def test_resume_reruns_only_the_unfinished_runs_and_recomputes_the_verdict(
 def test_resume_after_a_sigkill_reruns_the_runs_with_no_final_record(
     tmp_path: Path, launch: ScriptedLaunch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = SuiteEngine()
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
+    engine = use_engine(monkeypatch, SuiteEngine())
     out = tmp_path / "out"
     assert _repro(out) == 0
     # What a SIGKILL of the tool during cpu-latest's suite leaves: the suite had saved 3 records
@@ -369,8 +368,7 @@ def test_make_run_resume_reruns_only_the_job_run_that_did_not_finish(
 def test_make_run_resume_after_a_sigkill_and_of_a_finished_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = JobEngine()
-    monkeypatch.setattr("repro.cli.job_commands._engine", lambda choice: engine)
+    engine = use_engine(monkeypatch, JobEngine(), "job_commands")
     assert _run(tmp_path) == 0
     out = tmp_path / "out"
     # A SIGKILL during the fixed run: its job.json never written, no records, finished_at null.
