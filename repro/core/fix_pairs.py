@@ -60,7 +60,7 @@ class FixPair:
     status: PairStatus
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str | None]:
         return {
             "label": self.label,
             "stock": self.stock.ident if self.stock else None,

@@ -26,7 +26,7 @@ def job_label(command: str, job_id: str) -> str:
     return f"`{short_command(command)}` (job {job_id})"
 
 
-def job_identity(command: str, workdir: str | None) -> dict[str, Any]:
+def job_identity(command: str, workdir: str | None) -> dict[str, str]:
     """The `job` block of survey.json/bisect.json: which of the user's jobs the walk probed. The id is
     the records' own (custom_job_id of the command and the resolved folder), so the report and the
     issue can find the walk's records by it."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from repro.core.errors import FixNotResolvedError, NothingVerifiedError, ReproError
 from repro.core.evidence import as_evidence
@@ -71,8 +71,15 @@ class Evidence:
     text: str
     runs: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> EvidenceData:
         return {"text": self.text, "runs": list(self.runs)}
+
+
+class EvidenceData(TypedDict):
+    """Evidence in report.json."""
+
+    text: str
+    runs: list[str]
 
 
 # The two configurations in the bug report: flat gather (the reporter's config) and hierarchical.
@@ -88,8 +95,16 @@ class Shortfall:
     needs: int
     on_gpus: bool
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ShortfallData:
         return {"have": self.have, "needs": self.needs, "on_gpus": self.on_gpus}
+
+
+class ShortfallData(TypedDict):
+    """A Shortfall in report.json."""
+
+    have: int
+    needs: int
+    on_gpus: bool
 
 
 def devices_needed(run: RunView) -> int | None:
@@ -339,6 +354,29 @@ def shortfall_words(short: Shortfall) -> str:
     )
 
 
+class VerdictData(TypedDict):
+    """An env's verdict in report.json (EnvVerdict's fields, its texts, and the enums' values)."""
+
+    env: str
+    subject: str
+    headline: str
+    reproduces: str
+    reproduces_text: str
+    signatures: list[str]
+    reproduce_evidence: list[EvidenceData]
+    fixed: str
+    fix_text: str
+    fix_evidence: list[EvidenceData]
+    pairs: list[dict[str, str | None]]  # FixPair.to_dict
+    control_problems: list[EvidenceData]
+    other_failures: list[EvidenceData]
+    fix_failures: list[EvidenceData]
+    verified: list[str]
+    unverified_reason: str
+    shortfall: ShortfallData | None
+    notes: list[str]
+
+
 @dataclass(frozen=True)
 class EnvVerdict:
     """The one verdict of one env, with the evidence behind each part. It decides (reproduces,
@@ -425,7 +463,7 @@ class EnvVerdict:
             lines.append(f"fixed runs that ran clean and match the ZeRO-3 control: {names}")
         return lines
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> VerdictData:
         return {
             "env": self.env,
             "subject": self.subject.value,

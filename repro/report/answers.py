@@ -10,16 +10,25 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
-from repro.report.cause import DEFAULT_GPU_ENV_HINT, CauseAnswer, cause
+from repro.report.cause import DEFAULT_GPU_ENV_HINT, CauseAnswer, CauseData, cause
 from repro.report.findings import other_findings
 from repro.report.merge import MergedResults
-from repro.report.per_env import EnvAnswer, env_answer
-from repro.report.upgrade import UpgradeAnswer, relation, upgrade
-from repro.report.verdicts import Finding
+from repro.report.per_env import EnvAnswer, EnvAnswerData, env_answer
+from repro.report.upgrade import UpgradeAnswer, UpgradeData, relation, upgrade
+from repro.report.verdicts import Finding, FindingData
 
 __all__ = ["DEFAULT_GPU_ENV_HINT", "Answers", "answer_all", "relation"]
+
+
+class AnswersData(TypedDict):
+    """The three answers and the findings in report.json."""
+
+    headline: list[EnvAnswerData]
+    cause: CauseData
+    upgrade: UpgradeData
+    findings: list[FindingData]
 
 
 @dataclass(frozen=True)
@@ -29,7 +38,7 @@ class Answers:
     upgrade: UpgradeAnswer
     findings: tuple[Finding, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AnswersData:
         return {
             "headline": [e.to_dict() for e in self.envs],
             "cause": self.cause.to_dict(),

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
+from repro.core.verdict import EvidenceData
 from repro.report.merge import MergedResults
 from repro.report.model import REPORTER_SIGNATURES, Backend, Outcome, Run, Signature
 from repro.report.per_env import describe, shows_bug, stock_attempts
@@ -26,13 +27,22 @@ class CauseAnswer:
     evidence: tuple[Evidence, ...]
     missing: tuple[Missing, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CauseData:
         return {
             "verdict": self.verdict.value,
             "summary": self.summary,
             "evidence": evidence_dicts(self.evidence),
             "missing": [m.to_dict() for m in self.missing],
         }
+
+
+class CauseData(TypedDict):
+    """The cause answer in report.json."""
+
+    verdict: str
+    summary: str
+    evidence: list[EvidenceData]
+    missing: list[dict[str, str]]  # Missing.to_dict
 
 
 def _sync_control_evidence(stock: Sequence[Run]) -> list[Evidence]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from repro.core.fix_pairs import FixPair as FixPair
 from repro.core.fix_pairs import control_for as control_for
@@ -15,7 +14,7 @@ from repro.core.runs import SCENARIO_LABELS as SCENARIO_LABELS
 from repro.core.runs import describe as describe
 from repro.core.runs import run_label as run_label
 from repro.core.runs import shows_bug as shows_bug
-from repro.core.verdict import EnvVerdict, env_verdict
+from repro.core.verdict import EnvVerdict, VerdictData, env_verdict
 from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, Run
 from repro.report.verdicts import (
@@ -99,18 +98,27 @@ class EnvAnswer:
             f"fixed by the patch: {self.fixed.value}; verdict: {self.verdict.headline()}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        data = self.verdict.to_dict()
-        # The report's evidence for "reproduces" lists the control problems too (as it always did).
-        data["reproduce_evidence"] = evidence_dicts(self.reproduce_evidence)
-        data.update(
-            platform=self.env.platform,
-            platform_note=self.platform_note,
-            versions=self.versions.to_dict(),
-            pins=dict(self.env.pins),
-            backends=list(self.backends),
-        )
-        return data
+    def to_dict(self) -> EnvAnswerData:
+        return {
+            **self.verdict.to_dict(),
+            # The report's evidence for "reproduces" lists the control problems too (as it always did).
+            "reproduce_evidence": evidence_dicts(self.reproduce_evidence),
+            "platform": self.env.platform,
+            "platform_note": self.platform_note,
+            "versions": self.versions.to_dict(),
+            "pins": dict(self.env.pins),
+            "backends": list(self.backends),
+        }
+
+
+class EnvAnswerData(VerdictData):
+    """An env's headline entry in report.json: its verdict, with what the env is."""
+
+    platform: str
+    platform_note: str
+    versions: dict[str, str | None]  # EnvVersions.to_dict
+    pins: dict[str, str]
+    backends: list[str]
 
 
 def env_answer(env: EnvInfo, merged: MergedResults) -> EnvAnswer:

@@ -11,7 +11,7 @@ import io
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -44,9 +44,22 @@ JOB_COLORS = (
     ("#17becf", "#9edae5"),
     ("#bcbd22", "#dbdb8d"),
 )
+
+
+class LineStyle(TypedDict, total=False):
+    """The keyword arguments of matplotlib's Axes.plot that draw one kind of series."""
+
+    linewidth: float
+    alpha: float
+    solid_capstyle: str
+    linestyle: str
+    marker: str
+    markersize: float
+
+
 # Runs that match the control draw exactly on top of it: a wide pale control line, solid stock lines
 # and dashed fixed lines keep every series visible where they coincide.
-LINE_STYLES: dict[str, dict[str, Any]] = {
+LINE_STYLES: dict[str, LineStyle] = {
     "control": {"linewidth": 6.0, "alpha": 0.3, "solid_capstyle": "round"},
     "stock": {"linewidth": 1.5, "marker": "."},
     "fixed": {"linewidth": 1.5, "linestyle": "--", "marker": "o", "markersize": 3},
@@ -65,6 +78,25 @@ class Series:
         return tuple(i for i, v in enumerate(self.values) if v is None)
 
 
+class SeriesData(TypedDict):
+    """A Series in report.json: which run, and the steps whose loss is NaN/inf."""
+
+    run: str
+    label: str
+    null_steps: list[int]
+
+
+class PlotData(TypedDict):
+    """A Plot in report.json (the picture itself is the PNG file)."""
+
+    env: str
+    slug: str
+    title: str
+    loss: list[SeriesData]
+    loss_scale: list[SeriesData]
+    unplotted: list[str]
+
+
 @dataclass(frozen=True)
 class Plot:
     env: str
@@ -75,8 +107,8 @@ class Plot:
     loss_scale: tuple[Series, ...]
     unplotted: tuple[str, ...]  # runs of the group without any loss (e.g. crashed before step 0)
 
-    def to_dict(self) -> dict[str, Any]:
-        def series(items: tuple[Series, ...]) -> list[dict[str, Any]]:
+    def to_dict(self) -> PlotData:
+        def series(items: tuple[Series, ...]) -> list[SeriesData]:
             return [{"run": s.run, "label": s.label, "null_steps": list(s.null_steps)} for s in items]
 
         return {

@@ -7,7 +7,7 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import jinja2
 from markupsafe import Markup
@@ -16,13 +16,13 @@ from repro import __version__
 from repro.core import templating
 from repro.core.jobname import job_label
 from repro.core.paths import confined
-from repro.report.answers import Answers
+from repro.report.answers import Answers, AnswersData
 from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, InvocationView, Run
 from repro.report.per_env import EnvAnswer
-from repro.report.plots import Plot
-from repro.report.tables import COLUMNS, Row, row_values
-from repro.report.timeline import Timeline
+from repro.report.plots import Plot, PlotData
+from repro.report.tables import COLUMNS, Row, RowData, row_values
+from repro.report.timeline import Timeline, TimelineData
 from repro.report.verdicts import Finding
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -132,13 +132,25 @@ def _fix_info(runs: Sequence[Run]) -> str:
     return "" if info is None else json.dumps(info, indent=1, sort_keys=True, default=str)
 
 
+class ReportData(AnswersData):
+    """report.json: the answers, the table, the timelines and the plots, and the folders read."""
+
+    schema: int
+    tool_version: str
+    results: list[str]
+    table: list[RowData]
+    notes: list[str]
+    timelines: list[TimelineData]
+    plots: list[PlotData]
+
+
 def report_data(
     merged: MergedResults,
     answers: Answers,
     rows: Sequence[Row],
     timelines: Sequence[Timeline],
     plots: Sequence[Plot] = (),
-) -> dict[str, Any]:
+) -> ReportData:
     """The machine-readable twin of the report (embedded in both outputs, written as report.json)."""
     return {
         "schema": 1,
@@ -152,22 +164,57 @@ def report_data(
     }
 
 
-def summary_data(data: Mapping[str, Any]) -> dict[str, Any]:
+class _HeadlineSummary(TypedDict):
+    env: str
+    versions: dict[str, str | None]
+    reproduces: str
+    signatures: list[str]
+    fixed: str
+
+
+class _UpgradeSummary(TypedDict):
+    verdict: str
+    baseline: str | None
+    steps: list[dict[str, str]]  # {"env", "relation", "outcome"}
+
+
+class SummaryData(TypedDict):
+    """The compact part of report.json that goes into REPORT.md: verdicts, not the evidence prose."""
+
+    schema: int
+    tool_version: str
+    headline: list[_HeadlineSummary]
+    cause: str
+    upgrade: _UpgradeSummary
+    findings: list[dict[str, str | None]]  # {"kind", "env", "run"}
+
+
+def summary_data(data: ReportData) -> SummaryData:
     """The compact part that goes into REPORT.md: verdicts, not the evidence prose."""
+    upgrade = data["upgrade"]
     return {
         "schema": data["schema"],
         "tool_version": data["tool_version"],
         "headline": [
-            {k: e[k] for k in ("env", "versions", "reproduces", "signatures", "fixed")}
+            {
+                "env": e["env"],
+                "versions": e["versions"],
+                "reproduces": e["reproduces"],
+                "signatures": e["signatures"],
+                "fixed": e["fixed"],
+            }
             for e in data["headline"]
         ],
         "cause": data["cause"]["verdict"],
         "upgrade": {
-            "verdict": data["upgrade"]["verdict"],
-            "baseline": data["upgrade"]["baseline"],
-            "steps": [{k: s[k] for k in ("env", "relation", "outcome")} for s in data["upgrade"]["steps"]],
+            "verdict": upgrade["verdict"],
+            "baseline": upgrade["baseline"],
+            "steps": [
+                {"env": s["env"], "relation": s["relation"], "outcome": s["outcome"]}
+                for s in upgrade["steps"]
+            ],
         },
-        "findings": [{k: f[k] for k in ("kind", "env", "run")} for f in data["findings"]],
+        "findings": [{"kind": f["kind"], "env": f["env"], "run": f["run"]} for f in data["findings"]],
     }
 
 
@@ -185,15 +232,31 @@ def _environment(target: templating.Target) -> jinja2.Environment:
     return env
 
 
+class _Context(TypedDict, total=False):
+    """What report.html.j2 and REPORT.md.j2 read."""
+
+    answers: Answers
+    rows: Sequence[Row]
+    details: Sequence[EnvDetails]
+    timelines: Sequence[Timeline]
+    merged: MergedResults
+    generated_at: str
+    tool_version: str
+    csp: str
+    data_id: str
+    md_data_info: str
+    data_json: str  # HTML: report.json whole (Markup); Markdown: its summary
+    plot_dir: str  # Markdown only
+
+
 def _context(
     merged: MergedResults,
     answers: Answers,
     rows: Sequence[Row],
     details: Sequence[EnvDetails],
     timelines: Sequence[Timeline],
-    data: Mapping[str, Any],
     generated_at: str,
-) -> dict[str, Any]:
+) -> _Context:
     return {
         "answers": answers,
         "rows": rows,
@@ -214,10 +277,10 @@ def render_html(
     rows: Sequence[Row],
     details: Sequence[EnvDetails],
     timelines: Sequence[Timeline],
-    data: Mapping[str, Any],
+    data: ReportData,
     generated_at: str,
 ) -> str:
-    ctx = _context(merged, answers, rows, details, timelines, data, generated_at)
+    ctx = _context(merged, answers, rows, details, timelines, generated_at)
     ctx["data_json"] = Markup(_json_for_script(data))
     return _environment(templating.Target.HTML).get_template("report.html.j2").render(ctx)
 
@@ -228,11 +291,11 @@ def render_markdown(
     rows: Sequence[Row],
     details: Sequence[EnvDetails],
     timelines: Sequence[Timeline],
-    data: Mapping[str, Any],
+    data: ReportData,
     generated_at: str,
     plot_dir: str,
 ) -> str:
-    ctx = _context(merged, answers, rows, details, timelines, data, generated_at)
+    ctx = _context(merged, answers, rows, details, timelines, generated_at)
     ctx["data_json"] = json.dumps(summary_data(data), indent=1, sort_keys=True, allow_nan=False)
     ctx["plot_dir"] = plot_dir
     return _environment(templating.Target.MARKDOWN).get_template("REPORT.md.j2").render(ctx)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from repro.core.jobname import job_label
 from repro.core.runs import world_size_text
@@ -43,8 +43,30 @@ class Cell:
             exception=exc,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+    def to_dict(self) -> CellData:
+        return {
+            "run": self.run,
+            "outcome": self.outcome,
+            "signature": self.signature,
+            "illegal_work": self.illegal_work,
+            "first_divergent_step": self.first_divergent_step,
+            "skipped_steps": self.skipped_steps,
+            "nan_steps": self.nan_steps,
+            "exception": self.exception,
+        }
+
+
+class CellData(TypedDict):
+    """A table Cell in report.json (its fields)."""
+
+    run: str
+    outcome: str
+    signature: str
+    illegal_work: int
+    first_divergent_step: int | None
+    skipped_steps: int
+    nan_steps: int
+    exception: str | None
 
 
 @dataclass(frozen=True)
@@ -71,7 +93,7 @@ class Row:
         """The scenario column: a custom job is named by its command (its id settles ties)."""
         return f"{self.scenario} {job_label(self.job_command or '', self.job)}" if self.job else self.scenario
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RowData:
         return {
             "env": self.env,
             "scenario": self.scenario,
@@ -85,6 +107,22 @@ class Row:
             "stock": self.stock.to_dict() if self.stock else None,
             "fixed": self.fixed.to_dict() if self.fixed else None,
         }
+
+
+class RowData(TypedDict):
+    """A table Row in report.json."""
+
+    env: str
+    scenario: str
+    job: str | None
+    job_command: str | None
+    dtype: str
+    transport: str
+    world_size: int | None
+    shard_size: int | None
+    hierarchical: bool
+    stock: CellData | None
+    fixed: CellData | None
 
 
 def _scenario_rank(scenario: str) -> int:

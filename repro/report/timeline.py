@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from repro.core import records, shapes
 from repro.core.errors import UsageError
@@ -28,12 +28,20 @@ class Timeline:
     change_points: tuple[Mapping[str, str], ...]
     probes: tuple[Mapping[str, str], ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TimelineData:
         return {
             "source": self.source,
             "change_points": [dict(c) for c in self.change_points],
             "probes": [dict(p) for p in self.probes],
         }
+
+
+class TimelineData(TypedDict):
+    """A Timeline in report.json: the walk file's change points and probes, as the table shows them."""
+
+    source: str
+    change_points: list[dict[str, str]]
+    probes: list[dict[str, str]]
 
 
 def _rows(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from packaging.version import InvalidVersion, Version
 
@@ -31,7 +31,7 @@ class UpgradeStep:
     signatures: tuple[str, ...]
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> UpgradeStepData:
         return {
             "env": self.env,
             "versions": self.versions,
@@ -42,6 +42,17 @@ class UpgradeStep:
         }
 
 
+class UpgradeStepData(TypedDict):
+    """An UpgradeStep in report.json."""
+
+    env: str
+    versions: str
+    relation: str
+    outcome: str
+    signatures: list[str]
+    detail: str
+
+
 @dataclass(frozen=True)
 class UpgradeAnswer:
     verdict: UpgradeVerdict
@@ -50,7 +61,7 @@ class UpgradeAnswer:
     steps: tuple[UpgradeStep, ...]  # every env other than the baseline, newer ones first
     missing: tuple[Missing, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> UpgradeData:
         return {
             "verdict": self.verdict.value,
             "summary": self.summary,
@@ -58,6 +69,16 @@ class UpgradeAnswer:
             "steps": [s.to_dict() for s in self.steps],
             "missing": [m.to_dict() for m in self.missing],
         }
+
+
+class UpgradeData(TypedDict):
+    """The upgrade answer in report.json."""
+
+    verdict: str
+    summary: str
+    baseline: str | None
+    steps: list[UpgradeStepData]
+    missing: list[dict[str, str]]  # Missing.to_dict
 
 
 def _version(text: str | None) -> Version | None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import TypedDict
 
 from repro.core.fix_pairs import PairStatus as PairStatus
 
 # The per-env answers (reproduces? fixed? and the pairing behind them) are THE env verdict of
 # repro.core.verdict, shared with the summary, check-fix and the bundle.
 from repro.core.verdict import Evidence as Evidence
+from repro.core.verdict import EvidenceData
 from repro.core.verdict import FixVerdict as FixVerdict
 from repro.core.verdict import Reproduces as Reproduces
 
@@ -64,7 +65,7 @@ class FindingKind(str, enum.Enum):
     CONFIG_PROBLEM = "config-problem"
 
 
-def evidence_dicts(items: tuple[Evidence, ...]) -> list[dict[str, Any]]:
+def evidence_dicts(items: tuple[Evidence, ...]) -> list[EvidenceData]:
     return [item.to_dict() for item in items]
 
 
@@ -112,7 +113,7 @@ class Finding:
     excerpt: str = ""  # stack or traceback excerpt, verbatim
     logs: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> FindingData:
         return {
             "kind": self.kind.value,
             "env": self.env,
@@ -121,6 +122,17 @@ class Finding:
             "excerpt": self.excerpt,
             "logs": list(self.logs),
         }
+
+
+class FindingData(TypedDict):
+    """A Finding in report.json."""
+
+    kind: str
+    env: str
+    run: str | None
+    summary: str
+    excerpt: str
+    logs: list[str]
 
 
 @dataclass(frozen=True)
