@@ -15,10 +15,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any
 
 from repro.workload import runner
-from repro.workload.prefork import PreforkServer, PreforkUnavailable
+from repro.workload.prefork import ForkedRun, PreforkServer, PreforkUnavailable
 from repro.workload.stackfiles import read_text
 
 TIMEOUT_S = 120.0
@@ -42,7 +41,7 @@ class ArtifactCapture:
             name: None if args is None else [a.format(device=device) for a in args]
             for name, (_entry, args) in ENTRIES.items()
         }
-        self.handles: dict[str, Any] = {}
+        self.handles: dict[str, ForkedRun | subprocess.Popen[bytes]] = {}
         self._abandoned = threading.Event()
         # Forking through the server waits for its imports: in a thread, so the suite goes on.
         self._starter = threading.Thread(target=self._start, args=(server,), name="artifacts", daemon=True)
@@ -56,7 +55,7 @@ class ArtifactCapture:
             if self._abandoned.is_set():
                 return
             stdout, stderr = self._paths(name)
-            handle: Any = None
+            handle: ForkedRun | subprocess.Popen[bytes] | None = None
             if server is not None:
                 try:
                     handle = server.start_task(entry, self.argv[name], self.env, stdout, stderr)
@@ -116,7 +115,7 @@ class ArtifactCapture:
                 _kill(handle)
 
 
-def _kill(handle: Any) -> None:
+def _kill(handle: ForkedRun | subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(handle.pid, signal.SIGKILL)  # its own session: whatever it started goes too
     except (ProcessLookupError, PermissionError):

@@ -9,6 +9,8 @@ goes through the gathers under test).
 With a user config, its ZeRO, MiCS, precision and communication settings are kept. What cannot
 fit the small model or the scenario is changed and every change is listed (`adaptations`);
 inconsistencies in the config itself are listed (`problems`), never silently fixed.
+
+A DeepSpeed config is free-form JSON (DeepSpeed's keys, a user's included) and is typed as such.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
 
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
+from repro.workload.ds_config import config_dtype
 from repro.workload.record import (
     CPU_TRANSPORTS,
     PATCHES,
@@ -64,8 +65,8 @@ class RankRecord(TypedDict, total=False):
     fix: FixReport | None
     devices_per_node: int | None
     steps_completed: int
-    # extras: what the CPU scaffolding did ({"adapter", "cpu_shims", "half_kernels": each module's
-    # own report}) and the model that ran
+    # extras: what the CPU scaffolding did (cpu/shims.TransportInfo: the record's transport_info, {} off
+    # CPU, which that total TypedDict cannot hold yet) and the model that ran
     transport_info: dict[str, Any] | None
     model: dict[str, int] | None
     # what the run really used: device, backend, GPUs, arch, runtimes (repro/workload/device.py)
@@ -174,14 +175,7 @@ def arm_termination(record_path: str, out: RankRecord) -> None:
     threading.Thread(target=watch, name="sigterm-recorder", daemon=True).start()
 
 
-def precision(config: dict[str, Any]) -> str:
-    if config.get("fp16", {}).get("enabled"):
-        return "fp16"
-    if config.get("bf16", {}).get("enabled"):
-        return "bf16"
-    return "fp32"
-
-
+# `config` below: the run's DeepSpeed config, free-form JSON (ds_config.py).
 def check_scenario(scenario: str, config: dict[str, Any], world_size: int) -> None:
     """Refuse a config that would silently run another scenario than the one recorded."""
     zero = config.get("zero_optimization", {})
@@ -285,7 +279,7 @@ def build_model(args: argparse.Namespace, config: dict[str, Any]) -> Any:
 
 
 def train(args: argparse.Namespace, config: dict[str, Any], out: RankRecord) -> None:
-    dtype = precision(config)
+    dtype = config_dtype(config)
     check_scenario(args.scenario, config, int(out["world_size"]))
     from repro.workload import logcount
 
