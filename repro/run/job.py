@@ -10,7 +10,6 @@ OUT/results.json, so the summary and `make report` show them like the suite's.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import shlex
@@ -19,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from repro.core import console, launchers
 from repro.core.diskfull import disk_full_at
@@ -27,13 +26,13 @@ from repro.core.errors import UsageError
 from repro.core.make_options import checked_pairs
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
-from repro.core.smallfile import read_regular
 from repro.core.verdict import env_verdicts
 from repro.engines import jobdeps
 from repro.engines.base import Engine, Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
 from repro.run import job_resume
 from repro.workload import judge, ladder
+from repro.workload.device import RanOn
 from repro.workload.diskfull import EXIT_DISK_FULL
 from repro.workload.record import (
     CUSTOM_SCENARIO,
@@ -45,6 +44,10 @@ from repro.workload.record import (
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
+    from repro.workload.fix import FixReport
+    from repro.workload.hooksign import EngineFacts, HookRecord
+    from repro.workload.job import JobResult
+    from repro.workload.pytest_outcomes import PytestSummary
 
 JOB_MODULE = "repro.workload.job"
 DIGEST_MAX_FILES = 20000
@@ -171,7 +174,7 @@ class RawRun:
     """What the in-env runner left for one patch: job.json and the log text."""
 
     patch: str
-    job: dict[str, Any]
+    job: JobResult  # as read: a runner that died may have left only some keys, or none
     log_text: str
     log_rel: str | None
 
@@ -227,10 +230,11 @@ UNKNOWN_DTYPE = "unknown"
 PYTEST_KEYS = ("exitstatus", "collected", "counts", "ran", "tests", "tests_cut", "collect_errors")
 
 
-def _fix_in_workdir(job: dict[str, Any]) -> str:
+def _fix_in_workdir(job: JobResult) -> str:
     """Where the fix went when the job imports a DeepSpeed of its own folder (a checkout whose
     deepspeed/ shadows the env's): said, so nobody takes it for the env's release."""
-    fix: dict[str, Any] = next((r["fix"] for r in job.get("hook_reports") or [] if r.get("fix")), {})
+    none: FixReport = {}
+    fix = next((r["fix"] for r in job.get("hook_reports") or [] if r.get("fix")), none)
     where, workdir = fix.get("package_dir"), job.get("workdir")
     if not where or not workdir:
         return ""
@@ -244,22 +248,24 @@ def _fix_in_workdir(job: dict[str, Any]) -> str:
     )
 
 
-def _pytest_block(session: dict[str, Any] | None, reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """pytest's report, and the "devices" the CPU twin gave the session for DeepSpeed's test
-    harness (jobhook.pytest_session_started; None: the user's or a launcher's LOCAL_SIZE stood)."""
+def _pytest_block(session: PytestSummary | None, reports: Sequence[HookRecord]) -> dict[str, Any] | None:
+    """pytest's report as the hook recorded it (PYTEST_KEYS, None where it lacks one), and the
+    "devices" the CPU twin gave the session for DeepSpeed's test harness
+    (jobhook.pytest_session_started; None: the user's or a launcher's LOCAL_SIZE stood)."""
     if session is None:
         return None
     devices = next((r["test_harness_devices"] for r in reports if r.get("test_harness_devices")), None)
     return {**{k: session.get(k) for k in PYTEST_KEYS}, "harness_devices": devices}
 
 
-def _engine(raw: RawRun) -> dict[str, Any]:
+def _engine(raw: RawRun) -> EngineFacts:
     """What the hook saw of DeepSpeed's engine in this run (dtype, world size); {} before a step."""
     reports = raw.job.get("hook_reports") or []
-    return next((r["engine"] for r in reports if r.get("engine")), {})
+    none: EngineFacts = {}
+    return next((r["engine"] for r in reports if r.get("engine")), none)
 
 
-def _shape(raw: RawRun, engines: Mapping[str, dict[str, Any]]) -> tuple[str, int | None]:
+def _shape(raw: RawRun, engines: Mapping[str, EngineFacts]) -> tuple[str, int | None]:
     """The run's dtype and world size as its own engine said them. A run that failed before its first
     step saw neither: its dtype is the one the same command's other run trained with (the job's
     config), its world size the ranks its launcher line asks for (it may have died before it started
@@ -288,7 +294,7 @@ def _parse(raw: RawRun, loss_regex: str | None) -> judge.Parsed:
     )
 
 
-def job_wrote(job: dict[str, Any]) -> str:
+def job_wrote(job: JobResult) -> str:
     """The verdict's words for files the job left in its results folder ("" when none)."""
     paths = [str(p) for p in job.get("job_wrote") or []]
     return f"the job wrote into the results folder: {', '.join(paths)}" if paths else ""
@@ -338,19 +344,19 @@ def _judge_one(
     )
 
 
-def imported_deepspeed(reports: Sequence[dict[str, Any]]) -> bool:
+def imported_deepspeed(reports: Sequence[HookRecord]) -> bool:
     """Some hooked process imported DeepSpeed (a pytest session's record may come without it)."""
     return any(r.get("deepspeed") for r in reports)
 
 
-def framework_dirs(reports: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+def framework_dirs(reports: Sequence[HookRecord]) -> tuple[str, ...]:
     """The torch.distributed and DeepSpeed folders the job's hooked processes imported (from the
     hook's verified records): where the bug's exception must be raised to count."""
     found = {str(d) for r in reports for d in (r.get("framework_dirs") or []) if isinstance(d, str) and d}
     return tuple(sorted(found))
 
 
-def _reason(job: dict[str, Any], judged: str) -> str:
+def _reason(job: JobResult, judged: str) -> str:
     """The verdict's reason, with what the runner saw beside it: a hang's detail, processes the job
     left running or that survived, files the job wrote into the results folder."""
     reason = judged
@@ -369,9 +375,7 @@ def _reason(job: dict[str, Any], judged: str) -> str:
     return reason
 
 
-def _notes(
-    job: dict[str, Any], verdict: ladder.Judgement, engine: dict[str, Any], ran_on: dict[str, Any]
-) -> list[str]:
+def _notes(job: JobResult, verdict: ladder.Judgement, engine: EngineFacts, ran_on: JobRanOn) -> list[str]:
     """The verdict's notes, plus fewer ranks than the launcher asked for, and a dtype not seen."""
     notes = list(verdict.notes)
     fewer = launchers.shortfall(
@@ -461,10 +465,18 @@ def _record(
             "job_wrote": [str(p) for p in job.get("job_wrote") or []],  # into OUT besides the lab's files
         },
     )
-    return record  # type: ignore[return-value]
+    return record
 
 
-def job_ran_on(reports: Sequence[dict[str, Any]], platform: str | None) -> dict[str, Any]:
+class JobRanOn(RanOn, total=False):
+    """A custom run's `ran_on`: rank 0's view, and what every process that joined a group used."""
+
+    devices: list[str]
+    processes: int
+    joined_group: bool
+
+
+def job_ran_on(reports: Sequence[HookRecord], platform: str | None) -> JobRanOn:
     """The record's `ran_on` (repro/workload/device.py) of a custom run: what the hook saw in the
     processes that joined a process group (rank 0's view, the devices of all of them). A job none of
     whose processes joined one says so (device null, `joined_group` false): the evidence check
@@ -508,7 +520,7 @@ def execute_job(
         say(f"== {env.id}: resume: running {', '.join(todo) or 'nothing'} again")
     earlier = invocation.data["envs"].get(env.id)
     prepared: Prepared | None = None
-    layer: dict[str, Any] | None = earlier.get("job_layer") if earlier else None
+    layer = earlier.get("job_layer") if earlier else None
     if todo or earlier is None:  # every run finished before: the env is not prepared again
         prepared, layer = _prepare(request, env, engine, invocation, say)
         invocation.env_dir(env.id)
@@ -553,8 +565,7 @@ def _prepare(
 ) -> tuple[Prepared, dict[str, Any] | None]:
     """The env (and the job's layer over it) ready to run the job, and its entry in results.json."""
     engine.preflight(env)
-    prepared = engine.prepare(env)
-    layer: dict[str, Any] | None = None
+    prepared, layer = engine.prepare(env), None
     if request.deps is not None:
         prepared, layer = engine.prepare_job(env, prepared, request.deps)
     say(f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label}")
@@ -597,7 +608,6 @@ def _record_job(
     return records
 
 
-MAX_JOB_JSON_BYTES = 64 << 20
 MAX_LOG_BYTES = 256 << 20  # what the judge reads of a job's log; the file itself is kept whole
 
 
@@ -613,17 +623,15 @@ def _log_text(log: Path) -> str:
 
 
 def read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
-    job_file = out / "job.json"
-    job: dict[str, Any] = {"status": "hung" if ran.timed_out else None, "exit_code": ran.exit_code}
-    job["hook_reports"] = []
-    if job_file.exists():
-        # Written inside the env (in verify-bundle: by someone else's image): bounded, and one that
-        # cannot be read is what a runner that died leaves, a crash with its exit code.
-        try:
-            found = json.loads(read_regular(job_file, MAX_JOB_JSON_BYTES).decode("utf-8"))
-            job = found if isinstance(found, dict) else job
-        except (OSError, ValueError, RecursionError):
-            pass
+    # job.json is written inside the env (in verify-bundle: by someone else's image), read bounded;
+    # none, or one that cannot be read, is what a runner that died leaves: a crash with its exit code.
+    job = job_resume.read_job(out)
+    if job is None:
+        # the keys the judge needs (JobResult declares them all: a runner that ends writes them all)
+        job = cast(
+            "JobResult",
+            {"status": "hung" if ran.timed_out else None, "exit_code": ran.exit_code, "hook_reports": []},
+        )
     log = out / "job.log"
     text = _log_text(log) if log.exists() else ""
     rel = str(log.relative_to(folder)) if log.exists() else None

@@ -20,7 +20,8 @@ from repro.core.errors import UsageError
 from repro.core.smallfile import read_regular
 
 if TYPE_CHECKING:
-    from repro.core.results import InvocationDir
+    from repro.core.results import EnvInfo, InvocationDir
+    from repro.workload.job import JobResult
 
 JOB_JSON = "job.json"
 MAX_JOB_JSON_BYTES = 64 << 20
@@ -38,12 +39,13 @@ def finished(job: Mapping[str, Any] | None, patch: str, command: str, workdir: s
     return same and job.get("status") != "interrupted"
 
 
-def read_job(folder: Path) -> dict[str, Any] | None:
+def read_job(folder: Path) -> JobResult | None:
+    """The run's job.json; None when there is none or it cannot be read."""
     try:
-        found = json.loads(read_regular(folder / JOB_JSON, MAX_JOB_JSON_BYTES).decode("utf-8"))
+        job: JobResult = json.loads(read_regular(folder / JOB_JSON, MAX_JOB_JSON_BYTES).decode("utf-8"))
     except (OSError, ValueError, RecursionError):
         return None
-    return found if isinstance(found, dict) else None
+    return job if isinstance(job, dict) else None
 
 
 def unfinished_patches(env_dir: Path, patches: Sequence[str], command: str, workdir: str) -> list[str]:
@@ -64,7 +66,7 @@ def clear_unfinished(env_dir: Path, patch: str) -> None:
         shutil.rmtree(folder)
 
 
-def check_same_job(envs: Mapping[str, Mapping[str, Any]], env_id: str, command: str, folder: Path) -> None:
+def check_same_job(envs: Mapping[str, EnvInfo], env_id: str, command: str, folder: Path) -> None:
     """RESUME=1 finishes an interrupted `make run` of this command in this env, nothing else."""
     other = sorted(e for e, info in envs.items() if e != env_id or info.get("custom_command") != command)
     if other:
