@@ -20,7 +20,7 @@ from repro.core.errors import UsageError
 from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr.branch import PrRequest, make_pr
 from repro.workload import fix
-from tests.fixtures.ds_git import git
+from tests.fixtures.ds_git import git, other_repository
 from tests.fixtures.ds_pr_git import MICS, TORCH, FakeDeepSpeedPr, make_fake_deepspeed_pr
 
 BRANCH = "mics-coalesced-wait"
@@ -333,9 +333,7 @@ def test_git_location_variables_in_the_users_shell_are_ignored(
     ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A GIT_DIR or GIT_INDEX_FILE left exported would point git at another repository or index."""
-    other = tmp_path / "other"
-    other.mkdir()
-    git(other, "init", "-q")
+    other = other_repository(tmp_path)
     monkeypatch.setenv("GIT_DIR", str(other / ".git"))
     monkeypatch.setenv("GIT_INDEX_FILE", str(tmp_path / "stray-index"))
     make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out"))

@@ -25,7 +25,7 @@ from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr.branch import PrRequest, make_pr
 from repro.upstream.pr.verify import export_tree
 from repro.workload import fix
-from tests.fixtures.ds_git import git
+from tests.fixtures.ds_git import git, other_repository
 from tests.fixtures.ds_pr_git import MICS, TORCH, FakeDeepSpeedPr, make_fake_deepspeed_pr
 
 BRANCH = "mics-coalesced-wait"
@@ -57,13 +57,18 @@ def marker_script(tmp_path: Path, name: str, body: str = "") -> tuple[Path, Path
     return script, marker
 
 
+def commit_attributes(ds: FakeDeepSpeedPr, line: str) -> None:
+    """A commit of the clone that adds a .gitattributes holding `line`."""
+    (ds.path / ".gitattributes").write_text(line + "\n")
+    git(ds.path, "add", ".gitattributes")
+    git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
+
+
 def arm_filter(ds: FakeDeepSpeedPr, tmp_path: Path) -> Path:
     """A committed .gitattributes naming driver `evil` for every .py file, and the clone's config
     defining it: clean/smudge write the marker and rewrite the fix's `cm.wait()`; a diff command
     and textconv that write the marker too. Returns the marker."""
-    (ds.path / ".gitattributes").write_text("*.py filter=evil diff=evil\n")
-    git(ds.path, "add", ".gitattributes")
-    git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
+    commit_attributes(ds, "*.py filter=evil diff=evil")
     script, marker = marker_script(tmp_path, "evil", SED)
     for key in ("filter.evil.clean", "filter.evil.smudge", "diff.evil.textconv", "diff.evil.command"):
         git(ds.path, "config", key, str(script))
@@ -122,9 +127,7 @@ def test_make_pr_commits_the_bytes_whatever_the_attributes_convert(
 ) -> None:
     """An attribute that converts content without a command (working-tree-encoding) cannot
     change what is committed either."""
-    (ds.path / ".gitattributes").write_text("tests/unit/runtime/zero/*.py working-tree-encoding=UTF-16LE\n")
-    git(ds.path, "add", ".gitattributes")
-    git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
+    commit_attributes(ds, "tests/unit/runtime/zero/*.py working-tree-encoding=UTF-16LE")
     out = tmp_path / "out"
     make_pr(PrRequest(ds_repo=str(ds.path), out=out))
     assert_branch_holds_the_fix(ds, out)
@@ -133,9 +136,7 @@ def test_make_pr_commits_the_bytes_whatever_the_attributes_convert(
 def test_make_pr_ignores_config_exported_in_the_callers_shell(
     ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (ds.path / ".gitattributes").write_text("*.py filter=evil\n")
-    git(ds.path, "add", ".gitattributes")
-    git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
+    commit_attributes(ds, "*.py filter=evil")
     script, marker = marker_script(tmp_path, "evil", SED)
     params = f"'filter.evil.clean'='{script}' 'filter.evil.smudge'='{script}' 'core.fsmonitor'='{script}'"
     monkeypatch.setenv("GIT_CONFIG_PARAMETERS", params)
@@ -176,9 +177,7 @@ def test_a_commit_that_does_not_hold_the_fix_bytes_is_refused_and_no_branch_is_m
 def test_probe_checkout_with_git_dir_exported_writes_nothing_into_that_repository(
     ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    other = tmp_path / "other"
-    other.mkdir()
-    git(other, "init", "-q")
+    other = other_repository(tmp_path)
     (other / "file.txt").write_text("mine\n")
     git(other, "add", "file.txt")
     git(other, "commit", "-q", "-m", "mine")
@@ -207,9 +206,7 @@ def test_probe_checkout_with_git_dir_exported_writes_nothing_into_that_repositor
 def test_probe_checkout_runs_no_driver_or_fsmonitor_from_the_callers_shell(
     ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (ds.path / ".gitattributes").write_text("*.py filter=evil\n")
-    git(ds.path, "add", ".gitattributes")
-    git(ds.path, "commit", "-q", "-m", "Attributes (#4)")
+    commit_attributes(ds, "*.py filter=evil")
     sha = git(ds.path, "rev-parse", "HEAD")
     script, marker = marker_script(tmp_path, "evil", SED)
     params = f"'filter.evil.smudge'='{script}' 'filter.evil.clean'='{script}' 'core.fsmonitor'='{script}'"
@@ -240,9 +237,7 @@ def test_export_runs_no_smudge_filter_of_the_clone(ds: FakeDeepSpeedPr, tmp_path
 def test_export_with_git_dir_exported_reads_the_clone(
     ds: FakeDeepSpeedPr, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    other = tmp_path / "other"
-    other.mkdir()
-    git(other, "init", "-q")
+    other = other_repository(tmp_path)
     monkeypatch.setenv("GIT_DIR", str(other / ".git"))
     dest = export_tree(str(ds.path), ds.master, tmp_path / "tree", ["deepspeed"])
     monkeypatch.delenv("GIT_DIR")
