@@ -40,7 +40,7 @@ from repro.core.errors import BundleError, LeakError, ReproError
 from repro.core.evidence import platform_mismatch
 from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
-from repro.core.results import ResultsData
+from repro.core.results import EnvInfo, ResultsData
 from repro.core.results import load as load_results
 from repro.core.scrub import Scrubber, hand_out
 from repro.upstream import patchgen
@@ -61,7 +61,7 @@ from repro.upstream.bundle.files import (
 from repro.upstream.bundle.files import (
     copy_scrubbed as copy_scrubbed,  # noqa: F401 - callers and tests use bundle.copy_scrubbed
 )
-from repro.upstream.bundle.manifest import MANIFEST, Expected, Manifest, file_hashes
+from repro.upstream.bundle.manifest import MANIFEST, BundleImage, Expected, JobBlock, Manifest, file_hashes
 from repro.upstream.cluster import scripts as cluster
 from repro.workload.record import CPU_TRANSPORTS, CUSTOM_SCENARIO, PATCHES, SCENARIOS, RunRecord
 
@@ -94,7 +94,7 @@ def default_out(env_id: str) -> Path:
 
 
 # -- what the bundle says, computed from the results -------------------------------------------
-def env_records(data: ResultsData, env_id: str) -> tuple[dict[str, Any], list[RunRecord]]:
+def env_records(data: ResultsData, env_id: str) -> tuple[EnvInfo, list[RunRecord]]:
     envs = data.get("envs") or {}
     if env_id not in envs:
         raise BundleError(
@@ -105,7 +105,7 @@ def env_records(data: ResultsData, env_id: str) -> tuple[dict[str, Any], list[Ru
     records = [r for r in data.get("runs") or [] if r.get("env") == env_id]
     if not records:
         raise BundleError(f"the results hold no run of env {env_id!r}", fix="run `make repro ENV=...` first")
-    return dict(envs[env_id]), records
+    return envs[env_id].copy(), records
 
 
 def refuse_other_platform(env_id: str, platform: str | None, records: Sequence[Mapping[str, Any]]) -> None:
@@ -192,7 +192,7 @@ def docker_run_command(platform: str, image_ref: str, suite_args: Sequence[str],
     return " ".join(quoted)
 
 
-def job_block(env_id: str, custom: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], Path]:
+def job_block(env_id: str, custom: Sequence[RunRecord]) -> tuple[JobBlock, Path]:
     """The manifest's "job" entry (workdir still unset) and the host folder the command ran in."""
     jobs = [r.get("job") or {} for r in custom]
     commands = {str(j.get("command")) for j in jobs}
@@ -211,7 +211,7 @@ def job_block(env_id: str, custom: Sequence[Mapping[str, Any]]) -> tuple[dict[st
         )
     loss = (jobs[0].get("patterns") or {}).get("loss") or {}
     transport = str(custom[0].get("transport"))
-    block = {
+    block: JobBlock = {
         "command": next(iter(commands)),
         "workdir": None,
         "patches": [p for p in PATCHES if any(r.get("patch") == p for r in custom)],
@@ -386,7 +386,7 @@ def _refuse_filled(out: Path) -> None:
         )
 
 
-def _docker_records(request: BundleRequest, data: ResultsData) -> tuple[dict[str, Any], list[RunRecord]]:
+def _docker_records(request: BundleRequest, data: ResultsData) -> tuple[EnvInfo, list[RunRecord]]:
     """The env and its runs from the results: refused unless they ran in a Docker image, on its platform."""
     env, records = env_records(data, request.env_id)
     if env.get("engine") != "docker" or not env.get("image_id"):
@@ -499,7 +499,7 @@ class _BundleWriter:
         return patch
 
     def copy_job_workdir(
-        self, job: dict[str, Any], job_dir: Path, custom_records: Sequence[RunRecord]
+        self, job: JobBlock, job_dir: Path, custom_records: Sequence[RunRecord]
     ) -> tuple[str, ...]:
         """The custom command's folder into workdir/ (job's "workdir" set), else the notes on why not."""
         left_out = copy_workdir(job_dir, self.out / WORKDIR_DIR, self.scrubber)
@@ -564,7 +564,7 @@ class _BundleWriter:
     ) -> None:
         """README.md: how to load and run the image, and what to expect."""
         heads = issue_comment.headlines([issue_comment.RunRow.from_record(r) for r in records])
-        versions: dict[str, Any] = next((r["versions"] for r in records if r.get("versions")), {})
+        versions: dict[str, str | None] = next((r["versions"] for r in records if r.get("versions")), {})
         readme = (
             _templates()
             .get_template("README.md.j2")
@@ -598,9 +598,7 @@ class _BundleWriter:
         return BundleResult(self.out, tar, manifest)
 
 
-def _write_image(
-    request: BundleRequest, client: Any, source: str, say: Callable[[str], None]
-) -> dict[str, Any]:
+def _write_image(request: BundleRequest, client: Any, source: str, say: Callable[[str], None]) -> BundleImage:
     """Flatten, save and gzip the image into the bundle; the manifest's "image" entry."""
     safe_env = re.sub(r"[^a-z0-9_.-]+", "-", request.env_id.lower())
     ref = f"mics-repro-bundle:{safe_env}-{source.split(':')[-1][:12]}"

@@ -17,7 +17,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypedDict
 
 from repro.core.errors import BundleError
 from repro.matrix.compat import Platform
@@ -75,19 +75,57 @@ class Expected:
         )
 
 
+class BundleEnv(TypedDict):
+    """The manifest's "env": the env the runs and the image are of."""
+
+    id: str
+    platform: str
+    pins: dict[str, str]
+    derived_from: str | None
+
+
+class BundleImage(TypedDict):
+    """The manifest's "image": the flattened image, saved and gzipped into the bundle (make.py)."""
+
+    file: str
+    ref: str
+    id: str  # sha256:<64 hex>
+    source_id: str  # the image the runs used
+    flattened: bool
+    removed: list[str]
+    bytes: int
+    uncompressed_bytes: int
+    gzip_level: int
+    sha256: str
+    seconds: dict[str, float]  # {"flatten", "save_gzip"}
+    base: str | None
+
+
+class JobBlock(TypedDict):
+    """The manifest's "job": a user's own command, and how verify-bundle runs it again."""
+
+    command: str
+    workdir: str | None  # a folder inside the bundle; null: left out, the verifier supplies one
+    patches: list[str]
+    transport: str
+    loss_regex: str | None
+    timeout_s: float
+    stall_s: float
+
+
 @dataclass(frozen=True)
 class Manifest:
     tool_version: str
     created_at: str
-    env: dict[str, Any]
-    image: dict[str, Any]
+    env: BundleEnv
+    image: BundleImage
     suite_args: tuple[str, ...]
     commands: dict[str, str]
     expected: tuple[Expected, ...]
     files: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
-    # A user's own command (scenario "custom" records): see JOB_FIELDS; None for suite-only bundles.
-    job: dict[str, Any] | None = None
+    # A user's own command (scenario "custom" records); None for suite-only bundles.
+    job: JobBlock | None = None
 
     def to_json(self) -> str:
         data = {"kind": KIND, "schema": SCHEMA, **asdict(self)}
@@ -148,14 +186,14 @@ class Manifest:
             return cls(
                 str(data["tool_version"]),
                 str(data["created_at"]),
-                dict(data["env"]),
-                dict(data["image"]),
+                data["env"],  # objects: manifest_problems checked each
+                data["image"],
                 tuple(data["suite_args"]),
                 dict(data["commands"]),
                 tuple(Expected(**e) for e in data["expected"]),
                 dict(data["files"]),
                 tuple(data.get("notes") or ()),
-                dict(data["job"]) if data.get("job") is not None else None,
+                data.get("job"),
             )
         except (KeyError, TypeError) as exc:
             raise BundleError(f"{path} lacks a field ({exc})", fix="make the bundle again") from None
@@ -234,7 +272,7 @@ def _check_image(image: Any, files: Any, problems: list[str]) -> None:
 
 
 # The custom command's block: what `verify-bundle` hands the in-env job runner (repro.run.job).
-JOB_FIELDS = frozenset({"command", "workdir", "patches", "transport", "loss_regex", "timeout_s", "stall_s"})
+JOB_FIELDS = frozenset(JobBlock.__annotations__)
 
 
 def _seconds(value: Any) -> bool:

@@ -40,6 +40,7 @@ from repro.upstream.bundle import image as bundle_image
 from repro.upstream.bundle.archive import Loaded, load_archive
 from repro.upstream.bundle.manifest import (
     Expected,
+    JobBlock,
     Manifest,
     check_files,
     refuse_links,
@@ -47,7 +48,7 @@ from repro.upstream.bundle.manifest import (
     suite_time_limit,
 )
 from repro.upstream.cluster import scripts as cluster
-from repro.workload.record import Outcome, Signature, Transport
+from repro.workload.record import Outcome, RunRecord, Signature, Transport
 
 CONSENT_FLAG = "--allow-gpu-privileges"
 CONSENT_MAKE = "ALLOW_PRIVILEGES=1"
@@ -252,12 +253,12 @@ def job_workdir(folder: Path, manifest: Manifest, supplied: Path | None, scratch
 def run_job(
     engine: Engine,
     prepared: Prepared,
-    job: Mapping[str, Any],
+    job: JobBlock,
     workdir: Path,
     invocation: InvocationDir,
     platform: str,
     say: Callable[[str], None],
-) -> list[dict[str, Any]]:
+) -> list[RunRecord]:
     """Each patch of the custom command in the image, network off, judged as `make run` judges it."""
     env_id = prepared.env_id
     request = JobRequest(
@@ -286,7 +287,7 @@ def run_job(
         )
         raws.append(read_raw(patch, out, invocation.folder, ran))
     records = build_records(env_id, raws, request.loss_regex, workdir_digest(workdir), request.timeout_s)
-    return [dict(r) for r in records]
+    return [r.copy() for r in records]
 
 
 def _suite_output(suite_file: Path, env_id: str) -> tuple[list[Any], dict[str, str]]:
