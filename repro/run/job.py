@@ -563,7 +563,8 @@ def execute_job(
 def _prepare(
     request: JobRequest, env: Env, engine: Engine, invocation: InvocationDir, say: Callable[[str], None]
 ) -> tuple[Prepared, dict[str, Any] | None]:
-    """The env (and the job's layer over it) ready to run the job, and its entry in results.json."""
+    """The env (and the job's layer over it) ready to run the job, and its entry in results.json.
+    The layer's description is each engine's own (free-form: EnvInfo.job_layer)."""
     engine.preflight(env)
     prepared, layer = engine.prepare(env), None
     if request.deps is not None:

@@ -29,7 +29,7 @@ from repro.workload.record import (
     Outcome,
     RunRecord,
 )
-from repro.workload.suite import LAUNCHERS, needs_sync_proof, planned_keys
+from repro.workload.suite import LAUNCHERS, SuiteMeta, needs_sync_proof, planned_keys
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine, Prepared
@@ -293,6 +293,12 @@ def execute(
     return invocation.runs
 
 
+class SuiteFile(SuiteMeta, total=False):
+    """An env's suite.json, as repro/workload/suite.py writes it: its meta and its runs."""
+
+    runs: list[RunRecord]
+
+
 def _collect(
     invocation: InvocationDir,
     env: Env,
@@ -303,7 +309,7 @@ def _collect(
     timed_out: bool = False,
 ) -> None:
     suite_file = out / "suite.json"
-    suite: dict[str, Any] = (
+    suite: SuiteFile = (
         records.load(suite_file, shapes.SUITE, "suite file") if suite_file.exists() else {"runs": []}
     )
     info: EnvInfo = {
