@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import importlib.util
 import json
 import os
@@ -30,8 +31,16 @@ from repro.workload.controls import ControlKey, choose_control, record_key
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS, DEFAULT_WORLD_SIZE
 from repro.workload.prefork import PreforkServer
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only (a subscripted dict at run time needs Python 3.9)
+    from collections.abc import Callable
+
     from repro.workload.prefork_server import Reply
+
+    # A run's DeepSpeed config from its shape (the suite's dtype and the user's config bound).
+    Build = Callable[[ds_config.ScenarioShape], ds_config.BuiltConfig]
+
+    # The stock zero3 runs judged so far, by (dtype, transport, world size): the controls.
+    Controls = dict[tuple[str, str, int], rec.RunRecord]
 
 DEFAULT_TIMEOUT_S = 600.0
 DEFAULT_STALL_S = 60.0
@@ -47,10 +56,6 @@ class PlannedRun:
     # (outcome, reason) for a run that is recorded without being launched: the env cannot run it
     # (env-error: no GPU of its platform) or the layout cannot (unsupported: too few GPUs).
     skip: tuple[str, str] | None = None
-
-
-# The stock zero3 runs judged so far, by (dtype, transport, world size): the controls.
-Controls = dict[tuple[str, str, int], rec.RunRecord]
 
 
 def shape_of(layout: lay.Layout) -> ds_config.ScenarioShape:
@@ -268,6 +273,7 @@ def run_suite(args: argparse.Namespace) -> int:
     transports = run_transports(device, args.transports)
     user_config = _user_config(args)
     dtype = args.dtype or default_dtype(device, user_config)
+    build = functools.partial(ds_config.build_config, dtype=dtype, user_config=user_config)
     planned = plan(
         args.scenarios,
         args.patches,
@@ -291,7 +297,7 @@ def run_suite(args: argparse.Namespace) -> int:
     }
     kept: list[rec.RunRecord] = []
     if args.resume:  # finish an earlier suite in this folder: its finished runs are kept
-        kept, planned = _resume(out, planned, RunOptions.from_args(args), dtype, user_config)
+        kept, planned = _resume(out, planned, RunOptions.from_args(args), build)
         meta["resumed"] = {"kept": [str(r.get("run_name")) for r in kept], "redone": len(planned)}
         print(f"resume: kept {len(kept)} finished run(s), running {len(planned)} again", flush=True)
     # Every record says what ran; a run never launched keeps what the suite saw (nothing ran).
@@ -320,8 +326,7 @@ def run_suite(args: argparse.Namespace) -> int:
             planned,
             meta,
             device,
-            dtype,
-            user_config,
+            build,
             capture,
             not_run,
             server,
@@ -341,16 +346,14 @@ def _resume(
     out: str,
     planned: list[PlannedRun],
     opts: RunOptions,
-    dtype: str,
-    user_config: dict[str, Any] | None,
+    build: Build,
 ) -> tuple[list[rec.RunRecord], list[PlannedRun]]:
     """(the earlier suite's records kept, the planned runs to do again): repro/workload/resume.py.
     A record answers a planned run only when it ran the same steps, seed and DeepSpeed config."""
     keys = [resume.RunKey(p.scenario, p.patch, p.transport, p.dtype, p.shape.world_size) for p in planned]
 
     def same_run(i: int, record: rec.RunRecord) -> bool:
-        built = ds_config.build_config(planned[i].shape, dtype=dtype, user_config=user_config)
-        config = json.loads(json.dumps(built.config))  # as the record holds it (JSON)
+        config = json.loads(json.dumps(build(planned[i].shape).config))  # as the record holds it (JSON)
         return bool(
             record.get("steps") == opts.steps
             and record.get("seed") == opts.seed
@@ -397,8 +400,7 @@ def _run_planned(
     planned: list[PlannedRun],
     meta: SuiteMeta,
     device: str,
-    dtype: str,
-    user_config: dict[str, Any] | None,
+    build: Build,
     capture: ArtifactCapture | None,
     not_run: dev.RanOn | None = None,
     server: PreforkServer | None = None,
@@ -418,7 +420,7 @@ def _run_planned(
     prepared = []
     for item in planned:
         spec = _spec(opts, out, item, device)
-        built = ds_config.build_config(item.shape, dtype=dtype, user_config=user_config)
+        built = build(item.shape)
         rec.write_json_atomic(spec.ds_config_path, built.config)
         base = _base_record(opts, spec, item, built)
         base["ran_on"] = not_run
