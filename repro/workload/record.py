@@ -86,10 +86,6 @@ class Signature(str, enum.Enum):
     HANG = "hang"  # timed out
     NONE = "none"  # no evidence of anything wrong
 
-    @property
-    def is_illegal_work(self) -> bool:
-        return self.value.startswith("illegal-work")
-
 
 # The same sets as plain tuples of their values (argparse choices, CLI validation, older callers).
 # The suite's scenarios (what --scenarios accepts); "custom" records come from `repro run` only.
