@@ -28,15 +28,21 @@ def test_old_python_gets_a_message_not_a_traceback() -> None:
     assert entry.PYTHON_VERSION_EXIT == PythonVersionError.exit_code
 
 
-def _old_python() -> str | None:
-    for name in ("python3.8", "python3.7"):
+def _python(names: tuple[str, ...], pyenv_versions: str) -> str | None:
+    """The first of `names` on PATH that runs, else a pyenv Python whose version matches the glob
+    `pyenv_versions`, if this machine has one."""
+    for name in names:
         found = shutil.which(name)
         if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
             return found
     pyenv = Path.home() / ".pyenv" / "versions"
-    for path in sorted(pyenv.glob("3.[78].*/bin/python3")) if pyenv.is_dir() else []:
+    for path in sorted(pyenv.glob(f"{pyenv_versions}/bin/python3")) if pyenv.is_dir() else []:
         return str(path)
     return None
+
+
+def _old_python() -> str | None:
+    return _python(("python3.8", "python3.7"), "3.[78].*")
 
 
 def test_python_38_through_the_front_door(real_subprocess: None) -> None:
@@ -67,14 +73,7 @@ def test_an_interpreter_without_the_tools_packages_gets_a_message_not_a_tracebac
 
 def _newer_python() -> str | None:
     """A CPython newer than torch 2.1 takes (3.12+), if this machine has one."""
-    for name in ("python3.13", "python3.12"):
-        found = shutil.which(name)
-        if found and subprocess.run([found, "-c", ""], capture_output=True).returncode == 0:
-            return found
-    pyenv = Path.home() / ".pyenv" / "versions"
-    for path in sorted(pyenv.glob("3.1[2-9].*/bin/python3")) if pyenv.is_dir() else []:
-        return str(path)
-    return None
+    return _python(("python3.13", "python3.12"), "3.1[2-9].*")
 
 
 def _make_repro_dry_run(python: str) -> subprocess.CompletedProcess[str]:

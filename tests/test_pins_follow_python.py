@@ -8,7 +8,7 @@ host (Python 3.12) is described without either being installed.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -184,18 +184,24 @@ def test_rocm56_on_a_310_host_gets_310_pins_not_its_images_39_ones(
     assert built.python == "3.10" and built.package_pins()["pip"] == matrix.tables.pins["pip"]
 
 
+def refused(step: Callable[[Env], object], env: Env) -> PythonVersionError:
+    """The PythonVersionError `step` (the engine's resolve_env or prepare) raises for `env`."""
+    with pytest.raises(PythonVersionError) as err:
+        step(env)
+    return err.value
+
+
 # -- a Python 3.12 host (Ubuntu 24.04) --------------------------------------------------------------
 @pytest.mark.parametrize(("env_id", "want"), [("cuda", "3.10"), ("cpu", "3.11"), ("rocm56", "3.9")])
 def test_a_312_host_is_told_which_python_to_install_for_torch21(
     env_id: str, want: str, matrix: Matrix, engine: VenvEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = host(monkeypatch, {NOBLE_PYTHON: "3.12.3"}, this=NOBLE_PYTHON)
-    with pytest.raises(PythonVersionError) as err:
-        engine.prepare(matrix.get(env_id))
-    assert err.value.exit_code == 12
-    assert f"uv python install {want}" in err.value.fix
-    assert f"MICS_REPRO_PYTHON=$(uv python find {want})" in err.value.fix
-    assert "3.12" in err.value.what + err.value.why
+    err = refused(engine.prepare, matrix.get(env_id))
+    assert err.exit_code == 12
+    assert f"uv python install {want}" in err.fix
+    assert f"MICS_REPRO_PYTHON=$(uv python find {want})" in err.fix
+    assert "3.12" in err.what + err.why
     assert not [c for c in calls if "pip" in c or "venv" in c]  # refused before any build
 
 
@@ -214,9 +220,8 @@ def test_python38_has_torch21_wheels_but_no_pins_so_it_is_refused(
     matrix: Matrix, engine: VenvEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host(monkeypatch, {"/usr/bin/python3.8": "3.8.10"}, this="/usr/bin/python3.8")
-    with pytest.raises(PythonVersionError) as err:
-        engine.resolve_env(matrix.get("cuda"))
-    assert "uv python install 3.10" in err.value.fix and "3.9" in err.value.why
+    err = refused(engine.resolve_env, matrix.get("cuda"))
+    assert "uv python install 3.10" in err.fix and "3.9" in err.why
 
 
 def test_an_override_python_without_pins_is_refused_before_the_build(
@@ -224,9 +229,8 @@ def test_an_override_python_without_pins_is_refused_before_the_build(
 ) -> None:
     calls = host(monkeypatch, {"/opt/py38/python3.8": "3.8.10"}, this="/opt/py38/python3.8")
     monkeypatch.setattr(engine, "python_override", "/opt/py38/python3.8")
-    with pytest.raises(PythonVersionError) as err:
-        engine.prepare(matrix.get("cuda"))
-    assert "MICS_REPRO_PYTHON" in err.value.fix
+    err = refused(engine.prepare, matrix.get("cuda"))
+    assert "MICS_REPRO_PYTHON" in err.fix
     assert not [c for c in calls if "pip" in c]
 
 
@@ -235,9 +239,8 @@ def test_an_interpreter_that_prints_no_cpython_version_is_a_typed_error(
     printed: str, matrix: Matrix, engine: VenvEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     host(monkeypatch, {"/opt/odd/python3": printed}, this="/opt/odd/python3")
-    with pytest.raises(PythonVersionError) as err:
-        engine.resolve_env(matrix.get("cuda"))
-    assert "/opt/odd/python3" in err.value.what
+    err = refused(engine.resolve_env, matrix.get("cuda"))
+    assert "/opt/odd/python3" in err.what
 
 
 def test_a_broken_python3x_on_path_does_not_hide_a_working_one(
@@ -253,9 +256,8 @@ def test_a_broken_python3x_on_path_does_not_hide_a_working_one(
     assert engine.resolve_env(matrix.get("rocm56")).python == "3.10"
     del interpreters["/usr/bin/python3.10"]
     host(monkeypatch, interpreters, this=NOBLE_PYTHON)
-    with pytest.raises(PythonVersionError) as err:
-        engine.resolve_env(matrix.get("rocm56"))
-    assert "/usr/local/bin/python3.11" in err.value.what and "uv python install 3.9" in err.value.fix
+    err = refused(engine.resolve_env, matrix.get("rocm56"))
+    assert "/usr/local/bin/python3.11" in err.what and "uv python install 3.9" in err.fix
 
 
 def test_a_torch_outside_the_python_table_still_needs_a_python_the_pins_cover(
@@ -264,8 +266,7 @@ def test_a_torch_outside_the_python_table_still_needs_a_python_the_pins_cover(
     future = matrix.derive("cpu", torch="2.99.0")  # torch's Python range unknown: left to pip
     assert future.pythons() is None
     host(monkeypatch, {"/usr/bin/python3.8": "3.8.10"}, this="/usr/bin/python3.8")
-    with pytest.raises(PythonVersionError):
-        engine.resolve_env(future)
+    refused(engine.resolve_env, future)
     host(monkeypatch, {ROCKY9_PYTHON: "3.9.18"}, this=ROCKY9_PYTHON)
     assert engine.resolve_env(future).package_pins()["pip"] == matrix.tables.pins_for_python["3.9"]["pip"]
 

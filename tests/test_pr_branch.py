@@ -168,12 +168,17 @@ def test_refuses_a_shallow_checkout(
     assert code == UsageError.exit_code and "shallow clone" in err and "fetch --unshallow" in err
 
 
+def assert_refused_untouched(ds: FakeDeepSpeedPr, tmp_path: Path, match: str, **request: str) -> None:
+    """make-pr with `request` is a usage error naming `match`, before any ref or folder is made."""
+    refs = git(ds.path, "for-each-ref")
+    with pytest.raises(UsageError, match=match):
+        make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out", **request))
+    assert git(ds.path, "for-each-ref") == refs and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("ref", ["no-such-branch", "0" * 40, "--upload-pack=touch /tmp/x", "master\nx"])
 def test_refuses_a_missing_or_hostile_ref(ds: FakeDeepSpeedPr, tmp_path: Path, ref: str) -> None:
-    refs = git(ds.path, "for-each-ref")
-    with pytest.raises(UsageError, match="REF="):
-        make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out", ref=ref))
-    assert git(ds.path, "for-each-ref") == refs and not (tmp_path / "out").exists()
+    assert_refused_untouched(ds, tmp_path, "REF=", ref=ref)
 
 
 def test_a_missing_ref_exits_2_at_the_front_door(
@@ -194,10 +199,7 @@ def test_refuses_an_existing_branch(
 
 @pytest.mark.parametrize("branch", ["-D", "has space", "a..b", "x\x1b[2J", ""])
 def test_refuses_a_bad_branch_name(ds: FakeDeepSpeedPr, tmp_path: Path, branch: str) -> None:
-    refs = git(ds.path, "for-each-ref")
-    with pytest.raises(UsageError, match="BRANCH="):
-        make_pr(PrRequest(ds_repo=str(ds.path), out=tmp_path / "out", branch=branch))
-    assert git(ds.path, "for-each-ref") == refs and not (tmp_path / "out").exists()
+    assert_refused_untouched(ds, tmp_path, "BRANCH=", branch=branch)
 
 
 def test_a_fix_that_does_not_apply_is_named_with_file_and_line(

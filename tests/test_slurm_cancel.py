@@ -101,6 +101,24 @@ def run_front_door(tmp_path: Path, svc: bisect_cli.Services) -> int:
     )
 
 
+def slurm_rounds(out: Path, launch: Any) -> rounds.Slurm:
+    """Probe rounds of two at a time as Slurm array jobs, `launch` standing in for the Slurm
+    commands, in `out`; nothing said."""
+    return rounds.Slurm(out, rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
+
+
+def assert_wait_failure_cancels(
+    tmp_path: Path, on_wait: Callable[[], CmdResult], error: type[Exception], match: str
+) -> None:
+    """A round whose wait for the job fails (`on_wait`) ends in `error` (its text matching `match`)
+    and cancels the job it submitted."""
+    slurm = FakeSlurm(on_wait=on_wait)
+    runner = slurm_rounds(tmp_path, slurm)
+    with pytest.raises(error, match=match):
+        runner([ProbeSpec("cpu", label="a")])
+    assert slurm.cancels == [["4242"]]
+
+
 @pytest.fixture
 def no_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
     """squeue is asked again at once (the runner sleeps 0 s between looks)."""
@@ -151,7 +169,7 @@ def test_sigterm_cancels_like_ctrl_c(tmp_path: Path, no_sleep: None) -> None:
 
     slurm = FakeSlurm(on_wait=sigterm)
     try:
-        runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
+        runner = slurm_rounds(tmp_path, slurm)
         with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
             runner([ProbeSpec("cpu", label="a"), ProbeSpec("cpu", label="b")])
     finally:
@@ -164,29 +182,21 @@ def test_any_error_leaving_the_round_cancels_the_job(tmp_path: Path, no_sleep: N
     def broken() -> CmdResult:
         raise RunError("the disk is full")
 
-    slurm = FakeSlurm(on_wait=broken)
-    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
-    with pytest.raises(RunError, match="disk is full"):
-        runner([ProbeSpec("cpu", label="a")])
-    assert slurm.cancels == [["4242"]]
+    assert_wait_failure_cancels(tmp_path, broken, RunError, "disk is full")
 
 
 def test_a_controller_that_stops_answering_ends_the_wait_and_cancels(tmp_path: Path, no_sleep: None) -> None:
     def down() -> CmdResult:
         return CmdResult(("squeue",), 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
 
-    slurm = FakeSlurm(on_wait=down)
-    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
-    with pytest.raises(MissingToolError, match="squeue failed"):
-        runner([ProbeSpec("cpu", label="a")])
-    assert slurm.cancels == [["4242"]]
+    assert_wait_failure_cancels(tmp_path, down, MissingToolError, "squeue failed")
 
 
 def test_only_the_running_round_is_cancelled(tmp_path: Path, no_sleep: None) -> None:
     """Round 1's job ended on its own; Ctrl-C in round 2 cancels round 2's job, not round 1's, and
     never anything by user or partition."""
     slurm = FakeSlurm()
-    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=slurm, say=lambda _: None)
+    runner = slurm_rounds(tmp_path, slurm)
     runner([ProbeSpec("cpu", label="a"), ProbeSpec("cpu", label="b")])
     assert slurm.cancels == [] and runner.submitted == ["4242"]
     slurm.looks, slurm.on_wait = 0, interrupt
@@ -199,7 +209,7 @@ def test_a_finished_round_reads_its_probes_and_cancels_nothing(tmp_path: Path, n
     forgotten = FakeSlurm(
         on_wait=lambda: CmdResult(("squeue",), 1, "", "slurm_load_jobs error: Invalid job id specified")
     )
-    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=forgotten, say=lambda _: None)
+    runner = slurm_rounds(tmp_path, forgotten)
     (obs,) = runner([ProbeSpec("cpu", label="a")])
     assert obs.outcome == "env-error" and "Slurm array task 4242_0 left no probe.json" in obs.reason
     assert forgotten.cancels == [] and [c[0] for c in forgotten.calls] == ["sbatch", "squeue", "squeue"]
@@ -216,8 +226,8 @@ def test_ctrl_c_while_sbatch_submits_cancels_by_this_runs_job_name_only(tmp_path
             raise KeyboardInterrupt
         return CmdResult(tuple(argv), 0)
 
-    one = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
-    other = rounds.Slurm(tmp_path / "b", rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
+    one = slurm_rounds(tmp_path, launch)
+    other = slurm_rounds(tmp_path / "b", launch)
     with pytest.raises(KeyboardInterrupt):
         one([ProbeSpec("cpu", label="a")])
     cancel = calls[-1]
@@ -238,7 +248,7 @@ def test_a_failed_scancel_does_not_hide_the_interrupt(
             raise KeyboardInterrupt
         raise MissingToolError("`scancel` is not installed or not on PATH")
 
-    runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
+    runner = slurm_rounds(tmp_path, launch)
     with pytest.raises(KeyboardInterrupt):
         runner([ProbeSpec("cpu", label="a")])
     assert "scancel 4242" in capsys.readouterr().err  # what to run by hand
