@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from repro.core import console
 from repro.core.errors import Interrupted, SuiteFailedError
@@ -62,9 +62,6 @@ class RunTarget:
     # finish, keep the finished runs' records and files, all in the same results.json.
     resume: bool = False
 
-    def engine_choice(self) -> str | None:
-        return self.engine or os.environ.get("ENGINE") or None
-
 
 def load_matrix(path: str | None) -> Matrix:
     from repro.matrix.schema import load_matrix as load
@@ -72,7 +69,7 @@ def load_matrix(path: str | None) -> Matrix:
     return load(path) if path else load()
 
 
-def choose_engine(choice: str | None) -> Any:
+def choose_engine(choice: str | None) -> Engine:
     from repro.engines.select import choose_engine as choose
 
     return choose(choice or os.environ.get("ENGINE") or None)
@@ -82,7 +79,7 @@ def run_request(
     request: Request,
     target: RunTarget,
     matrix: Matrix | None = None,
-    engine_for: Callable[[str | None], Any] = choose_engine,
+    engine_for: Callable[[str | None], Engine] = choose_engine,
 ) -> list[RunRecord]:
     """Plan, preflight, run and summarize one request; raises SuiteFailedError when a suite did
     not run its plan (its exit code, a timeout, a planned run without a record), so the verdict
