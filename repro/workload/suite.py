@@ -446,7 +446,7 @@ def _run_planned(
 def _execute_all(
     out: str,
     prepared: list[tuple[PlannedRun, runner.RunSpec, rec.RunRecord]],
-    execute: Any,
+    execute: Callable[[int, runner.RunSpec, PlannedRun], runner.LaunchResult | None],
     jobs: int,
     stop: threading.Event,
     controls: Controls,
@@ -613,7 +613,7 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def _csv(choices: tuple[str, ...]) -> Any:
+def _csv(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(text: str) -> list[str]:
         items = [t.strip() for t in text.split(",") if t.strip()]
         bad = [t for t in items if t not in choices]
