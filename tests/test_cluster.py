@@ -147,39 +147,39 @@ def calls(path: Path) -> list[list[str]]:
     return [line.split("\t") for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_launch_node_runs_torchrun_with_rendezvous_and_layout(tmp_path: Path, real_subprocess: None) -> None:
-    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
+def launch_node(
+    tmp_path: Path, out: Path, tool: tuple[str, str], argv: list[str], **env: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The written launch-node.sh run for real for the run folder of `argv`'s scenario and patch
+    (runs/<scenario>-<patch>, a ds_config.json in it), with `argv` after that folder: `tool` (its
+    name, the body after the recorder) the one stand-in on PATH, its calls in tmp_path/calls, the
+    variables `env` added to this process's. Returns the finished script and the run folder."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    stub(
-        bin_dir,
-        "python",
-        'env | grep -E "^(NDEV_PER_NODE|LOCAL_SIZE|DS_ACCELERATOR|PYTHONPATH)=" | sort > "$CALLS.env"\n',
-    )
-    run_dir = tmp_path / "runs" / "mics-hier-stock"
+    stub(bin_dir, *tool)
+    run_dir = tmp_path / "runs" / f"{argv[0]}-{argv[1]}"
     run_dir.mkdir(parents=True)
     (run_dir / "ds_config.json").write_text("{}")
-    env = dict(
-        os.environ,
-        PATH=f"{bin_dir}:{os.environ['PATH']}",
-        CALLS=str(tmp_path / "calls"),
-        RUNTIME="none",
-        PYTHON=str(bin_dir / "python"),
-        REPRO_SRC="/src/mics-repro",
-    )
+    environ = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"), **env)
     proc = subprocess.run(
-        [
-            BASH,
-            str(out / "launch-node.sh"),
-            str(run_dir),
-            "mics-hier",
-            "stock",
-            "node-a",
-            "job7-mics-hier-stock",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
+        [BASH, str(out / "launch-node.sh"), str(run_dir), *argv], env=environ, capture_output=True, text=True
+    )
+    return proc, run_dir
+
+
+def test_launch_node_runs_torchrun_with_rendezvous_and_layout(tmp_path: Path, real_subprocess: None) -> None:
+    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
+    proc, run_dir = launch_node(
+        tmp_path,
+        out,
+        (
+            "python",
+            'env | grep -E "^(NDEV_PER_NODE|LOCAL_SIZE|DS_ACCELERATOR|PYTHONPATH)=" | sort > "$CALLS.env"\n',
+        ),
+        ["mics-hier", "stock", "node-a", "job7-mics-hier-stock"],
+        RUNTIME="none",
+        PYTHON=str(tmp_path / "bin" / "python"),
+        REPRO_SRC="/src/mics-repro",
     )
     assert proc.returncode == 0, proc.stderr
     (call,) = calls(tmp_path / "calls")
@@ -291,27 +291,16 @@ def _gpu_run(
     tmp_path: Path, runtime: str, body: str, **extra: str
 ) -> tuple[subprocess.CompletedProcess[str], Path, Path]:
     out = written(tmp_path, cluster.REPORTER)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stub(bin_dir, runtime, body)
-    run_dir = tmp_path / "runs" / "mics-stock"
-    run_dir.mkdir(parents=True)
-    (run_dir / "ds_config.json").write_text("{}")
-    env = dict(
-        os.environ,
-        PATH=f"{bin_dir}:{os.environ['PATH']}",
-        CALLS=str(tmp_path / "calls"),
+    proc, run_dir = launch_node(
+        tmp_path,
+        out,
+        (runtime, body),
+        ["mics", "stock", "node-a"],
         RUNTIME=runtime,
         SIF=str(tmp_path / "x.sif"),
         AWS_SECRET_ACCESS_KEY="not-for-the-run",
         **GPU_HOST_ENV,
         **extra,
-    )
-    proc = subprocess.run(
-        [BASH, str(out / "launch-node.sh"), str(run_dir), "mics", "stock", "node-a"],
-        env=env,
-        capture_output=True,
-        text=True,
     )
     return proc, run_dir, tmp_path / "calls.env"
 
