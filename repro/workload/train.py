@@ -1,7 +1,7 @@
 """Per-rank training entry point: `torchrun ... -m repro.workload.train --run-dir DIR ...`.
 
 Each rank trains the small model for a few steps with DeepSpeed ZeRO-3 or MiCS and writes
-DIR/rank{RANK}.json (see `RANK_KEYS`), also when it fails. Before anything heavy it writes
+DIR/rank{RANK}.json (see `RankRecord`), also when it fails. Before anything heavy it writes
 DIR/rank{RANK}.pid, sends its stdout/stderr (C level included) to DIR/rank{RANK}.log and arms
 SIGUSR1 to dump every thread's Python stack into DIR/rank{RANK}.stack, so the launcher can see a
 hang. SIGTERM writes the json (with the main thread's stack) and exits at once, even while the
@@ -65,8 +65,7 @@ class RankRecord(TypedDict, total=False):
     fix: FixReport | None
     devices_per_node: int | None
     steps_completed: int
-    # extras: what the CPU scaffolding did (cpu/shims.TransportInfo: the record's transport_info, {} off
-    # CPU, which that total TypedDict cannot hold yet) and the model that ran
+    # extras: what the CPU scaffolding did (each module's report) and the model that ran
     transport_info: dict[str, Any] | None
     model: dict[str, int] | None
     # what the run really used: device, backend, GPUs, arch, runtimes (repro/workload/device.py)
