@@ -20,6 +20,7 @@ import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 from packaging.markers import Marker, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
@@ -109,13 +110,22 @@ class JobDeps:
     def describe(self) -> str:
         return " ".join(self.lines)
 
-    def record(self) -> dict[str, object]:
+    def record(self) -> DepsRecord:
         return {
             "requirements_file": self.requirements_file,
             "packages": self.packages,
             "lines": list(self.lines),
             "digest": self.digest(),
         }
+
+
+class DepsRecord(TypedDict):
+    """The job's packages as the records and the layer's marker say them."""
+
+    requirements_file: str | None  # REQUIREMENTS=
+    packages: str | None  # PACKAGES=
+    lines: list[str]  # the requirement lines of both
+    digest: str
 
 
 def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = None) -> JobDeps | None:

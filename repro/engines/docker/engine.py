@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from repro.core import console
 from repro.core.cmd import STOP_GRACE_S as HOST_STOP_GRACE_S
@@ -516,8 +516,8 @@ class RunOptions:
     binds: tuple[str, ...] = ()  # "host:container:rw" (custom jobs: WORKDIR at the same path)
     network: bool = False  # containers run offline; a custom job may ask for it (NETWORK=1)
 
-    def to_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {}
+    def to_kwargs(self) -> ContainerOptions:
+        kwargs: ContainerOptions = {}
         if self.binds:
             kwargs["volumes"] = list(self.binds)
         if self.devices:
@@ -556,7 +556,20 @@ class RunOptions:
         return pairs
 
 
-def offline_kwargs() -> dict[str, Any]:
+class ContainerOptions(TypedDict, total=False):
+    """RunOptions as keyword arguments of docker-py's containers.create."""
+
+    volumes: list[str]
+    devices: list[str]
+    group_add: list[str]
+    ipc_mode: str
+    shm_size: str
+    security_opt: list[str]
+    cap_add: list[str]
+    device_requests: list[Any]  # docker.types.DeviceRequest (docker-py has no types)
+
+
+def offline_kwargs() -> dict[str, str]:
     """A container without a network that still has its loopback: `docker run --network none`.
     (docker-py's `network_disabled=True` leaves no network at all and an empty /etc/hosts, so
     `localhost` does not resolve: accelerate's port check and any rendezvous on "localhost" die with

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from repro.core import cmd, console
 from repro.core.errors import BuildError, PythonVersionError
@@ -66,6 +66,26 @@ class Interpreter:
         return ".".join(self.version.split(".")[:2])
 
 
+class LayeredOn(TypedDict):
+    """A layer's base, in its marker: the base venv, the pins it had, what the layer changed over it."""
+
+    venv: str
+    env_id: str
+    pins: dict[str, str]
+    installed: list[str]
+    unused: list[str]
+    format: int  # LAYER_FORMAT
+
+
+class _MarkerJson(TypedDict, total=False):
+    """The marker file (MARKER) as JSON: VenvMarker's fields."""
+
+    env_id: str
+    pins: dict[str, str]
+    python: str
+    layered_on: LayeredOn
+
+
 @dataclass(frozen=True)
 class VenvMarker:
     """What a finished venv holds; compared field by field before reuse.
@@ -77,24 +97,24 @@ class VenvMarker:
     env_id: str
     pins: Mapping[str, str]
     python: str  # major.minor of the interpreter the venv was made from
-    layered_on: Mapping[str, Any] | None = None
+    layered_on: LayeredOn | None = None
 
     def to_json(self) -> str:
-        data: dict[str, Any] = {"env_id": self.env_id, "pins": dict(self.pins), "python": self.python}
+        data: _MarkerJson = {"env_id": self.env_id, "pins": dict(self.pins), "python": self.python}
         if self.layered_on is not None:
-            data["layered_on"] = dict(self.layered_on)
+            data["layered_on"] = self.layered_on.copy()
         return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def read(cls, venv: Path) -> VenvMarker | None:
         try:
-            data: dict[str, Any] = json.loads((venv / MARKER).read_text())
+            data: _MarkerJson = json.loads((venv / MARKER).read_text())
             layered = data.get("layered_on")
             return cls(
                 str(data["env_id"]),
                 dict(data["pins"]),
                 str(data["python"]),
-                dict(layered) if isinstance(layered, dict) else None,
+                layered.copy() if isinstance(layered, dict) else None,
             )
         except (OSError, ValueError, KeyError, TypeError):
             return None

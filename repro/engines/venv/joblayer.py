@@ -60,6 +60,15 @@ class JobLayer:
         }
 
 
+class _JobMarker(jobdeps.DepsRecord):
+    """The layer's JOB_MARKER: its base venv and the pins there, what it added, and the job's packages."""
+
+    base: str
+    base_pins: dict[str, str]
+    added: dict[str, str]
+    format: int  # LAYER_FORMAT
+
+
 def layer_dir(base: Path, deps: jobdeps.JobDeps) -> Path:
     return base.with_name(f"{base.name}+job-{deps.digest()}")
 
@@ -203,7 +212,7 @@ def _write_markers(
     env_id: str,
 ) -> None:
     """Write the job marker, then the venv engine's marker (with `layered_on`) that makes it finished."""
-    info = {
+    info: _JobMarker = {
         "base": str(base),
         "base_pins": dict(base_pins),
         "added": added,
@@ -300,9 +309,9 @@ def _relocate(tmp: Path, final: Path) -> None:
             path.write_bytes(data.replace(old, new))
 
 
-def _read(layer: Path) -> dict[str, Any] | None:
+def _read(layer: Path) -> _JobMarker | None:
     try:
-        data = json.loads((layer / JOB_MARKER).read_text())
+        data: _JobMarker = json.loads((layer / JOB_MARKER).read_text())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) and (layer / VENV_MARKER).is_file() else None
