@@ -32,9 +32,8 @@ _SEP = "\x1f"
 SPARSE = ("deepspeed", "accelerator", "op_builder", "csrc", "requirements")
 
 
+# A commit in bisect.json: candidate_commits, first_bad_commit, last_good_commit (shapes.COMMIT).
 class CommitRow(TypedDict, total=False):
-    """A commit in bisect.json: candidate_commits, first_bad_commit, last_good_commit (shapes.COMMIT)."""
-
     sha: str
     short: str
     subject: str

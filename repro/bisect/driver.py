@@ -67,9 +67,8 @@ TORCH_BEFORE_ILLEGAL_WORK = "2.0.1"
 AXES = ("torch", "deepspeed", COMMIT_AXIS)
 
 
+# ProbeOptions' part of a ProbeSpec: its keyword arguments.
 class SpecFields(TypedDict):
-    """ProbeOptions' part of a ProbeSpec: its keyword arguments."""
-
     scenario: str
     patch: str
     dtype: str | None

@@ -19,10 +19,8 @@ from repro.core.runs import RunFinding
 from repro.workload.record import CUSTOM_SCENARIO, Signature
 
 
+# A change point (repro.core.shapes.CHANGE): neighbouring probed candidates whose outcome or signature differ.
 class Change(TypedDict):
-    """A change point: two neighbouring probed candidates whose outcome or signature differ
-    (repro.core.shapes.CHANGE), with the candidates between them that gave no answer."""
-
     before: str
     after: str
     outcome_before: str
@@ -36,27 +34,23 @@ class Change(TypedDict):
 Segment = TypedDict("Segment", {"from": str, "to": str, "outcome": str, "signature": str})
 
 
+# bisect.json's `next` when both ends gave one verdict: why, what to run instead, the releases beyond.
 class Next(TypedDict):
-    """bisect.json's `next` when both ends gave one verdict: why, the lines to run instead, and
-    the releases the index lists beyond the range (oldest first)."""
-
     why: str
     lines: list[str]
     earlier: list[str]
     later: list[str]
 
 
+# How to reproduce the first bad commit: with this tool, with pip, and the command to run then.
 class Reproduce(TypedDict):
-    """How to reproduce the first bad commit: with this tool, with pip, and the command after."""
-
     make: str
     pip: str
     command: str | None
 
 
+# bisect.json and survey.json (repro.core.shapes.WALK): one bisect's or survey's data.
 class WalkData(TypedDict, total=False):
-    """bisect.json and survey.json (repro.core.shapes.WALK): one bisect's or survey's data."""
-
     kind: str  # bisect | survey (a COMMITS=1 stage the releases gave no boundary for: skipped)
     why: str  # kind skipped: why
     axis: str  # torch | deepspeed | deepspeed-commit

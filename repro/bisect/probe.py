@@ -95,9 +95,8 @@ def verdict_for(
     return _by_rule(finding, bad_if)
 
 
+# One probe in bisect.json, survey.json and probe.json (repro.core.shapes.PROBE).
 class ProbeRow(TypedDict, total=False):
-    """One probe in bisect.json, survey.json and probe.json (repro.core.shapes.PROBE)."""
-
     version: str  # the candidate's label: a release, or a commit's short SHA
     outcome: str
     signature: str

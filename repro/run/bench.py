@@ -51,9 +51,8 @@ dist.destroy_process_group()
 """
 
 
+# One launcher's full set, in bench.jsonl's `suites`.
 class SuiteFigure(TypedDict):
-    """One launcher's full set, in bench.jsonl's `suites`."""
-
     seconds: float
     exit_code: int
     runs: int
@@ -62,34 +61,30 @@ class SuiteFigure(TypedDict):
     outcomes: dict[str, list[str | None]]  # run name -> [outcome, signature]
 
 
+# The bare start-up of the suite's torchrun jobs, in bench.jsonl's `bare`.
 class BareFigure(TypedDict):
-    """The bare start-up of the suite's torchrun jobs, in bench.jsonl's `bare`."""
-
     seconds: float
     jobs: int
     exit_codes: list[int]
 
 
+# One probe of the hang pair: its first (env-building) run and its timed one.
 class ProbeFigure(TypedDict):
-    """One probe of the hang pair: its first (env-building) run and its timed one."""
-
     first_s: float
     seconds: float
     exit_code: int
     outcome: str | None
 
 
+# bench.jsonl's `hang`: the clean and the hung probe of HANG_PAIR.
 class HangFigure(TypedDict):
-    """bench.jsonl's `hang`: the clean and the hung probe of HANG_PAIR."""
-
     clean: ProbeFigure
     hung: ProbeFigure
     ratio_hung_to_clean: float | None
 
 
+# One line of results/bench.jsonl (the module's docstring says what each step times).
 class Figure(TypedDict):
-    """One line of results/bench.jsonl (the module's docstring says what each step times)."""
-
     at: str
     env: str
     engine: str

@@ -30,9 +30,8 @@ HIDE_ALL = hide_gpus_env()
 ROCM_VERSION_FILE = "opt/rocm/.info/version"
 
 
+# What the host's GPUs are (gpu-check.json's `host`).
 class HostFacts(TypedDict):
-    """What the host's GPUs are (gpu-check.json's `host`)."""
-
     platform: str | None  # cuda | rocm, None: no GPU found
     gpus: list[dict[str, str]]  # {"index", "name", "driver", "arch"}, as far as the host tells
     driver: str | None

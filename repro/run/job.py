@@ -468,9 +468,8 @@ def _record(
     return record
 
 
+# A custom run's `ran_on`: rank 0's view, and what every process that joined a group used.
 class JobRanOn(RanOn, total=False):
-    """A custom run's `ran_on`: rank 0's view, and what every process that joined a group used."""
-
     devices: list[str]
     processes: int
     joined_group: bool

@@ -293,9 +293,8 @@ def execute(
     return invocation.runs
 
 
+# An env's suite.json, as repro/workload/suite.py writes it: its meta and its runs.
 class SuiteFile(SuiteMeta, total=False):
-    """An env's suite.json, as repro/workload/suite.py writes it: its meta and its runs."""
-
     runs: list[RunRecord]
 
 
