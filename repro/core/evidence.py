@@ -82,7 +82,8 @@ def as_evidence(
     records: Iterable[Mapping[str, Any]], platforms: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
     """The records as evidence: copies, where a run that did not run on its env's platform is an
-    `env-error` naming why (signature "none"). `platforms`: env id -> platform, where known."""
+    `env-error` naming why (signature "none"). `platforms`: env id -> platform, where known.
+    Mappings, not RunRecords: older tools' and hand-made records too (repro.core.runs.RunView)."""
     out = []
     for record in records:
         copy = dict(record)

@@ -154,6 +154,7 @@ def env_id_problem(env_id: str) -> str | None:
     return None
 
 
+# A table of the matrix file as TOML gives it: the callers check its keys and values one by one.
 def _table(checker: _Checker, data: Mapping[str, Any], key: str) -> dict[str, Any]:
     value = data.get(key, {})
     if not isinstance(value, dict):

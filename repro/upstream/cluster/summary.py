@@ -43,7 +43,7 @@ def _rank_files(run_dir: Path) -> list[dict[str, Any]]:
     return ranks
 
 
-def _error(exc: dict[str, Any]) -> str:
+def _error(exc: dict[str, Any]) -> str:  # a rank file's "exception"
     return f"{exc.get('type')}: {exc.get('message', '')}"[:160]
 
 

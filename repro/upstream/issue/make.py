@@ -297,7 +297,8 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
 
 
 def _commit_bisect(data: dict[str, Any]) -> dict[str, Any] | None:
-    """The folder's commit bisect: the folder's own file, its `commits`, or a survey's first found one."""
+    """The folder's commit bisect: the folder's own file, its `commits`, or a survey's first found one
+    (JSON, as _load reads it)."""
     if data.get("axis") == "deepspeed-commit":
         return data
     commits = data.get("commits")
