@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.processes import stand_in_server
 from tests.fixtures.stand_in_engine import StandInEngine, use_engine, write_suite
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,17 +133,8 @@ def test_the_prefork_server_stops_its_runs_when_the_suite_is_gone(
     tmp_path: Path, real_subprocess: None
 ) -> None:
     from repro.workload import runner
-    from repro.workload.prefork import PreforkServer
 
-    args = (
-        "--preload",
-        "tests.fixtures.prefork_heavy",
-        "--required",
-        "tests.fixtures.prefork_heavy",
-        "--entry",
-        "tests.fixtures.prefork_entry:main",
-    )
-    server = PreforkServer(dict(os.environ), str(REPO), str(tmp_path / "prefork.log"), runner.alive, args)
+    server = stand_in_server(tmp_path)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     try:

@@ -19,17 +19,8 @@ import pytest
 
 from repro.workload import runner
 from repro.workload.prefork import PreforkServer
+from tests.fixtures.processes import stand_in_server
 from tests.fixtures.resume_job_engine import JobEngine, run_job
-
-REPO = Path(__file__).resolve().parents[1]
-STAND_IN = (
-    "--preload",
-    "tests.fixtures.prefork_heavy",
-    "--required",
-    "tests.fixtures.prefork_heavy",
-    "--entry",
-    "tests.fixtures.prefork_entry:main",
-)
 
 
 def _wait_for(check: object, timeout_s: float = 60.0) -> bool:
@@ -46,7 +37,7 @@ def _wait_for(check: object, timeout_s: float = 60.0) -> bool:
 
 @pytest.fixture
 def server(tmp_path: Path, real_subprocess: None) -> Iterator[PreforkServer]:
-    srv = PreforkServer(dict(os.environ), str(REPO), str(tmp_path / "prefork.log"), runner.alive, STAND_IN)
+    srv = stand_in_server(tmp_path)
     yield srv
     srv.abandon()
 

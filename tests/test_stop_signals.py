@@ -22,6 +22,7 @@ import pytest
 from repro.core import cmd, signals
 from repro.engines.docker import engine as docker_engine
 from repro.workload import defaults, runner
+from tests.fixtures.processes import running
 
 STUBBORN_RANK = r"""
 import os, signal, sys, time
@@ -69,15 +70,6 @@ except KeyboardInterrupt:
     print("host: interrupted", flush=True)
     sys.exit(130)
 """
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie waits for PID 1, which may never reap it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
 
 
 def _wait_for(predicate, what: str, limit_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
@@ -142,7 +134,7 @@ def test_signal_stops_every_level_keeps_records_and_leaves_no_process(
 
     everyone = _pids(out, "runs/*/rank*.pid") + _pids(out, "runs/*/launcher.pid") + _pids(out, "suite.pid")
     assert len(everyone) == 7
-    _wait_for(lambda: not [p for p in everyone if _running(p)], "every process gone", limit_s=10)
+    _wait_for(lambda: not [p for p in everyone if running(p)], "every process gone", limit_s=10)
 
     data = json.loads((out / "suite.json").read_text())
     assert data["interrupted"] is True

@@ -20,6 +20,7 @@ import pytest
 
 from repro.engines.venv import engine as venv_engine
 from repro.engines.venv.engine import remove_stale_temps
+from tests.fixtures.processes import running
 
 # Does what a build does before its long pip steps: takes the venv's lock and makes its temp dir.
 BUILDER = r"""
@@ -130,14 +131,6 @@ except KeyboardInterrupt:
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def test_sigterm_during_a_venv_build_leaves_no_temp_venv_and_no_process(
     tmp_path: Path, real_subprocess: None
 ) -> None:
@@ -167,6 +160,6 @@ def test_sigterm_during_a_venv_build_leaves_no_temp_venv_and_no_process(
     assert [p.name for p in root.iterdir() if p.is_dir()] == []  # no temp venv, no half venv
     pip_pid = int(pid_file.read_text())
     deadline = time.monotonic() + 10
-    while _running(pip_pid) and time.monotonic() < deadline:
+    while running(pip_pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _running(pip_pid), "the pip step outlived the build"
+    assert not running(pip_pid), "the pip step outlived the build"
