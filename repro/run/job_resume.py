@@ -14,7 +14,7 @@ import json
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from repro.core.errors import UsageError
 from repro.core.smallfile import read_regular
@@ -31,7 +31,7 @@ def run_folder(env_dir: Path, patch: str) -> Path:
     return env_dir / f"custom-{patch}"
 
 
-def finished(job: Mapping[str, Any] | None, patch: str, command: str, workdir: str) -> bool:
+def finished(job: JobResult | None, patch: str, command: str, workdir: str) -> bool:
     """Whether a run's job.json says it ended (any end but interrupted) running this job."""
     if not isinstance(job, Mapping):
         return False
