@@ -45,6 +45,18 @@ class EngineFacts(TypedDict, total=False):
     rank: int
 
 
+# What a pytest session of the job did: pytest_outcomes.summary(), declared here because that
+# module imports jobhook (and jobhook this one), so neither can import it from there.
+class PytestSummary(TypedDict):
+    exitstatus: int
+    collected: int | None
+    counts: dict[str, int]  # outcome: tests
+    ran: int
+    tests: dict[str, dict[str, str]]  # test id: {"outcome", "message"}, the first MAX_TESTS
+    tests_cut: int
+    collect_errors: list[dict[str, str]]  # {"nodeid", "message"}: modules pytest could not collect
+
+
 # hook/<pid>.json: what one hooked process did. Written by jobhook.py, declared here because
 # job.py reads it back through sort_records (and jobhook imports this module, not the reverse).
 class HookRecord(TypedDict, total=False):
@@ -66,7 +78,7 @@ class HookRecord(TypedDict, total=False):
     ran_on: RanOn
     ran_on_error: str
     test_harness_devices: int
-    pytest: dict[str, Any]  # pytest_outcomes.summary(), typed there as dict[str, Any] for now
+    pytest: PytestSummary
     illegal_work_failures: int
     illegal_work_lines: int
     illegal_work_not_from_deepspeed: int

@@ -44,7 +44,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
 from repro.workload import hooksign
-from repro.workload.hooksign import EngineFacts, HookRecord
+from repro.workload.hooksign import EngineFacts, HookRecord, PytestSummary
 
 if TYPE_CHECKING:
     from repro.workload.cpu.half_kernels import HalfKernels
@@ -490,7 +490,7 @@ def pytest_session_started() -> None:
     _REPORT["test_harness_devices"] = int(count)
 
 
-def note_pytest(summary: dict[str, Any]) -> None:  # pytest_outcomes.summary()
+def note_pytest(summary: PytestSummary) -> None:
     """What pytest said of this session's tests (repro/workload/pytest_outcomes.py), into the
     signed record: written even when the session never imported DeepSpeed (no test ran it)."""
     _REPORT["pytest"] = summary
