@@ -30,18 +30,16 @@ from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
 RESULTS_FILE = "results.json"
 
 
+# Host facts that help a maintainer; no hostnames, user names or paths (they leak into bundles).
 class HostInfo(TypedDict):
-    """Host facts that help a maintainer; no hostnames, user names or paths (they leak into bundles)."""
-
     os: str
     machine: str
     python: str
     cpu_count: int | None
 
 
+# results.json's "invocation": the command that made the folder, and when it ran.
 class Invocation(TypedDict, total=False):
-    """results.json's "invocation": the command that made the folder, and when it ran."""
-
     argv: list[str]
     command: str
     started_at: str
@@ -52,9 +50,8 @@ class Invocation(TypedDict, total=False):
     resumed_at: list[str]  # RESUME=1 runs that finished the folder
 
 
+# results.json's entry for one env: what ran the suite and how it ended.
 class EnvInfo(TypedDict, total=False):
-    """results.json's entry for one env: what ran the suite and how it ended."""
-
     platform: str
     engine: str  # "docker" | "venv"
     pins: dict[str, str] | None

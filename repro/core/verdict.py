@@ -75,9 +75,8 @@ class Evidence:
         return {"text": self.text, "runs": list(self.runs)}
 
 
+# Evidence in report.json.
 class EvidenceData(TypedDict):
-    """Evidence in report.json."""
-
     text: str
     runs: list[str]
 
@@ -99,9 +98,8 @@ class Shortfall:
         return {"have": self.have, "needs": self.needs, "on_gpus": self.on_gpus}
 
 
+# A Shortfall in report.json.
 class ShortfallData(TypedDict):
-    """A Shortfall in report.json."""
-
     have: int
     needs: int
     on_gpus: bool
@@ -354,9 +352,8 @@ def shortfall_words(short: Shortfall) -> str:
     )
 
 
+# An env's verdict in report.json (EnvVerdict's fields, its texts, and the enums' values).
 class VerdictData(TypedDict):
-    """An env's verdict in report.json (EnvVerdict's fields, its texts, and the enums' values)."""
-
     env: str
     subject: str
     headline: str

@@ -119,9 +119,8 @@ class JobDeps:
         }
 
 
+# The job's packages as the records and the layer's marker say them.
 class DepsRecord(TypedDict):
-    """The job's packages as the records and the layer's marker say them."""
-
     requirements_file: str | None  # REQUIREMENTS=
     packages: str | None  # PACKAGES=
     lines: list[str]  # the requirement lines of both

@@ -22,9 +22,8 @@ from repro.report.verdicts import Finding, FindingData
 __all__ = ["DEFAULT_GPU_ENV_HINT", "Answers", "answer_all", "relation"]
 
 
+# The three answers and the findings in report.json.
 class AnswersData(TypedDict):
-    """The three answers and the findings in report.json."""
-
     headline: list[EnvAnswerData]
     cause: CauseData
     upgrade: UpgradeData

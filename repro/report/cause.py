@@ -36,9 +36,8 @@ class CauseAnswer:
         }
 
 
+# The cause answer in report.json.
 class CauseData(TypedDict):
-    """The cause answer in report.json."""
-
     verdict: str
     summary: str
     evidence: list[EvidenceData]

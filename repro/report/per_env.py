@@ -111,9 +111,8 @@ class EnvAnswer:
         }
 
 
+# An env's headline entry in report.json: its verdict, with what the env is.
 class EnvAnswerData(VerdictData):
-    """An env's headline entry in report.json: its verdict, with what the env is."""
-
     platform: str
     platform_note: str
     versions: dict[str, str | None]  # EnvVersions.to_dict

@@ -46,9 +46,8 @@ JOB_COLORS = (
 )
 
 
+# The keyword arguments of matplotlib's Axes.plot that draw one kind of series.
 class LineStyle(TypedDict, total=False):
-    """The keyword arguments of matplotlib's Axes.plot that draw one kind of series."""
-
     linewidth: float
     alpha: float
     solid_capstyle: str
@@ -78,17 +77,15 @@ class Series:
         return tuple(i for i, v in enumerate(self.values) if v is None)
 
 
+# A Series in report.json: which run, and the steps whose loss is NaN/inf.
 class SeriesData(TypedDict):
-    """A Series in report.json: which run, and the steps whose loss is NaN/inf."""
-
     run: str
     label: str
     null_steps: list[int]
 
 
+# A Plot in report.json (the picture itself is the PNG file).
 class PlotData(TypedDict):
-    """A Plot in report.json (the picture itself is the PNG file)."""
-
     env: str
     slug: str
     title: str

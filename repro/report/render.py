@@ -132,9 +132,8 @@ def _fix_info(runs: Sequence[Run]) -> str:
     return "" if info is None else json.dumps(info, indent=1, sort_keys=True, default=str)
 
 
+# report.json: the answers, the table, the timelines and the plots, and the folders read.
 class ReportData(AnswersData):
-    """report.json: the answers, the table, the timelines and the plots, and the folders read."""
-
     schema: int
     tool_version: str
     results: list[str]
@@ -164,6 +163,7 @@ def report_data(
     }
 
 
+# SummaryData's parts: an env's headline entry, the upgrade answer (report.json's, in part).
 class _HeadlineSummary(TypedDict):
     env: str
     versions: dict[str, str | None]
@@ -178,9 +178,8 @@ class _UpgradeSummary(TypedDict):
     steps: list[dict[str, str]]  # {"env", "relation", "outcome"}
 
 
+# The compact part of report.json that goes into REPORT.md: verdicts, not the evidence prose.
 class SummaryData(TypedDict):
-    """The compact part of report.json that goes into REPORT.md: verdicts, not the evidence prose."""
-
     schema: int
     tool_version: str
     headline: list[_HeadlineSummary]
@@ -232,9 +231,8 @@ def _environment(target: templating.Target) -> jinja2.Environment:
     return env
 
 
+# What report.html.j2 and REPORT.md.j2 read.
 class _Context(TypedDict, total=False):
-    """What report.html.j2 and REPORT.md.j2 read."""
-
     answers: Answers
     rows: Sequence[Row]
     details: Sequence[EnvDetails]

@@ -56,9 +56,8 @@ class Cell:
         }
 
 
+# A table Cell in report.json (its fields).
 class CellData(TypedDict):
-    """A table Cell in report.json (its fields)."""
-
     run: str
     outcome: str
     signature: str
@@ -109,9 +108,8 @@ class Row:
         }
 
 
+# A table Row in report.json.
 class RowData(TypedDict):
-    """A table Row in report.json."""
-
     env: str
     scenario: str
     job: str | None

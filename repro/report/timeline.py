@@ -36,9 +36,8 @@ class Timeline:
         }
 
 
+# A Timeline in report.json: the walk file's change points and probes, as the table shows them.
 class TimelineData(TypedDict):
-    """A Timeline in report.json: the walk file's change points and probes, as the table shows them."""
-
     source: str
     change_points: list[dict[str, str]]
     probes: list[dict[str, str]]

@@ -42,9 +42,8 @@ class UpgradeStep:
         }
 
 
+# An UpgradeStep in report.json.
 class UpgradeStepData(TypedDict):
-    """An UpgradeStep in report.json."""
-
     env: str
     versions: str
     relation: str
@@ -71,9 +70,8 @@ class UpgradeAnswer:
         }
 
 
+# The upgrade answer in report.json.
 class UpgradeData(TypedDict):
-    """The upgrade answer in report.json."""
-
     verdict: str
     summary: str
     baseline: str | None

@@ -124,9 +124,8 @@ class Finding:
         }
 
 
+# A Finding in report.json.
 class FindingData(TypedDict):
-    """A Finding in report.json."""
-
     kind: str
     env: str
     run: str | None

@@ -556,9 +556,8 @@ class RunOptions:
         return pairs
 
 
+# RunOptions as keyword arguments of docker-py's containers.create.
 class ContainerOptions(TypedDict, total=False):
-    """RunOptions as keyword arguments of docker-py's containers.create."""
-
     volumes: list[str]
     devices: list[str]
     group_add: list[str]

@@ -66,9 +66,8 @@ class Interpreter:
         return ".".join(self.version.split(".")[:2])
 
 
+# A layer's base, in its marker: the base venv, the pins it had, what the layer changed over it.
 class LayeredOn(TypedDict):
-    """A layer's base, in its marker: the base venv, the pins it had, what the layer changed over it."""
-
     venv: str
     env_id: str
     pins: dict[str, str]
@@ -77,9 +76,8 @@ class LayeredOn(TypedDict):
     format: int  # LAYER_FORMAT
 
 
+# The marker file (MARKER) as JSON: VenvMarker's fields.
 class _MarkerJson(TypedDict, total=False):
-    """The marker file (MARKER) as JSON: VenvMarker's fields."""
-
     env_id: str
     pins: dict[str, str]
     python: str

@@ -60,9 +60,8 @@ class JobLayer:
         }
 
 
+# The layer's JOB_MARKER: its base venv and the pins there, what it added, and the job's packages.
 class _JobMarker(jobdeps.DepsRecord):
-    """The layer's JOB_MARKER: its base venv and the pins there, what it added, and the job's packages."""
-
     base: str
     base_pins: dict[str, str]
     added: dict[str, str]

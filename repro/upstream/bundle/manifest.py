@@ -75,18 +75,16 @@ class Expected:
         )
 
 
+# The manifest's "env": the env the runs and the image are of.
 class BundleEnv(TypedDict):
-    """The manifest's "env": the env the runs and the image are of."""
-
     id: str
     platform: str
     pins: dict[str, str]
     derived_from: str | None
 
 
+# The manifest's "image": the flattened image, saved and gzipped into the bundle (make.py).
 class BundleImage(TypedDict):
-    """The manifest's "image": the flattened image, saved and gzipped into the bundle (make.py)."""
-
     file: str
     ref: str
     id: str  # sha256:<64 hex>
@@ -101,9 +99,8 @@ class BundleImage(TypedDict):
     base: str | None
 
 
+# The manifest's "job": a user's own command, and how verify-bundle runs it again.
 class JobBlock(TypedDict):
-    """The manifest's "job": a user's own command, and how verify-bundle runs it again."""
-
     command: str
     workdir: str | None  # a folder inside the bundle; null: left out, the verifier supplies one
     patches: list[str]

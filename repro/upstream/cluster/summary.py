@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # a login node's Python 3.7 has no typing.TypedDict: the type exists for mypy only
     from typing import TypedDict
 
+    # One run of summary.json: what its rank files say.
     class RunSummary(TypedDict):
-        """One run of summary.json: what its rank files say."""
-
         run: str  # the run's folder name
         exit_code: str | None  # the launcher's, as its exit_code file holds it
         ranks_reported: int

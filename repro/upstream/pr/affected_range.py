@@ -50,9 +50,8 @@ class Column:
     env: str
 
 
+# One row of range.json: a DeepSpeed release, or REF (is_ref), and its probes by torch and patch.
 class RangeRow(TypedDict, total=False):
-    """One row of range.json: a DeepSpeed release, or REF (is_ref), and its probes by torch and patch."""
-
     deepspeed: str
     is_ref: bool
     applies: bool | None  # whether the fix applies (None: DS_REPO has no such tag)
@@ -61,9 +60,8 @@ class RangeRow(TypedDict, total=False):
     cells: dict[str, dict[str, dict[str, Any]]]
 
 
+# range.json: the affected range's rows (oldest release first, REF last) by the torch columns.
 class RangeData(TypedDict):
-    """range.json: the affected range's rows (oldest release first, REF last) by the torch columns."""
-
     kind: str  # "pr-range"
     ref: str
     ref_sha: str
