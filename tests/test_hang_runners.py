@@ -8,14 +8,14 @@ runners could only end it with "exceeded the 20 s time limit"; now the reason na
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from repro.workload import collectives, job, runner
+from repro.workload import collectives, runner
+from tests.fixtures.job_main import run_gpu_job
 from tests.fixtures.runspec import cpu_spec
 
 STANDIN = Path(__file__).parent / "fixtures" / "standin_ranks.py"
@@ -59,25 +59,7 @@ def test_the_job_runner_ends_a_proven_deadlock_as_hung_with_its_reason(
         f"{sys.executable} {STANDIN} {folder} {r} 4 {'all_reduce' if r < 2 else 'broadcast'} &"
         for r in range(4)
     )
-    out = tmp_path / "out"
-    code = job.main(
-        [
-            "--cmd",
-            f"{ranks} wait",
-            "--workdir",
-            str(tmp_path),
-            "--out",
-            str(out),
-            "--device",
-            "gpu",
-            "--stall-timeout",
-            "600",
-            "--timeout",
-            "20",
-        ]
-    )
-    assert code == 0
-    result = json.loads((out / job.JOB_JSON).read_text())
+    result = run_gpu_job(tmp_path, f"{ranks} wait", stall="600", timeout="20")
     assert result["status"] == "hung" and result["survivors"] == []
     assert str(result["hang_detail"]).startswith(REASON), result["hang_detail"]
     assert len(result["stacks"]) == 4  # every stand-in rank's stack, dumped as before

@@ -16,6 +16,7 @@ import pytest
 
 from repro.run.job import RawRun, build_records
 from repro.workload import job
+from tests.fixtures.job_main import job_argv, run_gpu_job
 
 PROBE = textwrap.dedent("""\
     import builtins, json, sys
@@ -69,25 +70,7 @@ def test_hook_is_inert_unless_asked(tmp_path: Path, real_subprocess: None) -> No
 
 
 def _run_job(tmp_path: Path, command: str, stall: float = 300.0) -> dict[str, object]:
-    out = tmp_path / "out"
-    code = job.main(
-        [
-            "--cmd",
-            command,
-            "--workdir",
-            str(tmp_path),
-            "--out",
-            str(out),
-            "--device",
-            "gpu",
-            "--stall-timeout",
-            str(stall),
-            "--timeout",
-            "600",
-        ]
-    )
-    assert code == 0
-    return json.loads((out / job.JOB_JSON).read_text())  # type: ignore[no-any-return]
+    return run_gpu_job(tmp_path, command, stall=str(stall), timeout="600")
 
 
 def test_command_without_deepspeed_runs_and_is_no_evidence(tmp_path: Path, real_subprocess: None) -> None:
@@ -190,16 +173,7 @@ def test_a_job_that_replaces_pythonpath_is_still_hooked(
         str(venv / "bin" / "python"),
         "-m",
         "repro.workload.job",
-        "--cmd",
-        command,
-        "--workdir",
-        str(tmp_path),
-        "--out",
-        str(out),
-        "--patch",
-        "fixed",
-        "--device",
-        "gpu",
+        *job_argv(tmp_path, command, "--patch", "fixed", "--device", "gpu"),
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MICS_REPRO_", "PYTHON"))}
     env["PYTHONPATH"] = str(Path(job.REPO_ROOT))  # the runner's own import of repro, as the engines do
