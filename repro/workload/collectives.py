@@ -93,9 +93,8 @@ CallRecord = TypedDict(
 )
 
 
+# The last call issued on one group (sizes and dtype once it issued one).
 class GroupRecord(TypedDict, total=False):
-    """The last call issued on one group (sizes and dtype once it issued one)."""
-
     ranks: list[int]
     seq: int
     op: str | None
@@ -103,9 +102,8 @@ class GroupRecord(TypedDict, total=False):
     dtype: str | None
 
 
+# FOLDER/<pid>.json: what hangwatch.parse reads.
 class Snapshot(TypedDict):
-    """FOLDER/<pid>.json: what hangwatch.parse reads."""
-
     n: int
     format: int
     pid: int
@@ -117,9 +115,8 @@ class Snapshot(TypedDict):
     z: int
 
 
+# What install() wrapped (the hook's and the run's record).
 class Installed(TypedDict, total=False):
-    """What install() wrapped (the hook's and the run's record)."""
-
     recorded: list[str]
     why: str
     folder: str

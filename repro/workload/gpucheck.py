@@ -29,17 +29,15 @@ if TYPE_CHECKING:
 PROBES = ("raw-torch", "ds-gather")
 
 
+# One call's outcome: the type it returned, or what it raised.
 class Outcome(TypedDict):
-    """One call's outcome: the type it returned, or what it raised."""
-
     ok: bool
     result: str | None
     error: str | None
 
 
+# DeepSpeed's all_gather_coalesced, called async then sync (_gather_probe).
 class GatherFacts(TypedDict, total=False):
-    """DeepSpeed's all_gather_coalesced, called async then sync (_gather_probe)."""
-
     async_call: Outcome
     async_handle: str | None
     async_wait: Outcome | None
@@ -48,9 +46,8 @@ class GatherFacts(TypedDict, total=False):
     sync_landed: bool
 
 
+# The --out JSON: raw-torch's facts or ds-gather's, with what ran.
 class Report(TypedDict, total=False):
-    """The --out JSON: raw-torch's facts or ds-gather's, with what ran."""
-
     probe: str
     torch: str
     ran_on: RanOn

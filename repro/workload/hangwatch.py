@@ -70,9 +70,8 @@ class RankView:
     last: Mapping[str, Call] = field(default_factory=dict)  # group name -> last call issued there
 
 
+# One rank's call in a Hang's evidence (group_ranks: find_blocked's only).
 class CallFacts(TypedDict, total=False):
-    """One rank's call in a Hang's evidence (group_ranks: find_blocked's only)."""
-
     op: str
     seq: int
     sizes: list[int]
@@ -80,9 +79,8 @@ class CallFacts(TypedDict, total=False):
     group_ranks: list[int]
 
 
+# What a Hang rests on: a mismatch's group, the blocked ranks' calls, a stall's limit.
 class Evidence(TypedDict, total=False):
-    """What a Hang rests on: a mismatch's group, the blocked ranks' calls, a stall's limit."""
-
     group: str
     group_ranks: list[int]
     seq: int

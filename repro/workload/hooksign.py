@@ -36,9 +36,8 @@ KEY_VAR = "MICS_REPRO_HOOK_KEY"
 MAC_FIELD: Final = "mac"
 
 
+# What only the DeepSpeed engine knows (dtype_error: a DeepSpeed without those methods).
 class EngineFacts(TypedDict, total=False):
-    """What only the DeepSpeed engine knows (dtype_error: a DeepSpeed without those methods)."""
-
     dtype: str
     dtype_error: str
     world_size: int

@@ -320,18 +320,16 @@ def _watch(
     return None, "", {}, []
 
 
+# What the job could reach (_evidence).
 class JobEvidence(TypedDict):
-    """What the job could reach (_evidence)."""
-
     hook_reports: list[HookRecord]  # signature verified
     hook_signed: bool
     forged_hook_records: list[dict[str, str]]  # {"file", "why"}
     job_wrote: list[str]
 
 
+# OUT/job.json: how the job ended; repro/run/job.py reads it.
 class JobResult(JobEvidence):
-    """OUT/job.json: how the job ended; repro/run/job.py reads it."""
-
     status: str | None  # None: the command ended by itself
     exit_code: int | None
     hang_detail: str

@@ -486,9 +486,8 @@ _TRANSPORT: _Transport | None = None
 _ORIGINALS: dict[str, Callable[..., Any]] = {}
 
 
+# What install() added, for the record (transport_info.adapter).
 class Adapter(TypedDict, total=False):
-    """What install() added, for the record (transport_info.adapter)."""
-
     mode: str
     torch: str
     block_work: str  # "lost" | "kept"

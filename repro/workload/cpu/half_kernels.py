@@ -34,9 +34,8 @@ MISSING_KERNEL = "not implemented for 'Half'"
 WHAT = "fp32 compute, fp16 storage, for the aten ops whose CPU kernel lacks Half"
 
 
+# What install() put in place, for the record (error: the hook's, when it failed).
 class HalfKernels(TypedDict, total=False):
-    """What install() put in place, for the record (error: the hook's, when it failed)."""
-
     what: str
     reason: str  # the missing kernel's error
     torch: str
