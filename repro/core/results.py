@@ -19,7 +19,7 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 from repro import __version__
 from repro.core import records, run_lock, safe_write, shapes
@@ -312,9 +312,8 @@ class InvocationDir:
         for rel in below:
             safe_write.check_inside(self.folder, f"{env_id}/{rel}")
 
-    # The plain dict: repro/run/orchestrate.py still builds its entry key by key (not an EnvInfo yet).
-    def add_env(self, env_id: str, info: EnvInfo | dict[str, Any]) -> None:
-        self.data["envs"][env_id] = cast(EnvInfo, info)
+    def add_env(self, env_id: str, info: EnvInfo) -> None:
+        self.data["envs"][env_id] = info
         self.save()
 
     def add_runs(self, env_id: str, runs: list[RunRecord]) -> None:
