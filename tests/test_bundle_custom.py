@@ -25,7 +25,7 @@ from repro.upstream.bundle import files as bundle_files
 from repro.upstream.bundle import make as bundle
 from repro.upstream.bundle import verify as verify_bundle
 from repro.upstream.bundle.manifest import MANIFEST, Manifest, manifest_problems
-from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
+from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient
 from tests.fixtures.job_docker import STOCK_LOG, JobDocker, project
 
 COMMAND = "torchrun --nproc_per_node 2 train.py --lr 0.1"
@@ -53,8 +53,7 @@ def new_custom_bundle(tmp_path: Path, who: dict[str, str], client: FakeClient) -
 
 
 def test_a_bundle_of_custom_runs_carries_the_command_and_its_workdir(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
+    tmp_path: Path, host: dict[str, str]
 ) -> None:
     result = new_custom_bundle(tmp_path, host, FakeClient())
     manifest = Manifest.read(result.folder)
@@ -85,9 +84,7 @@ def test_a_bundle_of_custom_runs_carries_the_command_and_its_workdir(
 
 
 def test_a_workdir_too_large_is_left_out_and_the_manifest_says_what_to_supply(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bundle_files, "WORKDIR_MAX_BYTES", 10)
     client = FakeClient()
@@ -137,21 +134,14 @@ def _manifest_data(tmp_path: Path, who: dict[str, str]) -> dict[str, Any]:
     ],
 )
 def test_a_crafted_job_block_is_refused(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
-    field: str,
-    value: Any,
-    problem: str,
+    tmp_path: Path, host: dict[str, str], field: str, value: Any, problem: str
 ) -> None:
     data = _manifest_data(tmp_path, host)
     data["job"][field] = value
     assert any(problem in p for p in manifest_problems(data)), manifest_problems(data)
 
 
-def test_custom_runs_and_an_empty_suite_need_the_job_block(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
-) -> None:
+def test_custom_runs_and_an_empty_suite_need_the_job_block(tmp_path: Path, host: dict[str, str]) -> None:
     data = _manifest_data(tmp_path, host)
     data["job"]["shell"] = "/bin/sh"
     assert any("job does not have exactly the fields" in p for p in manifest_problems(data))
@@ -161,10 +151,7 @@ def test_custom_runs_and_an_empty_suite_need_the_job_block(
     assert any("suite_args does not run the env" in p for p in problems)
 
 
-def test_a_crafted_job_manifest_is_refused_before_anything_runs(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
-) -> None:
+def test_a_crafted_job_manifest_is_refused_before_anything_runs(tmp_path: Path, host: dict[str, str]) -> None:
     client = FakeClient()
     result = new_custom_bundle(tmp_path, host, client)
     path = result.folder / MANIFEST
@@ -180,8 +167,7 @@ def test_a_crafted_job_manifest_is_refused_before_anything_runs(
 
 
 def test_verify_reruns_the_command_offline_with_its_workdir_bound_and_compares(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
+    tmp_path: Path, host: dict[str, str]
 ) -> None:
     client = FakeClient()
     result = new_custom_bundle(tmp_path, host, client)
@@ -207,8 +193,7 @@ def test_verify_reruns_the_command_offline_with_its_workdir_bound_and_compares(
 
 
 def test_verify_says_when_the_command_no_longer_comes_out_as_expected(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
+    tmp_path: Path, host: dict[str, str]
 ) -> None:
     client = FakeClient()
     result = new_custom_bundle(tmp_path, host, client)

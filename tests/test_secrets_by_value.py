@@ -29,7 +29,7 @@ from repro.run.job import JobRequest, execute_job, reproduce_line
 from repro.upstream.bundle import make as bundle
 from repro.upstream.bundle.files import IMAGE_FILE
 from repro.upstream.issue import make as issue
-from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient, host  # noqa: F401 - `host` is a fixture
+from tests.fixtures.fake_bundle_docker import SOURCE_ID, SOURCE_TAG, FakeClient
 from tests.fixtures.job_docker import JobDocker, project
 
 # (CMD=, the secret it holds); each value is what must appear nowhere. Forms that main already kept
@@ -75,9 +75,7 @@ def holding(texts: dict[str, str], secret: str) -> dict[str, list[str]]:
 
 @pytest.mark.parametrize("form", list(FORMS))
 def test_each_form_is_gone_from_issue_md_report_md_and_report_html(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
-    form: str,
+    tmp_path: Path, host: dict[str, str], form: str
 ) -> None:
     command, secret = FORMS[form]
     client = FakeClient()
@@ -170,9 +168,7 @@ def new_bundle(home: Path, command: str, client: FakeClient, work: Path) -> bund
 
 @pytest.mark.parametrize("form", ["--password 'a b'", "curl -u alice:pw", "a quote in the value"])
 def test_a_bundle_of_a_job_with_a_secret_in_its_command_holds_it_nowhere(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
-    form: str,
+    tmp_path: Path, host: dict[str, str], form: str
 ) -> None:
     command, secret = FORMS[form]
     home = Path(host["home"])
@@ -190,8 +186,7 @@ def test_a_bundle_of_a_job_with_a_secret_in_its_command_holds_it_nowhere(
 
 
 def test_a_secret_the_bundle_cannot_replace_is_refused_and_nothing_is_left(
-    tmp_path: Path,
-    host: dict[str, str],  # noqa: F811
+    tmp_path: Path, host: dict[str, str]
 ) -> None:
     """A file of the job's folder named after the password: its name cannot be scrubbed (the job
     reads it by that name). The bundle is refused with its own exit code, the message says where
