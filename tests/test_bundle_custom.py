@@ -52,6 +52,12 @@ def new_custom_bundle(tmp_path: Path, who: dict[str, str], client: FakeClient) -
     return bundle.make_bundle(request, client, scrubber, say=lambda _line: None)
 
 
+def custom_bundle(tmp_path: Path, who: dict[str, str]) -> tuple[FakeClient, bundle.BundleResult]:
+    """A custom run's bundle made through a fresh fake Docker client, and that client."""
+    client = FakeClient()
+    return client, new_custom_bundle(tmp_path, who, client)
+
+
 def test_a_bundle_of_custom_runs_carries_the_command_and_its_workdir(
     tmp_path: Path, host: dict[str, str]
 ) -> None:
@@ -87,8 +93,7 @@ def test_a_workdir_too_large_is_left_out_and_the_manifest_says_what_to_supply(
     tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(bundle_files, "WORKDIR_MAX_BYTES", 10)
-    client = FakeClient()
-    result = new_custom_bundle(tmp_path, host, client)
+    client, result = custom_bundle(tmp_path, host)
     manifest = Manifest.read(result.folder)
     assert manifest.job is not None and manifest.job["workdir"] is None
     assert not (result.folder / "workdir").exists()
@@ -152,8 +157,7 @@ def test_custom_runs_and_an_empty_suite_need_the_job_block(tmp_path: Path, host:
 
 
 def test_a_crafted_job_manifest_is_refused_before_anything_runs(tmp_path: Path, host: dict[str, str]) -> None:
-    client = FakeClient()
-    result = new_custom_bundle(tmp_path, host, client)
+    client, result = custom_bundle(tmp_path, host)
     path = result.folder / MANIFEST
     data = json.loads(path.read_text())
     data["job"]["workdir"] = "../../home"
@@ -169,8 +173,7 @@ def test_a_crafted_job_manifest_is_refused_before_anything_runs(tmp_path: Path, 
 def test_verify_reruns_the_command_offline_with_its_workdir_bound_and_compares(
     tmp_path: Path, host: dict[str, str]
 ) -> None:
-    client = FakeClient()
-    result = new_custom_bundle(tmp_path, host, client)
+    client, result = custom_bundle(tmp_path, host)
     manifest = Manifest.read(result.folder)
     before = {p: p.read_bytes() for p in result.folder.rglob("*") if p.is_file()}
     engine = JobDocker(client)
@@ -195,8 +198,7 @@ def test_verify_reruns_the_command_offline_with_its_workdir_bound_and_compares(
 def test_verify_says_when_the_command_no_longer_comes_out_as_expected(
     tmp_path: Path, host: dict[str, str]
 ) -> None:
-    client = FakeClient()
-    result = new_custom_bundle(tmp_path, host, client)
+    client, result = custom_bundle(tmp_path, host)
     engine = JobDocker(client, fixed_log=STOCK_LOG)  # the fix no longer helps this command
     got = verify_bundle.verify(
         result.folder, client, tmp_path / "verify", engine_factory=lambda _c: engine, say=lambda _l: None

@@ -81,7 +81,8 @@ def test_after_an_interruption_no_fresh_interpreter_replaces_the_closed_server(
 
 # ---- item 6: SIGKILL of the tool ------------------------------------------------------------------
 
-_CHILD = """
+# A child that, stopped by SIGTERM, writes the signal's name to the marker file (its argv[1]).
+_STOPS_INTO_MARKER = """
 import os, signal, sys, time
 from repro.workload import parentwatch
 marker = sys.argv[1]
@@ -90,11 +91,16 @@ def stop(signum, frame):
     os.rename(marker + ".tmp", marker)  # whole, for the test's reader
     os._exit(130)
 signal.signal(signal.SIGTERM, stop)
+"""
+_CHILD = (
+    _STOPS_INTO_MARKER
+    + """
 assert parentwatch.follow_parent()
 open(marker + ".ready", "w").write(str(os.getpid()))
 while True:
     time.sleep(0.1)
 """
+)
 _TOOL = """
 import subprocess, sys, time
 subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]], start_new_session=True)
@@ -205,15 +211,13 @@ def _results(tmp_path: Path) -> dict[str, Any]:
 def test_resume_reruns_only_the_env_that_did_not_finish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    first = PlanEngine(stop_at=("cpu-latest",))
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: first)
+    use_engine(monkeypatch, PlanEngine(stop_at=("cpu-latest",)))
     assert _repro(tmp_path) == 130
     assert "RESUME=1" in capsys.readouterr().err
     cpu_runs = [r["run_name"] for r in _results(tmp_path)["runs"] if r["env"] == "cpu"]
     assert cpu_runs and _results(tmp_path)["invocation"]["interrupted"]
 
-    again = PlanEngine()
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: again)
+    again = use_engine(monkeypatch, PlanEngine())
     assert _repro(tmp_path) == 2  # without RESUME=1 the folder is never written over
     assert _repro(tmp_path, "--resume") == 0
     assert again.calls == ["cpu-latest"]
@@ -273,20 +277,15 @@ fcntl.flock(fh, fcntl.LOCK_EX)
 open(sys.argv[1] + ".held", "w").write("1")
 time.sleep(3600)
 """
-_FOLLOWER = """
-import os, signal, sys, time
-from repro.workload import parentwatch
-marker = sys.argv[1]
-def stop(signum, frame):
-    open(marker + ".tmp", "w").write(signal.Signals(signum).name)
-    os.rename(marker + ".tmp", marker)  # whole, for the test's reader
-    os._exit(130)
-signal.signal(signal.SIGTERM, stop)
+_FOLLOWER = (
+    _STOPS_INTO_MARKER
+    + """
 assert parentwatch.follow_owner(sys.argv[2])
 open(marker + ".ready", "w").write("1")
 while True:
     time.sleep(0.1)
 """
+)
 
 
 def test_a_run_in_a_container_stops_when_the_owner_lock_is_released(

@@ -338,8 +338,7 @@ def _run(tmp_path: Path, *extra: str, command: str = "torchrun train.py") -> int
 def test_make_run_resume_reruns_only_the_job_run_that_did_not_finish(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    engine = JobEngine(cut=("fixed",))
-    monkeypatch.setattr("repro.cli.job_commands._engine", lambda choice: engine)
+    engine = use_engine(monkeypatch, JobEngine(cut=("fixed",)), "job_commands")
     assert _run(tmp_path) == 130
     out = tmp_path / "out"
     assert f"RESUME=1 OUT={out.resolve()}" in capsys.readouterr().err
