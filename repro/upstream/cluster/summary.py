@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # a login node's Python 3.7 has no typing.TypedDict: the type exists for mypy only
+if TYPE_CHECKING:  # for mypy only: the script ships alone, and a login node's Python 3.7 lacks TypedDict
     from typing import TypedDict
+
+    from repro.workload.record import RecordedException
+    from repro.workload.train import RankRecord
 
     # One run of summary.json: what its rank files say.
     class RunSummary(TypedDict):
@@ -31,8 +34,7 @@ if TYPE_CHECKING:  # a login node's Python 3.7 has no typing.TypedDict: the type
         errors: list[str]  # "Type: message" of each distinct exception
 
 
-# The ranks' rank*.json, read as JSON: this script ships alone, without repro.workload.train.
-def _rank_files(run_dir: Path) -> list[dict[str, Any]]:
+def _rank_files(run_dir: Path) -> list[RankRecord]:
     ranks = []
     for path in sorted(run_dir.glob("rank*.json")):
         try:
@@ -42,15 +44,15 @@ def _rank_files(run_dir: Path) -> list[dict[str, Any]]:
     return ranks
 
 
-def _error(exc: dict[str, Any]) -> str:  # a rank file's "exception"
+def _error(exc: RecordedException) -> str:
     return f"{exc.get('type')}: {exc.get('message', '')}"[:160]
 
 
 def summarize_run(run_dir: Path) -> RunSummary:
     ranks = _rank_files(run_dir)
-    rank0 = next((r for r in ranks if r.get("rank") == 0), ranks[0] if ranks else {})
+    rank0: RankRecord = next((r for r in ranks if r.get("rank") == 0), None) or (ranks[0] if ranks else {})
     losses = rank0.get("losses") or []
-    errors = sorted({_error(r["exception"]) for r in ranks if r.get("exception")})
+    errors = sorted({_error(exc) for r in ranks for exc in [r.get("exception")] if exc})
     exit_file = run_dir / "exit_code"
     return {
         "run": run_dir.name,
