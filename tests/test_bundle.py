@@ -283,6 +283,15 @@ def _recorded(folder: Path) -> list[dict[str, Any]]:
     return runs
 
 
+def _bundle_and_records(
+    tmp_path: Path, host: dict[str, str]
+) -> tuple[FakeClient, bundle.BundleResult, list[dict[str, Any]]]:
+    """A bundle made through a fresh fake Docker client: the client, the bundle and its runs."""
+    client = FakeClient()
+    result = new_bundle(tmp_path, host, client)
+    return client, result, _recorded(result.folder)
+
+
 def test_verify_loads_the_image_and_matches_the_manifest(tmp_path: Path, host: dict[str, str]) -> None:
     client = FakeClient()
     result = new_bundle(tmp_path, host, client)
@@ -338,9 +347,7 @@ def _verify_returning(
 
 
 def test_verify_reports_a_different_outcome(tmp_path: Path, host: dict[str, str]) -> None:
-    client = FakeClient()
-    result = new_bundle(tmp_path, host, client)
-    records = _recorded(result.folder)
+    client, result, records = _bundle_and_records(tmp_path, host)
     flipped = next(r for r in records if r["outcome"] == "reproduced")
     flipped.update(outcome="clean", signature="none")
     got = _verify_returning(result, client, records, tmp_path / "v")
@@ -366,9 +373,7 @@ def test_verify_reports_a_different_outcome(tmp_path: Path, host: dict[str, str]
 def test_verify_takes_the_other_illegal_work_signature_only_where_it_is_a_race(
     tmp_path: Path, host: dict[str, str], run_name: str, got: str, accepted: bool
 ) -> None:
-    client = FakeClient()
-    result = new_bundle(tmp_path, host, client)
-    records = _recorded(result.folder)
+    client, result, records = _bundle_and_records(tmp_path, host)
     run = next(r for r in records if r["run_name"] == run_name)
     assert run["outcome"] == "reproduced" and run["signature"] != got
     run["signature"] = got
@@ -406,9 +411,7 @@ def test_verify_takes_the_other_illegal_work_signature_only_where_it_is_a_race(
 def test_verify_compares_the_transport_the_rerun_ran_on(
     tmp_path: Path, host: dict[str, str], ran_on: str, got: str, tag: str
 ) -> None:
-    client = FakeClient()
-    result = new_bundle(tmp_path, host, client)
-    records = _recorded(result.folder)
+    client, result, records = _bundle_and_records(tmp_path, host)
     run_name = "mics-stock-fp32-async-w2"
     run = next(r for r in records if r["run_name"] == run_name)
     assert (run["transport"], run["signature"]) == ("async", "illegal-work-divergence")
@@ -658,9 +661,7 @@ def test_with_consent_a_gpu_bundle_says_what_will_run_then_runs(
 def test_a_verification_writes_only_under_the_results_root(
     tmp_path: Path, host: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = FakeClient()
-    result = new_bundle(tmp_path, host, client)
-    records = _recorded(result.folder)
+    client, result, records = _bundle_and_records(tmp_path, host)
     door = _Door(monkeypatch, client, records)
 
     def run_suite(prepared: Any, args: list[str], out_dir: Path, timeout_s: float | None) -> SuiteRun:
