@@ -70,6 +70,21 @@ def _judge(text: str, patch: str = "stock", exit_code: int = 0, **kw: object) ->
     )  # type: ignore[arg-type]
 
 
+def _against(
+    parsed: judge.Parsed, other: judge.Parsed, patch: str = "stock", other_clean: bool = True
+) -> ladder.Judgement:
+    """The judgement of a DeepSpeed run that exited 0 (`parsed`), beside the other patch's run."""
+    return judge.judge(
+        parsed,
+        patch=patch,
+        exit_code=0,
+        status=None,
+        used_deepspeed=True,
+        other=other,
+        other_clean=other_clean,
+    )
+
+
 def test_deepspeed_illegal_work_messages_and_nan_losses() -> None:
     parsed = judge.parse(DS_ILLEGAL)
     assert parsed.illegal_work_messages == 1
@@ -113,24 +128,14 @@ def test_deepspeed_overflow_counts_a_step_once_over_ranks() -> None:
 
 def test_overflow_storm_against_a_clean_fixed_run() -> None:
     fixed = judge.parse("steps: 1 loss: 10.5 iter time (s): 0.5\n")
-    verdict = judge.judge(
-        judge.parse(DS_OVERFLOW),
-        patch="stock",
-        exit_code=0,
-        status=None,
-        used_deepspeed=True,
-        other=fixed,
-        other_clean=True,
-    )
+    verdict = _against(judge.parse(DS_OVERFLOW), fixed)
     # No IllegalWork seen: the storm is not the bug's (a user's job is often not deterministic).
     assert (verdict.outcome, verdict.signature) == ("no-evidence", "overflow-storm")
     assert verdict.reason.startswith("differs, not the bug's path: 3 overflow-skipped steps vs 0")
     assert judge.NOISE_HINT in verdict.reason
     # With the hook's IllegalWork count beside it, the same storm is the bug's.
     counted = judge.with_hook(judge.parse(DS_OVERFLOW), [{"deepspeed": "0.13.1", "illegal_work_failures": 4}])
-    verdict = judge.judge(
-        counted, patch="stock", exit_code=0, status=None, used_deepspeed=True, other=fixed, other_clean=True
-    )
+    verdict = _against(counted, fixed)
     assert (verdict.outcome, verdict.signature) == ("reproduced", "illegal-work-divergence")
 
 
@@ -156,9 +161,7 @@ def test_other_crash_env_error_hang_and_unsupported() -> None:
 def test_stock_losses_that_part_from_the_clean_fixed_run() -> None:
     stock = judge.parse("step 0 loss 2.0\nstep 1 loss 2.5\n")
     fixed = judge.parse("step 0 loss 2.0\nstep 1 loss 1.5\n")
-    verdict = judge.judge(
-        stock, patch="stock", exit_code=0, status=None, used_deepspeed=True, other=fixed, other_clean=True
-    )
+    verdict = _against(stock, fixed)
     # Losses that part without any IllegalWork: they differ, but not by the bug.
     assert (verdict.outcome, verdict.signature, verdict.first_divergent_step) == (
         "no-evidence",
@@ -169,18 +172,7 @@ def test_stock_losses_that_part_from_the_clean_fixed_run() -> None:
         "differs, not the bug's path: losses part from the fixed run's at step 1"
     )
     # The fixed run is not judged against the stock run: its own evidence decides.
-    assert (
-        judge.judge(
-            fixed,
-            patch="fixed",
-            exit_code=0,
-            status=None,
-            used_deepspeed=True,
-            other=stock,
-            other_clean=False,
-        ).outcome
-        == "clean"
-    )
+    assert _against(fixed, stock, patch="fixed", other_clean=False).outcome == "clean"
 
 
 def test_a_command_without_deepspeed_is_no_evidence() -> None:
