@@ -37,14 +37,20 @@ def b(tmp_path: Path) -> ResultsBuilder:
     return ResultsBuilder(tmp_path, "20250101T000000Z-test")
 
 
+def _standard(b: ResultsBuilder, env_id: str, pins: dict[str, str] | None = None, **runs: bool) -> None:
+    """The env `env_id` (with `pins`, its platform or versions) and its usual suite (standard_env's
+    `runs` options)."""
+    b.env(env_id, **(pins or {}))
+    standard_env(b, env_id, **runs)
+
+
 def test_enums_mirror_the_record_contract() -> None:
     assert tuple(o.value for o in Outcome) == record.OUTCOMES
     assert tuple(s.value for s in Signature) == record.SIGNATURES
 
 
 def test_cpu_only_reproduces_and_fix_resolves_but_gpu_evidence_is_missing(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu", sync_control=True)
+    _standard(b, "cpu", sync_control=True)
     a = answers_of(b, hint=("rocm56", "cuda121"))
     cpu = env(a, "cpu")
     assert cpu.reproduces is Reproduces.YES
@@ -72,10 +78,8 @@ def test_sync_transport_runs_do_not_count_as_reproductions(b: ResultsBuilder) ->
 
 
 def test_same_signature_on_gpu_means_mics_logic(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu")
-    b.env("rocm56", platform="rocm", rocm="5.6")
-    standard_env(b, "rocm56")
+    _standard(b, "cpu")
+    _standard(b, "rocm56", {"platform": "rocm", "rocm": "5.6"})
     a = answers_of(b)
     assert a.cause.verdict is CauseVerdict.MICS_LOGIC
     assert a.cause.missing == ()
@@ -87,44 +91,35 @@ def test_same_signature_on_gpu_means_mics_logic(b: ResultsBuilder) -> None:
 
 
 def test_rocm_only_failure_with_clean_cuda_means_rocm_environment(b: ResultsBuilder) -> None:
-    b.env("rocm56", platform="rocm", rocm="5.6")
-    standard_env(b, "rocm56")
-    b.env("cuda121", platform="cuda", cuda="12.1")
-    standard_env(b, "cuda121", bug=False)
+    _standard(b, "rocm56", {"platform": "rocm", "rocm": "5.6"})
+    _standard(b, "cuda121", {"platform": "cuda", "cuda": "12.1"}, bug=False)
     a = answers_of(b)
     assert a.cause.verdict is CauseVerdict.ROCM_ENVIRONMENT
     assert env(a, "cuda121").reproduces is Reproduces.NO
 
 
 def test_gpu_failure_with_clean_cpu_means_gpu_backend(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu", bug=False)
-    b.env("cuda121", platform="cuda", cuda="12.1")
-    standard_env(b, "cuda121")
+    _standard(b, "cpu", bug=False)
+    _standard(b, "cuda121", {"platform": "cuda", "cuda": "12.1"})
     assert answers_of(b).cause.verdict is CauseVerdict.GPU_BACKEND
 
 
 def test_gpu_only_evidence_is_inconclusive_without_anything_to_compare(b: ResultsBuilder) -> None:
-    b.env("rocm56", platform="rocm", rocm="5.6")
-    standard_env(b, "rocm56")
+    _standard(b, "rocm56", {"platform": "rocm", "rocm": "5.6"})
     cause = answers_of(b).cause
     assert cause.verdict is CauseVerdict.INCONCLUSIVE
     assert any("CPU/gloo" in m.what for m in cause.missing)
 
 
 def test_cpu_failure_with_clean_gpu_is_inconclusive(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu")
-    b.env("rocm56", platform="rocm", rocm="5.6")
-    standard_env(b, "rocm56", bug=False)
+    _standard(b, "cpu")
+    _standard(b, "rocm56", {"platform": "rocm", "rocm": "5.6"}, bug=False)
     assert answers_of(b).cause.verdict is CauseVerdict.INCONCLUSIVE
 
 
 def test_fix_fails_in_one_env(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu")
-    b.env("cpu+torch2.2.2", torch="2.2.2")
-    standard_env(b, "cpu+torch2.2.2", fix_works=False)
+    _standard(b, "cpu")
+    _standard(b, "cpu+torch2.2.2", {"torch": "2.2.2"}, fix_works=False)
     a = answers_of(b)
     assert env(a, "cpu").fixed is FixVerdict.YES
     broken = env(a, "cpu+torch2.2.2")
@@ -135,8 +130,7 @@ def test_fix_fails_in_one_env(b: ResultsBuilder) -> None:
 
 
 def test_fix_that_breaks_a_clean_run_is_a_regression(b: ResultsBuilder) -> None:
-    b.env("cpu", torch="2.0.1")
-    standard_env(b, "cpu", bug=False, fix_works=False)
+    _standard(b, "cpu", {"torch": "2.0.1"}, bug=False, fix_works=False)
     a = answers_of(b)
     assert env(a, "cpu").reproduces is Reproduces.NO
     assert env(a, "cpu").fixed is FixVerdict.NO
@@ -144,10 +138,8 @@ def test_fix_that_breaks_a_clean_run_is_a_regression(b: ResultsBuilder) -> None:
 
 
 def test_upgrade_resolves(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu")
-    b.env("cpu+torch9.0.0+ds1.0.0", torch="9.0.0", deepspeed="1.0.0")
-    standard_env(b, "cpu+torch9.0.0+ds1.0.0", bug=False)
+    _standard(b, "cpu")
+    _standard(b, "cpu+torch9.0.0+ds1.0.0", {"torch": "9.0.0", "deepspeed": "1.0.0"}, bug=False)
     up = answers_of(b).upgrade
     assert up.verdict is UpgradeVerdict.YES
     assert up.baseline == "torch 2.1.0 + DeepSpeed 0.13.1"
@@ -157,10 +149,8 @@ def test_upgrade_resolves(b: ResultsBuilder) -> None:
 
 
 def test_newer_env_still_failing_and_mics_removed_is_not_resolved(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu")
-    b.env("cpu+ds0.19.6", torch="2.13.0", deepspeed="0.19.6")
-    standard_env(b, "cpu+ds0.19.6")
+    _standard(b, "cpu")
+    _standard(b, "cpu+ds0.19.6", {"torch": "2.13.0", "deepspeed": "0.19.6"})
     b.env("cpu+ds0.19.8", torch="2.13.0", deepspeed="0.19.8")
     b.clean("cpu+ds0.19.8", "zero3")
     for scenario in ("mics", "mics-hier"):
@@ -173,8 +163,7 @@ def test_newer_env_still_failing_and_mics_removed_is_not_resolved(b: ResultsBuil
                 losses=[],
                 reason="unsupported: this DeepSpeed has no MiCS",
             )
-    b.env("cpu+torch2.0.1", torch="2.0.1")
-    standard_env(b, "cpu+torch2.0.1", bug=False)
+    _standard(b, "cpu+torch2.0.1", {"torch": "2.0.1"}, bug=False)
     a = answers_of(b)
     assert env(a, "cpu+ds0.19.8").reproduces is Reproduces.UNSUPPORTED
     assert env(a, "cpu+ds0.19.8").fixed is FixVerdict.NOT_APPLICABLE
@@ -191,16 +180,14 @@ def test_newer_env_still_failing_and_mics_removed_is_not_resolved(b: ResultsBuil
 
 
 def test_no_newer_env_says_what_to_run(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu")
+    _standard(b, "cpu")
     up = answers_of(b).upgrade
     assert up.verdict is UpgradeVerdict.NO_NEWER_ENV and up.missing
     assert "TORCH=" in up.missing[0].how
 
 
 def test_all_clean(b: ResultsBuilder) -> None:
-    b.env("cpu", torch="2.0.1")
-    standard_env(b, "cpu", bug=False)
+    _standard(b, "cpu", {"torch": "2.0.1"}, bug=False)
     a = answers_of(b)
     assert env(a, "cpu").reproduces is Reproduces.NO
     assert env(a, "cpu").fixed is FixVerdict.NOT_APPLICABLE
@@ -211,8 +198,7 @@ def test_all_clean(b: ResultsBuilder) -> None:
 
 
 def test_hang_is_reported_with_scenario_and_stack(b: ResultsBuilder) -> None:
-    b.env("cpu", torch="2.13.0", deepspeed="0.19.6")
-    standard_env(b, "cpu", bug=False)
+    _standard(b, "cpu", {"torch": "2.13.0", "deepspeed": "0.19.6"}, bug=False)
     b.hang("cpu", "mics-replica", "stock")
     b.hang("cpu", "mics-replica", "fixed")
     a = answers_of(b)
@@ -235,8 +221,7 @@ def test_replica_hang_with_the_bug_reproduced_report_and_summary_agree(b: Result
     from repro.core.verdict import check_fix
     from repro.run import summary
 
-    b.env("cpu", torch="2.13.0", deepspeed="0.19.6")
-    standard_env(b, "cpu")
+    _standard(b, "cpu", {"torch": "2.13.0", "deepspeed": "0.19.6"})
     b.hang("cpu", "mics-replica", "stock")
     b.hang("cpu", "mics-replica", "fixed")
     a = answers_of(b)
@@ -319,27 +304,22 @@ def test_version_relation(base: tuple[str, str], other: tuple[str, str], expecte
 
 
 def test_baseline_prefers_the_reporters_versions(b: ResultsBuilder) -> None:
-    b.env("cpu+torch2.3.1", torch="2.3.1", deepspeed="0.14.5")
-    standard_env(b, "cpu+torch2.3.1")
-    b.env("cpu")
-    standard_env(b, "cpu")
+    _standard(b, "cpu+torch2.3.1", {"torch": "2.3.1", "deepspeed": "0.14.5"})
+    _standard(b, "cpu")
     up = answers_of(b).upgrade
     assert up.baseline == "torch 2.1.0 + DeepSpeed 0.13.1"
     assert [(s.env, s.outcome) for s in up.steps] == [("cpu+torch2.3.1", UpgradeOutcome.STILL_REPRODUCES)]
 
 
 def test_unorderable_versions_make_the_upgrade_answer_inconclusive(b: ResultsBuilder) -> None:
-    b.env("cpu+nightly", torch="nightly", deepspeed="master")
-    standard_env(b, "cpu+nightly")
+    _standard(b, "cpu+nightly", {"torch": "nightly", "deepspeed": "master"})
     up = answers_of(b).upgrade
     assert up.verdict is UpgradeVerdict.INCONCLUSIVE and up.baseline is None
 
 
 def test_unorderable_env_is_listed_but_not_called_newer(b: ResultsBuilder) -> None:
-    b.env("cpu")
-    standard_env(b, "cpu")
-    b.env("cpu+nightly", torch="nightly", deepspeed="master")
-    standard_env(b, "cpu+nightly", bug=False)
+    _standard(b, "cpu")
+    _standard(b, "cpu+nightly", {"torch": "nightly", "deepspeed": "master"}, bug=False)
     up = answers_of(b).upgrade
     assert up.verdict is UpgradeVerdict.NO_NEWER_ENV
     assert [(s.env, s.relation) for s in up.steps] == [("cpu+nightly", VersionRelation.UNKNOWN)]
