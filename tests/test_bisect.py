@@ -17,7 +17,7 @@ from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
 from repro.bisect.search import Bisection, BisectStatus, ProbeVerdict, Survey, bisect, survey
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.errors import Interrupted, UsageError
-from tests.fixtures.scripted_verdicts import B, G, U, scripted
+from tests.fixtures.scripted_verdicts import B, G, U, regressions, scripted
 
 
 def regression(n: int, first_bad: int) -> list[ProbeVerdict]:
@@ -130,7 +130,7 @@ def test_probe_count_bound_exhaustive(n: int) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.integers(2, 300).flatmap(lambda n: st.tuples(st.just(n), st.integers(1, n - 1))))
+@given(regressions(300))
 def test_probe_count_bound_hypothesis(case: tuple[int, int]) -> None:
     n, first_bad = case
     result = bisect(range(n), scripted(regression(n, first_bad))[1])
@@ -139,13 +139,7 @@ def test_probe_count_bound_hypothesis(case: tuple[int, int]) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(
-    st.integers(2, 60).flatmap(
-        lambda n: st.tuples(
-            st.just(n), st.integers(1, n - 1), st.lists(st.booleans(), min_size=n, max_size=n)
-        )
-    )
-)
+@given(regressions(60, lambda n: st.lists(st.booleans(), min_size=n, max_size=n)))
 def test_unknowns_never_hide_a_wrong_answer(case: tuple[int, int, list[bool]]) -> None:
     n, first_bad, unknown = case
     truth = regression(n, first_bad)

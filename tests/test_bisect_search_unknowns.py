@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.bisect.search import Bisection, BisectResult, BisectStatus, ProbeVerdict, bisect
-from tests.fixtures.scripted_verdicts import B, G, U, scripted
+from tests.fixtures.scripted_verdicts import B, G, U, regressions, scripted
 
 
 def masked(n: int, first_bad: int, unknown: set[int]) -> list[ProbeVerdict]:
@@ -183,16 +183,13 @@ def test_unknown_end_blocks_keep_a_stated_bound(case: tuple[int, int, int, bool,
 # -- correctness with unknowns anywhere -------------------------------------------------------
 @settings(max_examples=500, deadline=None)
 @given(
-    st.integers(2, 80).flatmap(
-        lambda n: st.tuples(
-            st.just(n),
-            st.integers(1, n - 1),
-            st.integers(0, n),  # block at the start
-            st.integers(0, n),  # block at the end
-            st.tuples(st.integers(0, n - 1), st.integers(0, n)),  # a block in the middle
-            st.lists(st.integers(0, n - 1), max_size=n),  # scattered unknowns
-            st.booleans(),  # a fix (bad then good) instead of a regression
-        )
+    regressions(
+        80,
+        lambda n: st.integers(0, n),  # block at the start
+        lambda n: st.integers(0, n),  # block at the end
+        lambda n: st.tuples(st.integers(0, n - 1), st.integers(0, n)),  # a block in the middle
+        lambda n: st.lists(st.integers(0, n - 1), max_size=n),  # scattered unknowns
+        lambda _: st.booleans(),  # a fix (bad then good) instead of a regression
     )
 )
 def test_unknowns_anywhere_never_give_a_wrong_answer(
@@ -209,14 +206,11 @@ def test_unknowns_anywhere_never_give_a_wrong_answer(
 
 @settings(max_examples=300, deadline=None)
 @given(
-    st.integers(2, 60).flatmap(
-        lambda n: st.tuples(
-            st.just(n),
-            st.integers(1, n - 1),
-            st.integers(0, n - 1),  # block at the end
-            st.lists(st.integers(0, n - 1), max_size=n // 2),
-            st.integers(0, 12),  # probes done before the interruption
-        )
+    regressions(
+        60,
+        lambda n: st.integers(0, n - 1),  # block at the end
+        lambda n: st.lists(st.integers(0, n - 1), max_size=n // 2),
+        lambda _: st.integers(0, 12),  # probes done before the interruption
     )
 )
 def test_the_resume_range_leads_to_the_same_answer(
