@@ -7,24 +7,13 @@ in the image and is covered by the stand-in build (docker/README.md).
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from repro.core.paths import REPO_ROOT
+from tests.fixtures.docker_scripts import load_docker_script
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bootstrap_pip", REPO_ROOT / "docker" / "bootstrap_pip.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bootstrap = _load()
+bootstrap = load_docker_script("bootstrap_pip")
 WHEEL = "pip-26.0.1-py3-none-any.whl"
 
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -24,18 +22,9 @@ from repro.matrix.schema import load_matrix
 from repro.run import orchestrate
 from repro.run.orchestrate import Request
 from repro.workload import suite as workload_suite
+from tests.fixtures.docker_scripts import load_docker_script
 
-
-def _load_verify_image() -> ModuleType:
-    """docker/verify_image.py runs inside images (not a package module); loaded from its path."""
-    spec = importlib.util.spec_from_file_location("verify_image", REPO_ROOT / "docker" / "verify_image.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-verify_image = _load_verify_image()
+verify_image = load_docker_script("verify_image")
 
 ENV_IDS = load_matrix().ids()
 
