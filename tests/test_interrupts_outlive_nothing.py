@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.processes import stand_in_server
-from tests.fixtures.stand_in_engine import StandInEngine, use_engine, write_suite
+from tests.fixtures.stand_in_engine import StandInEngine, killed_during, use_engine, write_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -231,17 +231,10 @@ def test_resume_reruns_only_the_env_that_did_not_finish(
 def test_resume_after_a_sigkill_recognises_the_unfinished_invocation(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import json
-
     engine = use_engine(monkeypatch, PlanEngine())
     assert _repro(tmp_path) == 0
     # What a SIGKILL during cpu-latest's suite leaves: cpu recorded, finished_at null.
-    path = tmp_path / "out" / "results.json"
-    data = json.loads(path.read_text())
-    data["envs"].pop("cpu-latest")
-    data["runs"] = [r for r in data["runs"] if r["env"] == "cpu"]
-    data["invocation"]["finished_at"] = None
-    path.write_text(json.dumps(data))
+    killed_during(tmp_path / "out", "cpu-latest")
     engine.calls.clear()
     monkeypatch.setenv("RESUME", "1")  # `make repro RESUME=1`
     assert _repro(tmp_path) == 0

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 
 from repro.core.verdict import FixVerdict, Reproduces, env_verdicts
-from repro.engines.base import EngineKind, Prepared, SuiteRun
+from repro.engines.base import Prepared, SuiteRun
 from repro.workload import resume, runner, suite
 from tests.fixtures.fake_job import VenvJobEngine, argv_value
 from tests.fixtures.prefork import FakePreforkServer
 from tests.fixtures.runspec import LaunchStandIn, write_fake_ranks
-from tests.fixtures.stand_in_engine import use_engine
+from tests.fixtures.stand_in_engine import StandInEngine, killed_during, use_engine
 
 # ---- which runs are kept (pure) ---------------------------------------------------------------------
 
@@ -174,25 +174,19 @@ def test_a_suite_resumed_with_other_steps_runs_everything_again(
 # ---- the host: results.json merged, the verdict recomputed, envs not redone ------------------------------
 
 
-class SuiteEngine:
+class SuiteEngine(StandInEngine):
     """An engine whose suite is the real one, in process (with the scripted launcher); a suite
     that was interrupted raises KeyboardInterrupt afterwards, as the tool's Ctrl-C would."""
 
-    kind = EngineKind.VENV
+    name = "in-process suite"
 
     def __init__(self) -> None:
         self.prepared: list[str] = []
         self.args: dict[str, list[str]] = {}
 
-    def describe(self) -> str:
-        return "in-process suite"
-
-    def preflight(self, env: Any) -> None:
-        pass
-
     def prepare(self, env: Any) -> Prepared:
         self.prepared.append(env.id)
-        return Prepared(EngineKind.VENV, env.id, "/fake", "fake venv", True)
+        return super().prepare(env)
 
     def run_suite(self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float) -> SuiteRun:
         self.args[prepared.env_id] = list(args)
@@ -200,6 +194,12 @@ class SuiteEngine:
         if code == 130:
             raise KeyboardInterrupt("SIGINT")
         return SuiteRun(code, False, 0.1, out_dir, None)
+
+
+@pytest.fixture
+def suite_engine(monkeypatch: pytest.MonkeyPatch) -> SuiteEngine:
+    """SuiteEngine behind the CLI."""
+    return use_engine(monkeypatch, SuiteEngine())
 
 
 def _repro(out: Path, *extra: str) -> int:
@@ -214,12 +214,9 @@ def _results(out: Path) -> dict[str, Any]:
 
 
 def test_resume_reruns_only_the_unfinished_runs_and_recomputes_the_verdict(
-    tmp_path: Path,
-    launch: ScriptedLaunch,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path, launch: ScriptedLaunch, suite_engine: SuiteEngine, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    engine = use_engine(monkeypatch, SuiteEngine())
+    engine = suite_engine
     out = tmp_path / "out"
     launch.interrupt = {("cpu-latest", "mics-fixed-fp32-async-w2")}
     assert _repro(out) == 130
@@ -253,9 +250,9 @@ def test_resume_reruns_only_the_unfinished_runs_and_recomputes_the_verdict(
 
 
 def test_resume_after_a_sigkill_reruns_the_runs_with_no_final_record(
-    tmp_path: Path, launch: ScriptedLaunch, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, launch: ScriptedLaunch, suite_engine: SuiteEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = use_engine(monkeypatch, SuiteEngine())
+    engine = suite_engine
     out = tmp_path / "out"
     assert _repro(out) == 0
     # What a SIGKILL of the tool during cpu-latest's suite leaves: the suite had saved 3 records
@@ -265,12 +262,7 @@ def test_resume_after_a_sigkill_reruns_the_runs_with_no_final_record(
     left["runs"] = left["runs"][:3]
     left.pop("finished_at")
     suite_file.write_text(json.dumps(left))
-    path = out / "results.json"
-    data = json.loads(path.read_text())
-    data["envs"].pop("cpu-latest")
-    data["runs"] = [r for r in data["runs"] if r["env"] == "cpu"]
-    data["invocation"]["finished_at"] = None
-    path.write_text(json.dumps(data))
+    killed_during(out, "cpu-latest")
     launch.started.clear()
     engine.prepared.clear()
     monkeypatch.setenv("RESUME", "1")  # `make repro RESUME=1`
