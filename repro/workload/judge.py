@@ -47,8 +47,7 @@ from repro.workload.crash_signs import (
 from repro.workload.ladder import Judgement
 
 if TYPE_CHECKING:
-    from repro.workload.hooksign import HookRecord
-    from repro.workload.pytest_outcomes import PytestSummary
+    from repro.workload.hooksign import HookRecord, PytestSummary
     from repro.workload.record import RecordedException
 
 # The ladder's tolerance for a user's job: its other run is the same command with a different patch,

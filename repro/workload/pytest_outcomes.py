@@ -20,7 +20,10 @@ attribute.
 from __future__ import annotations
 
 import re
-from typing import Any, TypedDict
+from typing import Any
+
+# summary() returns it; declared with the hook's record (jobhook cannot import this module)
+from repro.workload.hooksign import PytestSummary as PytestSummary
 
 # Outcomes that ran a test body: a session with none of these ran no test.
 RAN = ("passed", "failed", "error", "xfailed", "xpassed")
@@ -29,17 +32,6 @@ MAX_TESTS = 2000
 MAX_MESSAGE = 300
 
 MAX_ERRORS = 20
-
-
-# What pytest said of one session: the hook record's "pytest" (jobhook.note_pytest), judge.py's input.
-class PytestSummary(TypedDict):
-    exitstatus: int
-    collected: int | None
-    counts: dict[str, int]  # outcome: tests
-    ran: int
-    tests: dict[str, dict[str, str]]  # test id: {"outcome", "message"}, the first MAX_TESTS
-    tests_cut: int
-    collect_errors: list[dict[str, str]]  # {"nodeid", "message"}: modules pytest could not collect
 
 
 _TESTS: dict[str, dict[str, str]] = {}

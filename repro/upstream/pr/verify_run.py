@@ -268,17 +268,16 @@ def run(folder: Path, args: VerifyRequest, runners: Mapping[str, Any] | None = N
         ).run()  # fmt: skip
         verified = bool(verification["verified"])
         console.result(f"verified:   {'yes' if verified else 'NO'} (verify.json)")
-    ranged = _read_json(folder / "range.json")
+    ranged: Mapping[str, Any] | None = _read_json(folder / "range.json")
     if args.range:
         read, _ = tag_reader(args.ds_repo)
-        ranged = pr_range.AffectedRange(
+        found = pr_range.AffectedRange(
             pr, columns(matrix, args.range_torch), releases_for(args.ds_repo, pr, args.releases),
             folder, args.ds_repo, read, verification, args.parallel,
             **{k: v for k, v in given.items() if k in ("probe", "survey")},
         ).run()  # fmt: skip
-        console.result(
-            f"range:      {len(ranged['rows'])} rows x {len(ranged['columns'])} torch (range.json)"
-        )
+        console.result(f"range:      {len(found['rows'])} rows x {len(found['columns'])} torch (range.json)")
+        ranged = found
     record = pr_description.record_from(pr)
     # The lab's reasons are quoted from run records: the text passes the same gate as ISSUE.md
     # (host paths, user and host names, secrets scrubbed; refused if one survives).
