@@ -15,14 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from repro.core import console
 from repro.core.errors import UsageError
 from repro.upstream.pr.checks import Seen
-from repro.upstream.pr.verify import CellCache, ProbeCall, ProbeRunner, cached_probe
+from repro.upstream.pr.verify import CellCache, OldestJSON, ProbeCall, ProbeRunner, TriedJSON, cached_probe
 
 # The probe that answers "does REF import with this torch": REF's control check.
 SCENARIO, TRANSPORT = "zero3", "async"
@@ -36,20 +36,6 @@ class Tried:
 
     def to_json(self) -> TriedJSON:
         return {"torch": self.torch, "imports": self.imports, "why": self.why}
-
-
-class TriedJSON(TypedDict):
-    torch: str
-    imports: bool
-    why: str
-
-
-class OldestJSON(TypedDict):
-    """verify.json's `oldest_torch`."""
-
-    torch: str | None  # the oldest torch REF imports with, when it is older than the others taken
-    why: str
-    tried: list[TriedJSON]
 
 
 def imports(probe: dict[str, Any]) -> tuple[bool, str]:

@@ -36,7 +36,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from repro.core import cmd, console
 from repro.core.errors import RunError
@@ -98,7 +98,60 @@ class SuiteCall:
         return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
 
-SuiteRunner = Callable[[SuiteCall], Mapping[str, Any]]  # -> the session's summary (session_summary)
+# What REF's CPU CI installs (workflow_torches).
+class CiTorches(TypedDict):
+    default: str | None
+    presets: list[str]
+
+
+# One test's end in a session: pytest's outcome ("unfinished": started, never ended) and message.
+class TestSeen(TypedDict):
+    outcome: str
+    message: str
+
+
+# A session as verify.json keeps it (session_summary, read_session; cached as it is).
+class Session(TypedDict, total=False):
+    outcome: str | None
+    signature: str | None
+    reason: str
+    illegal_work_messages: int | None
+    counts: dict[str, int]
+    exitstatus: int | None
+    tests: dict[str, TestSeen]
+    collect_errors: list[dict[str, str]]
+    from_log: bool  # pytest never reported: the outcomes are its verbose lines
+    folder: str
+    side: str
+    transport: str
+
+
+# One test id across a stack's sessions: {transport: {side: outcome}}.
+class SuiteRow(TypedDict):
+    test: str
+    cells: dict[str, dict[str, str]]
+
+
+# A stack's entry in verify.json's `suite` (UpstreamSuite.run).
+class SuiteEntry(TypedDict, total=False):
+    stack: str
+    env: str
+    torch: str
+    command: str
+    flags: list[str]
+    packages: list[str]
+    flags_from: str
+    packages_from: str
+    edits: list[str]
+    missing: list[str]
+    sessions: list[Session]
+    upstream_torches: CiTorches
+    rows: list[SuiteRow]
+    regression: dict[str, dict[str, Any]]  # transport: {"ok": bool | None, "why": str}
+    why: str
+
+
+SuiteRunner = Callable[[SuiteCall], Session]  # -> the session's summary (session_summary)
 
 
 def remove_module_skip(text: str) -> tuple[str, str | None]:
@@ -202,7 +255,7 @@ def pytest_flags(workflow: str | None) -> tuple[tuple[str, ...], str]:
     return DEFAULT_FLAGS, f"REF has no {WORKFLOW}: the flags of master's ({' '.join(DEFAULT_FLAGS)})"
 
 
-def workflow_torches(workflow: str | None) -> dict[str, Any]:
+def workflow_torches(workflow: str | None) -> CiTorches:
     """The torch releases REF's CPU CI installs: its default preset and every preset it lists
     (`DEFAULT_TORCH_PRESET: '2.10.0-cpu'`, `torch_install_version='2.7.1'`)."""
     text = workflow or ""
@@ -246,10 +299,10 @@ def torch_ver(torch: str) -> str:
     return ".".join(torch.split("+")[0].split(".")[:2])
 
 
-def session_summary(record: Mapping[str, Any]) -> dict[str, Any]:
+def session_summary(record: Mapping[str, Any]) -> Session:
     """What verify.json keeps of a session's run record: the lab's verdict and pytest's own word."""
     pytest = (record.get("job") or {}).get("pytest") or {}
-    tests = {
+    tests: dict[str, TestSeen] = {
         str(test): {"outcome": str(t.get("outcome")), "message": str(t.get("message") or "")[:300]}
         for test, t in (pytest.get("tests") or {}).items()
     }
@@ -280,11 +333,11 @@ _SECTION = re.compile(r"^_{3,} (\S.*?) _{3,}$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def outcomes_from_log(text: str) -> dict[str, dict[str, str]]:
+def outcomes_from_log(text: str) -> dict[str, TestSeen]:
     """Each test's outcome from pytest's verbose lines, for a session stopped before pytest could
     report (the lab's time limit): a test that started and never ended is "unfinished". A failed
     test's message is the last exception line (`E   Name: words`) of its failure section."""
-    tests: dict[str, dict[str, str]] = {}
+    tests: dict[str, TestSeen] = {}
     raised: dict[str, str] = {}  # failure section's title ("TestA.test_b[1]") -> its last E line
     section = None
     for line in _ANSI.sub("", text).splitlines():
@@ -313,7 +366,7 @@ def outcomes_from_log(text: str) -> dict[str, dict[str, str]]:
     return tests
 
 
-def front_door_session(call: SuiteCall) -> dict[str, Any]:
+def front_door_session(call: SuiteCall) -> Session:
     """The session as a user runs it: `python -m repro run` with the tree as WORKDIR."""
     argv = [sys.executable, "-m", "repro", "run", "--env", call.env, "--engine", call.engine]
     argv += ["--cmd", call.command(), "--workdir", str(call.tree), "--patch", "stock"]
@@ -333,7 +386,7 @@ def front_door_session(call: SuiteCall) -> dict[str, Any]:
     return seen
 
 
-def read_session(out: Path) -> dict[str, Any] | None:
+def read_session(out: Path) -> Session | None:
     """A session's summary from its `repro run` folder (None without a record). Tests pytest never
     reported come from its verbose lines: all of them when the lab stopped the session before
     pytest could report, and a test that started and never ended ("unfinished") in any case (an
@@ -362,9 +415,9 @@ def read_session(out: Path) -> dict[str, Any] | None:
     return seen
 
 
-def compare(sessions: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def compare(sessions: Sequence[Session]) -> list[SuiteRow]:
     """One row per test id: its outcome at REF and on the branch for each transport."""
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, SuiteRow] = {}
     for s in sessions:
         for test, seen in (s.get("tests") or {}).items():
             row = rows.setdefault(test, {"test": test, "cells": {}})
@@ -372,7 +425,7 @@ def compare(sessions: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [rows[t] for t in sorted(rows)]
 
 
-def regression_words(rows: Sequence[Mapping[str, Any]], transport: str) -> tuple[bool | None, str]:
+def regression_words(rows: Sequence[SuiteRow], transport: str) -> tuple[bool | None, str]:
     """Whether the PR's regression test fails at REF and passes on the branch on `transport`."""
     name = PurePosixPath(pr_fix.TEST_REL).name
     mine = [r for r in rows if name in r["test"]]
@@ -396,6 +449,27 @@ def _short(test: str) -> str:
     return test.split("::", 1)[-1]
 
 
+@dataclass(frozen=True)
+class Trees:
+    """REF's and the branch's exported trees with the lab's edits, and what REF says of its CI."""
+
+    ref: Path
+    branch: Path
+    edits: list[str]  # each edit of the exported copies, in words
+    unskipped: dict[str, str]  # side: the skip removed
+    aligned: dict[str, int]  # side: calls given dtype=torch.float16
+    flags: tuple[str, ...]
+    flags_from: str
+    packages: tuple[str, ...]
+    packages_from: str
+    tests: list[str]  # node ids, relative to tests/
+    missing: list[str]
+    upstream_torches: CiTorches
+
+    def side(self, side: str) -> Path:
+        return self.ref if side == "ref" else self.branch
+
+
 class UpstreamSuite:
     """DeepSpeed's harness over REF's and the branch's trees for one stack (torch)."""
 
@@ -411,9 +485,9 @@ class UpstreamSuite:
     ) -> None:
         self.pr, self.ds_repo, self.folder, self.engine = pr, ds_repo, folder, engine
         self.runner, self.cache, self.export = runner, cache, export
-        self._trees: dict[str, Any] | None = None
+        self._trees: Trees | None = None
 
-    def trees(self) -> dict[str, Any]:
+    def trees(self) -> Trees:
         """REF's and the branch's trees, exported once, with the lab's two edits."""
         if self._trees is not None:
             return self._trees
@@ -451,12 +525,10 @@ class UpstreamSuite:
         flags, flags_from = pytest_flags(workflow)
         packages, packages_from = pytest_packages(self._read(ref, REQUIREMENTS_DEV, self.pr["ref_sha"]))
         nodes, missing = node_ids(branch)
-        self._trees = {
-            "ref": ref, "branch": branch, "edits": edits, "unskipped": unskipped, "aligned": aligned,
-            "flags": flags,
-            "flags_from": flags_from, "packages": packages, "packages_from": packages_from,
-            "tests": nodes, "missing": missing, "upstream_torches": workflow_torches(workflow),
-        }  # fmt: skip
+        self._trees = Trees(
+            ref, branch, edits, unskipped, aligned, flags, flags_from, packages, packages_from,
+            nodes, missing, workflow_torches(workflow),
+        )  # fmt: skip
         return self._trees
 
     def _read(self, tree: Path, rel: str, sha: str) -> str | None:
@@ -468,23 +540,25 @@ class UpstreamSuite:
         shown = SafeGit().run("show", f"{sha}:{rel}", where=["-C", self.ds_repo])
         return shown.stdout if shown.ok else None
 
-    def run(self, env: str, torch: str, stack: str) -> dict[str, Any]:
+    def run(self, env: str, torch: str, stack: str) -> SuiteEntry:
         trees = self.trees()
-        argv = (*trees["flags"], *trees["tests"], f"--torch_ver={torch_ver(torch)}")
-        entry: dict[str, Any] = {
-            "stack": stack, "env": env, "torch": torch, "command": "", "flags": list(trees["flags"]),
-            "packages": list(trees["packages"]),
-            "flags_from": trees["flags_from"], "packages_from": trees["packages_from"],
-            "edits": list(trees["edits"]), "missing": list(trees["missing"]), "sessions": [],
-            "upstream_torches": trees["upstream_torches"],
+        argv = (*trees.flags, *trees.tests, f"--torch_ver={torch_ver(torch)}")
+        entry: SuiteEntry = {
+            "stack": stack, "env": env, "torch": torch, "command": "", "flags": list(trees.flags),
+            "packages": list(trees.packages),
+            "flags_from": trees.flags_from, "packages_from": trees.packages_from,
+            "edits": list(trees.edits), "missing": list(trees.missing), "sessions": [],
+            "upstream_torches": trees.upstream_torches,
         }  # fmt: skip
-        if not trees["tests"]:
-            return {**entry, "rows": [], "regression": {}, "why": "the branch holds none of the MiCS tests"}
+        if not trees.tests:
+            entry["rows"], entry["regression"] = [], {}
+            entry["why"] = "the branch holds none of the MiCS tests"
+            return entry
         for transport in TRANSPORTS:
             for side in SIDES:
                 sha = self.pr["ref_sha"] if side == "ref" else self.pr["commit"]
                 call = SuiteCall(
-                    env, torch, side, sha, transport, trees[side], argv, trees["packages"],
+                    env, torch, side, sha, transport, trees.side(side), argv, trees.packages,
                     self.folder / "suite" / f"{stack}-{transport}-{side}", self.engine,
                 )  # fmt: skip
                 entry["command"] = call.command()
@@ -492,19 +566,23 @@ class UpstreamSuite:
                     f"== verify: DeepSpeed's own tests, torch {torch}, {transport} gloo"
                     f"{' (the lab adapter)' if transport != 'plain' else ''}, {side} {sha[:10]}"
                 )
-                key = call.key(trees["edits"])
-                seen = self.cache.get(key) if self.cache else None
-                if seen is None:
+                key = call.key(trees.edits)
+                hit = self.cache.get(key) if self.cache else None
+                if hit is None:
                     # `repro run` never writes over results: an interrupted earlier session keeps its folder.
                     call = replace(call, out=fresh_folder(call.out))
-                    seen = {**self.runner(call), "folder": str(call.out)}  # cached with it
+                    seen = self.runner(call)
+                    seen["folder"] = str(call.out)  # cached with it
                     if self.cache:
                         self.cache.put(key, seen)
-                entry["sessions"].append({"side": side, "transport": transport, **seen})
+                else:
+                    seen = cast(Session, hit)  # a session this code cached (CellCache keeps results only)
+                entry["sessions"].append(Session(side=side, transport=transport, **seen))
                 console.info(f"verify: {side} on {transport}: {_counts(seen)}")
         rows = compare(entry["sessions"])
         regression = {t: dict(zip(("ok", "why"), regression_words(rows, t))) for t in TRANSPORTS}
-        return {**entry, "rows": rows, "regression": regression}
+        entry["rows"], entry["regression"] = rows, regression
+        return entry
 
 
 def worth_caching(seen: Mapping[str, Any]) -> bool:

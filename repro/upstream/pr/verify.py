@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from repro.core import cmd, console
 from repro.core.errors import RunError, UsageError
@@ -189,6 +189,72 @@ def harness_regression(python: str, label: str, tree: Path, test_file: Path, wor
     return {r.test_id: r.outcome.value for r in results}
 
 
+# One check on one stack: REF's and the branch's probe (probe.json's first probe) and the verdict.
+class CheckEntry(TypedDict):
+    stack: str
+    env: str
+    torch: str
+    scenario: str
+    transport: str
+    key: str
+    expect: str
+    ref: dict[str, Any]  # bisect's ProbeRow, read back from probe.json
+    branch: dict[str, Any]
+    ok: bool | None  # None: not applicable (neither side imports with this torch)
+    why: str
+
+
+# The regression test on one stack: each side's {test id: outcome}, and the verdict.
+class RegressionEntry(TypedDict, total=False):
+    stack: str
+    torch: str
+    test: str
+    ref: dict[str, str]
+    branch: dict[str, str]
+    ok: bool | None
+    why: str
+
+
+# One probe of the search for the oldest torch REF imports with (repro/upstream/pr/oldest_torch.py).
+class TriedJSON(TypedDict):
+    torch: str
+    imports: bool
+    why: str
+
+
+# verify.json's `oldest_torch`.
+class OldestJSON(TypedDict):
+    torch: str | None  # the oldest torch REF imports with, when it is older than the others taken
+    why: str
+    tried: list[TriedJSON]
+
+
+# verify.json's `stacks`: a Stack's fields.
+class StackJSON(TypedDict):
+    name: str
+    env: str
+    torch: str
+    role: str
+    suite: bool
+
+
+# verify.json.
+class VerifyData(TypedDict):
+    kind: str
+    ref: str
+    ref_sha: str
+    branch: str
+    commit: str
+    stacks: list[StackJSON]
+    checks: list[CheckEntry]
+    regression: list[RegressionEntry]
+    suite: list[pr_suite.SuiteEntry]
+    oldest_torch: OldestJSON | None
+    verified: bool
+    complete: bool
+    seconds: float
+
+
 @dataclass
 class Verification:
     pr: Mapping[str, Any]
@@ -200,20 +266,23 @@ class Verification:
     regression: RegressionRunner = harness_regression
     cache: CellCache | None = None
     suite: pr_suite.SuiteRunner | None = None  # DeepSpeed's own tests (pr_suite); None: not run
-    oldest: Mapping[str, Any] | None = None  # the search for the oldest torch REF imports with
+    oldest: OldestJSON | None = None  # the search for the oldest torch REF imports with
 
     def __post_init__(self) -> None:
-        self.data: dict[str, Any] = {
+        self.data: VerifyData = {
             "kind": "pr-verify",
             "ref": self.pr["ref"],
             "ref_sha": self.pr["ref_sha"],
             "branch": self.pr["branch"],
             "commit": self.pr["commit"],
-            "stacks": [vars(s) for s in self.stacks],
+            "stacks": [
+                {"name": s.name, "env": s.env, "torch": s.torch, "role": s.role, "suite": s.suite}
+                for s in self.stacks
+            ],
             "checks": [],
             "regression": [],
             "suite": [],
-            "oldest_torch": dict(self.oldest) if self.oldest is not None else None,
+            "oldest_torch": self.oldest,
             "verified": False,
             "complete": False,
             "seconds": 0.0,
@@ -222,7 +291,7 @@ class Verification:
     def save(self) -> None:
         write_json_atomic(str(self.out / "verify.json"), self.data)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> VerifyData:
         start = time.monotonic()
         folder = self.out / "verify"
         steps = pr_checks.plan(self.stacks)
@@ -273,7 +342,7 @@ class Verification:
         self.save()
         return self.data
 
-    def _suite(self, upstream: pr_suite.UpstreamSuite, stack: Stack) -> dict[str, Any]:
+    def _suite(self, upstream: pr_suite.UpstreamSuite, stack: Stack) -> pr_suite.SuiteEntry:
         """DeepSpeed's own MiCS tests under its harness (pr_suite), where the stack's torch is one
         the commits import (the lab's checks say so)."""
         checks = [c for c in self.data["checks"] if c["stack"] == stack.name]
@@ -281,16 +350,18 @@ class Verification:
             return {"stack": stack.name, "torch": stack.torch, "why": f"not run: {checks[0]['why']}"}
         return upstream.run(stack.env, stack.torch, stack.name)
 
-    def _regression(self, stack: Stack, folder: Path) -> dict[str, Any]:
+    def _regression(self, stack: Stack, folder: Path) -> RegressionEntry:
         """The branch's test against REF's and the branch's deepspeed/, in the stack's env venv."""
         probes = [c["ref"] for c in self.data["checks"] if c["stack"] == stack.name]
         venv = next((p.get("layered_on") for p in probes if p.get("layered_on")), None)
-        entry: dict[str, Any] = {"stack": stack.name, "torch": stack.torch, "test": str(pr_fix.TEST_REL)}
+        entry: RegressionEntry = {"stack": stack.name, "torch": stack.torch, "test": str(pr_fix.TEST_REL)}
         checks = [c for c in self.data["checks"] if c["stack"] == stack.name]
         if checks and all(c["ok"] is None for c in checks):
-            return {**entry, "ok": None, "why": f"not run: {checks[0]['why']}"}
+            entry["ok"], entry["why"] = None, f"not run: {checks[0]['why']}"
+            return entry
         if not venv:
-            return {**entry, "ok": False, "why": "no probe of this torch left a venv to run the test in"}
+            entry["ok"], entry["why"] = False, "no probe of this torch left a venv to run the test in"
+            return entry
         python = str(Path(venv) / "bin" / "python")
         trees = folder / "trees"
         branch_tree = export_tree(
@@ -309,7 +380,13 @@ class Verification:
             )
         ok, why = pr_checks.regression_ok(outcomes["ref"], outcomes["branch"])
         console.info(f"verify: regression test torch {stack.torch}: {why}")
-        return {**entry, "ref": outcomes["ref"], "branch": outcomes["branch"], "ok": ok, "why": why}
+        entry["ref"], entry["branch"], entry["ok"], entry["why"] = (
+            outcomes["ref"],
+            outcomes["branch"],
+            ok,
+            why,
+        )
+        return entry
 
 
 MAX_PR_JSON_BYTES = 4 << 20

@@ -100,7 +100,7 @@ def with_oldest(
     args: VerifyRequest,
     probe: pr_verify.ProbeRunner | None,
     releases: Callable[[], Sequence[str]],
-) -> tuple[list[Stack], pr_oldest.OldestJSON]:
+) -> tuple[list[Stack], pr_verify.OldestJSON]:
     """The stacks with the oldest torch REF imports with added after the reporter's (when it is
     older than every other taken), and what the search saw (verify.json's `oldest_torch`)."""
     reporter, newest = matrix.get(REPORTER_ENV).torch, matrix.get(NEWEST_ENV).torch
@@ -252,7 +252,7 @@ def run(folder: Path, args: VerifyRequest, runners: Mapping[str, Any] | None = N
     pr = pr_verify.read_pr(folder)
     matrix = load_matrix()
     verified: bool | None = None
-    verification = _read_json(folder / "verify.json")
+    verification: Mapping[str, Any] | None = _read_json(folder / "verify.json")
     if args.verify:
         # DeepSpeed's own tests run for a user; stand-ins (tests) run them only when given one.
         suite = given.get("suite") if runners is not None else pr_suite.front_door_session
