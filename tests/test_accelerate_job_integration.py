@@ -1,13 +1,14 @@
 """A custom training loop on Hugging Face accelerate 0.30.1 (issue #44, item 7; the job in
 tests/fixtures/accelerate_job.py) through `make run ENV=cpu REQUIREMENTS=...` on the CPU twin, then
-the issue and the report made from its folder. bf16 with `accelerate launch --multi_gpu`: stock
-reproduces on the bug's path, fixed is clean. Without
+the issue and the report made from its folder, and a survey of it. bf16 with `accelerate launch
+--multi_gpu`: stock reproduces on the bug's path, fixed is clean. Without
 --multi_gpu accelerate starts one process: the lab names the ranks asked for and started, and the
 flag. (The Docker engine, its bundle and verify-bundle of the same job: the closing note's.)
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,27 @@ def test_without_multi_gpu_the_lab_names_the_ranks_asked_and_started(project: Pa
         said = [n for n in notes if words in n]
         assert said and "--multi_gpu" in said[0], notes
     assert "but 1 started" in stdout
+
+
+def test_a_survey_of_the_custom_loop_is_judged_on_the_bugs_path(project: Path, tmp_path: Path) -> None:
+    """#44 item 7, the survey leg: `make survey` of the same job over 0.13.0 and 0.13.1 (stock
+    probes: 0.13.0 a layered release env, as tests/test_own_job_walk_integration.py's), then the
+    issue made from the survey's folder."""
+    out = tmp_path / "survey"
+    done = make(
+        "survey", "AXIS=deepspeed", "FROM=0.13.0", "TO=0.13.1", "VERSIONS=0.13.0,0.13.1", "ENV=cpu",
+        f"WORKDIR={project}",
+        f"REQUIREMENTS={project / 'requirements.txt'}", f"OUT={out}", f"CMD={command('bf16')}",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-3000:]
+    survey = json.loads((out / "survey.json").read_text())
+    assert survey["scenario"] == "custom" and survey["job"]["command"] == command("bf16")
+    probes = {p["version"]: p for p in survey["probes"]}
+    assert set(probes) == {"0.13.0", "0.13.1"}
+    for probe in probes.values():
+        # stock only, and the bug's own evidence: IllegalWork seen by the hook on the MiCS gather path
+        assert probe["outcome"] == "reproduced" and probe["signature"].startswith("illegal-work"), probe
+    issue = make("issue", f"RESULTS={out}")
+    assert issue.returncode == 0, issue.stdout[-3000:] + issue.stderr[-3000:]
+    text = (out / "ISSUE.md").read_text()
+    assert "accelerate launch --multi_gpu --num_processes 2" in text and str(tmp_path) not in text
