@@ -41,7 +41,7 @@ from repro.engines.venv.layer import (
     layering_disabled,
     link_base,
 )
-from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, venv_argv
+from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, relocate, venv_argv
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 from repro.matrix import compat
 from repro.matrix.model import no_usable_python
@@ -485,7 +485,7 @@ class VenvEngine:
         """Check the built venv (full or layer), point it at its final path, write the marker last
         (only a finished venv has one) and swap it into place."""
         self._verify(env, py)
-        _relocate(tmp, final)
+        relocate(tmp, final)
         (tmp / MARKER).write_text(marker.to_json())
         stale = final.with_name(f".{final.name}.stale")
         if final.exists():
@@ -679,21 +679,6 @@ def _probe(path: str) -> Interpreter:
             fix="pass the path of a CPython 3 interpreter with --python or MICS_REPRO_PYTHON",
         )
     return Interpreter(path, version)
-
-
-def _relocate(tmp: Path, final: Path) -> None:
-    """Rewrite the temporary path baked into scripts (shebangs, activate) to the final one.
-
-    venv writes absolute paths into bin/; without this, console scripts such as `torchrun`
-    and `ds_report` would point at the temporary directory after the rename.
-    """
-    old, new = str(tmp).encode(), str(final).encode()
-    for path in [*(tmp / "bin").iterdir(), tmp / "pyvenv.cfg"]:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
-            continue
-        data = path.read_bytes()
-        if old in data:
-            path.write_bytes(data.replace(old, new))
 
 
 SHARE_MIN_BYTES = 1 << 20

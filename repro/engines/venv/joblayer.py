@@ -33,7 +33,7 @@ from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.engines import jobdeps
 from repro.engines.venv.layer import PURELIB, build_lock, link_base
-from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, venv_argv
+from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, relocate, venv_argv
 from repro.matrix.model import HIDE_GPUS
 
 JOB_MARKER = "mics-repro-job.json"
@@ -117,7 +117,7 @@ def _build(
         if not offline and added:
             _to_wheelhouse(py, added, wheelhouse, env)
         carry_scripts(base, tmp)
-        _relocate(tmp, final)
+        relocate(tmp, final)
         _write_markers(tmp, py, base, base_pins, added, deps, env_id)
         _swap_in(tmp, final)
         console.info(
@@ -295,17 +295,6 @@ def _to_wheelhouse(py: str, added: Mapping[str, str], wheelhouse: Path, env: Map
     ]
     if not cmd.run(argv, env=env, capture=True).ok:  # the layer works anyway; only offline reuse is lost
         console.warn(f"warning: could not copy the job's packages into the wheelhouse {wheelhouse}")
-
-
-def _relocate(tmp: Path, final: Path) -> None:
-    """Scripts point at the temporary folder until renamed: point them at the final one."""
-    old, new = str(tmp).encode(), str(final).encode()
-    for path in [*(tmp / "bin").iterdir(), tmp / "pyvenv.cfg"]:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > 1 << 20:
-            continue
-        data = path.read_bytes()
-        if old in data:
-            path.write_bytes(data.replace(old, new))
 
 
 def _read(layer: Path) -> _JobMarker | None:

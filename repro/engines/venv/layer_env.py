@@ -46,6 +46,21 @@ _ARGS = re.compile(rb"(?:-[A-Za-z]+(?:[ \t]+-[A-Za-z]+)*)?")
 _UNSAFE_IN_TRAMPOLINE = re.compile(r'["$`\\\n\x00]')
 
 
+def relocate(tmp: Path, final: Path) -> None:
+    """Rewrite the temporary path baked into scripts (shebangs, activate) to the final one.
+
+    venv writes absolute paths into bin/; without this, console scripts such as `torchrun`
+    and `ds_report` would point at the temporary directory after the rename.
+    """
+    old, new = str(tmp).encode(), str(final).encode()
+    for path in [*(tmp / "bin").iterdir(), tmp / "pyvenv.cfg"]:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > _BIG:
+            continue
+        data = path.read_bytes()
+        if old in data:
+            path.write_bytes(data.replace(old, new))
+
+
 def base_interpreter(base: Path) -> Path:
     """The Python the venv `base` was made with (the interpreter its own `bin/python` runs).
 
