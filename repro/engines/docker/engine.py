@@ -263,16 +263,8 @@ class DockerEngine:
     def run_suite(
         self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
     ) -> SuiteRun:
-        command = ["python", "-m", SUITE_MODULE, *args, "--out", RESULTS_DIR]
-        return self.run(
-            prepared.handle,
-            command,
-            out_dir,
-            timeout_s,
-            platform=prepared.details.get("platform", "cpu"),
-            name_hint=prepared.env_id,
-            copy_out=RESULTS_DIR,
-        )
+        command = ["python", "-m", SUITE_MODULE, *args]
+        return self._run_in_env(prepared, command, out_dir, timeout_s, prepared.env_id)
 
     def run_job(
         self,
@@ -290,16 +282,28 @@ class DockerEngine:
         # MICS_REPRO_HOOK_PTH: the runner installs the hook's .pth into the image's Python (in this
         # container only), so a job that replaces PYTHONPATH is still hooked (repro/workload/hookpth.py).
         command = ["env", "MICS_REPRO_HOOK_PTH=1", "python", "-m", "repro.workload.job", *args]
-        command += ["--out", RESULTS_DIR]
+        name, binds = f"{prepared.env_id}-job", (f"{workdir}:{workdir}:rw",)
+        return self._run_in_env(prepared, command, out_dir, timeout_s, name, binds, network)
+
+    def _run_in_env(
+        self,
+        prepared: Prepared,
+        command: Sequence[str],
+        out_dir: Path,
+        timeout_s: float | None,
+        name_hint: str,
+        binds: tuple[str, ...] = (),
+        network: bool = False,
+    ) -> SuiteRun:
         return self.run(
             prepared.handle,
-            command,
+            [*command, "--out", RESULTS_DIR],
             out_dir,
             timeout_s,
             platform=prepared.details.get("platform", "cpu"),
-            name_hint=f"{prepared.env_id}-job",
+            name_hint=name_hint,
             copy_out=RESULTS_DIR,
-            binds=(f"{workdir}:{workdir}:rw",),
+            binds=binds,
             network=network,
         )
 
