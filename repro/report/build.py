@@ -14,7 +14,7 @@ from repro.core.scrub import Form, Scrubber, hand_out
 from repro.report.answers import DEFAULT_GPU_ENV_HINT, answer_all
 from repro.report.merge import load_and_merge
 from repro.report.plots import env_plots
-from repro.report.render import env_details, render_html, render_markdown, report_data
+from repro.report.render import Page, env_details, render_html, render_markdown, report_data
 from repro.report.tables import rows
 from repro.report.timeline import load_timelines
 
@@ -123,14 +123,15 @@ def build_report(
     data = report_data(merged, answers, table, timelines, all_plots)
     stamp = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
+    page = Page(merged, answers, table, details, timelines, data, stamp)
     html = hand_out(
-        render_html(merged, answers, table, details, timelines, data, stamp),
+        render_html(page),
         scrubber,
         "report.html",
         Form.HTML,
     )
     markdown = hand_out(
-        render_markdown(merged, answers, table, details, timelines, data, stamp, PLOT_DIR),
+        render_markdown(page, PLOT_DIR),
         scrubber,
         "REPORT.md",
     )

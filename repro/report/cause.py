@@ -152,12 +152,10 @@ def cause(merged: MergedResults, gpu_env_hint: Sequence[str] = DEFAULT_GPU_ENV_H
     if not runs.gpu_runs:
         return _cpu_without_gpu_runs(runs.cpu_bug, evidence, missing)
 
-    per_backend = sorted({r.backend for r in runs.gpu_bug}, key=lambda b: b.value)
-    backend_lines = _backend_lines(runs.gpu_bug, per_backend)
-    if runs.gpu_bug and runs.cpu_bug:
-        return _on_cpu_and_gpu(runs, per_backend, backend_lines, evidence, missing)
     if runs.gpu_bug:
-        return _on_gpu_only(runs, per_backend, backend_lines, evidence, missing)
+        on_gpu = _on_cpu_and_gpu if runs.cpu_bug else _on_gpu_only
+        per_backend = sorted({r.backend for r in runs.gpu_bug}, key=lambda b: b.value)
+        return on_gpu(runs, per_backend, evidence, missing)
     return _on_cpu_not_gpu(runs, evidence, missing)
 
 
@@ -216,13 +214,10 @@ def _backend_lines(gpu_bug: Sequence[Run], per_backend: list[Backend]) -> list[E
 
 
 def _on_cpu_and_gpu(
-    runs: _StockRuns,
-    per_backend: list[Backend],
-    backend_lines: list[Evidence],
-    evidence: list[Evidence],
-    missing: tuple[Missing, ...],
+    runs: _StockRuns, per_backend: list[Backend], evidence: list[Evidence], missing: tuple[Missing, ...]
 ) -> CauseAnswer:
     """The same failure on CPU/gloo and a GPU backend: MiCS logic, compared scenario by scenario."""
+    backend_lines = _backend_lines(runs.gpu_bug, per_backend)
     scenario_lines = []
     for scenario in sorted({r.scenario for r in runs.gpu_bug} & {r.scenario for r in runs.cpu_bug}):
         g = sorted({r.signature.value for r in runs.gpu_bug if r.scenario == scenario})
@@ -245,13 +240,10 @@ def _on_cpu_and_gpu(
 
 
 def _on_gpu_only(
-    runs: _StockRuns,
-    per_backend: list[Backend],
-    backend_lines: list[Evidence],
-    evidence: list[Evidence],
-    missing: tuple[Missing, ...],
+    runs: _StockRuns, per_backend: list[Backend], evidence: list[Evidence], missing: tuple[Missing, ...]
 ) -> CauseAnswer:
     """Fails on a GPU backend but not on CPU/gloo: ROCm, the GPU backend, or logic on both vendors."""
+    backend_lines = _backend_lines(runs.gpu_bug, per_backend)
     gpu_ok = [r for r in runs.gpu_runs if r.outcome is Outcome.CLEAN]
     rocm_only = per_backend == [Backend.ROCM_RCCL]
     cuda_clean = [r for r in gpu_ok if r.backend is Backend.CUDA_NCCL]

@@ -247,21 +247,27 @@ class _Context(TypedDict, total=False):
     plot_dir: str  # Markdown only
 
 
-def _context(
-    merged: MergedResults,
-    answers: Answers,
-    rows: Sequence[Row],
-    details: Sequence[EnvDetails],
-    timelines: Sequence[Timeline],
-    generated_at: str,
-) -> _Context:
+@dataclass(frozen=True)
+class Page:
+    """What report.html and REPORT.md are both rendered from."""
+
+    merged: MergedResults
+    answers: Answers
+    rows: Sequence[Row]
+    details: Sequence[EnvDetails]
+    timelines: Sequence[Timeline]
+    data: ReportData
+    generated_at: str
+
+
+def _context(page: Page) -> _Context:
     return {
-        "answers": answers,
-        "rows": rows,
-        "details": details,
-        "timelines": timelines,
-        "merged": merged,
-        "generated_at": generated_at,
+        "answers": page.answers,
+        "rows": page.rows,
+        "details": page.details,
+        "timelines": page.timelines,
+        "merged": page.merged,
+        "generated_at": page.generated_at,
         "tool_version": __version__,
         "csp": CSP,
         "data_id": DATA_ELEMENT_ID,
@@ -269,31 +275,14 @@ def _context(
     }
 
 
-def render_html(
-    merged: MergedResults,
-    answers: Answers,
-    rows: Sequence[Row],
-    details: Sequence[EnvDetails],
-    timelines: Sequence[Timeline],
-    data: ReportData,
-    generated_at: str,
-) -> str:
-    ctx = _context(merged, answers, rows, details, timelines, generated_at)
-    ctx["data_json"] = Markup(_json_for_script(data))
+def render_html(page: Page) -> str:
+    ctx = _context(page)
+    ctx["data_json"] = Markup(_json_for_script(page.data))
     return _environment(templating.Target.HTML).get_template("report.html.j2").render(ctx)
 
 
-def render_markdown(
-    merged: MergedResults,
-    answers: Answers,
-    rows: Sequence[Row],
-    details: Sequence[EnvDetails],
-    timelines: Sequence[Timeline],
-    data: ReportData,
-    generated_at: str,
-    plot_dir: str,
-) -> str:
-    ctx = _context(merged, answers, rows, details, timelines, generated_at)
-    ctx["data_json"] = json.dumps(summary_data(data), indent=1, sort_keys=True, allow_nan=False)
+def render_markdown(page: Page, plot_dir: str) -> str:
+    ctx = _context(page)
+    ctx["data_json"] = json.dumps(summary_data(page.data), indent=1, sort_keys=True, allow_nan=False)
     ctx["plot_dir"] = plot_dir
     return _environment(templating.Target.MARKDOWN).get_template("REPORT.md.j2").render(ctx)
