@@ -20,7 +20,7 @@ from typing import Any
 from repro.core.jobname import short_command
 from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
-from repro.core.runs import RunFinding, run_finding
+from repro.core.runs import RunFinding, RunKey, run_finding
 from repro.workload.record import CUSTOM_SCENARIO, Outcome, Signature
 
 
@@ -52,6 +52,7 @@ class Row:
     env: str = ""
     record: str | None = None
     versions: Mapping[str, Any] = field(default_factory=dict)
+    run: RunKey | None = None  # a run folder's row: which run it is (a value, never its label)
 
     @property
     def finding(self) -> RunFinding:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -24,11 +24,11 @@ from repro.core import records, safe_write, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.paths import confined
 from repro.core.results import ResultsData
-from repro.core.runs import RunFinding
+from repro.core.runs import RunFinding, RunView
 from repro.core.scrub import Scrubber, hand_out
 from repro.upstream.issue import facts
 from repro.upstream.issue.facts import as_dict
-from repro.workload.record import CUSTOM_SCENARIO, RunRecord
+from repro.workload.record import CONTROL_SCENARIO, CUSTOM_SCENARIO, RunRecord
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # repro/upstream/templates
 ISSUE_FILE = "ISSUE.md"
@@ -153,7 +153,8 @@ def _run_rows(runs: Sequence[Mapping[str, Any]]) -> list[facts.Row]:
     rows = []
     for run in sorted(runs, key=order):
         name = str(run.get("run_name") or f"{run.get('scenario')}-{run.get('patch')}")
-        rows.append(facts.row_of({**run, "version": f"{run.get('env')}: {name}", "seconds": None}, "run"))
+        row = facts.row_of({**run, "version": f"{run.get('env')}: {name}", "seconds": None}, "run")
+        rows.append(replace(row, run=RunView(run).key))
     return rows
 
 
@@ -332,8 +333,8 @@ def _table(
 def _run_transition(rows: Sequence[facts.Row]) -> facts.Transition:
     """A run folder's change: its first bug run (bad) against its first clean run (good)."""
     # The bug's stock runs; else another failure of a MiCS run (the replica hang).
-    mics = [r for r in rows if ": zero3-" not in r.version]
-    bug = [r for r in mics if r.is_bug and "-fixed" not in r.version] or [
+    mics = [r for r in rows if r.run is not None and r.run.scenario != CONTROL_SCENARIO]
+    bug = [r for r in mics if r.is_bug and r.run is not None and r.run.patch != "fixed"] or [
         r for r in mics if r.finding is RunFinding.OTHER_FAILURE
     ]
     clean_rows = [r for r in rows if r.is_clean]
@@ -346,7 +347,7 @@ def _bad_record(
     """The record of the bad row's run: a run folder's own record of it, else the probe's."""
     bad_run: RunRecord | None = None
     if kind == "run" and bad is not None:
-        bad_run = next((r for r in runs if f"{r.get('env')}: {r.get('run_name')}" == bad.version), None)
+        bad_run = next((r for r in runs if RunView(r).key == bad.run), None)
     return bad_run or _record_of(folder, runs, bad, str(data.get("patch") or ""))
 
 
