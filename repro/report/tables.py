@@ -14,49 +14,24 @@ from repro.report.model import SCENARIOS_ORDER, Run
 EXCEPTION_CHARS = 120
 
 
-@dataclass(frozen=True)
-class Cell:
+def cell(run: Run) -> CellData:
     """What one run contributes to the table."""
-
-    run: str  # Run.ident
-    outcome: str
-    signature: str
-    illegal_work: int
-    first_divergent_step: int | None
-    skipped_steps: int
-    nan_steps: int
-    exception: str | None
-
-    @classmethod
-    def of(cls, run: Run) -> Cell:
-        exc = run.exception_line
-        if exc and len(exc) > EXCEPTION_CHARS:
-            exc = exc[: EXCEPTION_CHARS - 1] + "…"
-        return cls(
-            run=run.ident,
-            outcome=run.outcome.value,
-            signature=run.signature.value,
-            illegal_work=run.illegal_work_messages,
-            first_divergent_step=run.first_divergent_step,
-            skipped_steps=run.skipped_steps,
-            nan_steps=sum(1 for v in run.losses_seen if v is None),
-            exception=exc,
-        )
-
-    def to_dict(self) -> CellData:
-        return {
-            "run": self.run,
-            "outcome": self.outcome,
-            "signature": self.signature,
-            "illegal_work": self.illegal_work,
-            "first_divergent_step": self.first_divergent_step,
-            "skipped_steps": self.skipped_steps,
-            "nan_steps": self.nan_steps,
-            "exception": self.exception,
-        }
+    exc = run.exception_line
+    if exc and len(exc) > EXCEPTION_CHARS:
+        exc = exc[: EXCEPTION_CHARS - 1] + "…"
+    return {
+        "run": run.ident,
+        "outcome": run.outcome.value,
+        "signature": run.signature.value,
+        "illegal_work": run.illegal_work_messages,
+        "first_divergent_step": run.first_divergent_step,
+        "skipped_steps": run.skipped_steps,
+        "nan_steps": sum(1 for v in run.losses_seen if v is None),
+        "exception": exc,
+    }
 
 
-# A table Cell in report.json (its fields).
+# A table cell: what one run contributes (and its form in report.json).
 class CellData(TypedDict):
     run: str
     outcome: str
@@ -77,8 +52,8 @@ class Row:
     world_size: int | None  # None: no run of the pair said (it died before its first step)
     shard_size: int | None
     hierarchical: bool
-    stock: Cell | None
-    fixed: Cell | None
+    stock: CellData | None
+    fixed: CellData | None
     job: str | None = None  # a custom job's id: two jobs of one env are two rows
     job_command: str | None = None  # and its command, which names it for a person
 
@@ -103,8 +78,8 @@ class Row:
             "world_size": self.world_size,
             "shard_size": self.shard_size,
             "hierarchical": self.hierarchical,
-            "stock": self.stock.to_dict() if self.stock else None,
-            "fixed": self.fixed.to_dict() if self.fixed else None,
+            "stock": self.stock.copy() if self.stock else None,
+            "fixed": self.fixed.copy() if self.fixed else None,
         }
 
 
@@ -147,8 +122,8 @@ def rows(merged: MergedResults) -> list[Row]:
                 world_size=k.world_size or None,
                 shard_size=k.shard_size,
                 hierarchical=k.hierarchical,
-                stock=Cell.of(sides["stock"]) if "stock" in sides else None,
-                fixed=Cell.of(sides["fixed"]) if "fixed" in sides else None,
+                stock=cell(sides["stock"]) if "stock" in sides else None,
+                fixed=cell(sides["fixed"]) if "fixed" in sides else None,
                 job=k.job,
                 job_command=known[0].job_command,
             )
@@ -172,10 +147,10 @@ def pair_text(stock: str | None, fixed: str | None) -> str:
     return s if s == f else f"{s} → {f}"
 
 
-def cell_field(cell: Cell | None, name: str) -> str | None:
-    if cell is None:
+def cell_field(data: CellData | None, name: str) -> str | None:
+    if data is None:
         return None
-    value = getattr(cell, name)
+    value = data.get(name)
     return "–" if value is None else str(value)
 
 
