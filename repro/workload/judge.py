@@ -187,33 +187,23 @@ def _losses(
             step = groups.get("step")
             found.append((int(step) if step is not None else None, value))
         if found:
-            return _dedupe(found), _steps(found), name
+            values, steps = _dedupe(found)
+            return values, steps, name
     return [], [], None
 
 
-def _dedupe(found: list[tuple[int | None, float]]) -> list[float | None]:
-    """Every rank may print the same step: keep the first value of each step number."""
+def _dedupe(found: list[tuple[int | None, float]]) -> tuple[list[float | None], list[int | None]]:
+    """Every rank may print the same step: keep the first value of each step number. The values
+    (NaN/inf as None) and their step numbers."""
     seen: set[int] = set()
-    out: list[float | None] = []
+    kept: list[tuple[int | None, float]] = []
     for step, value in found:
         if step is not None:
             if step in seen:
                 continue
             seen.add(step)
-        out.append(value if math.isfinite(value) else None)
-    return out
-
-
-def _steps(found: list[tuple[int | None, float]]) -> list[int | None]:
-    seen: set[int] = set()
-    out: list[int | None] = []
-    for step, _ in found:
-        if step is not None:
-            if step in seen:
-                continue
-            seen.add(step)
-        out.append(step)
-    return out
+        kept.append((step, value))
+    return [value if math.isfinite(value) else None for _, value in kept], [step for step, _ in kept]
 
 
 def _tracebacks(lines: list[str]) -> list[RecordedException]:
