@@ -505,56 +505,45 @@ def _is_gloo(pg: Any) -> bool:
         return False
 
 
-def _make_gather(name: str) -> Callable[..., Any]:
+# A collective on the transport: (transport, group, output(s), input(s), the rest of the arguments).
+_Adapted = Callable[[_Transport, Any, Any, Any, tuple[Any, ...]], Any]
+
+
+def _wrapped(name: str, adapted: _Adapted) -> Callable[..., Any]:
+    """ProcessGroup's method `name`: `adapted` on a gloo group while the adapter is installed."""
     original = _ORIGINALS[name]
 
-    def method(self: Any, output: torch.Tensor, input: torch.Tensor, *rest: Any) -> Any:
+    def method(self: Any, output: Any, input: Any, *rest: Any) -> Any:
         if _TRANSPORT is None or not _is_gloo(self):
             return original(self, output, input, *rest)
-        return _TRANSPORT.as_work(self, [_TRANSPORT.gather(self, output, input)], [output])
+        return adapted(_TRANSPORT, self, output, input, rest)
 
     method.__name__ = name
     return method
 
 
-def _make_reduce_scatter(name: str) -> Callable[..., Any]:
-    original = _ORIGINALS[name]
-
-    def method(self: Any, output: torch.Tensor, input: torch.Tensor, *rest: Any) -> Any:
-        if _TRANSPORT is None or not _is_gloo(self):
-            return original(self, output, input, *rest)
-        op = rest[0].reduceOp if rest else dist.ReduceOp.SUM
-        return _TRANSPORT.as_work(self, [_TRANSPORT.reduce_scatter(self, output, input, op)], [output])
-
-    method.__name__ = name
-    return method
+def _op(rest: tuple[Any, ...]) -> Any:
+    return rest[0].reduceOp if rest else dist.ReduceOp.SUM
 
 
-def _make_gather_coalesced(name: str) -> Callable[..., Any]:
-    original = _ORIGINALS[name]
-
-    def method(self: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], *rest: Any) -> Any:
-        if _TRANSPORT is None or not _is_gloo(self):
-            return original(self, outputs, inputs, *rest)
-        items = [_TRANSPORT.gather(self, o, i) for o, i in zip(outputs, inputs)]
-        return _TRANSPORT.as_work(self, items, list(outputs), coalesced=True)
-
-    method.__name__ = name
-    return method
+def _gather(t: _Transport, pg: Any, output: Any, input: Any, rest: tuple[Any, ...]) -> Any:
+    return t.as_work(pg, [t.gather(pg, output, input)], [output])
 
 
-def _make_reduce_scatter_coalesced(name: str) -> Callable[..., Any]:
-    original = _ORIGINALS[name]
+def _reduce_scatter(t: _Transport, pg: Any, output: Any, input: Any, rest: tuple[Any, ...]) -> Any:
+    return t.as_work(pg, [t.reduce_scatter(pg, output, input, _op(rest))], [output])
 
-    def method(self: Any, outputs: list[torch.Tensor], inputs: list[torch.Tensor], *rest: Any) -> Any:
-        if _TRANSPORT is None or not _is_gloo(self):
-            return original(self, outputs, inputs, *rest)
-        op = rest[0].reduceOp if rest else dist.ReduceOp.SUM
-        items = [_TRANSPORT.reduce_scatter(self, o, i, op) for o, i in zip(outputs, inputs)]
-        return _TRANSPORT.as_work(self, items, list(outputs), coalesced=True)
 
-    method.__name__ = name
-    return method
+def _gather_coalesced(t: _Transport, pg: Any, outputs: Any, inputs: Any, rest: tuple[Any, ...]) -> Any:
+    items = [t.gather(pg, o, i) for o, i in zip(outputs, inputs)]
+    return t.as_work(pg, items, list(outputs), coalesced=True)
+
+
+def _reduce_scatter_coalesced(
+    t: _Transport, pg: Any, outputs: Any, inputs: Any, rest: tuple[Any, ...]
+) -> Any:
+    items = [t.reduce_scatter(pg, o, i, _op(rest)) for o, i in zip(outputs, inputs)]
+    return t.as_work(pg, items, list(outputs), coalesced=True)
 
 
 def _make_start() -> Callable[..., Any]:
@@ -643,11 +632,11 @@ def _make_bf16_allgather() -> Callable[..., Any]:
     return allgather
 
 
-_FACTORIES: dict[tuple[str, ...], Callable[[str], Callable[..., Any]]] = {
-    _GATHER_NAMES: _make_gather,
-    _REDUCE_SCATTER_NAMES: _make_reduce_scatter,
-    _GATHER_COALESCED_NAMES: _make_gather_coalesced,
-    _REDUCE_SCATTER_COALESCED_NAMES: _make_reduce_scatter_coalesced,
+_ADAPTED: dict[tuple[str, ...], _Adapted] = {
+    _GATHER_NAMES: _gather,
+    _REDUCE_SCATTER_NAMES: _reduce_scatter,
+    _GATHER_COALESCED_NAMES: _gather_coalesced,
+    _REDUCE_SCATTER_COALESCED_NAMES: _reduce_scatter_coalesced,
 }
 
 
@@ -672,11 +661,11 @@ def install(mode: str, loses_block_work: bool | None = None) -> Adapter:
     pg_cls = dist.ProcessGroup
     caps = probe_gloo()
     patched: list[str] = []
-    for names, factory in _FACTORIES.items():
+    for names, adapted in _ADAPTED.items():
         for name in names:
             if hasattr(pg_cls, name):
                 _ORIGINALS[name] = getattr(pg_cls, name)
-                setattr(pg_cls, name, factory(name))
+                setattr(pg_cls, name, _wrapped(name, adapted))
                 patched.append(name)
     if all(hasattr(pg_cls, n) for n in _COALESCING_NAMES):
         for name in _COALESCING_NAMES:
