@@ -40,7 +40,7 @@ from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
 from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
 from repro.workload.hooksign import HookRecord
-from repro.workload.parentwatch import become_subreaper, follow_tool
+from repro.workload.parentwatch import become_subreaper, follow_tool, group_alive
 from repro.workload.record import CPU_TRANSPORTS, write_json_atomic
 from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
 
@@ -204,7 +204,7 @@ def stop_everything(proc: subprocess.Popen[bytes], job_dir: str) -> list[int]:
             _signal(os.kill, pid, sig)
         deadline = time.monotonic() + RANK_STOP_GRACE_S
         while time.monotonic() < deadline:
-            if proc.poll() is not None and not targets() and not _group_alive(proc.pid):
+            if proc.poll() is not None and not targets() and not group_alive(proc.pid):
                 return []
             time.sleep(POLL_S)
     proc.wait()
@@ -216,16 +216,6 @@ def _signal(send: Callable[[int, int], None], target: int, sig: int) -> None:
         send(target, sig)
     except ProcessLookupError:
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class _Tee(threading.Thread):
@@ -397,7 +387,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
         raise
     if status is None and stopped_by_signal(proc.returncode):
         status = "interrupted"  # SIGHUP/SIGTERM reached the command itself: stopped, not crashed
-    if status is None and (any(alive(p) for p in _pids(job_dir)) or _group_alive(proc.pid)):
+    if status is None and (any(alive(p) for p in _pids(job_dir)) or group_alive(proc.pid)):
         survivors = stop_everything(proc, job_dir)  # leftovers of a finished command must not outlive it
     # What left the group (setsid, a double fork) and the hook never saw: found by the run's token
     # (and, in the real runner, a child subreaper), stopped, named.

@@ -44,6 +44,17 @@ def _prctl(option: int, value: int) -> bool:
         return False
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of the process group (or session) `pgid` is left, a zombie included."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def become_subreaper() -> bool:
     """Orphaned descendants of this process (a double fork, a `setsid cmd &`) are reparented to
     it instead of init (Linux 3.4+), so it can find, stop and reap them; False where the kernel

@@ -50,7 +50,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn, TypedDict, final
 
-from repro.workload.parentwatch import become_subreaper
+from repro.workload.parentwatch import become_subreaper, group_alive
 from repro.workload.train import exit_now
 
 # What the ranks import anyway, in the order they do; the server imports them once. A module a
@@ -503,19 +503,8 @@ def _reap(leaders: dict[int, str]) -> None:
             break
         if pid in leaders:
             _LEADER_CODES[pid] = os.waitstatus_to_exitcode(status)
-    for pid in [p for p in _LEADER_CODES if not _session_alive(p)]:
+    for pid in [p for p in _LEADER_CODES if not group_alive(p)]:
         emit({"run": leaders.pop(pid), "exit": _LEADER_CODES.pop(pid)})
-
-
-def _session_alive(sid: int) -> bool:
-    """Whether a process of the session (= process group) `sid` is left, a zombie included."""
-    try:
-        os.killpg(sid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 if __name__ == "__main__":
