@@ -783,7 +783,8 @@ class ResultsTooLarge(Exception):
 
 
 class ChunkStream(io.RawIOBase):
-    """A readable stream over an iterator of byte chunks (docker-py's get_archive), read on demand."""
+    """A readable stream over an iterator of byte chunks (docker-py's get_archive, an image's save),
+    read on demand (tarfile's stream mode reads it)."""
 
     def __init__(self, chunks: Any) -> None:
         self._chunks = iter(chunks)

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 
 from repro.core import console
 from repro.core.errors import BundleError
+from repro.engines.docker.engine import ChunkStream
 
 # Paths (relative to the image root) that exist only to let the build reach PyPI through the host.
 BUILD_ONLY_PATHS = (
@@ -64,28 +65,6 @@ class Saved:
     seconds: float
 
 
-class _IterReader(io.RawIOBase):
-    """A file object over an iterator of byte chunks (docker-py streams), for tarfile's stream mode."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self._chunks: Iterator[bytes] = iter(chunks)
-        self._buf = b""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        while not self._buf:
-            try:
-                self._buf = next(self._chunks)
-            except StopIteration:
-                return 0
-        n = min(len(buffer), len(self._buf))
-        buffer[:n] = self._buf[:n]
-        self._buf = self._buf[n:]
-        return n
-
-
 def _dropped(name: str, drop: Sequence[str]) -> bool:
     path = name[2:] if name.startswith("./") else name
     path = path.lstrip("/").rstrip("/")
@@ -97,7 +76,7 @@ def filter_tar(
 ) -> list[str]:
     """Copy a tar stream to `out` without the members under `drop`; returns what was dropped."""
     removed: list[str] = []
-    source = io.BufferedReader(_IterReader(chunks), CHUNK)
+    source = io.BufferedReader(ChunkStream(chunks), CHUNK)
     with tarfile.open(fileobj=source, mode="r|") as tar_in:
         with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar_out:
             for member in tar_in:
