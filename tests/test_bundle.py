@@ -2,7 +2,8 @@
 
 Default tier: a fake docker-py client (tests/fixtures/fake_bundle_docker.py) that really exports,
 imports, saves and loads tar bytes, and results folders made by the report fixtures' builder.
-Docker tier: the real CPU image, bundled, removed, loaded back and rerun offline.
+The Docker tier (the real CPU image, bundled, removed, loaded back and rerun offline) is
+tests/test_bundle_docker.py.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import gzip
 import io
 import json
 import os
-import shutil
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -968,65 +968,3 @@ def test_issue_comment_fits_a_github_comment(tmp_path: Path) -> None:
         )
     )
     assert len(text) <= issue_comment.GITHUB_COMMENT_LIMIT and "cut to fit a GitHub comment" in text
-
-
-# ---- Docker tier: the real thing ----------------------------------------------------------------------
-
-
-@pytest.mark.docker
-def test_real_bundle_reproduces_after_the_image_is_removed(
-    docker_cpu_repro: tuple[Path, list[dict[str, Any]]], tmp_path: Path
-) -> None:
-    """make bundle ENV=cpu, remove the image, make verify-bundle: same outcomes from the loaded image."""
-    docker = pytest.importorskip("docker")
-    from repro.engines.docker.engine import daemon_status
-    from repro.matrix.schema import load_matrix
-
-    up, why = daemon_status()
-    if not up:
-        pytest.skip(f"no Docker daemon: {why}")
-    client = docker.from_env(timeout=600)
-    env = load_matrix().get("cpu")  # the env of the shared run
-    try:
-        client.images.get(env.image_tag())
-    except docker.errors.ImageNotFound:
-        pytest.skip(f"{env.image_tag()} is not built (make build ENV={env.id} ENGINE=docker)")
-    results = tmp_path / "results"
-    from repro.cli.main import main
-
-    # The session's short suite in the image (tests/fixtures/docker_repro.py): flat and
-    # hierarchical MiCS, stock and fixed, 2 ranks, 4 steps.
-    repro_out, _runs = docker_cpu_repro
-    out = tmp_path / "bundles" / env.id
-    assert (
-        main(
-            [
-                "bundle",
-                "--env",
-                env.id,
-                "--results",
-                str(repro_out),
-                "--out",
-                str(out),
-                "--results-root",
-                str(results),
-            ]
-        )
-        == 0
-    )
-    manifest = Manifest.read(out)
-    try:  # `bundle` removes its flattened image after saving it; make sure: verify must load it
-        client.images.remove(manifest.image["id"], force=True)
-    except docker.errors.ImageNotFound:
-        pass
-    with pytest.raises(docker.errors.ImageNotFound):
-        client.images.get(manifest.image["id"])
-    archive = out.with_name(out.name + ".tar")
-    shutil.rmtree(out)  # and work from the single archive
-    try:
-        assert main(["verify-bundle", "--bundle", str(archive), "--results-root", str(results)]) == 0
-    finally:
-        try:
-            client.images.remove(manifest.image["id"], force=True)
-        except docker.errors.ImageNotFound:
-            pass
