@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option, csv
+from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option, add_resume_option, csv
 from repro.cli.registry import command
 from repro.core import console
 from repro.core.errors import UsageError
@@ -50,12 +50,7 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     _deps_options(p)
     p.add_argument("--out", default=None, help="results folder (default results/<timestamp>-<env>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
-    p.add_argument(
-        "--resume",
-        action="store_true",
-        help="finish an interrupted run in --out (default results/latest): run again only the "
-        "stock/fixed runs that did not finish, into the same results.json (make: RESUME=1)",
-    )
+    add_resume_option(p, "stock/fixed runs")
 
 
 def _deps_options(p: argparse.ArgumentParser) -> None:

@@ -72,10 +72,14 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
     p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    add_resume_option(p, "runs")
+
+
+def add_resume_option(p: argparse.ArgumentParser, runs: str) -> None:
     p.add_argument(
         "--resume",
         action="store_true",
-        help="finish an interrupted run in --out (default results/latest): run again only the runs "
+        help=f"finish an interrupted run in --out (default results/latest): run again only the {runs} "
         "that did not finish, into the same results.json (make: RESUME=1)",
     )
 
