@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from repro.core import templating
 from repro.core.runs import RunFinding
@@ -79,9 +79,98 @@ def record_from(data: Mapping[str, Any]) -> PrRecord:
     return PrRecord(**{k: v for k, v in fields.items() if k in known})
 
 
-def by_torch(
-    items: Iterable[Mapping[str, Any]], words: Callable[[Mapping[str, Any]], Any]
-) -> list[dict[str, Any]]:
+# The description's pieces, as the template reads them.
+class Grouped(TypedDict):  # items that say the same on several torches
+    torches: str
+    first: Mapping[str, Any]
+
+
+class CallerRow(TypedDict):  # a call of the function, with the lab's checks of it
+    caller: pr_fix.Caller
+    checks: list[Grouped]
+    scenarios: tuple[str, ...]
+
+
+class OtherLine(TypedDict):  # the lines of one kind that are no call
+    words: str
+    where: list[str]
+
+
+class UnexpectedLine(TypedDict):  # checks not as expected or not applicable, for one reason
+    keys: list[str]
+    torches: str
+    why: str
+    ref: str
+    branch: str
+
+
+class RangeTableRow(TypedDict):
+    deepspeed: str
+    applies: str
+    why: str
+    cells: list[str]
+
+
+class RangeNote(TypedDict):
+    what: str
+    where: list[str]
+
+
+class RangeTable(TypedDict):
+    torches: list[str]
+    rows: list[RangeTableRow]
+    notes: list[RangeNote]
+    complete: bool
+    seconds: float | None
+
+
+class SideWords(TypedDict):  # what the un-skipped optimizer test showed on one side
+    tally: str
+    failures: list[str]
+    unsaid: bool
+    stopped: str | None
+
+
+class UnskipLine(TypedDict):
+    column: str
+    sides: dict[str, SideWords]
+
+
+class TestCells(TypedDict):
+    test: str
+    cells: list[str]
+
+
+class RegressionColumn(TypedDict, total=False):
+    column: str
+    ok: bool | None
+    why: str
+
+
+class SuiteTable(TypedDict):
+    columns: list[str]
+    rows: list[TestCells]
+    flags: str
+    upstream_torches: Mapping[str, Any]
+    torches: list[str]
+    flags_from: str | None
+    packages_from: str | None
+    edits: list[str]
+    missing: list[str]
+    regression: list[RegressionColumn]
+    regression_all_ok: bool
+    unskip: list[UnskipLine]
+    not_run: list[Mapping[str, Any]]
+
+
+class FailedWait(TypedDict):
+    torch: str
+    test: str
+    ref: str
+    branch: str
+
+
+def by_torch(items: Iterable[Mapping[str, Any]], words: Callable[[Mapping[str, Any]], Any]) -> list[Grouped]:
     """Items (checks, regression results) that say the same words on several torches, once, in
     first-seen order: {"torches": "2.7.1, 2.8.0", "first": the first item}. Six torches read as
     long as one where they agree (#43: the description stays about 150 lines)."""
@@ -105,11 +194,11 @@ def _seen_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
-def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[CallerRow]:
     """Each call of deepspeed.comm.all_gather_coalesced that `git grep` found, with the lab's checks
     that exercise it (those that agree on several torches once)."""
     checks = list((verification or {}).get("checks") or [])
-    rows = []
+    rows: list[CallerRow] = []
     for caller in record.callers:
         if caller.kind is not pr_fix.CallerKind.CALL:
             continue
@@ -120,7 +209,7 @@ def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[d
     return rows
 
 
-def other_lines(record: PrRecord) -> list[dict[str, Any]]:
+def other_lines(record: PrRecord) -> list[OtherLine]:
     """The lines of `git grep` that are no call, by kind, each once: where the function is
     defined, forwarded or imported, and the other functions of that name and comments."""
     by_kind: dict[pr_fix.CallerKind, list[str]] = {}
@@ -130,7 +219,7 @@ def other_lines(record: PrRecord) -> list[dict[str, Any]]:
     return [{"words": kind.words, "where": where} for kind, where in by_kind.items()]
 
 
-def unexpected(verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def unexpected(verification: Mapping[str, Any] | None) -> list[UnexpectedLine]:
     """The checks not as expected or not applicable, one line per reason: the checks and torches
     that share it, named so that every check listed ran on every torch listed."""
     reasons: dict[tuple[str, ...], dict[str, list[str]]] = {}
@@ -147,7 +236,7 @@ def unexpected(verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
             )
             said = (said[0], ref, branch if branch != ref else "")
         reasons.setdefault(said, {}).setdefault(str(c.get("key")), []).append(str(c.get("torch")))
-    lines = []
+    lines: list[UnexpectedLine] = []
     for (why, ref, branch), torches_of in reasons.items():
         keys_of: dict[str, list[str]] = {}  # the same torches: one line for their checks
         for key, torches in torches_of.items():
@@ -157,13 +246,13 @@ def unexpected(verification: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     return lines
 
 
-def range_table(ranged: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def range_table(ranged: Mapping[str, Any] | None) -> RangeTable | None:
     """The range as header + rows of words (pr_range.cell_words), and notes naming the error
     behind every cell that holds no outcome, or None without records."""
     if not ranged or not ranged.get("rows"):
         return None
     torches = [c["torch"] for c in ranged.get("columns") or []]
-    rows = []
+    rows: list[RangeTableRow] = []
     causes: dict[str, list[str]] = {}
     for row in ranged["rows"]:
         cells = []
@@ -211,7 +300,7 @@ def _applies_words(row: Mapping[str, Any], torches: list[str]) -> str:
 TRANSPORT_WORDS = {"plain": "plain gloo", "async": "lab adapter"}
 
 
-def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None:
+def suite_table(verification: Mapping[str, Any] | None) -> SuiteTable | None:
     """DeepSpeed's own MiCS tests (pr_suite) as one table: a row per test id, a column per torch
     and transport holding "REF -> branch"; and what the un-skipped optimizer test showed."""
     entries = [e for e in (verification or {}).get("suite") or [] if e.get("sessions")]
@@ -225,10 +314,10 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
                 words = f"{seen.get('ref', '-')} → {seen.get('branch', '-')}"
                 cells.setdefault(row["test"], {})[(e["torch"], transport)] = words
     optimizer = pr_suite.OPTIMIZER_TEST.removeprefix("tests/")
-    unskip = []
+    unskip: list[UnskipLine] = []
     for e in entries:
         for transport in pr_suite.TRANSPORTS:
-            sides = {}
+            sides: dict[str, SideWords] = {}
             for s in (s for s in e["sessions"] if s["transport"] == transport):
                 mine = {t: v for t, v in (s.get("tests") or {}).items() if t.startswith(optimizer)}
                 bad = [v for v in mine.values() if v["outcome"] in ("failed", "error")]
@@ -243,8 +332,12 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
             unskip.append(
                 {"column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(transport, transport)}", "sides": sides}
             )
-    regression = [
-        {"column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(t, t)}", **r}
+    regression: list[RegressionColumn] = [
+        {
+            "column": f"torch {e['torch']}, {TRANSPORT_WORDS.get(t, t)}",
+            "ok": r.get("ok"),
+            "why": r.get("why", ""),
+        }
         for e in entries
         for t, r in (e.get("regression") or {}).items()
     ]
@@ -268,7 +361,7 @@ def suite_table(verification: Mapping[str, Any] | None) -> dict[str, Any] | None
     }
 
 
-def _parametrized_once(rows: list[tuple[str, list[str]]]) -> list[dict[str, Any]]:
+def _parametrized_once(rows: list[tuple[str, list[str]]]) -> list[TestCells]:
     """One row for the parameters of a test that fared the same: `test_a[2]` and `test_a[4]` with
     equal cells read `test_a[2, 4]` (the table stays short; nothing said is lost)."""
     grouped: dict[tuple[str, tuple[str, ...]], list[str]] = {}
@@ -277,7 +370,7 @@ def _parametrized_once(rows: list[tuple[str, list[str]]]) -> list[dict[str, Any]
         grouped.setdefault((base if bracket else test, tuple(cells)), []).append(
             param[:-1] if bracket else ""
         )
-    out = []
+    out: list[TestCells] = []
     for (base, same), params in grouped.items():
         named = [p for p in params if p]
         test = f"{base}[{', '.join(named)}]" if named and len(named) == len(params) else base
@@ -287,14 +380,14 @@ def _parametrized_once(rows: list[tuple[str, list[str]]]) -> list[dict[str, Any]
 
 def context(
     record: PrRecord, verification: Mapping[str, Any] | None = None, ranged: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # the template's names: each piece above, and the records themselves
     calls = [c for c in record.callers if c.kind is pr_fix.CallerKind.CALL]
     outside = pr_fix.callers_outside_mics(record.callers)
     lab: dict[str, list[Any]] = {}
     for check in (verification or {}).get("checks") or []:
         lab.setdefault(str(check.get("key")), []).append(check)
     checks: list[Mapping[str, Any]] = list((verification or {}).get("checks") or [])
-    regression = list((verification or {}).get("regression") or [])
+    regression: list[Mapping[str, Any]] = list((verification or {}).get("regression") or [])
     return {
         "verify": verification,
         "lab": {key: by_torch(same, _lab_words) for key, same in lab.items()},
@@ -344,14 +437,14 @@ def _regression_words(result: Mapping[str, Any]) -> tuple[Any, ...]:
     return (tally(result.get("ref") or {}), tally(result.get("branch") or {}), result.get("ok"))
 
 
-def _failed_wait(regression: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _failed_wait(regression: list[Mapping[str, Any]]) -> list[FailedWait]:
     """The regression test's failed-wait case per torch (the AVAILABLE point's evidence)."""
     return [
         {
-            "torch": r.get("torch"),
+            "torch": str(r.get("torch")),
             "test": test,
             "ref": outcome,
-            "branch": (r.get("branch") or {}).get(test, "-"),
+            "branch": str((r.get("branch") or {}).get(test, "-")),
         }
         for r in regression
         for test, outcome in (r.get("ref") or {}).items()
