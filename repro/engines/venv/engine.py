@@ -31,7 +31,7 @@ from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, Su
 from repro.engines.passthrough import run_environment
 from repro.engines.torch_check import PROBE as TORCH_PROBE
 from repro.engines.torch_check import build_problem
-from repro.engines.venv import host_torch, intact, joblayer
+from repro.engines.venv import host_torch, intact, joblayer, layer_env
 from repro.engines.venv.layer import (
     PURELIB,
     Candidate,
@@ -537,12 +537,7 @@ class VenvEngine:
 
     @staticmethod
     def _check(result: cmd.CmdResult, env: Env, what: str) -> None:
-        if not result.ok:
-            raise BuildError(
-                f"venv for {env.id}: {what} failed (exit {result.returncode})",
-                why=result.tail() or "see the output above",
-                fix="fix the cause and rerun; nothing half-built was kept",
-            )
+        layer_env.check_step(result, f"venv for {env.id}", what)
 
     def prepare_job(
         self, env: Env, prepared: Prepared, deps: jobdeps.JobDeps

@@ -33,7 +33,7 @@ from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.engines import jobdeps
 from repro.engines.venv.layer import PURELIB, build_lock, link_base
-from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, relocate, venv_argv
+from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, check_step, relocate, venv_argv
 from repro.matrix.model import HIDE_GPUS
 
 JOB_MARKER = "mics-repro-job.json"
@@ -311,9 +311,4 @@ def _pip_cause(text: str, lines: int = 25) -> str:
 
 
 def _check(result: cmd.CmdResult, env_id: str, what: str) -> None:
-    if not result.ok:
-        raise BuildError(
-            f"job layer for {env_id}: {what} failed (exit {result.returncode})",
-            why=result.tail() or "see the output above",
-            fix="fix the cause and rerun; nothing half-built was kept",
-        )
+    check_step(result, f"job layer for {env_id}", what)

@@ -26,6 +26,7 @@ import os
 import re
 from pathlib import Path
 
+from repro.core import cmd
 from repro.core.errors import BuildError
 
 # 2: made by the base's interpreter, with the base's scripts (1: neither; issue #29).
@@ -44,6 +45,15 @@ _TRAMPOLINE = re.compile(
 _ARGS = re.compile(rb"(?:-[A-Za-z]+(?:[ \t]+-[A-Za-z]+)*)?")
 # In the trampoline the path is inside double quotes for /bin/sh and inside a string for Python.
 _UNSAFE_IN_TRAMPOLINE = re.compile(r'["$`\\\n\x00]')
+
+
+def check_step(result: cmd.CmdResult, subject: str, what: str) -> None:
+    if not result.ok:
+        raise BuildError(
+            f"{subject}: {what} failed (exit {result.returncode})",
+            why=result.tail() or "see the output above",
+            fix="fix the cause and rerun; nothing half-built was kept",
+        )
 
 
 def relocate(tmp: Path, final: Path) -> None:
