@@ -33,7 +33,7 @@ _EXEMPT_MARKERS = tuple(TIERS)
 # then take about as long each. Marked as collected, like the tiers.
 SIDE_STREAM = "side_stream"
 SIDE_STREAM_TIERS = ("docker", "bootstrap")
-SIDE_STREAM_MODULES = ("test_pr_regression.py",)
+SIDE_STREAM_MODULES = ("test_pr_regression_integration.py",)
 
 
 def pytest_configure(config: pytest.Config) -> None:
