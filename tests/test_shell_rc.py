@@ -1,5 +1,6 @@
 """`make shell` (repro/cli/job_commands.py, repro/run/shellrc.py): the env's venv is first on PATH
-after the user's rc files ran, though their conda/pyenv block puts another Python first."""
+after the user's rc files ran, though their conda/pyenv block puts another Python first. With a
+real env's venv (integration tier): tests/test_shell_rc_integration.py."""
 
 from __future__ import annotations
 
@@ -12,26 +13,10 @@ import pytest
 
 from repro.engines.base import EngineKind, Prepared
 from repro.run.shellrc import launch
-
-
-def _fake_python(folder: Path, says: str) -> Path:
-    folder.mkdir(parents=True)
-    python = folder / "python"
-    python.write_text(f"#!/bin/sh\necho {says}\n")
-    python.chmod(0o755)
-    return python
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    """A HOME whose rc files put another Python first on PATH, as `conda init`/`pyenv init` do."""
-    home = tmp_path / "home"
-    _fake_python(home / "conda" / "bin", "conda-python")
-    home.mkdir(exist_ok=True)
-    block = f'export PATH="{home}/conda/bin:$PATH"\n'
-    (home / ".bashrc").write_text(block)
-    (home / ".zshrc").write_text(block)
-    return home
+from tests.fixtures.shell_home import (
+    fake_python,
+    home,  # noqa: F401 - a fixture
+)
 
 
 def _started_shell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shell: str) -> dict[str, Any]:
@@ -39,7 +24,7 @@ def _started_shell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shell: str) 
     from repro.cli.main import main
 
     venv = tmp_path / "venvs" / "cpu-abc"
-    _fake_python(venv / "bin", "env-python")
+    fake_python(venv / "bin", "env-python")
 
     class Engine:
         kind = EngineKind.VENV
@@ -62,7 +47,11 @@ def _started_shell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shell: str) 
 
 @pytest.mark.parametrize("name", ["bash", "zsh"])
 def test_the_envs_python_wins_over_the_users_rc_files(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, home: Path, real_subprocess: None, name: str
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    home: Path,  # noqa: F811
+    real_subprocess: None,
+    name: str,
 ) -> None:
     shell = shutil.which(name)
     if shell is None:
@@ -90,24 +79,3 @@ def test_another_shell_gets_bash_and_says_so(tmp_path: Path) -> None:
     assert rc.index(".bashrc") < rc.index("export PATH=/v/bin:")
     fish = launch("/usr/bin/fish", "/v/bin", "/v", "(cpu stock) ", tmp_path, {})
     assert fish.argv[:3] == ["/usr/bin/fish", "-i", "-C"] and "set -gx PATH /v/bin $PATH" in fish.argv[3]
-
-
-@pytest.mark.integration
-def test_in_make_shell_python_is_the_envs_and_imports_its_deepspeed(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, home: Path
-) -> None:
-    from envpython import env_python
-
-    from repro.cli import job_commands
-    from repro.cli.main import main
-
-    venv = Path(env_python("cpu")).parent.parent
-    seen: dict[str, Any] = {}
-    monkeypatch.setattr(job_commands.os, "execvpe", lambda path, argv, env: seen.update(argv=argv, env=env))
-    monkeypatch.setenv("SHELL", shutil.which("bash") or "/bin/bash")
-    assert main(["shell", "--env", "cpu", "--engine", "venv", "--patch", "fixed"]) == 0
-    probe = "python -c 'import sys, deepspeed; print(sys.prefix, deepspeed.__version__)'\nexit\n"
-    done = subprocess.run(
-        seen["argv"], env=dict(seen["env"], HOME=str(home)), input=probe, capture_output=True, text=True
-    )
-    assert done.stdout.split()[-2:] == [str(venv), "0.13.1"], (done.stdout, done.stderr[-3000:])
