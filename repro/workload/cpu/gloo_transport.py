@@ -576,20 +576,21 @@ def _needs_bytes(tensors: Any) -> bool:
     )
 
 
+def _bf16_transport(pg: Any, tensors: Any) -> _Transport | None:
+    """The transport when the adapter takes this call over: bf16 tensors on a gloo group."""
+    return _TRANSPORT if _TRANSPORT is not None and _is_gloo(pg) and _needs_bytes(tensors) else None
+
+
 def _make_bf16_broadcast() -> Callable[..., Any]:
     original = _ORIGINALS["broadcast"]
 
     def broadcast(self: Any, tensors: Any, *rest: Any) -> Any:
         opts = rest[0] if rest else None
-        if (
-            _TRANSPORT is None
-            or not _is_gloo(self)
-            or not _needs_bytes(tensors)
-            or not isinstance(opts, dist.BroadcastOptions)
-        ):
+        transport = _bf16_transport(self, tensors)
+        if transport is None or not isinstance(opts, dist.BroadcastOptions):
             return original(self, tensors, *rest)
-        items = [_TRANSPORT.broadcast(self, tensors[opts.rootTensor], opts.rootRank)]
-        return _TRANSPORT.as_work(self, items, list(tensors))
+        items = [transport.broadcast(self, tensors[opts.rootTensor], opts.rootRank)]
+        return transport.as_work(self, items, list(tensors))
 
     return broadcast
 
@@ -600,15 +601,11 @@ def _make_bf16_allreduce(name: str) -> Callable[..., Any]:
 
     def method(self: Any, tensors: Any, *rest: Any) -> Any:
         opts = rest[0] if rest else None
-        if (
-            _TRANSPORT is None
-            or not _is_gloo(self)
-            or not _needs_bytes(tensors)
-            or not isinstance(opts, options)
-        ):
+        transport = _bf16_transport(self, tensors)
+        if transport is None or not isinstance(opts, options):
             return original(self, tensors, *rest)
-        items = [_TRANSPORT.allreduce(self, t, opts.reduceOp) for t in tensors]
-        return _TRANSPORT.as_work(self, items, list(tensors))
+        items = [transport.allreduce(self, t, opts.reduceOp) for t in tensors]
+        return transport.as_work(self, items, list(tensors))
 
     method.__name__ = name
     return method
@@ -618,16 +615,11 @@ def _make_bf16_allgather() -> Callable[..., Any]:
     original = _ORIGINALS["allgather"]
 
     def allgather(self: Any, output_lists: Any, inputs: Any, *rest: Any) -> Any:
-        if (
-            _TRANSPORT is None
-            or not _is_gloo(self)
-            or not _needs_bytes(inputs)
-            or len(inputs) != 1
-            or len(output_lists) != 1
-        ):
+        transport = _bf16_transport(self, inputs)
+        if transport is None or len(inputs) != 1 or len(output_lists) != 1:
             return original(self, output_lists, inputs, *rest)
-        items = [_TRANSPORT.gather_list(self, list(output_lists[0]), inputs[0])]
-        return _TRANSPORT.as_work(self, items, list(output_lists[0]))
+        items = [transport.gather_list(self, list(output_lists[0]), inputs[0])]
+        return transport.as_work(self, items, list(output_lists[0]))
 
     return allgather
 
