@@ -321,25 +321,16 @@ class IllegalWorkCount:
         return self.counted if self.signed else max(self.in_log, self.counted)
 
 
-def illegal_work_count(
-    in_log: int,
-    reports: list[HookRecord],
-    forged: list[dict[str, str]] | None = None,
-    signed: bool = False,
-) -> IllegalWorkCount:
-    """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them);
-    `reports` are the hook records the runner verified, `forged` the ones it did not."""
-    counted = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
-    return IllegalWorkCount(counted, in_log, tuple(forged or ()), signed)
-
-
 def with_hook(
     parsed: Parsed,
     reports: list[HookRecord],
     forged: list[dict[str, str]] | None = None,
     signed: bool = False,
 ) -> Parsed:
-    found = illegal_work_count(parsed.illegal_work_in_log, reports, forged, signed)
+    """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them);
+    `reports` are the hook records the runner verified, `forged` the ones it did not."""
+    counted = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
+    found = IllegalWorkCount(counted, parsed.illegal_work_in_log, tuple(forged or ()), signed)
     parsed.illegal_work_by_hook = found.counted
     parsed.illegal_work_messages = found.messages()
     parsed.hook_signed, parsed.forged_hook_records = signed, list(found.forged)
