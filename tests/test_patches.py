@@ -3,7 +3,8 @@
 Each shipped patch is applied with GNU `patch -p1` to a fresh copy of the pristine sdist; the
 patched methods must be, AST for AST, what `fix.apply()` compiles, and nothing else in the tree
 may differ. The sdists come from the wheelhouse (CI's .ci/run downloads them there); tests
-skip with the reason when one is missing.
+skip with the reason when one is missing. The fix a real install compiles, checked against the
+patched sdist (integration tier), is tests/test_patches_integration.py.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ import ast
 import builtins
 import filecmp
 import hashlib
-import json
-import os
 import shutil
 import subprocess
 import tarfile
@@ -26,37 +25,7 @@ import pytest
 from repro.cli import main as cli
 from repro.upstream import patchgen
 from repro.workload import fix
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def sdist(version: str) -> Path:
-    path = patchgen.default_wheelhouse() / f"deepspeed-{version}.tar.gz"
-    if not path.is_file():
-        pytest.skip(f"{path} missing: `python -m repro.upstream.patchgen --check` says how to fetch it")
-    return path
-
-
-def unpack(version: str, dest: Path) -> Path:
-    with tarfile.open(sdist(version)) as tar:
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, filter="data")
-        else:  # Python < 3.11.4: the archive is PyPI's own sdist
-            tar.extractall(dest)  # noqa: S202
-    return dest / f"deepspeed-{version}"
-
-
-def find_method(source: str, target: fix.Target) -> ast.FunctionDef:
-    tree = ast.parse(source)
-    found = [
-        item
-        for node in tree.body
-        if isinstance(node, ast.ClassDef) and node.name == target.cls
-        for item in node.body
-        if isinstance(item, ast.FunctionDef) and item.name == target.func
-    ]
-    assert found, f"{target.qualname} not in source"
-    return found[-1]
+from tests.fixtures.deepspeed_sdist import find_method, sdist, unpack
 
 
 def stand_in_module(target: fix.Target, path: Path) -> ModuleType:
@@ -262,41 +231,3 @@ def test_release_without_mics_has_no_patch(tmp_path: Path) -> None:
         tar.add(tmp_path / "deepspeed-9.9.9", arcname="deepspeed-9.9.9")
     with pytest.raises(patchgen.ReproError, match="cannot make a patch for DeepSpeed 9.9.9"):
         patchgen.generate("9.9.9", tmp_path)
-
-
-# ---- integration: the real install -------------------------------------------------------------
-
-
-@pytest.mark.integration
-@pytest.mark.parametrize(
-    "var,version", [("MICS_TEST_PYTHON_T21", "0.13.1"), ("MICS_TEST_PYTHON_T213_DS0196", "0.19.6")]
-)
-def test_real_install_compiles_the_shipped_patch(var: str, version: str, tmp_path: Path) -> None:
-    python = os.environ.get(var)
-    if not python or not Path(python).is_file():
-        pytest.skip(f"{var} is not set to an existing python (dev venv with torch + DeepSpeed {version})")
-    if shutil.which("patch") is None:
-        pytest.skip("GNU patch is not installed (apt-get install patch)")
-    out = tmp_path / "fix.json"
-    proc = subprocess.run(
-        [python, "-m", "repro.workload.fix", "--out", str(out)],
-        cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(REPO)),
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(out.read_text())
-    assert result["deepspeed"] == version and result["fix_id"] == fix.FIX_ID
-
-    tree = unpack(version, tmp_path / "sdist")
-    proc = subprocess.run(
-        ["patch", "-p1", "--batch", "-i", str(patchgen.patch_file(version))],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    for target in fix.TARGETS:
-        expected = find_method((tree / target.path).read_text(), target)
-        assert ast.dump(fix.parse_function(result["sources"][target.qualname])) == ast.dump(expected)
