@@ -1,14 +1,11 @@
 """PARALLEL=k: rounds of k probes, each a child `probe` process (the real front door with the
 heavy part replaced, tests/fixtures/probe_entry.py) on its own devices and work tree, locally and
-as a Slurm array job; a probe that leaves no probe.json is unknown."""
+as a Slurm array job (its script; sbatch faked); a probe that leaves no probe.json is unknown. With
+a real Slurm controller (slurm tier): tests/test_bisect_runners_slurm.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,39 +16,14 @@ from repro.bisect.probe import ProbeSpec
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.cmd import CmdResult
 from repro.core.errors import MissingToolError, RunError
-from tests.fixtures.ds_git import FakeDeepSpeed, make_fake_deepspeed
+from tests.fixtures.bisect_rounds import (
+    ENTRY,
+    cores,  # noqa: F401 - a fixture (autouse)
+    ds,  # noqa: F401 - a fixture
+    run_parallel,
+)
+from tests.fixtures.ds_git import FakeDeepSpeed
 from tests.fixtures.fake_bisect import FakeEngine, FakeMatrix, parse
-
-ENTRY = "tests.fixtures.probe_entry"
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture(autouse=True)
-def cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These tests choose PARALLEL themselves: the host's cores (driver.bounded_parallel) must not
-    lower it on a small CI machine."""
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
-
-
-@pytest.fixture
-def ds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None) -> FakeDeepSpeed:
-    monkeypatch.setenv("MICS_REPRO_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(REPO_ROOT)  # the children import tests.fixtures from here
-    return make_fake_deepspeed(tmp_path)
-
-
-def run_parallel(
-    tmp: Path, ds: FakeDeepSpeed, make: Any, extra: list[str]
-) -> tuple[dict[str, Any], list[str]]:
-    lines: list[str] = []
-    argv = ["--axis", "deepspeed-commit", "--good", "v0.1.0", "--bad", "v0.3.0", "--ds-repo", str(ds.path),
-            "--bad-if", "failed", "--parallel", "2", "--out", str(tmp / "out"),
-            "--results-root", str(tmp / "r"), *extra]  # fmt: skip
-    services = bisect_cli.Services(
-        matrix=FakeMatrix(), engine=FakeEngine(lambda env: ("clean", "none")), say=lines.append, runner=make
-    )
-    assert bisect_cli.run_bisect(parse("bisect", argv), services) == 0
-    return json.loads((tmp / "out" / "bisect.json").read_text()), lines
 
 
 def test_device_groups_are_disjoint_subsets() -> None:
@@ -63,7 +35,9 @@ def test_device_groups_are_disjoint_subsets() -> None:
 
 
 def test_local_rounds_run_two_probes_side_by_side(
-    tmp_path: Path, ds: FakeDeepSpeed, real_subprocess: None
+    tmp_path: Path,
+    ds: FakeDeepSpeed,  # noqa: F811
+    real_subprocess: None,
 ) -> None:
     def make(**kw: Any) -> rounds.RoundRunner:
         command = rounds.ProbeCommand(module=ENTRY)
@@ -79,7 +53,7 @@ def test_local_rounds_run_two_probes_side_by_side(
     assert all((tmp_path / "out" / "probes").glob("*/probe.json"))
 
 
-def test_a_probe_that_leaves_nothing_is_unknown(tmp_path: Path, ds: FakeDeepSpeed) -> None:
+def test_a_probe_that_leaves_nothing_is_unknown(tmp_path: Path, ds: FakeDeepSpeed) -> None:  # noqa: F811
     def launch(argv: list[str], **kw: Any) -> CmdResult:
         return CmdResult(tuple(argv), 9)  # died before writing probe.json
 
@@ -117,41 +91,6 @@ def test_sbatch_refusing_the_job_is_an_error(tmp_path: Path) -> None:
     runner = rounds.Slurm(tmp_path, rounds.ProbeCommand(), 2, launch=launch, say=lambda _: None)
     with pytest.raises(MissingToolError, match="sbatch did not accept"):
         runner([ProbeSpec("cpu", label="a")])
-
-
-def slurm_answers() -> bool:
-    if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
-        return False
-    return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=30).returncode == 0
-
-
-@pytest.mark.slurm
-def test_slurm_rounds_for_real(tmp_path: Path, ds: FakeDeepSpeed) -> None:
-    """Two probes a round as a real Slurm array job (.ci/start-slurm.sh: slurmctld + slurmd on
-    localhost); one probe dies without probe.json there (a failed task): unknown, stepped around."""
-    if not slurm_answers():
-        pytest.skip("no Slurm controller answers (run .ci/start-slurm.sh)")
-    os.environ["MICS_TEST_DIE_FOR"] = ds.shas["later"][:7]
-    try:
-
-        def make(**kw: Any) -> rounds.RoundRunner:
-            command = rounds.ProbeCommand(python=sys.executable, module=ENTRY)
-            return rounds.Slurm(
-                kw["invocation"].folder, command, 2, rounds.SlurmOptions(time_limit="0:10:00")
-            )
-
-        data, _ = run_parallel(tmp_path, ds, make, [])
-    finally:
-        del os.environ["MICS_TEST_DIE_FOR"]
-    assert data["first_bad_commit"]["sha"] == ds.bad
-    assert (data["runner"], data["parallel"]) == ("slurm", 2)
-    slurm = tmp_path / "out" / "slurm"
-    assert data["rounds"] == 3 and len(list(slurm.glob("round-*.sbatch"))) == 3
-    # Each round was one array of two tasks, each with its own log (%a: the task id).
-    assert sorted(p.name for p in slurm.glob("round-01-*.out")) == ["round-01-0.out", "round-01-1.out"]
-    # Rounds: ends; v0.2.0 + repaired; bad + later (the one that dies).
-    died = [p for p in data["probes"] if p["version"] == ds.shas["later"][:7]]
-    assert died[0]["verdict"] == "unknown" and "Slurm array task" in died[0]["reason"]
 
 
 def test_a_survey_probes_k_candidates_a_round(tmp_path: Path) -> None:
