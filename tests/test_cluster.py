@@ -2,9 +2,10 @@
 
 The launch logic is exercised for real where this machine allows: the batch script runs under
 bash with stand-ins for `srun`, `scontrol` and `apptainer` that record what they were asked to do,
-and launch-node.sh runs with a recording `python` (default tier, `real_subprocess`). The
-integration tier runs the CPU twin through launch-node.sh with a real venv (torchrun, c10d
-rendezvous), and through a real `sbatch` when a Slurm controller answers on this host.
+and launch-node.sh runs with a recording `python` (default tier, `real_subprocess`). The CPU twin
+runs for real through launch-node.sh with a real venv (torchrun, c10d rendezvous) in
+tests/test_cluster_integration.py, in the env's image in tests/test_cluster_docker.py, and through
+a real `sbatch` when a Slurm controller answers on this host in tests/test_cluster_slurm.py.
 """
 
 from __future__ import annotations
@@ -15,25 +16,16 @@ import shutil
 import subprocess
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from repro.core.errors import UsageError
-from repro.core.paths import REPO_ROOT
 from repro.upstream.cluster import scripts as cluster
 from repro.upstream.cluster import summary as cluster_summary
 from repro.workload import layout as lay
 from repro.workload import suite as workload_suite
 from repro.workload.defaults import DEFAULT_STEPS
-
-BASH = shutil.which("bash") or "/bin/bash"
-
-
-def written(tmp_path: Path, layout: cluster.Layout, env_id: str = "rocm56") -> Path:
-    out = tmp_path / "bundle" / "cluster"
-    cluster.write(cluster.render(layout, env_id=env_id, image_ref=f"mics-repro-bundle:{env_id}-abc"), out)
-    return out
+from tests.fixtures.cluster_twin import BASH, written
 
 
 def test_reporter_layout_is_two_nodes_of_eight_gpus_with_shard_16(tmp_path: Path) -> None:
@@ -386,113 +378,3 @@ def test_summary_states_what_each_run_did(tmp_path: Path) -> None:
     assert rows["mics-hier-fixed"]["non_finite_losses"] == 1 and rows["mics-hier-fixed"]["last_loss"] == 4.5
     assert cluster_summary.main([str(tmp_path)]) == 0
     assert len(json.loads((tmp_path / "summary.json").read_text())) == 2
-
-
-# ---- integration: the CPU twin for real ---------------------------------------------------------------
-
-
-def _venv_python() -> str:
-    python = os.environ.get("MICS_TEST_PYTHON_T21")
-    if not python or not Path(python).is_file():
-        pytest.skip("MICS_TEST_PYTHON_T21 is not set to an existing python (torch 2.1 + DS 0.13.1 venv)")
-    return python
-
-
-def _free_port() -> str:
-    # Not the layout's 29500: `make test` runs the Docker tier beside the others, and two of these
-    # rendezvous on one port would join each other's jobs.
-    from repro.workload.runner import free_port
-
-    return str(free_port())
-
-
-def _twin_env(python: str, out: Path) -> dict[str, str]:
-    repo = REPO_ROOT
-    return dict(
-        os.environ,
-        RUNTIME="none",
-        PYTHON=python,
-        REPRO_SRC=str(repo),
-        STEPS="3",
-        BUNDLE_DIR=str(out.parent),
-        PORT=_free_port(),
-    )
-
-
-def _hier_stock_and_fixed(out: Path, results: Path, env: dict[str, str]) -> tuple[dict[str, Any], ...]:
-    """Both hierarchical runs through launch-node.sh on this host; their summaries."""
-    for name, scenario, patch in (
-        ("mics-hier-stock", "mics-hier", "stock"),
-        ("mics-hier-fixed", "mics-hier", "fixed"),
-    ):
-        run_dir = results / name
-        run_dir.mkdir(parents=True)
-        shutil.copy(out / "configs" / f"{name}.json", run_dir / "ds_config.json")
-        proc = subprocess.run(
-            [BASH, str(out / "launch-node.sh"), str(run_dir), scenario, patch, "127.0.0.1", name],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        (run_dir / "exit_code").write_text(f"{proc.returncode}\n")
-    return tuple(cluster_summary.summarize_run(results / n) for n in ("mics-hier-stock", "mics-hier-fixed"))
-
-
-@pytest.mark.integration
-def test_cpu_twin_runs_through_launch_node_with_c10d_rendezvous(tmp_path: Path) -> None:
-    python = _venv_python()
-    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
-    stock, fixed = _hier_stock_and_fixed(out, tmp_path / "results", _twin_env(python, out))
-    assert stock["exit_code"] != "0" and any("IllegalWork" in e for e in stock["errors"]), stock
-    assert fixed["exit_code"] == "0" and fixed["errors"] == [] and fixed["steps_completed"] == 3, fixed
-    assert fixed["non_finite_losses"] == 0 and fixed["ranks_reported"] == 4
-
-
-@pytest.mark.docker
-def test_cpu_twin_runs_in_the_image_through_launch_node(tmp_path: Path) -> None:
-    """RUNTIME=docker: the env's image, host networking, the same rendezvous as on a cluster."""
-    docker = pytest.importorskip("docker")
-    from repro.matrix.schema import load_matrix
-
-    tag = load_matrix().get("cpu").image_tag()
-    try:
-        docker.from_env().images.get(tag)
-    except Exception as exc:  # no daemon, or the image is not built
-        pytest.skip(f"{tag} is not available ({type(exc).__name__}); make build ENV=cpu ENGINE=docker")
-    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
-    env = dict(os.environ, RUNTIME="docker", IMAGE_REF=tag, STEPS="3", PORT=_free_port())
-    stock, fixed = _hier_stock_and_fixed(out, tmp_path / "results", env)
-    assert stock["exit_code"] != "0" and any("IllegalWork" in e for e in stock["errors"]), stock
-    assert fixed["exit_code"] == "0" and fixed["errors"] == [] and fixed["non_finite_losses"] == 0, fixed
-
-
-@pytest.mark.integration
-@pytest.mark.slurm  # and the slurm tier: CI requires a Slurm controller for it
-def test_cpu_twin_through_a_real_sbatch(tmp_path: Path) -> None:
-    """Needs a Slurm controller and node on this host: CI starts one (.ci/start-slurm.sh)."""
-    python = _venv_python()
-    if shutil.which("sbatch") is None or subprocess.run(["sinfo", "-h"], capture_output=True).returncode:
-        pytest.skip("no Slurm cluster answers here (sbatch/sinfo)")
-    out = written(tmp_path, cluster.CPU_TWIN, "cpu")
-    env = _twin_env(python, out)
-    env.update(RESULTS=str(tmp_path / "results"), RUNS="mics-hier-stock mics-hier-fixed")
-    proc = subprocess.run(
-        [
-            "sbatch",
-            "--parsable",
-            "--wait",
-            f"--chdir={out.parent}",
-            "--export=ALL",
-            str(out / "mics-cpu-twin.sbatch"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    job = proc.stdout.strip().split(";")[0]
-    log = out.parent / f"mics-repro-{job}.out"
-    summary = json.loads((tmp_path / "results" / "summary.json").read_text())
-    rows = {r["run"]: r for r in summary}
-    assert rows["mics-hier-stock"]["exit_code"] != "0", log.read_text() if log.exists() else summary
-    assert rows["mics-hier-fixed"]["exit_code"] == "0" and rows["mics-hier-fixed"]["non_finite_losses"] == 0
