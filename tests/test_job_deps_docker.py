@@ -5,7 +5,7 @@ nothing of the env moved. Needs a Docker daemon and the local base image (.ci/ru
 On the newest stack (`cpu-latest`: torch 2.13's CPU build, a 1.2 GB image) rather than the
 reporter's (5.2 GB, PyPI's CUDA build of torch 2.1): what is checked here does not depend on the
 stack, and the bundle below flattens and saves the whole job image. The reporter's image makes its
-own bundle round trip in test_bundle.py."""
+own bundle round trip in test_bundle_docker.py."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_a_bundle_of_the_job_verifies_offline_in_its_image(job_run: Path, tmp_pa
     """The bundle packs the job's image (its packages installed): verify-bundle reruns the job with
     no network and no package index, and gets the same outcomes.
 
-    Loading the tarball into a Docker that lacks the image is test_bundle.py's real round trip (the
+    Loading the tarball into a Docker that lacks the image is test_bundle_docker.py's round trip (the
     same flatten, save and load, of the env's image); here the flattened job image is kept and
     verify reuses it by id (REUSE_IMAGE=1), which saves loading 5 GB a second time per test run.
     """
