@@ -17,12 +17,12 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
 
 from repro.core import cmd
 from repro.core.errors import UsageError
 from repro.core.paths import cache_root
 from repro.core.safe_git import SafeGit
+from repro.core.walk_files import CommitRow
 
 UPSTREAM_URL = "https://github.com/deepspeedai/DeepSpeed"
 # "Fix the replica groups (#8060)" (squash merges) or "Merge pull request #8060 from ..."
@@ -30,17 +30,6 @@ _PR = re.compile(r"\(#(\d+)\)\s*$|^Merge pull request #(\d+)\b")
 _SEP = "\x1f"
 # Folders a DeepSpeed build reads (deepspeed/ links into accelerator/, op_builder/ and csrc/).
 SPARSE = ("deepspeed", "accelerator", "op_builder", "csrc", "requirements")
-
-
-# A commit in bisect.json: candidate_commits, first_bad_commit, last_good_commit (shapes.COMMIT).
-class CommitRow(TypedDict, total=False):
-    sha: str
-    short: str
-    subject: str
-    date: str
-    pr: int | None
-    pr_url: str | None
-    files: str  # first_bad_commit only: what it changed (git show --stat)
 
 
 @dataclass(frozen=True)

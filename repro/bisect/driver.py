@@ -22,9 +22,7 @@ from packaging.version import InvalidVersion, Version
 from repro.bisect import rounds
 from repro.bisect.commits import UPSTREAM_URL, CommitInfo, DsRepo, tag_for
 from repro.bisect.output import (
-    Change,
     ProbeLog,
-    WalkData,
     bisect_data,
     bisect_summary,
     commit_fields,
@@ -51,6 +49,7 @@ from repro.core.results import (
     point_latest,
 )
 from repro.core.runs import RunFinding
+from repro.core.walk_files import Change, WalkData
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run.job import inherited_environment
 from repro.run.orchestrate import Request

@@ -1,102 +1,23 @@
 """What bisect and survey print and save: one line per probe, OUT/bisect.json, OUT/survey.json,
 and the closing summary. Pure functions of the probes (the report reads the same JSON).
 
-bisect.json and survey.json: `WalkData` below says what each key holds.
+bisect.json and survey.json: `WalkData` (repro.core.walk_files) says what each key holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from repro.bisect.commits import CommitInfo, CommitRow, DsRepo
-from repro.bisect.probe import BadIf, Observation, ProbeRow, ProbeSpec
+from repro.bisect.commits import CommitInfo, DsRepo
+from repro.bisect.probe import BadIf, Observation, ProbeSpec
 from repro.bisect.search import BisectResult, BisectStatus, ProbeVerdict, SurveyResult
 from repro.core.jobname import walk_subject
 from repro.core.runs import RunFinding
+from repro.core.walk_files import Change, Next, ProbeRow, Reproduce, Segment, WalkData
 from repro.workload.record import CUSTOM_SCENARIO, Signature
-
-
-# A change point (repro.core.shapes.CHANGE): neighbouring probed candidates whose outcome or signature differ.
-class Change(TypedDict):
-    before: str
-    after: str
-    outcome_before: str
-    outcome_after: str
-    signature_before: str
-    signature_after: str
-    unknown_between: list[str]
-
-
-# survey.json: a run of candidates with one outcome and signature ("from" is a keyword, hence the call).
-Segment = TypedDict("Segment", {"from": str, "to": str, "outcome": str, "signature": str})
-
-
-# bisect.json's `next` when both ends gave one verdict: why, what to run instead, the releases beyond.
-class Next(TypedDict):
-    why: str
-    lines: list[str]
-    earlier: list[str]
-    later: list[str]
-
-
-# How to reproduce the first bad commit: with this tool, with pip, and the command to run then.
-class Reproduce(TypedDict):
-    make: str
-    pip: str
-    command: str | None
-
-
-# bisect.json and survey.json (repro.core.shapes.WALK): one bisect's or survey's data.
-class WalkData(TypedDict, total=False):
-    kind: str  # bisect | survey (a COMMITS=1 stage the releases gave no boundary for: skipped)
-    why: str  # kind skipped: why
-    axis: str  # torch | deepspeed | deepspeed-commit
-    env: str
-    fixed: dict[str, str | None]  # the other package's pin (None: the env's own)
-    scenario: str
-    patch: str
-    job: dict[str, str] | None  # the user's command (repro.core.jobname.job_identity), else None
-    command: str  # the make line of the whole walk
-    candidates: list[str]
-    status: str  # found | no-transition | no-verdict | too-few | in-progress (survey: done | in-progress)
-    interrupted: bool
-    change_points: list[Change]
-    probes: list[ProbeRow]
-    probe_count: int
-    envs_built: int
-    envs_reused: int
-    signature_note: str | None  # STOCK_ONLY_NOTE where it applies
-    runner: str  # where the probes ran: in-process | local | slurm (rounds.data_of)
-    parallel: int  # probes a round
-    rounds: int
-    # bisect only
-    bad_if: str
-    reference: list[str] | None  # BAD_IF=differs: the (outcome, signature) bad means differing from
-    direction: str | None  # regression | fix
-    last_good: str | None
-    first_bad: str | None
-    evidence: dict[str, ProbeRow]  # {"last_good", "first_bad"}: the boundary's probes ({} until found)
-    unknown_between: list[str]
-    repro_command: str | None
-    next: Next | None  # no-transition: what to run next
-    resume_command: str | None  # interrupted: the line that goes on from the narrowed range
-    # survey only
-    every: bool
-    segments: list[Segment]
-    unknown: list[str]  # candidates whose env could not run
-    # AXIS=deepspeed-commit
-    ds_repo: str
-    repo_url: str
-    candidate_commits: dict[str, CommitRow]  # short SHA -> commit
-    first_bad_commit: CommitRow | None
-    last_good_commit: CommitRow | None
-    reproduce: Reproduce | None
-    # COMMITS=1: the commit bisect between a bisect's boundary releases, or (survey) one per change point
-    commits: WalkData | list[WalkData]
-
 
 # A stock-only probe of the user's command has no fixed run to compare its losses with: the judge
 # says "divergence" only when its own losses go non-finite (repro/workload/ladder.py), and

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from repro.bisect.search import ProbeVerdict
 from repro.core import console
@@ -39,6 +39,7 @@ from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
 from repro.core.runs import RunFinding, run_finding
+from repro.core.walk_files import ProbeRow
 from repro.engines.base import Delegating
 from repro.run.orchestrate import Request, execute, plan
 from repro.workload.closed import assert_never
@@ -93,21 +94,6 @@ def verdict_for(
             raise ValueError("BAD_IF=differs needs the reference observation")
         return ProbeVerdict.GOOD if (outcome, signature) == tuple(reference) else ProbeVerdict.BAD
     return _by_rule(finding, bad_if)
-
-
-# One probe in bisect.json, survey.json and probe.json (repro.core.shapes.PROBE).
-class ProbeRow(TypedDict, total=False):
-    version: str  # the candidate's label: a release, or a commit's short SHA
-    outcome: str
-    signature: str
-    reason: str
-    seconds: float
-    env: str | None
-    reused_env: bool | None
-    record: str | None
-    versions: dict[str, str | None]  # the run record's `versions`
-    layered_on: str | None  # the cached venv a DeepSpeed-only probe venv was layered on
-    verdict: str  # bisect only: good | bad | unknown
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from repro.bisect.output import WalkData
 from repro.bisect.probe import Observation, OrchestratedProbe, ProbeSpec
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
 from repro.core import cmd, console, records, script_values, shapes, templating
 from repro.core.errors import MissingToolError, RunError, UsageError
+from repro.core.walk_files import WalkData
 
 if TYPE_CHECKING:
     from repro.bisect.commits import DsRepo

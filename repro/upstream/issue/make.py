@@ -23,11 +23,11 @@ import jinja2
 from repro.core import records, safe_write, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.paths import confined
-from repro.core.results import ResultsData
+from repro.core.results import Invocation, ResultsData
 from repro.core.runs import RunFinding, RunView
 from repro.core.scrub import Scrubber, hand_out
+from repro.core.walk_files import WalkData
 from repro.upstream.issue import facts
-from repro.upstream.issue.facts import as_dict
 from repro.workload.record import CONTROL_SCENARIO, CUSTOM_SCENARIO, RunRecord
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "templates"  # repro/upstream/templates
@@ -76,15 +76,15 @@ def _same(data: Any) -> Any:
     return data
 
 
-# The folder's bisect.json or survey.json (repro.bisect's WalkData, which upstream may not import)
-# or results.json, read key by key as JSON: which one it is, is the kind.
-def _load(folder: Path) -> tuple[str, dict[str, Any]]:
+# The folder's kind, its bisect.json or survey.json ({} in a run folder) and its results.json (a
+# walk's: its probes' records, None when missing or damaged).
+def _load(folder: Path) -> tuple[str, WalkData, ResultsData | None]:
     for kind in ("bisect", "survey"):
         path = folder / f"{kind}.json"
         if path.exists():
-            return kind, records.load(path, shapes.WALK, f"{kind} file")
+            return kind, records.load(path, shapes.WALK, f"{kind} file"), _results(folder)
     if (folder / "results.json").exists():
-        return "run", dict(records.load(folder / "results.json", shapes.RESULTS, "results file"))
+        return "run", {}, records.load(folder / "results.json", shapes.RESULTS, "results file")
     raise UsageError(
         f"{folder} holds none of bisect.json, survey.json or results.json",
         fix="pass RESULTS= of a `make run`, `make repro`, `make bisect` or `make survey` folder",
@@ -121,7 +121,7 @@ def _record_of(folder: Path, runs: Sequence[RunRecord], row: facts.Row | None, p
     if row.record:
         where = row.record.rsplit("/", 1)[0] + "/"
         for run in runs:
-            logs = as_dict(run.get("logs"))
+            logs = run.get("logs") or {}
             if run.get("env") == row.env and any(str(v).startswith(where) for v in logs.values()):
                 return run.copy()
     for run in runs:
@@ -130,18 +130,9 @@ def _record_of(folder: Path, runs: Sequence[RunRecord], row: facts.Row | None, p
     return _record(folder, row.record)
 
 
-def _runs(folder: Path, kind: str, data: Mapping[str, Any]) -> list[RunRecord]:
-    """The folder's records (results.json): a walk's probes made them too."""
-    found = data if kind == "run" else _results(folder) or {}
-    runs: list[RunRecord] = found.get("runs") or []  # a list of objects (shapes.RESULTS)
-    return list(runs)
-
-
-def _engine_of(folder: Path, kind: str, data: Mapping[str, Any], env: str) -> str:
-    found = data if kind == "run" else _results(folder) or {}
-    envs = as_dict(found.get("envs"))
-    info = as_dict(envs.get(env))
-    return str(info.get("engine") or "")
+def _engine_of(results: ResultsData | None, env: str) -> str:
+    info = results["envs"].get(env) if results else None
+    return str((info or {}).get("engine") or "")
 
 
 def _run_rows(runs: Sequence[Mapping[str, Any]]) -> list[facts.Row]:
@@ -227,10 +218,11 @@ def _is_older(a: str, b: str, rows: Sequence[facts.Row]) -> bool:
 
 
 def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]:
-    """What ISSUE.md says; `clean` rewrites what is read from the folder (the scrubber's `data`),
-    applied to the finished context (host paths are first turned into placeholders here)."""
-    kind, data = _load(folder)
-    runs = _runs(folder, kind, data)
+    """What ISSUE.md says (the template's names, values of many shapes: free-form); `clean`
+    rewrites what is read from the folder (the scrubber's `data`), applied to the finished
+    context (host paths are first turned into placeholders here)."""
+    kind, data, results = _load(folder)
+    runs = list(results["runs"]) if results else []  # the folder's records: a walk's probes made them too
     commit_data = _commit_bisect(data)
     axis = str(data.get("axis") or ("run" if kind == "run" else ""))
     rows, trans = _table(kind, data, axis, runs, commit_data)
@@ -249,14 +241,14 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
     versions = dict(bad.versions if bad else record.get("versions") or {})
     versions = {k: v for k, v in versions.items() if k in VERSION_KEYS and v}
     workdir = str((record.get("job") or {}).get("workdir") or "") or None
-    invocation = as_dict(data.get("invocation"))
+    invocation: Invocation = results["invocation"] if results and kind == "run" else {}
     line = _recorded_line(data, invocation, commit_data)
     if kind != "run" and bad is not None and not data.get("repro_command") and not first_commit:
         line = facts.probe_line(line, axis, bad.version, scenario == CUSTOM_SCENARIO)
     line = facts.portable_line(line, workdir) if line else ""
-    container, steps = facts.bundle_steps(env, line, _engine_of(folder, kind, data, env) == "docker")
+    container, steps = facts.bundle_steps(env, line, _engine_of(results, env) == "docker")
     hung = bool(bad and bad.outcome == "hung")
-    stacks = {str(k): str(v) for k, v in as_dict(record.get("stacks")).items()}
+    stacks = dict(record.get("stacks") or {})
     groups = stack_groups(stacks) if hung else []
     ctx = {
         "kind": kind,
@@ -297,7 +289,7 @@ def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]
     return clean(ctx)  # type: ignore[no-any-return]
 
 
-def _commit_bisect(data: dict[str, Any]) -> dict[str, Any] | None:
+def _commit_bisect(data: WalkData) -> WalkData | None:
     """The folder's commit bisect: the folder's own file, its `commits`, or a survey's first found one
     (JSON, as _load reads it)."""
     if data.get("axis") == "deepspeed-commit":
@@ -311,10 +303,10 @@ def _commit_bisect(data: dict[str, Any]) -> dict[str, Any] | None:
 
 def _table(
     kind: str,
-    data: Mapping[str, Any],
+    data: WalkData,
     axis: str,
     runs: Sequence[Mapping[str, Any]],
-    commit_data: Mapping[str, Any] | None,
+    commit_data: WalkData | None,
 ) -> tuple[list[facts.Row], facts.Transition]:
     """The table's rows (a commit bisect's after the folder's own) and the change that ISSUE.md reports."""
     if kind == "run":
@@ -342,7 +334,7 @@ def _run_transition(rows: Sequence[facts.Row]) -> facts.Transition:
 
 
 def _bad_record(
-    folder: Path, kind: str, data: Mapping[str, Any], runs: Sequence[RunRecord], bad: facts.Row | None
+    folder: Path, kind: str, data: WalkData, runs: Sequence[RunRecord], bad: facts.Row | None
 ) -> RunRecord:
     """The record of the bad row's run: a run folder's own record of it, else the probe's."""
     bad_run: RunRecord | None = None
@@ -351,15 +343,14 @@ def _bad_record(
     return bad_run or _record_of(folder, runs, bad, str(data.get("patch") or ""))
 
 
-def _recorded_line(
-    data: Mapping[str, Any], invocation: Mapping[str, Any], commit_data: Mapping[str, Any] | None
-) -> str:
+def _recorded_line(data: WalkData, invocation: Invocation, commit_data: WalkData | None) -> str:
     """The command line the folder recorded that made it (its own, or its commit bisect's)."""
+    reproduce = commit_data.get("reproduce") if commit_data else None
     return str(
         data.get("repro_command")
         or data.get("command")
         or invocation.get("command")
-        or ((commit_data or {}).get("reproduce") or {}).get("make")
+        or (reproduce.get("make") if reproduce else None)
         or ""
     )
 
@@ -404,7 +395,7 @@ class _NextSteps(TypedDict):
     lines: list[str]
 
 
-def _first_release(kind: str, data: Mapping[str, Any]) -> _FirstRelease | None:
+def _first_release(kind: str, data: WalkData) -> _FirstRelease | None:
     """A release bisect's answer: the first bad release, the last good one, the unknowns between."""
     if kind != "bisect" or not data.get("first_bad"):
         return None
@@ -415,7 +406,7 @@ def _first_release(kind: str, data: Mapping[str, Any]) -> _FirstRelease | None:
     }
 
 
-def _resume_line(kind: str, data: Mapping[str, Any], workdir: str | None) -> str:
+def _resume_line(kind: str, data: WalkData, workdir: str | None) -> str:
     """The line that finishes an unfinished walk."""
     # A bisect saves the narrowed range's line; a survey is run again (built envs are reused).
     return facts.portable_line(
@@ -424,9 +415,11 @@ def _resume_line(kind: str, data: Mapping[str, Any], workdir: str | None) -> str
     )
 
 
-def _next_steps(data: Mapping[str, Any], workdir: str | None) -> _NextSteps:
+def _next_steps(data: WalkData, workdir: str | None) -> _NextSteps:
     """What the walk suggests running next, and why."""
-    next_steps = as_dict(data.get("next"))
+    next_steps = data.get("next")
+    if not isinstance(next_steps, dict):  # none, or an edited file's
+        return {"why": "", "lines": []}
     return {
         "why": str(next_steps.get("why") or ""),
         "lines": [facts.portable_line(str(x), workdir) for x in next_steps.get("lines") or []],
@@ -452,8 +445,8 @@ def render(folder: Path, scrubber: Scrubber) -> str:
         paths["<DS_REPO>"] = repo
     # Each secret value of the folder's command lines is replaced wherever it appears, quoted or
     # not (a reproduce line quotes CMD='...' once more); the lines themselves word by word.
-    kind, data = _load(folder)
-    recorded = [raw, data, (_results(folder) if kind != "run" else None) or {}]
+    _, data, results = _load(folder)
+    recorded = [raw, data, results or {}]
     scrub = scrubber.with_paths(paths).with_command_secrets(recorded)
     # The records are scrubbed as they are read, each value again before it is escaped for
     # Markdown (a secret is matched as recorded, not in its escaped form), and the whole text

@@ -30,11 +30,12 @@ from packaging.version import InvalidVersion, Version
 from repro.core import cmd, console
 from repro.core.errors import FixDoesNotApplyError, RunError
 from repro.core.runs import RunFinding
+from repro.core.walk_files import ProbeRow
 from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr.checks import Seen
 from repro.upstream.pr.out_folders import fresh_folder as _new_folder
 from repro.upstream.pr.out_folders import log_path
-from repro.upstream.pr.verify import CellCache, ProbeCall, ProbeRunner, front_door_probe
+from repro.upstream.pr.verify import CellCache, CheckEntry, ProbeCall, ProbeRunner, front_door_probe
 from repro.workload import fix
 from repro.workload.record import write_json_atomic
 
@@ -56,8 +57,7 @@ class RangeRow(TypedDict, total=False):
     is_ref: bool
     applies: bool | None  # whether the fix applies (None: DS_REPO has no such tag)
     applies_why: str
-    # A probe as probe.json holds it, read as JSON (repro.bisect's ProbeRow, which upstream may not import).
-    cells: dict[str, dict[str, dict[str, Any]]]
+    cells: dict[str, dict[str, ProbeRow]]  # torch -> patch -> the probe as probe.json holds it
 
 
 # range.json: the affected range's rows (oldest release first, REF last) by the torch columns.
@@ -120,7 +120,7 @@ def cell_key(column: Column, deepspeed: str, patch: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
-def cell_words(probe: Mapping[str, Any] | None) -> str:
+def cell_words(probe: ProbeRow | None) -> str:
     """A table cell's words for one probe."""
     if not probe:
         return "-"
@@ -139,7 +139,7 @@ def cell_words(probe: Mapping[str, Any] | None) -> str:
     return f"{seen.outcome} ({seen.signature})"
 
 
-def cause(probe: Mapping[str, Any]) -> str:
+def cause(probe: ProbeRow) -> str:
     """The error at the heart of a probe's reason, for the table's notes: the last exception
     named in it (`Type: message`), without the lab's own wording around it."""
     reason = str(probe.get("reason") or "")
@@ -150,12 +150,12 @@ def cause(probe: Mapping[str, Any]) -> str:
     return reason.split(": ", 1)[-1][:160]
 
 
-def _ran(probe: Mapping[str, Any] | None) -> bool:
+def _ran(probe: ProbeRow | None) -> bool:
     """The stock probe trained (clean) or showed the bug: a fixed probe then says something."""
     return bool(probe) and Seen.from_probe(probe or {}).finding in (RunFinding.BUG, RunFinding.CLEAN)
 
 
-SurveyRunner = Callable[[Column, str, Sequence[str], Path, int], list[dict[str, Any]]]
+SurveyRunner = Callable[[Column, str, Sequence[str], Path, int], list[ProbeRow]]
 
 
 def survey_argv(column: Column, patch: str, versions: Sequence[str], out: Path, parallel: int) -> list[str]:
@@ -169,7 +169,7 @@ def survey_argv(column: Column, patch: str, versions: Sequence[str], out: Path, 
 
 def front_door_survey(
     column: Column, patch: str, versions: Sequence[str], out: Path, parallel: int
-) -> list[dict[str, Any]]:
+) -> list[ProbeRow]:
     out.parent.mkdir(parents=True, exist_ok=True)
     result = cmd.run(survey_argv(column, patch, versions, out, parallel), tee=log_path(out))
     record = out / "survey.json"
@@ -179,7 +179,8 @@ def front_door_survey(
             why=result.tail(8),
             fix=f"read {log_path(out)}",
         )
-    return [dict(p) for p in json.loads(record.read_text()).get("probes") or []]
+    probes: list[ProbeRow] = json.loads(record.read_text()).get("probes") or []
+    return probes
 
 
 @dataclass
@@ -269,7 +270,7 @@ class AffectedRange:
 
     def _probe_releases(
         self, column: Column, patch: str, missing: Sequence[str], folder: Path
-    ) -> dict[str | None, dict[str, Any]]:
+    ) -> dict[str | None, ProbeRow]:
         """The probes of the releases not cached, by version: one probe, or a survey of several."""
         console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
         where = _new_folder(folder / f"torch{column.torch}-{patch}")
@@ -284,15 +285,15 @@ class AffectedRange:
                 patch=patch,
                 deepspeed=missing[0],
             )
-            return {missing[0]: dict(self.probe(call, self.ds_repo))}
+            return {missing[0]: self.probe(call, self.ds_repo).copy()}
         surveyed = self.survey(column, patch, missing, where, self.parallel)
         return {p.get("version"): p for p in surveyed}
 
     def _ref_probe(
         self, column: Column, side: str, sha: str, cache: CellCache, folder: Path
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[ProbeRow, bool]:
         """REF's (stock) or the branch's (fixed) probe on one torch, and whether it was seeded or cached."""
-        probe: dict[str, Any] | None = self._seeded(column, sha) or cache.get(cell_key(column, sha, "stock"))
+        probe: ProbeRow | None = self._seeded(column, sha) or cache.get(cell_key(column, sha, "stock"))
         if probe is not None:
             return probe, True
         call = ProbeCall(
@@ -303,20 +304,20 @@ class AffectedRange:
             "async",
             _new_folder(folder / f"torch{column.torch}-ref-{side}"),
         )
-        probe = dict(self.probe(call, self.ds_repo))
+        probe = self.probe(call, self.ds_repo).copy()
         cache.put(cell_key(column, sha, "stock"), probe)
         return probe, False
 
-    def _seeded(self, column: Column, sha: str) -> dict[str, Any] | None:
+    def _seeded(self, column: Column, sha: str) -> ProbeRow | None:
         """REF's or the branch's flat MiCS probe on this torch from verify.json, if it ran there."""
-        for check in (self.verified or {}).get("checks", []):
+        checks: list[CheckEntry] = (self.verified or {}).get("checks", [])
+        for check in checks:
             if (
                 check.get("key") == SCENARIO
                 and check.get("torch") == column.torch
                 and check.get("env") == column.env
             ):
-                side = "ref" if sha == self.pr["ref_sha"] else "branch"
-                return dict(check[side])
+                return (check["ref"] if sha == self.pr["ref_sha"] else check["branch"]).copy()
         return None
 
     def _applies(self, tag: str) -> tuple[bool | None, str]:

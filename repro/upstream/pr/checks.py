@@ -16,9 +16,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from repro.core.runs import RunFinding, run_finding
+from repro.core.walk_files import ProbeRow
 from repro.workload.closed import assert_never
 from repro.workload.record import Outcome, Signature
 
@@ -101,7 +101,7 @@ class Seen:
     seconds: float
 
     @classmethod
-    def from_probe(cls, probe: Mapping[str, Any]) -> Seen:
+    def from_probe(cls, probe: ProbeRow) -> Seen:
         return cls(
             str(probe.get("outcome", "")),
             str(probe.get("signature", "")),
@@ -131,7 +131,7 @@ _IMPORT_FAILED = (NO_IMPORT, "environment: ImportError", "environment: ModuleNot
 _INSTALL_FAILED = ("pip step", "BuildError")
 
 
-def is_result(probe: Mapping[str, Any]) -> bool:
+def is_result(probe: ProbeRow) -> bool:
     """Whether a probe's outcome is what the probe found (worth caching), not a failure to get
     there (install failure, interruption): only results are cached, the rest is tried again."""
     seen = Seen.from_probe(probe)

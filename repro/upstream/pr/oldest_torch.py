@@ -15,12 +15,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
 from repro.core import console
 from repro.core.errors import UsageError
+from repro.core.walk_files import ProbeRow
 from repro.upstream.pr.checks import Seen
 from repro.upstream.pr.verify import CellCache, OldestJSON, ProbeCall, ProbeRunner, TriedJSON, cached_probe
 
@@ -38,7 +38,7 @@ class Tried:
         return {"torch": self.torch, "imports": self.imports, "why": self.why}
 
 
-def imports(probe: dict[str, Any]) -> tuple[bool, str]:
+def imports(probe: ProbeRow) -> tuple[bool, str]:
     """Whether a REF probe got past importing DeepSpeed (a run that trained, crashed or hung did)."""
     seen = Seen.from_probe(probe)
     failed = seen.outcome == "env-error" and (

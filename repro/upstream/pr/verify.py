@@ -30,6 +30,7 @@ from repro.core.errors import RunError, UsageError
 from repro.core.paths import cache_root
 from repro.core.safe_git import SafeGit
 from repro.core.smallfile import read_regular
+from repro.core.walk_files import ProbeRow
 from repro.upstream.pr import checks as pr_checks
 from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr import regression as pr_regression
@@ -58,7 +59,7 @@ class ProbeCall:
     deepspeed: str | None = None  # a release instead of a commit (repro/upstream/pr/affected_range.py)
 
 
-ProbeRunner = Callable[[ProbeCall, str], Mapping[str, Any]]  # (call, DS_REPO) -> probes[0] of probe.json
+ProbeRunner = Callable[[ProbeCall, str], ProbeRow]  # (call, DS_REPO) -> probes[0] of probe.json
 
 
 def probe_argv(call: ProbeCall, ds_repo: str) -> list[str]:
@@ -72,7 +73,7 @@ def probe_argv(call: ProbeCall, ds_repo: str) -> list[str]:
     return argv
 
 
-def front_door_probe(call: ProbeCall, ds_repo: str) -> Mapping[str, Any]:
+def front_door_probe(call: ProbeCall, ds_repo: str) -> ProbeRow:
     """One probe as a user runs it; its probe.json is the evidence."""
     call.out.parent.mkdir(parents=True, exist_ok=True)
     result = cmd.run(probe_argv(call, ds_repo), tee=log_path(call.out))
@@ -84,8 +85,8 @@ def front_door_probe(call: ProbeCall, ds_repo: str) -> Mapping[str, Any]:
             why=result.tail(8),
             fix=f"read {log_path(call.out)}",
         )
-    probes = json.loads(record.read_text()).get("probes") or [{}]
-    return dict(probes[0])
+    probes: list[ProbeRow] = json.loads(record.read_text()).get("probes") or [{}]
+    return probes[0]
 
 
 def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Path:
@@ -131,25 +132,26 @@ class CellCache:
     (`make clean` leaves it; delete ~/.cache/mics-repro/<name> to probe again). Only results are
     kept (pr_checks.is_result): an interrupted probe or a failed install (a pip network error)
     is probed again next time, also when an earlier version of the tool cached it. `keep` says
-    what is a result (DeepSpeed's test sessions: pr_suite.worth_caching)."""
+    what is a result (DeepSpeed's test sessions: pr_suite.worth_caching, which reads its
+    cells back as its own Session)."""
 
     def __init__(
         self,
         name: str,
         root: Path | None = None,
-        keep: Callable[[Mapping[str, Any]], bool] = pr_checks.is_result,
+        keep: Callable[[ProbeRow], bool] = pr_checks.is_result,
     ) -> None:
         self.root = root or cache_root() / name
         self.keep = keep
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> ProbeRow | None:
         try:
-            found = json.loads((self.root / f"{key}.json").read_text())
+            found: ProbeRow | None = json.loads((self.root / f"{key}.json").read_text())
         except (OSError, ValueError):
             return None
-        return dict(found) if isinstance(found, dict) and self.keep(found) else None
+        return found if isinstance(found, dict) and self.keep(found) else None
 
-    def put(self, key: str, probe: Mapping[str, Any]) -> None:
+    def put(self, key: str, probe: ProbeRow) -> None:
         if self.keep(probe):
             write_json_atomic(str(self.root / f"{key}.json"), dict(probe))
 
@@ -169,13 +171,13 @@ def probe_key(call: ProbeCall) -> str:
     return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:20]
 
 
-def cached_probe(call: ProbeCall, cache: CellCache, probe: ProbeRunner, ds_repo: str) -> dict[str, Any]:
+def cached_probe(call: ProbeCall, cache: CellCache, probe: ProbeRunner, ds_repo: str) -> ProbeRow:
     """The probe's result from the cache, else probed now (and cached when it is a result)."""
     hit = cache.get(probe_key(call))
     if hit is None:
         # A rerun after an interruption: the probe's first folder holds what it began.
         call = replace(call, out=fresh_folder(call.out))
-        hit = dict(probe(call, ds_repo))
+        hit = probe(call, ds_repo).copy()
         cache.put(probe_key(call), hit)
     return hit
 
@@ -198,8 +200,8 @@ class CheckEntry(TypedDict):
     transport: str
     key: str
     expect: str
-    ref: dict[str, Any]  # bisect's ProbeRow, read back from probe.json
-    branch: dict[str, Any]
+    ref: ProbeRow
+    branch: ProbeRow
     ok: bool | None  # None: not applicable (neither side imports with this torch)
     why: str
 
