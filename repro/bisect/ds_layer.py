@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from repro.core import cmd
 from repro.core.errors import BuildError, UsageError
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from repro.engines.base import Engine
     from repro.engines.jobdeps import JobDeps
     from repro.matrix.model import Env
+    from repro.workload.record import LayerRecord
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class DeepSpeedLayer(Delegating):
         super().__init__(inner)
         self.src, self.runner = src.resolve(), runner
 
-    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, LayerRecord]:
         """Refused: the layer's DeepSpeed would have to be installed again over the job's packages."""
         raise UsageError(
             "a job's packages (REQUIREMENTS=/PACKAGES=) cannot be added over a DeepSpeed checkout's layer",

@@ -19,13 +19,13 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from repro import __version__
 from repro.core import records, run_lock, safe_write, shapes
 from repro.core.diskfull import disk_full_error, is_disk_full
 from repro.core.errors import Interrupted, UsageError
-from repro.workload.record import SCHEMA_VERSION, RunRecord, write_json_atomic
+from repro.workload.record import SCHEMA_VERSION, LayerRecord, RunRecord, write_json_atomic
 
 RESULTS_FILE = "results.json"
 
@@ -64,7 +64,7 @@ class EnvInfo(TypedDict, total=False):
     suite_timed_out: bool
     interrupted: bool
     custom_command: str  # `make run CMD=`: the user's command
-    job_layer: dict[str, Any] | None  # the job's packages (engines' prepare_job): free-form per engine
+    job_layer: LayerRecord | None  # the job's packages (engines' prepare_job)
 
 
 class ResultsData(TypedDict):

@@ -10,7 +10,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from repro.core import paths
 from repro.core.errors import UsageError
@@ -18,6 +18,7 @@ from repro.core.errors import UsageError
 if TYPE_CHECKING:
     from repro.engines.jobdeps import JobDeps
     from repro.matrix.model import Env
+    from repro.workload.record import LayerRecord
 
 # The in-environment entry point (repro/workload/suite.py); engines add `--out`.
 SUITE_MODULE = "repro.workload.suite"
@@ -86,7 +87,7 @@ class Engine(Protocol):
         """Run `python -m repro.workload.suite *args --out ...`; results land in `out_dir`."""
         ...
 
-    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, LayerRecord]:
         """The job's packages (REQUIREMENTS=/PACKAGES=) over the prepared env, and what the
         record says of them; a UsageError when this engine cannot add them."""
         ...
@@ -128,7 +129,7 @@ class Delegating:
     ) -> SuiteRun:
         return self.inner.run_suite(prepared, args, out_dir, timeout_s)
 
-    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, dict[str, Any]]:
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, LayerRecord]:
         return self.inner.prepare_job(env, prepared, deps)
 
     def run_job(

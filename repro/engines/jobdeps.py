@@ -20,7 +20,6 @@ import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TypedDict
 
 from packaging.markers import Marker, UndefinedEnvironmentName
 from packaging.requirements import InvalidRequirement, Requirement
@@ -30,6 +29,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from repro.core.errors import UsageError
 from repro.core.make_options import reproduce_pairs
 from repro.core.smallfile import FileTooLarge, NotRegularFile, read_regular
+from repro.workload.record import DepsRecord
 
 CONSTRAINT_LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
 
@@ -117,14 +117,6 @@ class JobDeps:
             "lines": list(self.lines),
             "digest": self.digest(),
         }
-
-
-# The job's packages as the records and the layer's marker say them.
-class DepsRecord(TypedDict):
-    requirements_file: str | None  # REQUIREMENTS=
-    packages: str | None  # PACKAGES=
-    lines: list[str]  # the requirement lines of both
-    digest: str
 
 
 def parse(requirements: str | None, packages: str | None, *, cwd: Path | None = None) -> JobDeps | None:

@@ -37,6 +37,7 @@ from repro.workload.diskfull import EXIT_DISK_FULL
 from repro.workload.record import (
     CUSTOM_SCENARIO,
     PATCHES,
+    LayerRecord,
     RunRecord,
     custom_job_id,
     empty_record,
@@ -561,9 +562,8 @@ def execute_job(
 
 def _prepare(
     request: JobRequest, env: Env, engine: Engine, invocation: InvocationDir, say: Callable[[str], None]
-) -> tuple[Prepared, dict[str, Any] | None]:
-    """The env (and the job's layer over it) ready to run the job, and its entry in results.json.
-    The layer's description is each engine's own (free-form: EnvInfo.job_layer)."""
+) -> tuple[Prepared, LayerRecord | None]:
+    """The env (and the job's layer over it) ready to run the job, and its entry in results.json."""
     engine.preflight(env)
     prepared, layer = engine.prepare(env), None
     if request.deps is not None:
@@ -596,7 +596,7 @@ def _record_job(
     invocation: InvocationDir,
     raws: Sequence[RawRun],
     digest: str,
-    layer: dict[str, Any] | None,
+    layer: LayerRecord | None,
 ) -> list[RunRecord]:
     """Judge the runs against each other and record them (replacing none: the caller forgot any)."""
     records = build_records(env.id, raws, request.loss_regex, digest, request.timeout_s, env.platform.value)

@@ -120,6 +120,26 @@ class RecordedException(TypedDict, total=False):
     traceback: str | None
 
 
+# The job's packages (REQUIREMENTS=/PACKAGES=) as the records and the job layer's marker say them.
+class DepsRecord(TypedDict):
+    requirements_file: str | None  # REQUIREMENTS=
+    packages: str | None  # PACKAGES=
+    lines: list[str]  # the requirement lines of both
+    digest: str
+
+
+# The job's layer as the engines record it (Engine.prepare_job): results.json's env `job_layer`,
+# a custom run's job `requirements`.
+class LayerRecord(DepsRecord):
+    layer: str  # the layer venv, or the job image's tag
+    base: str  # the env's venv or image it stands on
+    added: dict[str, str]  # what the layer installed: name -> version
+
+
+class ImageLayerRecord(LayerRecord):  # the Docker engine's: the job image's id too
+    image_id: str
+
+
 # The record: the one declaration of its keys (RECORD_KEYS and repro.core.shapes.RUN are read from
 # these fields). A TypedDict over the JSON object itself, so reading and writing keep the exact same
 # bytes. total=False: records of older tools lack newer keys. (Annotations stay strings, so Python

@@ -50,6 +50,7 @@ from repro.workload.parentwatch import OWNER_LOCK_DIR, OWNER_LOCK_ENV, OWNER_LOC
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
+    from repro.workload.record import ImageLayerRecord, LayerRecord
 
 LABEL_CONTEXT = "mics-repro.context-sha"
 LABEL_PINS_KEY = "mics-repro.pins-key"
@@ -226,7 +227,7 @@ class DockerEngine:
 
     def prepare_job(
         self, env: Env, prepared: Prepared, deps: jobdeps.JobDeps
-    ) -> tuple[Prepared, dict[str, Any]]:
+    ) -> tuple[Prepared, LayerRecord]:
         """The job's packages (REQUIREMENTS=/PACKAGES=) as an image FROM the env's
         (repro/engines/docker/joblayer.py); runs then use that image."""
         tag = joblayer.job_tag(env.image_tag(), deps)
@@ -247,7 +248,13 @@ class DockerEngine:
         keep = specs and not reused and not self.wheelhouse.offline
         if keep and not self.wheelhouse.add(specs, env.python):  # the run goes on; offline reuse is lost
             console.warn(f"warning: could not copy the job's packages into {self.wheelhouse.path}")
-        record = {**deps.record(), "layer": tag, "image_id": image_id, "base": prepared.label, "added": added}
+        record: ImageLayerRecord = {
+            **deps.record(),
+            "layer": tag,
+            "image_id": image_id,
+            "base": prepared.label,
+            "added": added,
+        }
         label = f"{tag} (the job's packages over {prepared.label})"
         return Prepared(EngineKind.DOCKER, env.id, image_id, label, reused, _details(env)), record
 

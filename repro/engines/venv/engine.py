@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from repro.core import cmd, console
 from repro.core.errors import BuildError, PythonVersionError
@@ -48,6 +48,7 @@ from repro.matrix.model import no_usable_python
 
 if TYPE_CHECKING:
     from repro.matrix.model import Env
+    from repro.workload.record import LayerRecord
 
 MARKER = "mics-repro-venv.json"
 SUITE_LOG = "engine.log"
@@ -541,7 +542,7 @@ class VenvEngine:
 
     def prepare_job(
         self, env: Env, prepared: Prepared, deps: jobdeps.JobDeps
-    ) -> tuple[Prepared, dict[str, Any]]:
+    ) -> tuple[Prepared, LayerRecord]:
         """The job's packages (REQUIREMENTS=/PACKAGES=) as a layer over the env's venv
         (repro/engines/venv/joblayer.py); runs then use the layer's interpreter."""
         layer = joblayer.ensure_layer(

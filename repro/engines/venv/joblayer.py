@@ -27,7 +27,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from repro.core import cmd, console
 from repro.core.errors import BuildError
@@ -35,6 +34,7 @@ from repro.engines import jobdeps
 from repro.engines.venv.layer import PURELIB, build_lock, link_base
 from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, check_step, relocate, venv_argv
 from repro.matrix.model import HIDE_GPUS
+from repro.workload.record import DepsRecord, LayerRecord
 
 JOB_MARKER = "mics-repro-job.json"
 VENV_MARKER = "mics-repro-venv.json"  # repro/engines/venv/engine.py MARKER: only a finished venv has it
@@ -51,7 +51,7 @@ class JobLayer:
     packages: Mapping[str, str]  # added by the layer, name -> version
     reused: bool
 
-    def record(self, deps: jobdeps.JobDeps) -> dict[str, Any]:
+    def record(self, deps: jobdeps.JobDeps) -> LayerRecord:
         return {
             **deps.record(),
             "layer": str(self.path),
@@ -61,7 +61,7 @@ class JobLayer:
 
 
 # The layer's JOB_MARKER: its base venv and the pins there, what it added, and the job's packages.
-class _JobMarker(jobdeps.DepsRecord):
+class _JobMarker(DepsRecord):
     base: str
     base_pins: dict[str, str]
     added: dict[str, str]
