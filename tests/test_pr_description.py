@@ -183,3 +183,19 @@ def test_torches_share_a_row_only_where_they_agree() -> None:
         }
     )
     assert [(u["keys"], u["torches"]) for u in lines] == [(["mics"], "2.1.0, 2.7.1"), (["zero3"], "2.1.0")]
+
+
+def test_the_words_do_not_depend_on_the_order_of_verify_jsons_keys() -> None:
+    """`make pr-verify` renders from the run's data, a later rerender from verify.json (keys
+    sorted): a tally or a list read in dict order came out in another order the second time."""
+    from typing import Any
+
+    from tests.fixtures import pr_master_sized as master
+
+    def reversed_keys(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: reversed_keys(value[k]) for k in reversed(list(value))}
+        return [reversed_keys(v) for v in value] if isinstance(value, list) else value
+
+    data = master.verification()
+    assert render(master.record(), data) == render(master.record(), reversed_keys(data))

@@ -339,7 +339,7 @@ def suite_table(verification: Mapping[str, Any] | None) -> SuiteTable | None:
             "why": r.get("why", ""),
         }
         for e in entries
-        for t, r in (e.get("regression") or {}).items()
+        for t, r in sorted((e.get("regression") or {}).items(), key=lambda tr: _transport_order(tr[0]))
     ]
     first = entries[0]
     return {
@@ -359,6 +359,13 @@ def suite_table(verification: Mapping[str, Any] | None) -> SuiteTable | None:
         "unskip": unskip,
         "not_run": [e for e in (verification or {}).get("suite") or [] if not e.get("sessions")],
     }
+
+
+def _transport_order(transport: str) -> int:
+    """upstream's CI first (plain gloo), then the lab's adapter, as the sessions ran."""
+    return (
+        pr_suite.TRANSPORTS.index(transport) if transport in pr_suite.TRANSPORTS else len(pr_suite.TRANSPORTS)
+    )
 
 
 def _parametrized_once(rows: list[tuple[str, list[str]]]) -> list[TestCells]:
@@ -453,11 +460,12 @@ def _failed_wait(regression: list[Mapping[str, Any]]) -> list[FailedWait]:
 
 
 def tally(outcomes: Mapping[str, str]) -> str:
-    """{test: outcome} as counts: "4 failed", "3 passed, 1 failed"."""
+    """{test: outcome} as counts, the most first: "4 failed", "3 passed, 1 failed" (the same words
+    whether the outcomes come from the run or from verify.json, whose keys are sorted)."""
     counts: dict[str, int] = {}
     for outcome in outcomes.values():
         counts[outcome] = counts.get(outcome, 0) + 1
-    return ", ".join(f"{n} {o}" for o, n in counts.items()) or "-"
+    return ", ".join(f"{n} {o}" for o, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))) or "-"
 
 
 def render(
