@@ -38,6 +38,7 @@ _BY_ANNOTATION: dict[str, Shape] = {
     "Layout": OPT_OBJECT,
     "RecordedException": OPT_OBJECT,
     "RanOn": OPT_OBJECT,
+    "CustomJob": OPT_OBJECT,
 }
 # What names a run: always present, always a string.
 RUN_IDENTITY = ("env", "scenario", "patch")

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from repro.core import console, launchers
 from repro.core.diskfull import disk_full_at
@@ -38,6 +38,7 @@ from repro.workload.record import (
     CUSTOM_SCENARIO,
     PATCHES,
     LayerRecord,
+    PytestBlock,
     RunRecord,
     custom_job_id,
     empty_record,
@@ -228,7 +229,6 @@ def build_records(
 
 
 UNKNOWN_DTYPE = "unknown"
-PYTEST_KEYS = ("exitstatus", "collected", "counts", "ran", "tests", "tests_cut", "collect_errors")
 
 
 def _fix_in_workdir(job: JobResult) -> str:
@@ -249,14 +249,23 @@ def _fix_in_workdir(job: JobResult) -> str:
     )
 
 
-def _pytest_block(session: PytestSummary | None, reports: Sequence[HookRecord]) -> dict[str, Any] | None:
-    """pytest's report as the hook recorded it (PYTEST_KEYS, None where it lacks one), and the
-    "devices" the CPU twin gave the session for DeepSpeed's test harness
-    (jobhook.pytest_session_started; None: the user's or a launcher's LOCAL_SIZE stood)."""
+def _pytest_block(session: PytestSummary | None, reports: Sequence[HookRecord]) -> PytestBlock | None:
+    """pytest's report as the hook recorded it, and the "devices" the CPU twin gave the session for
+    DeepSpeed's test harness (jobhook.pytest_session_started; None: the user's or a launcher's
+    LOCAL_SIZE stood)."""
     if session is None:
         return None
     devices = next((r["test_harness_devices"] for r in reports if r.get("test_harness_devices")), None)
-    return {**{k: session.get(k) for k in PYTEST_KEYS}, "harness_devices": devices}
+    return {
+        "exitstatus": session.get("exitstatus"),
+        "collected": session.get("collected"),
+        "counts": session.get("counts"),
+        "ran": session.get("ran"),
+        "tests": session.get("tests"),
+        "tests_cut": session.get("tests_cut"),
+        "collect_errors": session.get("collect_errors"),
+        "harness_devices": devices,
+    }
 
 
 def _engine(raw: RawRun) -> EngineFacts:
@@ -376,7 +385,7 @@ def _reason(job: JobResult, judged: str) -> str:
     return reason
 
 
-def _notes(job: JobResult, verdict: ladder.Judgement, engine: EngineFacts, ran_on: JobRanOn) -> list[str]:
+def _notes(job: JobResult, verdict: ladder.Judgement, engine: EngineFacts, ran_on: RanOn) -> list[str]:
     """The verdict's notes, plus fewer ranks than the launcher asked for, and a dtype not seen."""
     notes = list(verdict.notes)
     fewer = launchers.shortfall(
@@ -469,14 +478,7 @@ def _record(
     return record
 
 
-# A custom run's `ran_on`: rank 0's view, and what every process that joined a group used.
-class JobRanOn(RanOn, total=False):
-    devices: list[str]
-    processes: int
-    joined_group: bool
-
-
-def job_ran_on(reports: Sequence[HookRecord], platform: str | None) -> JobRanOn:
+def job_ran_on(reports: Sequence[HookRecord], platform: str | None) -> RanOn:
     """The record's `ran_on` (repro/workload/device.py) of a custom run: what the hook saw in the
     processes that joined a process group (rank 0's view, the devices of all of them). A job none of
     whose processes joined one says so (device null, `joined_group` false): the evidence check
@@ -627,11 +629,8 @@ def read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
     # none, or one that cannot be read, is what a runner that died leaves: a crash with its exit code.
     job = job_resume.read_job(out)
     if job is None:
-        # the keys the judge needs (JobResult declares them all: a runner that ends writes them all)
-        job = cast(
-            "JobResult",
-            {"status": "hung" if ran.timed_out else None, "exit_code": ran.exit_code, "hook_reports": []},
-        )
+        # the keys the judge needs
+        job = {"status": "hung" if ran.timed_out else None, "exit_code": ran.exit_code, "hook_reports": []}
     log = out / "job.log"
     text = _log_text(log) if log.exists() else ""
     rel = str(log.relative_to(folder)) if log.exists() else None

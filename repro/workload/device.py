@@ -188,6 +188,10 @@ class RanOn(TypedDict, total=False):
     rocm_runtime: dict[str, str | None]
     rank: int
     env_platform: str | None
+    # custom runs (repro/run/job.py job_ran_on): every process that joined a process group
+    devices: list[str]
+    processes: int
+    joined_group: bool
 
 
 def view_summary(view: TorchView | None, device: str | None) -> RanOn:

@@ -41,7 +41,7 @@ from repro.workload.device import hide_gpus_env
 from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
 from repro.workload.hooksign import HookRecord
 from repro.workload.parentwatch import become_subreaper, follow_tool, group_alive
-from repro.workload.record import CPU_TRANSPORTS, write_json_atomic
+from repro.workload.record import CPU_TRANSPORTS, Rendezvous, write_json_atomic
 from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
 
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
@@ -92,13 +92,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-class Rendezvous(TypedDict):
-    """job.json's rendezvous: the port, and who chose it ("repro" | "job")."""
-
-    port: int | None
-    set_by: str
 
 
 def rendezvous(command: str, environ: dict[str, str]) -> tuple[dict[str, str], Rendezvous]:
@@ -310,16 +303,17 @@ def _watch(
     return None, "", {}, []
 
 
-# What the job could reach (_evidence).
-class JobEvidence(TypedDict):
+# What the job could reach (_evidence). total=False, as JobResult.
+class JobEvidence(TypedDict, total=False):
     hook_reports: list[HookRecord]  # signature verified
     hook_signed: bool
     forged_hook_records: list[dict[str, str]]  # {"file", "why"}
     job_wrote: list[str]
 
 
-# OUT/job.json: how the job ended; repro/run/job.py reads it.
-class JobResult(JobEvidence):
+# OUT/job.json: how the job ended; repro/run/job.py reads it. A runner that ends writes every key;
+# total=False: one that died may have left only some, or none.
+class JobResult(JobEvidence, total=False):
     status: str | None  # None: the command ended by itself
     exit_code: int | None
     hang_detail: str

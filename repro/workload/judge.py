@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 from repro.workload import ladder
 from repro.workload.crash_signs import (
@@ -48,7 +48,7 @@ from repro.workload.ladder import Judgement
 
 if TYPE_CHECKING:
     from repro.workload.hooksign import HookRecord, PytestSummary
-    from repro.workload.record import RecordedException
+    from repro.workload.record import Patterns, RecordedException
 
 # The ladder's tolerance for a user's job: its other run is the same command with a different patch,
 # possibly on GPUs whose reductions are not deterministic.
@@ -674,13 +674,6 @@ def _corroboration(own: Parsed) -> str:
     if not own.hook_signed:
         return ""
     return f" counted by the hook (the job's log shows {own.illegal_work_in_log}: corroboration)"
-
-
-# What decided a custom run's verdict: the record's job.patterns.
-class Patterns(TypedDict):
-    loss: dict[str, str | None]  # {"name", "regex"} of the loss pattern
-    illegal_work: str
-    overflow: dict[str, str]  # name: regex of each overflow pattern the log matched
 
 
 def patterns_used(parsed: Parsed, loss_regex: str | None) -> Patterns:

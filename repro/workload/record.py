@@ -140,6 +140,59 @@ class ImageLayerRecord(LayerRecord):  # the Docker engine's: the job image's id 
     image_id: str
 
 
+# What decided a custom run's verdict: the record's job.patterns (judge.patterns_used).
+class Patterns(TypedDict):
+    loss: dict[str, str | None]  # {"name", "regex"} of the loss pattern
+    illegal_work: str
+    overflow: dict[str, str]  # name: regex of each overflow pattern the log matched
+
+
+# job.json's and a custom run's job `rendezvous`: the port, and who chose it ("repro" | "job").
+class Rendezvous(TypedDict):
+    port: int | None
+    set_by: str
+
+
+# A pytest job's `job.pytest`: pytest's report as the hook recorded it (hooksign.PytestSummary's keys,
+# None where it lacks one), and the devices the CPU twin gave DeepSpeed's test harness.
+class PytestBlock(TypedDict):
+    exitstatus: int | None
+    collected: int | None
+    counts: dict[str, int] | None
+    ran: int | None
+    tests: dict[str, dict[str, str]] | None  # test id: {"outcome", "message"}
+    tests_cut: int | None
+    collect_errors: list[dict[str, str]] | None
+    harness_devices: int | None
+
+
+# A custom run's `job` (RunRecord.job says what each key holds), as repro/run/job.py writes it.
+class CustomJob(TypedDict, total=False):
+    command: str | None
+    workdir: str | None
+    workdir_digest: str
+    job_id: str
+    patterns: Patterns
+    notes: list[str]
+    exit_code: int | None
+    survivors: list[int]
+    left_running: dict[str, str]
+    processes: dict[str, str]
+    loss_steps: list[int | None]
+    deepspeed_imported: bool
+    rendezvous: Rendezvous | None
+    hook_pth: str | None
+    first_parting_step: int | None
+    pytest: PytestBlock | None
+    job_wrote: list[str]
+    illegal_work_in_log: int
+    illegal_work_by_hook: int
+    nan_logged_as_zero_from: int | None
+    hook_signed: bool
+    forged_hook_records: list[dict[str, str]]
+    requirements: LayerRecord | None
+
+
 # The record: the one declaration of its keys (RECORD_KEYS and repro.core.shapes.RUN are read from
 # these fields). A TypedDict over the JSON object itself, so reading and writing keep the exact same
 # bytes. total=False: records of older tools lack newer keys. (Annotations stay strings, so Python
@@ -215,7 +268,7 @@ class RunRecord(TypedDict, total=False):
     # created or changed in its results folder besides the lab's files), "nan_logged_as_zero_from"
     # (step), "rendezvous" ({"port", "set_by": "repro" | "job"}), "hook_pth" (the hook's .pth in
     # the env's site-packages, or null)}
-    job: dict[str, Any] | None
+    job: CustomJob | None
     # How the ranks were started: {"kind": "prefork" (forked from the suite's pre-imported launcher,
     # repro/workload/prefork_server.py; CPU) | "torchrun", "note": why torchrun ran a run meant for
     # prefork, else ""}; null when nothing was launched and in older records. The evidence is the

@@ -209,7 +209,8 @@ def job_block(env_id: str, custom: Sequence[RunRecord]) -> tuple[JobBlock, Path]
             why="a bundle's manifest takes a one-line command (it is checked as untrusted input)",
             fix="put the steps in a script in the working directory and run that with CMD=",
         )
-    loss = (jobs[0].get("patterns") or {}).get("loss") or {}
+    patterns = jobs[0].get("patterns")
+    loss = (patterns.get("loss") if patterns else None) or {}
     transport = str(custom[0].get("transport"))
     block: JobBlock = {
         "command": next(iter(commands)),

@@ -21,13 +21,7 @@ from repro.core.jobname import short_command
 from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.runs import RunFinding, RunKey, run_finding
-from repro.workload.record import CUSTOM_SCENARIO, Outcome, Signature
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    """A JSON object read from a folder, or {} when it is anything else (an older or edited file)."""
-    return dict(value) if isinstance(value, Mapping) else {}
-
+from repro.workload.record import CUSTOM_SCENARIO, Outcome, RunRecord, Signature
 
 ISSUE_URL = "https://github.com/deepspeedai/DeepSpeed/issues/5080"
 ADAPTER = "repro/workload/cpu/gloo_transport.py"
@@ -214,7 +208,7 @@ def _workdir_digest(folder: Path) -> str:
     return workdir_digest(folder)
 
 
-def job_facts(record: Mapping[str, Any], digest: Callable[[Path], str] = _workdir_digest) -> JobFacts | None:
+def job_facts(record: RunRecord, digest: Callable[[Path], str] = _workdir_digest) -> JobFacts | None:
     """`digest`: the records' workdir digest (repro.run.job), which says the folder is the run's."""
     job = record.get("job")
     if not isinstance(job, Mapping) or not job.get("command"):
@@ -238,8 +232,9 @@ def job_facts(record: Mapping[str, Any], digest: Callable[[Path], str] = _workdi
             )
     except OSError:
         files_note = "the job folder is not on this host"
-    reqs = as_dict(job.get("requirements"))
-    added = as_dict(reqs.get("added"))
+    layer = job.get("requirements")  # a JSON object, or anything else in an edited file
+    lines = layer.get("lines") if isinstance(layer, dict) else None
+    added = layer.get("added") if isinstance(layer, dict) else None
     config = config_named(command) or ""
     text, note = "", ""
     if config:
@@ -260,8 +255,8 @@ def job_facts(record: Mapping[str, Any], digest: Callable[[Path], str] = _workdi
         job_id=str(job.get("job_id") or ""),
         files=files,
         files_note=files_note,
-        packages=tuple(_portable_requirement(str(line), workdir) for line in reqs.get("lines") or ()),
-        resolved=tuple(f"{k}=={v}" for k, v in sorted(added.items())),
+        packages=tuple(_portable_requirement(str(line), workdir) for line in lines or ()),
+        resolved=tuple(f"{k}=={v}" for k, v in sorted(added.items() if isinstance(added, dict) else ())),
         ds_config=config,
         ds_config_text=text,
         ds_config_note=note,
