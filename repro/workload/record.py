@@ -166,31 +166,33 @@ class PytestBlock(TypedDict):
     harness_devices: int | None
 
 
-# A custom run's `job` (RunRecord.job says what each key holds), as repro/run/job.py writes it.
+# A custom run's `job` (scenario "custom", `python -m repro run --cmd`), as repro/run/job.py writes it.
 class CustomJob(TypedDict, total=False):
     command: str | None
     workdir: str | None
     workdir_digest: str
-    job_id: str
+    job_id: str  # custom_job_id: which job this is (stock and fixed of one job share it)
     patterns: Patterns
     notes: list[str]
     exit_code: int | None
-    survivors: list[int]
-    left_running: dict[str, str]
-    processes: dict[str, str]
+    survivors: list[int]  # pids alive after SIGKILL
+    left_running: dict[str, str]  # {pid: command line} still running after the command, stopped by the runner
+    processes: dict[str, str]  # pid: argv of every hooked Python process
     loss_steps: list[int | None]
     deepspeed_imported: bool
     rendezvous: Rendezvous | None
-    hook_pth: str | None
+    hook_pth: str | None  # the hook's .pth in the env's site-packages
     first_parting_step: int | None
-    pytest: PytestBlock | None
-    job_wrote: list[str]
+    pytest: PytestBlock | None  # None: not a pytest job
+    job_wrote: list[str]  # paths the job created or changed in its results folder besides the lab's files
+    # the two IllegalWork counts: with hook_signed (the runner verified the hook's signatures,
+    # repro/workload/hooksign.py) only the hook's is evidence, the log's corroborates
     illegal_work_in_log: int
     illegal_work_by_hook: int
-    nan_logged_as_zero_from: int | None
+    nan_logged_as_zero_from: int | None  # step
     hook_signed: bool
-    forged_hook_records: list[dict[str, str]]
-    requirements: LayerRecord | None
+    forged_hook_records: list[dict[str, str]]  # [{"file", "why"}]: hook records that did not verify
+    requirements: LayerRecord | None  # REQUIREMENTS=/PACKAGES= (None without)
 
 
 # The record: the one declaration of its keys (RECORD_KEYS and repro.core.shapes.RUN are read from
@@ -254,20 +256,7 @@ class RunRecord(TypedDict, total=False):
     # group (rank 0's view plus "devices", "processes", "joined_group"; device null when none
     # joined: no GPU evidence).
     ran_on: RanOn | None
-    # Custom runs (scenario "custom", `python -m repro run --cmd`) only, else null: {"command",
-    # "workdir", "workdir_digest", "job_id" (custom_job_id: which job this is; stock and fixed of
-    # one job share it), "patterns" (what decided: loss regex, IllegalWork and overflow patterns),
-    # "notes", "exit_code", "survivors" (pids alive after SIGKILL), "left_running" ({pid: command
-    # line} of the job's processes still running after its command ended, stopped by the runner),
-    # "processes" (pid: argv of every hooked Python process), "loss_steps", "requirements"
-    # (REQUIREMENTS=/PACKAGES=: the lines, the layer or image, its base and the packages it added;
-    # null without), "illegal_work_in_log" / "illegal_work_by_hook" (the two counts; with
-    # "hook_signed" true only the hook's is evidence, the log's corroborates), "hook_signed" (the
-    # runner verified the hook's signatures, repro/workload/hooksign.py), "forged_hook_records"
-    # ([{"file", "why"}]: hook records that did not verify, not counted), "job_wrote" (paths the job
-    # created or changed in its results folder besides the lab's files), "nan_logged_as_zero_from"
-    # (step), "rendezvous" ({"port", "set_by": "repro" | "job"}), "hook_pth" (the hook's .pth in
-    # the env's site-packages, or null)}
+    # Custom runs only (CustomJob says what each key holds), else null
     job: CustomJob | None
     # How the ranks were started: {"kind": "prefork" (forked from the suite's pre-imported launcher,
     # repro/workload/prefork_server.py; CPU) | "torchrun", "note": why torchrun ran a run meant for
