@@ -107,14 +107,7 @@ def job_request(args: argparse.Namespace, env_id: str, platform: str, environ: d
 
 @command("run", "run YOUR command in an env, stock and fixed, judged from its own output", _run_options)
 def cmd_run(args: argparse.Namespace) -> int:
-    from repro.core.results import (
-        InvocationDir,
-        discard_unused,
-        invocation_meta,
-        latest_target,
-        open_invocation_dir,
-        point_latest,
-    )
+    from repro.core.results import discard_unused, open_results, resumable
     from repro.run.job import custom_lines, describe, execute_job, reproduce_line
     from repro.run.job_resume import check_same_job
     from repro.run.summary import render
@@ -126,26 +119,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else None
     line = reproduce_line(request)
     # `make run RESUME=1`: make hands its command-line variables to the recipe's environment
-    resumed = _resumable(root, out, args.resume or env_bool("RESUME", os.environ))
+    resumed = resumable(root, out, args.resume or env_bool("RESUME", os.environ))
+    opened = open_results(root, out, [env.id], list(args.argv), line, resumed)
+    folder, invocation = opened.folder, opened.invocation
     if resumed is not None:
-        folder, made = resumed, False
-        invocation = InvocationDir.reopen(folder)
         check_same_job(invocation.data["envs"], env.id, request.command, folder)
         console.result(f"resume: {folder}")
-    else:
-        folder, made = open_invocation_dir(root, out, [env.id])
-        invocation = InvocationDir(folder, invocation_meta(list(args.argv), line))
-        invocation.save()
-    previous_latest = latest_target(root)
-    if out is None and resumed is None:
-        point_latest(root, folder)
     console.result(describe(request, engine.describe()))
     console.result(f"results: {folder}")
     try:
         runs = execute_job(request, env, engine, invocation, resume=resumed is not None)
     except BaseException:
         # Nothing ran (the env could not be prepared): no results folder, latest stays where it was.
-        if not invocation.data["envs"] and discard_unused(folder, made, root, previous_latest):
+        if not invocation.data["envs"] and discard_unused(folder, opened.made, root, opened.previous_latest):
             console.result(f"nothing was recorded; removed {folder}")
         raise
     console.result("")
@@ -154,17 +140,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.result("\n".join(f"  {text}" for text in custom_lines(runs)))
     console.result(f"\nreproduce: {line}")
     return 0
-
-
-def _resumable(root: Path, out: Path | None, asked: bool) -> Path | None:
-    """The folder RESUME=1 finishes: OUT=, else what results/latest points to; None when resuming
-    was not asked for or that folder holds no results yet (then it is an ordinary new run)."""
-    from repro.core.results import LATEST, RESULTS_FILE
-
-    folder = out if out is not None else root / LATEST
-    if not asked or not (folder / RESULTS_FILE).is_file():
-        return None
-    return folder.resolve()
 
 
 def _shell_options(p: argparse.ArgumentParser) -> None:

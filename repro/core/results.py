@@ -18,6 +18,7 @@ import shlex
 import stat
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
@@ -401,3 +402,37 @@ def load(folder: Path) -> ResultsData:
         )
     checked: ResultsData = records.check(data, shapes.RESULTS, path)
     return checked
+
+
+def resumable(root: Path, out: Path | None, asked: bool) -> Path | None:
+    """The folder RESUME=1 finishes: OUT=, else what results/latest points to; None when resuming
+    was not asked for or that folder holds no results yet (then it is an ordinary new run)."""
+    folder = out if out is not None else root / LATEST
+    if not asked or not (folder / RESULTS_FILE).is_file():
+        return None
+    return folder.resolve()
+
+
+@dataclass(frozen=True)
+class OpenedResults:
+    folder: Path
+    made: bool  # this invocation made the folder (discard_unused may remove it again)
+    invocation: InvocationDir
+    previous_latest: str | None  # where results/latest pointed before (discard_unused restores it)
+
+
+def open_results(
+    root: Path, out: Path | None, env_ids: list[str], argv: list[str], command: str, resumed: Path | None
+) -> OpenedResults:
+    """`make repro`'s and `make run`'s results folder: the one RESUME=1 reopens (`resumed`), else a
+    new invocation folder, which results/latest points to unless OUT= chose it."""
+    if resumed is not None:
+        folder, made, invocation = resumed, False, InvocationDir.reopen(resumed)
+    else:
+        folder, made = open_invocation_dir(root, out, env_ids)
+        invocation = InvocationDir(folder, invocation_meta(argv, command))
+        invocation.save()
+    previous_latest = latest_target(root)
+    if out is None and resumed is None:
+        point_latest(root, folder)
+    return OpenedResults(folder, made, invocation, previous_latest)

@@ -17,16 +17,7 @@ from typing import TYPE_CHECKING
 
 from repro.core import console
 from repro.core.errors import Interrupted, SuiteFailedError
-from repro.core.results import (
-    LATEST,
-    RESULTS_FILE,
-    InvocationDir,
-    discard_unused,
-    invocation_meta,
-    latest_target,
-    open_invocation_dir,
-    point_latest,
-)
+from repro.core.results import InvocationDir, OpenedResults, discard_unused, open_results, resumable
 from repro.core.verdict import FixCheck, check_fix
 from repro.engines.base import Engine, as_built
 from repro.engines.preflight import check_world_size
@@ -92,20 +83,21 @@ def run_request(
     engine = engine_for(target.engine)
     steps = _preflight(engine, steps, request.world_size)
     all_steps = steps
-    resumed = _resumable(target)
+    resumed = resumable(target.results_root, target.out, target.resume)
+    opened = open_results(
+        target.results_root,
+        target.out,
+        [s.env.id for s in steps],
+        list(target.argv),
+        target.make_command,
+        resumed,
+    )
+    folder, invocation = opened.folder, opened.invocation
     if resumed is not None:
-        folder, made = resumed, False
-        invocation, steps = _reopen(folder, steps)
-    else:
-        folder, made = open_invocation_dir(target.results_root, target.out, [s.env.id for s in steps])
-        invocation = InvocationDir(folder, invocation_meta(list(target.argv), target.make_command))
-        invocation.save()
-    previous_latest = latest_target(target.results_root)
-    if not target.out and resumed is None:
-        point_latest(target.results_root, folder)
+        steps = _resumed_steps(invocation, folder, steps)
     console.info(describe(steps, engine.describe()))
     console.info(f"results: {folder}")
-    runs = _execute(steps, engine, invocation, folder, made, target.results_root, previous_latest)
+    runs = _execute(steps, engine, opened, target.results_root)
     _print_summary(runs, folder)
     _check_plan(invocation, all_steps, folder)
     return runs
@@ -135,9 +127,8 @@ def _preflight(engine: Engine, steps: list[Step], world_size: int | None) -> lis
     return [replace(step, env=as_built(engine, step.env)) for step in steps]
 
 
-def _reopen(folder: Path, steps: list[Step]) -> tuple[InvocationDir, list[Step]]:
-    """RESUME=1: reopen `folder`, forget its unfinished envs and keep only their steps, resumed."""
-    invocation = InvocationDir.reopen(folder)
+def _resumed_steps(invocation: InvocationDir, folder: Path, steps: list[Step]) -> list[Step]:
+    """RESUME=1: forget the reopened folder's unfinished envs and keep only their steps, resumed."""
     todo = unfinished_envs(invocation, steps)
     for env_id in todo:  # the suite clears its unfinished runs there: never through a link
         invocation.check_env_paths(env_id, "runs")
@@ -151,19 +142,12 @@ def _reopen(folder: Path, steps: list[Step]) -> tuple[InvocationDir, list[Step]]
         f"resume: {folder}: finishing the unfinished runs of {', '.join(todo) or 'no env'}; "
         f"{', '.join(kept) or 'no env'} finished before"
     )
-    return invocation, resumed
+    return resumed
 
 
-def _execute(
-    steps: list[Step],
-    engine: Engine,
-    invocation: InvocationDir,
-    folder: Path,
-    made: bool,
-    results_root: Path,
-    previous_latest: str | None,
-) -> list[RunRecord]:
+def _execute(steps: list[Step], engine: Engine, opened: OpenedResults, results_root: Path) -> list[RunRecord]:
     """Run the steps; Ctrl-C shows what was recorded, a failure that recorded nothing removes the folder."""
+    invocation, folder = opened.invocation, opened.folder
     try:
         return execute(steps, engine, invocation)
     except Interrupted:
@@ -171,7 +155,9 @@ def _execute(
         raise
     except BaseException:
         # Nothing ran (e.g. the build failed): no results folder, and latest stays where it was.
-        if not invocation.data["envs"] and discard_unused(folder, made, results_root, previous_latest):
+        if not invocation.data["envs"] and discard_unused(
+            folder, opened.made, results_root, opened.previous_latest
+        ):
             console.result(f"nothing was recorded; removed {folder}")
         raise
 
@@ -201,17 +187,6 @@ def _check_plan(invocation: InvocationDir, all_steps: list[Step], folder: Path) 
             why="; ".join(problems),
             fix=f"read the suite output in {folder}/<env>/ (the records that exist are kept)",
         )
-
-
-def _resumable(target: RunTarget) -> Path | None:
-    """The folder RESUME=1 finishes: OUT=, else what results/latest points to; None when resuming
-    was not asked for or that folder holds no results yet (then it is an ordinary new run)."""
-    if not target.resume:
-        return None
-    folder = target.out if target.out is not None else target.results_root / LATEST
-    if not (folder / RESULTS_FILE).is_file():
-        return None
-    return folder.resolve()
 
 
 def check_fix_outcome(runs: list[RunRecord]) -> FixCheck:
