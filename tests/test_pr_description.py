@@ -199,3 +199,18 @@ def test_the_words_do_not_depend_on_the_order_of_verify_jsons_keys() -> None:
 
     data = master.verification()
     assert render(master.record(), data) == render(master.record(), reversed_keys(data))
+
+
+def test_a_session_the_lab_stopped_says_so_once() -> None:
+    """A failure without pytest's words in a session the lab stopped: the lab's reason is the why,
+    not a second "(stopped before pytest printed why)" beside it (seen on the master run)."""
+    from tests.fixtures import pr_master_sized as master
+
+    data = master.verification()
+    for session in data["suite"][0]["sessions"]:
+        if session["outcome"] == "hung":
+            first = next(iter(session["tests"]))
+            session["tests"][first] = {"outcome": "failed", "message": ""}
+    text = render(master.record(), data)
+    stopped = [line for line in text.splitlines() if "stopped by the lab, which found `deadlock:" in line]
+    assert stopped and not any("stopped before pytest printed why) (stopped by the lab" in s for s in stopped)
