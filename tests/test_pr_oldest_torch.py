@@ -11,19 +11,13 @@ from typing import Any
 from repro.upstream.pr import oldest_torch as pr_oldest
 from repro.upstream.pr import verify_run as pr_verify_run
 from tests.fixtures.pr_verify_standins import (
+    NO_IMPORT,
     StandInProbe,
     ds,  # noqa: F401 - a fixture
     made,  # noqa: F401 - a fixture
     regression_stand_in,
 )
 
-NO_IMPORT = {
-    "outcome": "env-error",
-    "signature": "none",
-    "reason": "the commit does not import: AttributeError: module 'torch.library' has no attribute "
-    "'custom_op'",
-    "seconds": 40.0,
-}
 RELEASES = ("2.1.0", "2.2.0", "2.2.2", "2.3.1", "2.4.0", "2.4.1", "2.5.0rc1", "2.5.1", "2.6.0", "2.7.1",
             "2.8.0", "2.9.1", "2.10.0", "2.13.0")  # fmt: skip
 

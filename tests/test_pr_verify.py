@@ -29,6 +29,7 @@ from tests.fixtures.ds_pr_git import MICS, FakeDeepSpeedPr
 from tests.fixtures.pr_verify_standins import (
     BUG,
     CLEAN,
+    NO_IMPORT,
     REFUSED,
     STACKS,
     StandInProbe,
@@ -36,14 +37,6 @@ from tests.fixtures.pr_verify_standins import (
     made,  # noqa: F401 - a fixture
     regression_stand_in,
 )
-
-NO_IMPORT = {
-    "outcome": "env-error",
-    "signature": "none",
-    "reason": "the commit does not import: AttributeError: module 'torch.library' has no attribute "
-    "'custom_op'",
-    "seconds": 50.0,
-}
 
 
 def seen(probe: Mapping[str, Any]) -> Seen:

@@ -74,24 +74,30 @@ class RangeData(TypedDict):
     seconds: float
 
 
-def release_rows(releases: Sequence[str], first: str, last: str) -> list[str]:
-    """The first release with MiCS and the last of every minor series up to `last`, oldest first."""
-    try:
-        lo, hi = Version(first), Version(last)
-    except InvalidVersion:
-        return []
+def newest_of_each_minor(releases: Sequence[str], keep: Callable[[Version], bool]) -> list[Version]:
+    """The newest final release of each minor series among `releases` that `keep` accepts, oldest
+    first (the range's rows; pr-verify's candidates for the oldest torch REF imports with)."""
     chosen: dict[tuple[int, int], Version] = {}
     for text in releases:
         try:
             v = Version(text)
         except InvalidVersion:
             continue
-        if v.is_prerelease or not lo <= v <= hi:
+        if v.is_prerelease or not keep(v):
             continue
         key = (v.major, v.minor)
         if key not in chosen or v > chosen[key]:
             chosen[key] = v
-    rows = sorted({lo, *chosen.values()})
+    return [chosen[key] for key in sorted(chosen)]
+
+
+def release_rows(releases: Sequence[str], first: str, last: str) -> list[str]:
+    """The first release with MiCS and the last of every minor series up to `last`, oldest first."""
+    try:
+        lo, hi = Version(first), Version(last)
+    except InvalidVersion:
+        return []
+    rows = sorted({lo, *newest_of_each_minor(releases, lambda v: lo <= v <= hi)})
     return [str(v) for v in rows]
 
 

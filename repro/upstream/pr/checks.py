@@ -131,6 +131,12 @@ _IMPORT_FAILED = (NO_IMPORT, "environment: ImportError", "environment: ModuleNot
 _INSTALL_FAILED = ("pip step", "BuildError")
 
 
+def stopped_before_running(seen: Seen) -> bool:
+    """An env-error from importing or installing DeepSpeed: the probe never ran its scenario."""
+    said = (*_IMPORT_FAILED, *_INSTALL_FAILED, "ImportError")
+    return seen.outcome == "env-error" and any(words in seen.reason for words in said)
+
+
 def is_result(probe: ProbeRow) -> bool:
     """Whether a probe's outcome is what the probe found (worth caching), not a failure to get
     there (install failure, interruption): only results are cached, the rest is tried again."""

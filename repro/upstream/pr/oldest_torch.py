@@ -16,12 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from repro.core import console
 from repro.core.errors import UsageError
 from repro.core.walk_files import ProbeRow
-from repro.upstream.pr.checks import Seen
+from repro.upstream.pr.affected_range import newest_of_each_minor
+from repro.upstream.pr.checks import Seen, stopped_before_running
 from repro.upstream.pr.verify import CellCache, OldestJSON, ProbeCall, ProbeRunner, TriedJSON, cached_probe
 
 # The probe that answers "does REF import with this torch": REF's control check.
@@ -41,30 +42,14 @@ class Tried:
 def imports(probe: ProbeRow) -> tuple[bool, str]:
     """Whether a REF probe got past importing DeepSpeed (a run that trained, crashed or hung did)."""
     seen = Seen.from_probe(probe)
-    failed = seen.outcome == "env-error" and (
-        "does not import" in seen.reason or "ImportError" in seen.reason or "pip step" in seen.reason
-    )
-    return not failed, f"{seen.short()}: {seen.reason}"[:300]
-
-
-def minor(version: Version) -> tuple[int, int]:
-    return version.major, version.minor
+    return not stopped_before_running(seen), f"{seen.short()}: {seen.reason}"[:300]
 
 
 def candidates(releases: Sequence[str], above: str, below: str) -> list[str]:
     """The newest release of each minor strictly between `above`'s and `below`'s, oldest first."""
-    low, high = minor(Version(above)), minor(Version(below))
-    newest: dict[tuple[int, int], Version] = {}
-    for text in releases:
-        try:
-            version = Version(text)
-        except InvalidVersion:
-            continue
-        if version.is_prerelease or version.is_devrelease or version.local or not low < minor(version) < high:
-            continue
-        if version > newest.get(minor(version), Version("0")):
-            newest[minor(version)] = version
-    return [str(newest[m]) for m in sorted(newest)]
+    low, high = Version(above).release[:2], Version(below).release[:2]
+    inside = newest_of_each_minor(releases, lambda v: v.local is None and low < v.release[:2] < high)
+    return [str(v) for v in inside]
 
 
 def search(torches: Sequence[str], probe: Callable[[str], Tried]) -> tuple[str | None, list[Tried]]:
