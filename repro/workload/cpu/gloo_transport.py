@@ -187,16 +187,6 @@ class _Pending:
         callback()
 
 
-class _Group:
-    """Collectives that complete as a unit (one coalescing block, or a single collective)."""
-
-    def __init__(self) -> None:
-        self.members: list[_Pending] = []
-
-    def last_seq(self) -> int:
-        return max((m.seq for m in self.members), default=-1)
-
-
 class _PgState:
     """Per process group: issue order, open coalescing block, works not yet known complete."""
 
@@ -205,7 +195,8 @@ class _PgState:
         self.lock = threading.Lock()
         self.seq = itertools.count()
         self.pending: list[_Pending] = []
-        self.open_group: _Group | None = None
+        # The open coalescing block: collectives that complete as a unit, as every work's group does.
+        self.open_group: list[_Pending] | None = None
         self._queue: queue.Queue[_Pending] | None = None
 
     def forget(self, item: _Pending) -> None:
@@ -244,20 +235,20 @@ class _PgState:
 class AdapterWork(dist.Work):
     """The work handed to torch/DeepSpeed for a collective or a coalescing block."""
 
-    def __init__(self, state: _PgState, group: _Group, outputs: list[torch.Tensor]) -> None:
+    def __init__(self, state: _PgState, group: list[_Pending], outputs: list[torch.Tensor]) -> None:
         super().__init__()
         self._state = state
         self._group = group
         self._outputs = outputs
 
     def wait(self, timeout: Any = None) -> bool:
-        self._state.complete_through(self._group.last_seq())
-        for member in self._group.members:
+        self._state.complete_through(max((m.seq for m in self._group), default=-1))
+        for member in self._group:
             member.finish()
         return True
 
     def is_completed(self) -> bool:
-        return all(m.delivered for m in self._group.members)
+        return all(m.delivered for m in self._group)
 
     def is_success(self) -> bool:
         return self.is_completed()
@@ -280,7 +271,7 @@ class AdapterWork(dist.Work):
         In strict mode asking for the future counts as a wait (a future nobody can complete
         would hang its user instead of exposing a missing wait).
         """
-        members = list(self._group.members)
+        members = list(self._group)
         if not all(m.eager or m.delivered for m in members):
             self.wait()
         fut: torch.futures.Future = torch.futures.Future()
@@ -450,17 +441,16 @@ class _Transport:
         if coalesced and self.loses_block_work:
             group = None  # a `*_coalesced` call's work is its own; it does not join an open block
         if group is None:
-            group = _Group()
-            group.members.extend(items)
+            group = list(items)
         else:
-            group.members.extend(i for i in items if i not in group.members)
+            group.extend(i for i in items if i not in group)
         return AdapterWork(st, group, outputs)
 
     def start_coalescing(self, pg: Any) -> None:
         st = self.state(pg)
         if st.open_group is not None:
             raise RuntimeError("coalescing block already open on this process group")
-        st.open_group = _Group()
+        st.open_group = []
 
     def end_coalescing(self, pg: Any) -> AdapterWork | None:
         st = self.state(pg)
@@ -468,7 +458,7 @@ class _Transport:
         if group is None:
             raise RuntimeError("_end_coalescing without _start_coalescing")
         st.open_group = None
-        if self.loses_block_work and not group.members:
+        if self.loses_block_work and not group:
             return None  # NCCL's endCoalescing() with nothing registered: nullptr
         return AdapterWork(st, group, [])
 
@@ -505,18 +495,18 @@ def _is_gloo(pg: Any) -> bool:
         return False
 
 
-# A collective on the transport: (transport, group, output(s), input(s), the rest of the arguments).
-_Adapted = Callable[[_Transport, Any, Any, Any, tuple[Any, ...]], Any]
+def _wrapped(name: str, adapted: Callable[..., Any]) -> Callable[..., Any]:
+    """ProcessGroup's method `name`: `adapted(transport, group, *args)` on a gloo group while the
+    adapter is installed; torch's own method otherwise, and where `adapted` returns NotImplemented
+    (a call it leaves to gloo)."""
+    original = _ORIGINALS[name] = getattr(dist.ProcessGroup, name)
 
-
-def _wrapped(name: str, adapted: _Adapted) -> Callable[..., Any]:
-    """ProcessGroup's method `name`: `adapted` on a gloo group while the adapter is installed."""
-    original = _ORIGINALS[name]
-
-    def method(self: Any, output: Any, input: Any, *rest: Any) -> Any:
-        if _TRANSPORT is None or not _is_gloo(self):
-            return original(self, output, input, *rest)
-        return adapted(_TRANSPORT, self, output, input, rest)
+    def method(self: Any, *args: Any) -> Any:
+        if _TRANSPORT is not None and _is_gloo(self):
+            result = adapted(_TRANSPORT, self, *args)
+            if result is not NotImplemented:
+                return result
+        return original(self, *args)
 
     method.__name__ = name
     return method
@@ -526,48 +516,31 @@ def _op(rest: tuple[Any, ...]) -> Any:
     return rest[0].reduceOp if rest else dist.ReduceOp.SUM
 
 
-def _gather(t: _Transport, pg: Any, output: Any, input: Any, rest: tuple[Any, ...]) -> Any:
+def _gather(t: _Transport, pg: Any, output: Any, input: Any, *rest: Any) -> Any:
     return t.as_work(pg, [t.gather(pg, output, input)], [output])
 
 
-def _reduce_scatter(t: _Transport, pg: Any, output: Any, input: Any, rest: tuple[Any, ...]) -> Any:
+def _reduce_scatter(t: _Transport, pg: Any, output: Any, input: Any, *rest: Any) -> Any:
     return t.as_work(pg, [t.reduce_scatter(pg, output, input, _op(rest))], [output])
 
 
-def _gather_coalesced(t: _Transport, pg: Any, outputs: Any, inputs: Any, rest: tuple[Any, ...]) -> Any:
+def _gather_coalesced(t: _Transport, pg: Any, outputs: Any, inputs: Any, *rest: Any) -> Any:
     items = [t.gather(pg, o, i) for o, i in zip(outputs, inputs)]
     return t.as_work(pg, items, list(outputs), coalesced=True)
 
 
-def _reduce_scatter_coalesced(
-    t: _Transport, pg: Any, outputs: Any, inputs: Any, rest: tuple[Any, ...]
-) -> Any:
+def _reduce_scatter_coalesced(t: _Transport, pg: Any, outputs: Any, inputs: Any, *rest: Any) -> Any:
     items = [t.reduce_scatter(pg, o, i, _op(rest)) for o, i in zip(outputs, inputs)]
     return t.as_work(pg, items, list(outputs), coalesced=True)
 
 
-def _make_start() -> Callable[..., Any]:
-    original = _ORIGINALS["_start_coalescing"]
-
-    def _start_coalescing(self: Any, device: Any) -> Any:
-        if _TRANSPORT is None or not _is_gloo(self):
-            return original(self, device)
-        _TRANSPORT.start_coalescing(self)
-        return None
-
-    return _start_coalescing
+def _start_coalescing(t: _Transport, pg: Any, device: Any) -> None:
+    t.start_coalescing(pg)
 
 
-def _make_end() -> Callable[..., Any]:
-    original = _ORIGINALS["_end_coalescing"]
-
-    # torch 2.0 passes the block's request list (`_end_coalescing(device, reqs)`); 2.1+ does not.
-    def _end_coalescing(self: Any, device: Any, *rest: Any) -> Any:
-        if _TRANSPORT is None or not _is_gloo(self):
-            return original(self, device, *rest)
-        return _TRANSPORT.end_coalescing(self)
-
-    return _end_coalescing
+# torch 2.0 passes the block's request list (`_end_coalescing(device, reqs)`); 2.1+ does not.
+def _end_coalescing(t: _Transport, pg: Any, device: Any, *rest: Any) -> AdapterWork | None:
+    return t.end_coalescing(pg)
 
 
 def _needs_bytes(tensors: Any) -> bool:
@@ -576,55 +549,29 @@ def _needs_bytes(tensors: Any) -> bool:
     )
 
 
-def _bf16_transport(pg: Any, tensors: Any) -> _Transport | None:
-    """The transport when the adapter takes this call over: bf16 tensors on a gloo group."""
-    return _TRANSPORT if _TRANSPORT is not None and _is_gloo(pg) and _needs_bytes(tensors) else None
+# The bf16 stand-ins take over only calls with bf16 tensors (NotImplemented: gloo's own method).
+def _bf16_broadcast(t: _Transport, pg: Any, tensors: Any, opts: Any = None, *rest: Any) -> Any:
+    if not _needs_bytes(tensors) or not isinstance(opts, dist.BroadcastOptions):
+        return NotImplemented
+    return t.as_work(pg, [t.broadcast(pg, tensors[opts.rootTensor], opts.rootRank)], list(tensors))
 
 
-def _make_bf16_broadcast() -> Callable[..., Any]:
-    original = _ORIGINALS["broadcast"]
+def _bf16_allreduce(options: type[Any]) -> Callable[..., Any]:
+    def adapted(t: _Transport, pg: Any, tensors: Any, opts: Any = None, *rest: Any) -> Any:
+        if not _needs_bytes(tensors) or not isinstance(opts, options):
+            return NotImplemented
+        return t.as_work(pg, [t.allreduce(pg, x, opts.reduceOp) for x in tensors], list(tensors))
 
-    def broadcast(self: Any, tensors: Any, *rest: Any) -> Any:
-        opts = rest[0] if rest else None
-        transport = _bf16_transport(self, tensors)
-        if transport is None or not isinstance(opts, dist.BroadcastOptions):
-            return original(self, tensors, *rest)
-        items = [transport.broadcast(self, tensors[opts.rootTensor], opts.rootRank)]
-        return transport.as_work(self, items, list(tensors))
-
-    return broadcast
+    return adapted
 
 
-def _make_bf16_allreduce(name: str) -> Callable[..., Any]:
-    original = _ORIGINALS[name]
-    options = dist.AllreduceCoalescedOptions if name == "allreduce_coalesced" else dist.AllreduceOptions
-
-    def method(self: Any, tensors: Any, *rest: Any) -> Any:
-        opts = rest[0] if rest else None
-        transport = _bf16_transport(self, tensors)
-        if transport is None or not isinstance(opts, options):
-            return original(self, tensors, *rest)
-        items = [transport.allreduce(self, t, opts.reduceOp) for t in tensors]
-        return transport.as_work(self, items, list(tensors))
-
-    method.__name__ = name
-    return method
+def _bf16_allgather(t: _Transport, pg: Any, output_lists: Any, inputs: Any, *rest: Any) -> Any:
+    if not _needs_bytes(inputs) or len(inputs) != 1 or len(output_lists) != 1:
+        return NotImplemented
+    return t.as_work(pg, [t.gather_list(pg, list(output_lists[0]), inputs[0])], list(output_lists[0]))
 
 
-def _make_bf16_allgather() -> Callable[..., Any]:
-    original = _ORIGINALS["allgather"]
-
-    def allgather(self: Any, output_lists: Any, inputs: Any, *rest: Any) -> Any:
-        transport = _bf16_transport(self, inputs)
-        if transport is None or len(inputs) != 1 or len(output_lists) != 1:
-            return original(self, output_lists, inputs, *rest)
-        items = [transport.gather_list(self, list(output_lists[0]), inputs[0])]
-        return transport.as_work(self, items, list(output_lists[0]))
-
-    return allgather
-
-
-_ADAPTED: dict[tuple[str, ...], _Adapted] = {
+_ADAPTED: dict[tuple[str, ...], Callable[..., Any]] = {
     _GATHER_NAMES: _gather,
     _REDUCE_SCATTER_NAMES: _reduce_scatter,
     _GATHER_COALESCED_NAMES: _gather_coalesced,
@@ -656,27 +603,24 @@ def install(mode: str, loses_block_work: bool | None = None) -> Adapter:
     for names, adapted in _ADAPTED.items():
         for name in names:
             if hasattr(pg_cls, name):
-                _ORIGINALS[name] = getattr(pg_cls, name)
                 setattr(pg_cls, name, _wrapped(name, adapted))
                 patched.append(name)
     if all(hasattr(pg_cls, n) for n in _COALESCING_NAMES):
-        for name in _COALESCING_NAMES:
-            _ORIGINALS[name] = getattr(pg_cls, name)
-        pg_cls._start_coalescing = _make_start()
-        pg_cls._end_coalescing = _make_end()
+        pg_cls._start_coalescing = _wrapped("_start_coalescing", _start_coalescing)
+        pg_cls._end_coalescing = _wrapped("_end_coalescing", _end_coalescing)
         patched.extend(_COALESCING_NAMES)
     if not caps.bf16:
         # gloo collectives torch/DeepSpeed also call with bf16 tensors (parameter broadcast at
         # zero.Init, replica gradient all-reduce, norms); other dtypes go straight to gloo.
-        for name in ("broadcast", "allreduce", "allreduce_coalesced", "allgather"):
-            _ORIGINALS[name] = getattr(pg_cls, name)
-        pg_cls.broadcast = _make_bf16_broadcast()
-        pg_cls.allreduce = _make_bf16_allreduce("allreduce")
-        pg_cls.allreduce_coalesced = _make_bf16_allreduce("allreduce_coalesced")
-        pg_cls.allgather = _make_bf16_allgather()
-        patched.extend(
-            f"{name} (bf16 only)" for name in ("broadcast", "allreduce", "allreduce_coalesced", "allgather")
-        )
+        bf16: dict[str, Callable[..., Any]] = {
+            "broadcast": _bf16_broadcast,
+            "allreduce": _bf16_allreduce(dist.AllreduceOptions),
+            "allreduce_coalesced": _bf16_allreduce(dist.AllreduceCoalescedOptions),
+            "allgather": _bf16_allgather,
+        }
+        for name, adapted in bf16.items():
+            setattr(pg_cls, name, _wrapped(name, adapted))
+            patched.append(f"{name} (bf16 only)")
     _TRANSPORT = _Transport(wanted, caps, lost)
     _INSTALLED.update(
         {
