@@ -203,29 +203,22 @@ class Wheelhouse:
         stamp.write_text(json.dumps(asdict(plan), indent=2) + "\n")
         return True
 
+    def _download_argv(self, python: str | None = None) -> list[str]:
+        """`pip download` into the wheelhouse (which it reads first); with `python`, for that CPython
+        when it is not this tool's own."""
+        argv = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-d", str(self.path)]
+        argv += ["--find-links", str(self.path)]
+        if python is not None and python != f"{sys.version_info.major}.{sys.version_info.minor}":
+            argv += ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
+            argv += [flag for platform in TARGET_PLATFORMS for flag in ("--platform", platform)]
+        return argv
+
     def _pip_download(self, plan: DownloadPlan, env_id: str) -> None:
-        base = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--disable-pip-version-check",
-            "-d",
-            str(self.path),
-            "--find-links",
-            str(self.path),
-        ]
         index = ["--index-url", plan.index_url, "--extra-index-url", PYPI_SIMPLE] if plan.index_url else []
-        host = f"{sys.version_info.major}.{sys.version_info.minor}"
-        target: list[str] = []
-        if plan.python != host:
-            target = ["--only-binary=:all:", "--python-version", plan.python, "--implementation", "cp"]
-            for platform in TARGET_PLATFORMS:
-                target += ["--platform", platform]
         steps = [
-            [*base, *index, *target, *plan.requirements],
+            [*self._download_argv(plan.python), *index, *plan.requirements],
             # DeepSpeed ships only an sdist; its deps are already in `requirements`.
-            [*base, "--no-deps", "--no-binary", ":all:", *plan.sdists],
+            [*self._download_argv(), "--no-deps", "--no-binary", ":all:", *plan.sdists],
         ]
         # pip's output (hundreds of lines) goes to a log, shown in full when it fails.
         log = cache_root() / "logs" / f"wheelhouse-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env_id)}.log"
@@ -243,24 +236,8 @@ class Wheelhouse:
         """Download these exact `name==version` packages, without their dependencies, for Python
         `python` (a job's packages, repro/engines/jobdeps.py): a bundle then carries them and an
         offline host installs them again. False when pip could not (the run goes on)."""
-        argv = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--disable-pip-version-check",
-            "--no-deps",
-            "-d",
-            str(self.path),
-            "--find-links",
-            str(self.path),
-        ]
-        if python != f"{sys.version_info.major}.{sys.version_info.minor}":
-            argv += ["--only-binary=:all:", "--python-version", python, "--implementation", "cp"]
-            for platform in TARGET_PLATFORMS:
-                argv += ["--platform", platform]
         self.path.mkdir(parents=True, exist_ok=True)
-        return cmd.run([*argv, *specs], capture=True).ok
+        return cmd.run([*self._download_argv(python), "--no-deps", *specs], capture=True).ok
 
     @contextlib.contextmanager
     def serve(self) -> Iterator[str]:

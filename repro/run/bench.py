@@ -194,24 +194,10 @@ def bench(
         )
         commit_runs: list[tuple[float, int]] = []
         if ds_repo and commit:
-            source = ["--deepspeed-commit", commit, "--ds-repo", ds_repo]
+            probe = [*base, "probe", "--env", env, "--engine", "venv", "--deepspeed-commit", commit]
+            probe += ["--ds-repo", ds_repo]
             # The first run may make the layer (a venv) and the work tree: not a warm figure.
-            for i in range(4):
-                commit_runs.append(
-                    _timed(
-                        [
-                            *base,
-                            "probe",
-                            "--env",
-                            env,
-                            "--engine",
-                            "venv",
-                            *source,
-                            "--out",
-                            f"{tmp}/commit{i}",
-                        ]
-                    )
-                )
+            commit_runs = [_timed([*probe, "--out", f"{tmp}/commit{i}"]) for i in range(4)]
         commit_runs = commit_runs[1:]
     slow, fast = suites["torchrun"], suites["prefork"]
     ratio = round(fast["seconds"] / slow["seconds"], 2) if slow["seconds"] else None

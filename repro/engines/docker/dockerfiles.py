@@ -379,12 +379,17 @@ def render(env: Env) -> str:
 def materialize(env: Env, root: Path = REPO_ROOT) -> Path:
     """The env's Dockerfile on disk: the committed one, or a derived env's freshly written one."""
     path = root / env.dockerfile
-    text = render(env)
     if env.is_derived:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file() or path.read_text() != text:
-            path.write_text(text)
+        _write_if_changed(path, render(env))
     return path
+
+
+def _write_if_changed(path: Path, text: str) -> bool:
+    if path.is_file() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return True
 
 
 class Drift(enum.Enum):
@@ -405,10 +410,7 @@ class SyncProblem:
 def out_of_sync(matrix: Matrix, root: Path = REPO_ROOT) -> list[SyncProblem]:
     """Committed Dockerfiles that differ from the generator's output, are missing, or are stale."""
     problems = []
-    expected = {}
-    for env_id in matrix.ids():
-        env = matrix.get(env_id)
-        expected[env.dockerfile] = render(env)
+    expected = {env.dockerfile: render(env) for env in map(matrix.get, matrix.ids())}
     for rel, text in expected.items():
         path = root / rel
         if not path.is_file():
@@ -423,13 +425,5 @@ def out_of_sync(matrix: Matrix, root: Path = REPO_ROOT) -> list[SyncProblem]:
 
 
 def write_all(matrix: Matrix, root: Path = REPO_ROOT) -> list[Path]:
-    written = []
-    for env_id in matrix.ids():
-        env = matrix.get(env_id)
-        path = root / env.dockerfile
-        text = render(env)
-        if not path.is_file() or path.read_text() != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
-            written.append(path)
-    return written
+    envs = map(matrix.get, matrix.ids())
+    return [root / env.dockerfile for env in envs if _write_if_changed(root / env.dockerfile, render(env))]

@@ -43,39 +43,12 @@ def parse(text: str) -> list[Instruction]:
 
 
 # pip options that take a value (the value is not a requirement).
-_PIP_VALUE_OPTIONS = {
-    "-i",
-    "--index-url",
-    "--extra-index-url",
-    "-f",
-    "--find-links",
-    "--target",
-    "-t",
-    "--prefix",
-    "--root",
-    "--platform",
-    "--python-version",
-    "--implementation",
-    "--abi",
-    "--trusted-host",
-    "--cert",
-    "--client-cert",
-    "--cache-dir",
-    "--src",
-    "--upgrade-strategy",
-    "--progress-bar",
-    "--log",
-    "--proxy",
-    "--retries",
-    "--timeout",
-    "--exists-action",
-    "--global-option",
-    "--config-settings",
-    "-C",
-    "--report",
-    "--only-binary",
-    "--no-binary",
-}
+_PIP_VALUE_OPTIONS = set(
+    "-i --index-url --extra-index-url -f --find-links --target -t --prefix --root --platform --python-version"
+    " --implementation --abi --trusted-host --cert --client-cert --cache-dir --src --upgrade-strategy"
+    " --progress-bar --log --proxy --retries --timeout --exists-action --global-option --config-settings -C"
+    " --report --only-binary --no-binary".split()
+)
 PIP_UNVERIFIABLE = {"-r", "--requirement", "-c", "--constraint", "-e", "--editable"}
 # `===` too: PyPI's torch is pinned by its whole version string (repro.matrix.compat.torch_spec).
 EXACT_PIN = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)===?(?P<version>[0-9][A-Za-z0-9.+!-]*)$")

@@ -22,23 +22,11 @@ from pathlib import Path
 
 BASE_PTH = "_mics_repro_base.pth"
 PURELIB = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
-# Only DeepSpeed may differ between a layer and its base; these must be pinned by both, equal.
+# Only DeepSpeed may differ between a layer and its base; these must be pinned by both, equal
+# (torch_from too: a host-torch venv, repro/engines/venv/host_torch.py, is no base, nor layered).
 STACK_KEYS = frozenset(
-    {
-        "recipe",
-        "platform",
-        "base_image",
-        "python",
-        "torch_index",
-        "torch",
-        "numpy",
-        "rocm",
-        "cuda",
-        "pip",
-        "setuptools",
-        "wheel",
-        "torch_from",  # a host-torch venv (repro/engines/venv/host_torch.py) is no base, nor layered
-    }
+    "recipe platform base_image python torch_index torch numpy rocm cuda"
+    " pip setuptools wheel torch_from".split()
 )
 MAY_DIFFER = frozenset({"deepspeed"})
 NO_LAYER_ENV = "MICS_REPRO_NO_LAYER"
