@@ -12,9 +12,10 @@ repro/workload/record.py: it may import nothing from here.)
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,17 @@ OPT_OBJECT = Shape(optional(dict))
 OPT_SCALAR = Shape(optional(str, float, bool))
 STRINGS = Shape(optional(list), items=STR)
 STR_MAP = Shape(optional(dict), items=STR)
+
+
+def as_json(value: Any) -> Any:
+    """A dataclass as the tool's JSON files hold it: its fields by name (nested ones too), enums by
+    their value, tuples as lists. For a dataclass whose `to_dict` is exactly its fields."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: as_json(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [as_json(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: as_json(v) for k, v in value.items()}
+    return value

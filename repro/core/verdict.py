@@ -41,7 +41,6 @@ from repro.core.fix_pairs import (
 from repro.core.runs import RunView, describe, run_label, shows_bug
 from repro.workload import layout as lay
 from repro.workload.classify import first_divergent_step
-from repro.workload.closed import assert_never
 from repro.workload.record import Outcome
 
 
@@ -300,36 +299,30 @@ def subject_of(runs: Sequence[RunView]) -> Subject:
 # The verdict's words: the ONLY place they are written (tests/test_verdict_words.py keeps it so).
 # The report prints the enum values next to them. "no evidence" is what the summary has always said
 # when no stock MiCS run ran to an outcome; docs/how-it-works.md quotes it.
+_REPRODUCES_WORDS = {
+    Reproduces.YES: "REPRODUCED",
+    Reproduces.NO: "not reproduced",
+    Reproduces.UNSUPPORTED: "no evidence (MiCS unsupported here)",
+    Reproduces.TOO_FEW_DEVICES: "no evidence (too few GPUs here for MiCS to run)",
+    Reproduces.INCONCLUSIVE: "no evidence",
+    Reproduces.NOT_TESTED: "no evidence (no stock MiCS run)",
+}
+_FIX_WORDS = {
+    FixVerdict.YES: "fix resolves it",
+    FixVerdict.NO: "FIX DOES NOT RESOLVE IT",
+    FixVerdict.UNVERIFIED: "fix unverified (no usable control to compare with)",
+    FixVerdict.INCONCLUSIVE: "fix not evaluated (inconclusive)",
+    FixVerdict.NOT_APPLICABLE: "fix not evaluated (nothing reproduced)",
+    FixVerdict.NOT_TESTED: "fix not evaluated",
+}
+
+
 def reproduces_words(reproduces: Reproduces) -> str:
-    if reproduces is Reproduces.YES:
-        return "REPRODUCED"
-    if reproduces is Reproduces.NO:
-        return "not reproduced"
-    if reproduces is Reproduces.UNSUPPORTED:
-        return "no evidence (MiCS unsupported here)"
-    if reproduces is Reproduces.TOO_FEW_DEVICES:
-        return "no evidence (too few GPUs here for MiCS to run)"
-    if reproduces is Reproduces.INCONCLUSIVE:
-        return "no evidence"
-    if reproduces is Reproduces.NOT_TESTED:
-        return "no evidence (no stock MiCS run)"
-    assert_never(reproduces)
+    return _REPRODUCES_WORDS[reproduces]
 
 
 def fix_words(fixed: FixVerdict) -> str:
-    if fixed is FixVerdict.YES:
-        return "fix resolves it"
-    if fixed is FixVerdict.NO:
-        return "FIX DOES NOT RESOLVE IT"
-    if fixed is FixVerdict.UNVERIFIED:
-        return "fix unverified (no usable control to compare with)"
-    if fixed is FixVerdict.INCONCLUSIVE:
-        return "fix not evaluated (inconclusive)"
-    if fixed is FixVerdict.NOT_APPLICABLE:
-        return "fix not evaluated (nothing reproduced)"
-    if fixed is FixVerdict.NOT_TESTED:
-        return "fix not evaluated"
-    assert_never(fixed)
+    return _FIX_WORDS[fixed]
 
 
 SAME_TESTS_FAIL_WORDS = "fix unverified (the same tests fail with and without it)"

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, cast
 
+from repro.core.records import as_json
 from repro.core.verdict import EvidenceData
 from repro.report.merge import MergedResults
 from repro.report.model import REPORTER_SIGNATURES, Backend, Outcome, Run, Signature
 from repro.report.per_env import describe, shows_bug, stock_attempts
-from repro.report.verdicts import CauseVerdict, Evidence, Missing, evidence_dicts
+from repro.report.verdicts import CauseVerdict, Evidence, Missing
 
 DEFAULT_GPU_ENV_HINT = ("rocm56",)
 
@@ -28,12 +29,7 @@ class CauseAnswer:
     missing: tuple[Missing, ...]
 
     def to_dict(self) -> CauseData:
-        return {
-            "verdict": self.verdict.value,
-            "summary": self.summary,
-            "evidence": evidence_dicts(self.evidence),
-            "missing": [m.to_dict() for m in self.missing],
-        }
+        return cast(CauseData, as_json(self))
 
 
 # The cause answer in report.json.

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from repro.core.fix_pairs import FixPair as FixPair
 from repro.core.fix_pairs import control_for as control_for
 from repro.core.fix_pairs import stock_attempts as stock_attempts
+from repro.core.records import as_json
 from repro.core.runs import SCENARIO_LABELS as SCENARIO_LABELS
 from repro.core.runs import describe as describe
 from repro.core.runs import run_label as run_label
@@ -22,7 +23,6 @@ from repro.report.verdicts import (
     Evidence,
     FixVerdict,
     Reproduces,
-    evidence_dicts,
 )
 
 
@@ -102,7 +102,7 @@ class EnvAnswer:
         return {
             **self.verdict.to_dict(),
             # The report's evidence for "reproduces" lists the control problems too (as it always did).
-            "reproduce_evidence": evidence_dicts(self.reproduce_evidence),
+            "reproduce_evidence": as_json(self.reproduce_evidence),
             "platform": self.env.platform,
             "platform_note": self.platform_note,
             "versions": self.versions.to_dict(),

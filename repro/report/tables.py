@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from repro.core.jobname import job_label
+from repro.core.records import as_json
 from repro.core.runs import world_size_text
 from repro.report.merge import MergedResults
 from repro.report.model import SCENARIOS_ORDER, Run
@@ -68,19 +69,7 @@ class Row:
         return f"{self.scenario} {job_label(self.job_command or '', self.job)}" if self.job else self.scenario
 
     def to_dict(self) -> RowData:
-        return {
-            "env": self.env,
-            "scenario": self.scenario,
-            "job": self.job,
-            "job_command": self.job_command,
-            "dtype": self.dtype,
-            "transport": self.transport,
-            "world_size": self.world_size,
-            "shard_size": self.shard_size,
-            "hierarchical": self.hierarchical,
-            "stock": self.stock.copy() if self.stock else None,
-            "fixed": self.fixed.copy() if self.fixed else None,
-        }
+        return cast(RowData, as_json(self))
 
 
 # A table Row in report.json.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from repro.core import records, shapes
 from repro.core.errors import UsageError
@@ -29,11 +29,7 @@ class Timeline:
     probes: tuple[Mapping[str, str], ...]
 
     def to_dict(self) -> TimelineData:
-        return {
-            "source": self.source,
-            "change_points": [dict(c) for c in self.change_points],
-            "probes": [dict(p) for p in self.probes],
-        }
+        return cast(TimelineData, records.as_json(self))
 
 
 # A Timeline in report.json: the walk file's change points and probes, as the table shows them.

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from packaging.version import InvalidVersion, Version
 
+from repro.core.records import as_json
 from repro.report.per_env import EnvAnswer
 from repro.report.verdicts import Missing, Reproduces, UpgradeOutcome, UpgradeVerdict, VersionRelation
 from repro.workload.closed import assert_never
@@ -32,14 +33,7 @@ class UpgradeStep:
     detail: str
 
     def to_dict(self) -> UpgradeStepData:
-        return {
-            "env": self.env,
-            "versions": self.versions,
-            "relation": self.relation.value,
-            "outcome": self.outcome.value,
-            "signatures": list(self.signatures),
-            "detail": self.detail,
-        }
+        return cast(UpgradeStepData, as_json(self))
 
 
 # An UpgradeStep in report.json.
@@ -61,13 +55,7 @@ class UpgradeAnswer:
     missing: tuple[Missing, ...]
 
     def to_dict(self) -> UpgradeData:
-        return {
-            "verdict": self.verdict.value,
-            "summary": self.summary,
-            "baseline": self.baseline,
-            "steps": [s.to_dict() for s in self.steps],
-            "missing": [m.to_dict() for m in self.missing],
-        }
+        return cast(UpgradeData, as_json(self))
 
 
 # The upgrade answer in report.json.

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TypedDict, cast
 
 from repro.core.fix_pairs import PairStatus as PairStatus
+from repro.core.records import as_json
 
 # The per-env answers (reproduces? fixed? and the pairing behind them) are THE env verdict of
 # repro.core.verdict, shared with the summary, check-fix and the bundle.
 from repro.core.verdict import Evidence as Evidence
-from repro.core.verdict import EvidenceData
 from repro.core.verdict import FixVerdict as FixVerdict
 from repro.core.verdict import Reproduces as Reproduces
 
@@ -65,10 +65,6 @@ class FindingKind(str, enum.Enum):
     CONFIG_PROBLEM = "config-problem"
 
 
-def evidence_dicts(items: tuple[Evidence, ...]) -> list[EvidenceData]:
-    return [item.to_dict() for item in items]
-
-
 @dataclass(frozen=True)
 class EnvVersions:
     torch: str | None
@@ -94,14 +90,7 @@ class EnvVersions:
         return ", ".join(parts)
 
     def to_dict(self) -> dict[str, str | None]:
-        return {
-            "torch": self.torch,
-            "deepspeed": self.deepspeed,
-            "rocm": self.rocm,
-            "cuda": self.cuda,
-            "python": self.python,
-            "platform": self.platform,
-        }
+        return cast("dict[str, str | None]", as_json(self))
 
 
 @dataclass(frozen=True)
@@ -114,14 +103,7 @@ class Finding:
     logs: tuple[str, ...] = ()
 
     def to_dict(self) -> FindingData:
-        return {
-            "kind": self.kind.value,
-            "env": self.env,
-            "run": self.run,
-            "summary": self.summary,
-            "excerpt": self.excerpt,
-            "logs": list(self.logs),
-        }
+        return cast(FindingData, as_json(self))
 
 
 # A Finding in report.json.
