@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, Union, cast
 
 from packaging.version import InvalidVersion, Version
 
@@ -52,7 +52,6 @@ from repro.core.runs import RunFinding
 from repro.core.walk_files import Change, WalkData
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run.job import inherited_environment
-from repro.run.orchestrate import Request
 from repro.workload.record import CUSTOM_SCENARIO, write_json_atomic
 
 if TYPE_CHECKING:
@@ -106,53 +105,15 @@ class ProbeOptions:
         """Bad options (WORLD_SIZE=3, STEPS=0, TIMEOUT=nan) are refused here, at the front door,
         by `make repro`'s own checks (repro/run/orchestrate.py Request): else every candidate's
         probe would fail the same way and look like an unknown candidate (exit 125, skipped)."""
-        Request(
-            env_ids=(self.env or "probe",),
-            scenarios=(self.scenario,),
-            patches=(self.patch,),
-            dtype=self.dtype,
-            transports=(self.transport,),
-            steps=self.steps,
-            world_size=self.world_size,
-            timeout_s=self.timeout_s,
-        )
+        ProbeSpec(env_id=self.env or "probe", **self.spec_fields()).request()
 
     def spec_fields(self) -> SpecFields:
-        return SpecFields(
-            scenario=self.scenario,
-            patch=self.patch,
-            dtype=self.dtype,
-            transport=self.transport,
-            timeout_s=self.timeout_s,
-            steps=self.steps,
-            world_size=self.world_size,
-            command=self.command,
-            workdir=self.workdir,
-            loss_regex=self.loss_regex,
-            requirements=self.requirements,
-            packages=self.packages,
-            engine=self.engine,
-        )
+        """ProbeSpec's keyword arguments: these options under the same names (all but `env`)."""
+        return cast(SpecFields, {name: getattr(self, name) for name in SpecFields.__annotations__})
 
     def make_pairs(self, env_id: str) -> list[tuple[str, object]]:
-        return reproduce_pairs(
-            {
-                "ENV": env_id,
-                "ENGINE": self.engine,
-                "SCENARIO": None if self.command else self.scenario,  # CMD= runs no scenario of ours
-                "PATCH": self.patch,
-                "DTYPE": self.dtype,
-                "TRANSPORT": None if self.transport == "async" else self.transport,
-                "STEPS": self.steps,
-                "WORLD_SIZE": self.world_size,
-                "TIMEOUT": self.timeout_s,
-                "CMD": self.command,
-                "WORKDIR": self.workdir,
-                "LOSS_REGEX": self.loss_regex,
-                "REQUIREMENTS": self.requirements,
-                "PACKAGES": self.packages,
-            }
-        )
+        values = ProbeSpec(env_id=env_id, **self.spec_fields()).make_values()
+        return reproduce_pairs({**values, "TIMEOUT": self.timeout_s})
 
 
 @dataclass(frozen=True)
@@ -416,54 +377,58 @@ def _is_version(text: str) -> bool:
 
 
 # -- the two modes -------------------------------------------------------------------------------
-class Mode(Protocol):
-    """What makes a walk a bisection or a survey."""
+class _Mode:
+    """What a bisection and a survey share; each says what makes it one (its state, what it saves
+    and prints, the option its make line adds)."""
 
     name: str
     marker: str  # the JSON file next to results.json
+    state: Bisection | Survey[tuple[str, str]]
 
-    def headline(self, walk: Walk) -> str: ...
-    def make_command(self, start: str, end: str) -> str: ...
-    def next_round(self, k: int) -> list[int]: ...
-    def record(self, index: int, obs: Observation, log: ProbeLog) -> None: ...
-    def data(self, log: ProbeLog, done: bool, interrupted: bool) -> WalkData: ...
-    def summary(self, data: WalkData) -> list[str]: ...
-    def interrupted(self, folder: Path, probes: int) -> Interrupted: ...
+    def __init__(self, req: WalkRequest, walk: Walk, option: tuple[str, object]) -> None:
+        self.req, self.walk, self.option = req, walk, option
+
+    def make_command(self, start: str, end: str) -> str:
+        walk = self.walk
+        pairs = [*walk.make_pairs(self.req, start, end), self.option, *walk.tail_pairs(self.req)]
+        return make_line(self.name, checked_pairs(pairs))
+
+    def next_round(self, k: int) -> list[int]:
+        return self.state.next_round(k)
+
+    def header(self) -> WalkData:
+        # The user's command is scenario `custom` everywhere (as in its records), never the suite's
+        # default scenario that ProbeOptions still carries.
+        probe = self.req.probe
+        return {
+            "axis": self.walk.axis,
+            "env": self.walk.env_id,
+            "fixed": self.walk.fixed,
+            "scenario": CUSTOM_SCENARIO if probe.command else probe.scenario,
+            "patch": probe.patch,
+            "job": job_identity(probe.command, probe.workdir) if probe.command else None,
+        }
+
+    def subject(self) -> str:
+        probe = self.req.probe
+        if probe.command:
+            return walk_subject({"job": job_identity(probe.command, probe.workdir), "patch": probe.patch})
+        return f"{probe.scenario}/{probe.patch}"
 
 
-def _header(req: WalkRequest, walk: Walk) -> WalkData:
-    # The user's command is scenario `custom` everywhere (as in its records), never the suite's
-    # default scenario that ProbeOptions still carries.
-    command = req.probe.command
-    return {
-        "axis": walk.axis,
-        "env": walk.env_id,
-        "fixed": walk.fixed,
-        "scenario": CUSTOM_SCENARIO if command else req.probe.scenario,
-        "patch": req.probe.patch,
-        "job": job_identity(command, req.probe.workdir) if command else None,
-    }
-
-
-def _subject(req: WalkRequest) -> str:
-    probe = req.probe
-    if probe.command:
-        return walk_subject({"job": job_identity(probe.command, probe.workdir), "patch": probe.patch})
-    return f"{probe.scenario}/{probe.patch}"
-
-
-class BisectMode:
+class BisectMode(_Mode):
     """Adjacent releases where the verdict flips; resumable from the narrowed range."""
 
     name, marker = "bisect", "bisect.json"
 
     def __init__(self, req: WalkRequest, walk: Walk) -> None:
-        self.req, self.walk = req, walk
+        super().__init__(req, walk, ("BAD_IF", req.bad_if))
         self.judge = Judge(BadIf(req.bad_if))
-        self.state = Bisection(len(walk.candidates))
+        self.state: Bisection = Bisection(len(walk.candidates))
         self.resume: str | None = None
 
-    def headline(self, walk: Walk) -> str:
+    def headline(self) -> str:
+        walk = self.walk
         names, n, k = walk.candidates, len(walk.candidates), self.req.parallel
         bound = 2 + math.ceil(math.log2(n - 1)) if n > 1 else n
         cost = f"at most {bound} probes without unknowns"
@@ -471,24 +436,8 @@ class BisectMode:
             cost = f"{k} probes a round, at most {round_bound(n, k)} rounds without unknowns"
         return (
             f"bisect: {walk.axis} {names[0]} .. {names[-1]} ({n} candidates, {cost}) on {walk.env_id}, "
-            f"{_subject(self.req)}, BAD_IF={self.req.bad_if}"
+            f"{self.subject()}, BAD_IF={self.req.bad_if}"
         )
-
-    def make_command(self, start: str, end: str) -> str:
-        walk = self.walk
-        return make_line(
-            "bisect",
-            checked_pairs(
-                [
-                    *walk.make_pairs(self.req, start, end),
-                    ("BAD_IF", self.req.bad_if),
-                    *walk.tail_pairs(self.req),
-                ]
-            ),
-        )
-
-    def next_round(self, k: int) -> list[int]:
-        return self.state.next_round(k)
 
     def record(self, index: int, obs: Observation, log: ProbeLog) -> None:
         verdict = self.judge(obs)
@@ -496,34 +445,32 @@ class BisectMode:
         log.add(obs, verdict)
 
     def data(self, log: ProbeLog, done: bool, interrupted: bool) -> WalkData:
+        walk, names = self.walk, self.walk.candidates
         if interrupted:
             lo, hi = self.state.bounds()
-            self.resume = self.make_command(self.walk.candidates[lo], self.walk.candidates[hi])
-        names = self.walk.candidates
+            self.resume = self.make_command(names[lo], names[hi])
         header: WalkData = {
-            **_header(self.req, self.walk),
+            **self.header(),
             "bad_if": self.req.bad_if,
             "reference": list(self.judge.reference) if self.judge.reference else None,
             "command": self.make_command(names[0], names[-1]),
         }
         data = bisect_data(
             header,
-            self.walk.candidates,
+            names,
             self.state.result(),
             log,
             done=done,
             resume=self.resume,
-            repro_for=lambda v: self.walk.spec(v).repro_command(),
+            repro_for=lambda v: walk.spec(v).repro_command(),
         )
-        if self.walk.repo is not None:
-            data.update(commit_fields(data, self.walk.commits, self.walk.repo, self.walk.spec, done=done))
+        if walk.repo is not None:
+            data.update(commit_fields(data, walk.commits, walk.repo, walk.spec, done=done))
         if done and data["status"] == BisectStatus.NO_TRANSITION.value:
-            walk = self.walk
-            data["next"] = no_transition_next(data, walk.earlier, walk.later, self._widen, self._other_axis)
+            data["next"] = no_transition_next(
+                data, walk.earlier, walk.later, self.make_command, self._other_axis
+            )
         return data
-
-    def _widen(self, good: str, bad: str) -> str:
-        return self.make_command(good, bad)
 
     def _other_axis(self, at: str, toward: str) -> str | None:
         """The same job bisected over torch at the DeepSpeed release `at` (for a DeepSpeed walk):
@@ -559,52 +506,31 @@ class BisectMode:
         )
 
 
-def _survey_key(obs: Observation) -> tuple[str, str] | None:
-    # An env that could not be built, or a run that said nothing about the bug (no-evidence):
-    # stepped around, listed apart.
-    return None if obs.finding is RunFinding.NO_OUTCOME else obs.key
-
-
-class SurveyMode:
+class SurveyMode(_Mode):
     """Every change of outcome or signature across the range."""
 
     name, marker = "survey", "survey.json"
 
     def __init__(self, req: WalkRequest, walk: Walk) -> None:
-        self.req, self.walk = req, walk
+        super().__init__(req, walk, ("EVERY", 1 if req.every else None))
         self.state: Survey[tuple[str, str]] = Survey(len(walk.candidates), every=req.every)
-        names = walk.candidates
-        self.command = self.make_command(names[0], names[-1])
+        self.command = self.make_command(walk.candidates[0], walk.candidates[-1])
 
-    def headline(self, walk: Walk) -> str:
-        names, n = walk.candidates, len(walk.candidates)
+    def headline(self) -> str:
+        names, n = self.walk.candidates, len(self.walk.candidates)
         return (
-            f"survey: {walk.axis} {names[0]} .. {names[-1]} ({n} candidates"
-            f"{', every one probed' if self.req.every else ''}) on {walk.env_id}, {_subject(self.req)}"
+            f"survey: {self.walk.axis} {names[0]} .. {names[-1]} ({n} candidates"
+            f"{', every one probed' if self.req.every else ''}) on {self.walk.env_id}, {self.subject()}"
         )
-
-    def make_command(self, start: str, end: str) -> str:
-        walk = self.walk
-        return make_line(
-            "survey",
-            checked_pairs(
-                [
-                    *walk.make_pairs(self.req, start, end),
-                    ("EVERY", 1 if self.req.every else None),
-                    *walk.tail_pairs(self.req),
-                ]
-            ),
-        )
-
-    def next_round(self, k: int) -> list[int]:
-        return self.state.next_round(k)
 
     def record(self, index: int, obs: Observation, log: ProbeLog) -> None:
-        self.state.record(index, _survey_key(obs))
+        # An env that could not be built, or a run that said nothing about the bug (no-evidence):
+        # stepped around, listed apart.
+        self.state.record(index, None if obs.finding is RunFinding.NO_OUTCOME else obs.key)
         log.add(obs, None)
 
     def data(self, log: ProbeLog, done: bool, interrupted: bool) -> WalkData:
-        header: WalkData = {**_header(self.req, self.walk), "every": self.req.every, "command": self.command}
+        header: WalkData = {**self.header(), "every": self.req.every, "command": self.command}
         return survey_data(
             header, self.walk.candidates, self.state.result(), log, done=done, interrupted=interrupted
         )
@@ -618,6 +544,9 @@ class SurveyMode:
             why=f"{probes} probes saved in {folder}/survey.json",
             fix=f"run it again ({self.command}); environments already built are reused",
         )
+
+
+Mode = Union[BisectMode, SurveyMode]
 
 
 # -- the driver ----------------------------------------------------------------------------------
@@ -729,7 +658,7 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
     walk = resolve_walk(req, services, matrix)
     asked, req = req, bounded_parallel(req, len(walk.candidates), say)
     mode = mode_of(req, walk)
-    say(mode.headline(walk))
+    say(mode.headline())
     if req.dry_run:
         say("candidates: " + ", ".join(walk.candidates))
         return 0
@@ -840,7 +769,7 @@ def chain_commits(
     walk = resolve_walk(sub, services, matrix)
     sub = bounded_parallel(sub, len(walk.candidates), services.say)
     mode = BisectMode(sub, walk)
-    services.say(mode.headline(walk))
+    services.say(mode.headline())
     runner = make_runner(sub, services, matrix, engine, inv, walk)
     log = ProbeLog(walk.axis, services.say)
     counted: WalkData = {"rounds": 0}

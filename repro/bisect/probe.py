@@ -197,56 +197,40 @@ class ProbeSpec:
             sync_proof=False,
         )
 
+    def make_values(self) -> dict[str, object]:
+        """This probe's make variables (None: unset), for the lines that run it again."""
+        return {
+            "ENV": self.env_id,
+            "TORCH": self.torch,
+            "DEEPSPEED": self.deepspeed,
+            "DS_REPO": self.deepspeed_repo if self.deepspeed_commit else None,
+            "DEEPSPEED_COMMIT": self.deepspeed_commit,
+            "ENGINE": "venv" if self.deepspeed_commit else self.engine,
+            "SCENARIO": None if self.command else self.scenario,  # CMD= runs no scenario of ours
+            "PATCH": self.patch,
+            "DTYPE": self.dtype,
+            "TRANSPORT": None if self.transport == "async" else self.transport,
+            "STEPS": self.steps,
+            "WORLD_SIZE": self.world_size,
+            "CMD": self.command,
+            "WORKDIR": self.workdir,
+            "LOSS_REGEX": self.loss_regex,
+            "REQUIREMENTS": self.requirements,
+            "PACKAGES": self.packages,
+        }
+
     def repro_command(self) -> str:
         """The `make repro` line that runs exactly this probe's env, scenario and patch (for a
         custom command or a DeepSpeed commit, the `make probe` line: `make run` takes no release
         pins and builds no commits)."""
+        values = self.make_values()
         if self.command or self.deepspeed_commit:
-            prefix = " ".join(f"{name}={shlex.quote(value)}" for name, value in self.inherited)
-            return (
-                prefix
-                + (" " if prefix else "")
-                + make_line(
-                    "probe",
-                    reproduce_pairs(
-                        {
-                            "ENV": self.env_id,
-                            "TORCH": self.torch,
-                            "DEEPSPEED": self.deepspeed,
-                            "DS_REPO": self.deepspeed_repo if self.deepspeed_commit else None,
-                            "DEEPSPEED_COMMIT": self.deepspeed_commit,
-                            "ENGINE": "venv" if self.deepspeed_commit else self.engine,
-                            "SCENARIO": None if self.command else self.scenario,
-                            "PATCH": self.patch,
-                            "DTYPE": self.dtype,
-                            "TRANSPORT": None if self.transport == "async" else self.transport,
-                            "STEPS": self.steps,
-                            "WORLD_SIZE": self.world_size,
-                            "CMD": self.command,
-                            "WORKDIR": self.workdir,
-                            "LOSS_REGEX": self.loss_regex,
-                            "REQUIREMENTS": self.requirements,
-                            "PACKAGES": self.packages,
-                        }
-                    ),
-                )
-            )
-        return make_line(
-            "repro",
-            reproduce_pairs(
-                {
-                    "ENV": self.env_id,
-                    "TORCH": self.torch,
-                    "DEEPSPEED": self.deepspeed,
-                    "SCENARIOS": self.scenario,
-                    "PATCH": self.patch,
-                    "DTYPE": self.dtype,
-                    "TRANSPORT": None if self.transport == "async" else self.transport,
-                    "STEPS": self.steps,
-                    "WORLD_SIZE": self.world_size,
-                }
-            ),
-        )
+            prefix = "".join(f"{name}={shlex.quote(value)} " for name, value in self.inherited)
+            return prefix + make_line("probe", reproduce_pairs(values))
+        # `make repro` runs the suite's scenarios (SCENARIOS=), and takes none of a probe's own options
+        plain = ("ENV", "TORCH", "DEEPSPEED", "PATCH", "DTYPE", "TRANSPORT", "STEPS", "WORLD_SIZE")
+        values = {"SCENARIOS": self.scenario, **{name: values[name] for name in plain}}
+        return make_line("repro", reproduce_pairs(values))
 
 
 Evaluate = Callable[[ProbeSpec], Observation]

@@ -30,9 +30,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Optional, TypeVar
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 class ProbeVerdict(enum.Enum):
@@ -94,28 +95,40 @@ def _spread(lo: int, hi: int, k: int, tried: Callable[[int], bool]) -> list[int]
     return sorted(picked)
 
 
-class Bisection:
+class _Probed(Generic[A]):
+    """What the probes so far answered (`answers`, by candidate index), and in which order."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.answers: dict[int, A] = {}
+        self.order: list[int] = []
+
+    def record(self, index: int, answer: A) -> None:
+        if index in self.answers:
+            raise ValueError(f"candidate {index} was already probed")
+        if not 0 <= index < self.count:
+            raise IndexError(index)
+        self.answers[index] = answer
+        self.order.append(index)
+
+    def _tried(self, i: int) -> bool:
+        return i in self.answers
+
+
+class Bisection(_Probed[ProbeVerdict]):
     """Ask `next_probe()`, answer with `record(index, verdict)`, until `next_probe()` is None.
 
     Every decision is recomputed from the verdicts so far, so the state is just what was probed.
     """
 
-    def __init__(self, count: int) -> None:
-        self.count = count
-        self.verdicts: dict[int, ProbeVerdict] = {}
-        self.order: list[int] = []
-
     # -- state ---------------------------------------------------------------------------------
-    def _tried(self, i: int) -> bool:
-        return i in self.verdicts
-
     def _known(self) -> list[int]:
-        return sorted(i for i, v in self.verdicts.items() if v is not ProbeVerdict.UNKNOWN)
+        return sorted(i for i, v in self.answers.items() if v is not ProbeVerdict.UNKNOWN)
 
     def _boundary(self, known: list[int]) -> tuple[int, int] | None:
         """The first pair of neighbouring known candidates whose verdicts differ."""
         for a, b in zip(known, known[1:]):
-            if self.verdicts[a] is not self.verdicts[b]:
+            if self.answers[a] is not self.answers[b]:
                 return a, b
         return None
 
@@ -131,7 +144,7 @@ class Bisection:
         hold the other verdict. Gaps between two agreeing known candidates are never probed: like
         any bisection, this assumes the verdict does not flip and flip back between them.
         """
-        tried = sorted(self.verdicts)
+        tried = sorted(self.answers)
         gaps = [(a, b) for a, b in zip(tried, tried[1:]) if b - a > 1]
         if not known:
             # Nothing decided yet: halve the widest gap (the earlier one on ties).
@@ -152,7 +165,7 @@ class Bisection:
         if self.count < 2:
             return None
         for end in (0, self.count - 1):
-            if end not in self.verdicts:
+            if end not in self.answers:
                 return end
         known = self._known()
         pair = self._boundary(known)
@@ -177,7 +190,7 @@ class Bisection:
             raise ValueError("a round probes at least one candidate")
         if self.count < 2:
             return []
-        ends = [end for end in (0, self.count - 1) if end not in self.verdicts]
+        ends = [end for end in (0, self.count - 1) if end not in self.answers]
         if ends:
             picks = ends[:k]
             if k > 2 and len(ends) == 2:
@@ -191,14 +204,6 @@ class Bisection:
                 return []
         return _spread(pair[0], pair[1], k, self._tried)
 
-    def record(self, index: int, verdict: ProbeVerdict) -> None:
-        if index in self.verdicts:
-            raise ValueError(f"candidate {index} was already probed")
-        if not 0 <= index < self.count:
-            raise IndexError(index)
-        self.verdicts[index] = verdict
-        self.order.append(index)
-
     def bounds(self) -> tuple[int, int]:
         """The narrowest range still known to hold the transition (for resuming after Ctrl-C).
 
@@ -211,7 +216,7 @@ class Bisection:
         lo, hi = 0, self.count - 1
         if known:
             # The other verdict can only lie beyond the known candidates, on a side with untried ones.
-            untried = [i for i in range(self.count) if i not in self.verdicts]
+            untried = [i for i in range(self.count) if i not in self.answers]
             below = any(i < known[0] for i in untried)
             above = any(i > known[-1] for i in untried)
             if above and not below:
@@ -219,14 +224,14 @@ class Bisection:
             elif below and not above:
                 hi = known[0]
         # An unknown candidate is never either side of a boundary: leave probed unknown ends out.
-        while hi - lo > 1 and self.verdicts.get(lo) is ProbeVerdict.UNKNOWN:
+        while hi - lo > 1 and self.answers.get(lo) is ProbeVerdict.UNKNOWN:
             lo += 1
-        while hi - lo > 1 and self.verdicts.get(hi) is ProbeVerdict.UNKNOWN:
+        while hi - lo > 1 and self.answers.get(hi) is ProbeVerdict.UNKNOWN:
             hi -= 1
         return lo, hi
 
     def result(self) -> BisectResult:
-        probes = tuple((i, self.verdicts[i]) for i in self.order)
+        probes = tuple((i, self.answers[i]) for i in self.order)
         if self.count < 2:
             return BisectResult(BisectStatus.TOO_FEW, None, None, None, (), probes)
         known = self._known()
@@ -234,11 +239,11 @@ class Bisection:
             return BisectResult(BisectStatus.NO_VERDICT, None, None, None, (), probes)
         pair = self._boundary(known)
         if pair is None:
-            first = next(i for i in self.order if self.verdicts[i] is not ProbeVerdict.UNKNOWN)
-            return BisectResult(BisectStatus.NO_TRANSITION, None, None, self.verdicts[first], (), probes)
+            first = next(i for i in self.order if self.answers[i] is not ProbeVerdict.UNKNOWN)
+            return BisectResult(BisectStatus.NO_TRANSITION, None, None, self.answers[first], (), probes)
         lo, hi = pair
-        between = tuple(i for i in range(lo + 1, hi) if i in self.verdicts)
-        return BisectResult(BisectStatus.FOUND, lo, hi, self.verdicts[lo], between, probes)
+        between = tuple(i for i in range(lo + 1, hi) if i in self.answers)
+        return BisectResult(BisectStatus.FOUND, lo, hi, self.answers[lo], between, probes)
 
 
 def bisect(items: Sequence[T], judge: Callable[[T], ProbeVerdict]) -> BisectResult:
@@ -297,20 +302,18 @@ class SurveyResult(Generic[K]):
         return len(self.order)
 
 
-class Survey(Generic[K]):
+class Survey(_Probed[Optional[K]]):
     """Like `Bisection`, for many transitions: keys instead of verdicts, None meaning unknown."""
 
     def __init__(self, count: int, every: bool = False) -> None:
-        self.count = count
+        super().__init__(count)
         self.every = every
-        self.keys: dict[int, K | None] = {}
-        self.order: list[int] = []
 
     def _known(self) -> list[int]:
-        return sorted(i for i, k in self.keys.items() if k is not None)
+        return sorted(i for i, k in self.answers.items() if k is not None)
 
     def next_probe(self) -> int | None:
-        untried = [i for i in range(self.count) if i not in self.keys]
+        untried = [i for i in range(self.count) if i not in self.answers]
         if not untried:
             return None
         if self.every:
@@ -322,8 +325,8 @@ class Survey(Generic[K]):
             return untried[-1]  # walking in from the end until something is known
         # Split the leftmost segment whose ends differ and that still has untried candidates.
         for a, b in zip(known, known[1:]):
-            if self.keys[a] != self.keys[b]:
-                cand = _nearest_untried(a, b, lambda i: i in self.keys)
+            if self.answers[a] != self.answers[b]:
+                cand = _nearest_untried(a, b, self._tried)
                 if cand is not None:
                     return cand
         return None
@@ -334,7 +337,7 @@ class Survey(Generic[K]):
         each segment whose ends differ split by the slots left, leftmost first."""
         if k < 1:
             raise ValueError("a round probes at least one candidate")
-        untried = [i for i in range(self.count) if i not in self.keys]
+        untried = [i for i in range(self.count) if i not in self.answers]
         if not untried or self.every:
             return untried[:k]
         known = self._known()
@@ -347,33 +350,25 @@ class Survey(Generic[K]):
             return sorted(picks)
 
         def tried(i: int) -> bool:
-            return i in self.keys or i in picks
+            return i in self.answers or i in picks
 
         for a, b in zip(known, known[1:]):
             if len(picks) >= k:
                 break
-            if self.keys[a] != self.keys[b]:
+            if self.answers[a] != self.answers[b]:
                 picks += _spread(a, b, k - len(picks), tried)
         return sorted(picks)
-
-    def record(self, index: int, key: K | None) -> None:
-        if index in self.keys:
-            raise ValueError(f"candidate {index} was already probed")
-        if not 0 <= index < self.count:
-            raise IndexError(index)
-        self.keys[index] = key
-        self.order.append(index)
 
     def result(self) -> SurveyResult[K]:
         known = self._known()
         points = []
         for a, b in zip(known, known[1:]):
-            ka, kb = self.keys[a], self.keys[b]
+            ka, kb = self.answers[a], self.answers[b]
             if ka != kb:
                 assert ka is not None and kb is not None
-                unknown = tuple(i for i in range(a + 1, b) if i in self.keys)
+                unknown = tuple(i for i in range(a + 1, b) if i in self.answers)
                 points.append(ChangePoint(a, b, ka, kb, unknown))
-        return SurveyResult(dict(self.keys), tuple(self.order), tuple(points))
+        return SurveyResult(dict(self.answers), tuple(self.order), tuple(points))
 
 
 def survey(items: Sequence[T], key_of: Callable[[T], K | None], every: bool = False) -> SurveyResult[K]:
