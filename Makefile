@@ -285,7 +285,7 @@ run:
 		$(call flag,PATCH,patch) $(call flag,WORKDIR,workdir) $(call flag,TRANSPORT,transport) \
 		$(if $(value LOSS_REGEX),--loss-regex $(call sq,$(value LOSS_REGEX))) $(call flag,TIMEOUT,timeout) \
 		$(call flag,STALL_TIMEOUT,stall-timeout) $(call flag,OUT,out) $(call flag,MATRIX,matrix) \
-		$(if $(call yes,NETWORK),--network) $(JOB_DEPS_FLAGS)
+		$(if $(call yes,NETWORK),--network) $(call flag,DEEPSPEED_SRC,deepspeed-src) $(JOB_DEPS_FLAGS)
 
 shell:
 	$(REPRO) shell $(call flag,ENV,env) $(call flag,ENGINE,engine) $(call flag,PATCH,patch) \

@@ -8,8 +8,9 @@ forkserver Pool, MiCS fp16), inside pytest-forked's forked child.
 
 What must hold: each session's record names the one test id with pytest's outcome, the plain
 session ran without the adapter and the adapter session with it, and on the adapter the stock
-tree shows the bug (IllegalWork counted by the hook). DeepSpeed's real tests on master are the
-closing note's (minutes per session).
+tree shows the bug (IllegalWork counted by the hook), and each session's DeepSpeed was pip-installed
+from the tree into a layer (`--deepspeed-src`), the job's packages in a layer over that one. DeepSpeed's
+real tests on master are the closing note's (minutes per session).
 """
 
 from __future__ import annotations
@@ -30,6 +31,18 @@ pytestmark = pytest.mark.integration
 
 # DeepSpeed's tests/conftest.py does the same: the checkout's root first on sys.path.
 CONFTEST = "import os, sys\nsys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))\n"
+# What `pip install .` needs of the tree (DeepSpeed's own setup.py needs its op builders); the local
+# version label shows that the layer's DeepSpeed is the tree's, not the env's release.
+TREE_VERSION = "0.13.1+labtree"
+SETUP = """from setuptools import find_packages, setup
+
+setup(
+    name="deepspeed",
+    version=open("version.txt").read().strip(),
+    packages=find_packages(include=["deepspeed", "deepspeed.*"]),
+    package_data={"deepspeed": ["**/*"]},
+)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +52,11 @@ def sessions(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[SuiteC
     tree = tmp_path_factory.mktemp("ds-tree")
     write_harness_project(tree / "tests", None)
     (tree / "tests" / "conftest.py").write_text(CONFTEST)
+    # DeepSpeed's tests/pytest.ini makes tests/ pytest's rootdir (else setup.py would: ids "tests/...")
+    (tree / "tests" / "pytest.ini").write_text("[pytest]\n")
     shutil.copytree(package, tree / "deepspeed", ignore=shutil.ignore_patterns("__pycache__"))
+    (tree / "setup.py").write_text(SETUP)
+    (tree / "version.txt").write_text(TREE_VERSION + "\n")
     out = tmp_path_factory.mktemp("suite")
     seen = {}
     for transport in pr_suite.TRANSPORTS:
@@ -81,3 +98,13 @@ def test_plain_runs_without_the_adapter_and_the_adapter_shows_the_bug(sessions: 
     assert _record(plain_call)["transport"] == "plain"
     assert adapter["illegal_work_messages"] and adapter["illegal_work_messages"] > 0, adapter
     assert adapter["outcome"] == "reproduced", adapter["reason"]
+
+
+def test_each_session_ran_on_deepspeed_installed_from_the_tree(sessions: dict[str, Any]) -> None:
+    for transport, (call, _) in sessions.items():
+        env = json.loads((call.out / "results.json").read_text())["envs"]["cpu"]
+        label = env["venv"]
+        # the job layer over the checkout's layer, which holds the tree's build (SourceOverlay's label)
+        assert "the job's packages over" in label and "+dssrc-" in label, (transport, label)
+        assert f"DeepSpeed {TREE_VERSION} from {call.tree}" in label, (transport, label)
+        assert env["job_layer"]["added"].get("pytest"), (transport, env["job_layer"])

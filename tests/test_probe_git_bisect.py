@@ -220,7 +220,8 @@ class FakeRunner:
             self.staged = sorted(p.name for p in staged.iterdir())
             code = 0 if self.pip_ok else 1
         elif "importlib.metadata" in argv[-1]:
-            out = "0.14.1+abc1234\n"
+            # DeepSpeed logs its accelerator while it imports, before the version is printed
+            out = "[INFO] [real_accelerator.py:191] Setting ds_accelerator to cuda\n0.14.1+abc1234\n"
         return CmdResult(tuple(argv), code, out, "" if code == 0 else "error: build failed")
 
 
@@ -275,9 +276,10 @@ def test_overlay_needs_the_venv_engine(tmp_path: Path, checkout: Path) -> None:
         SourceOverlay(FakeVenvEngine(tmp_path), tmp_path / "empty")
 
 
-def test_overlay_refuses_a_jobs_packages_and_passes_a_job_through(tmp_path: Path, checkout: Path) -> None:
+def test_overlay_passes_a_job_and_its_packages_to_the_venv_engine(tmp_path: Path, checkout: Path) -> None:
     """The layer is the engine a job runs on too: its run_job is the inner engine's (network
-    included); packages over the layer would need DeepSpeed installed again, so they are refused."""
+    included), and a job's packages become the venv engine's job layer over the checkout's layer
+    (`make run DEEPSPEED_SRC= PACKAGES=`, pr-verify's sessions of DeepSpeed's own tests)."""
     from repro.engines import jobdeps
 
     seen: list[tuple[Any, ...]] = []
@@ -286,14 +288,33 @@ def test_overlay_refuses_a_jobs_packages_and_passes_a_job_through(tmp_path: Path
         seen.append((*args, kw))
         return "ran"
 
+    def prepare_job(*args: Any) -> str:
+        seen.append(args)
+        return "layered"
+
     inner = FakeVenvEngine(tmp_path / "venvs")
     inner.run_job = run_job
+    inner.prepare_job = prepare_job
     engine = SourceOverlay(inner, checkout, runner=FakeRunner(tmp_path))
     prepared = Prepared(EngineKind.VENV, "cpu", str(tmp_path), "cpu", True)
     assert engine.run_job(prepared, ["a"], tmp_path, tmp_path, 5.0, network=True) == "ran"
     assert seen == [(prepared, ["a"], tmp_path, tmp_path, 5.0, {"network": True})]
-    with pytest.raises(UsageError, match="REQUIREMENTS=/PACKAGES="):
+    env, deps = type("Env", (), {"id": "cpu"})(), jobdeps.parse(None, "six==1.16.0")
+    assert engine.prepare_job(env, prepared, deps) == "layered"  # type: ignore[arg-type,comparison-overlap]
+    assert seen[-1] == (env, prepared, deps)
+
+
+def test_a_commits_work_tree_layer_refuses_a_jobs_packages(tmp_path: Path, checkout: Path) -> None:
+    """The work tree changes under the layer at each commit: a job layer over it is refused, by name."""
+    from repro.bisect.worktree_layer import WorktreeLayer
+    from repro.engines import jobdeps
+
+    (checkout / "deepspeed" / "__init__.py").write_text("")
+    engine = WorktreeLayer(FakeVenvEngine(tmp_path / "venvs"), checkout, runner=FakeRunner(tmp_path))
+    prepared = Prepared(EngineKind.VENV, "cpu", str(tmp_path), "cpu", True)
+    with pytest.raises(UsageError, match="REQUIREMENTS=/PACKAGES=") as refused:
         engine.prepare_job(type("Env", (), {"id": "cpu"})(), prepared, jobdeps.parse(None, "six==1.16.0"))
+    assert "DEEPSPEED_COMMIT=" in refused.value.fix
 
 
 def test_a_bad_checkout_path_aborts_before_any_results_folder(tmp_path: Path) -> None:

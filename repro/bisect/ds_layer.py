@@ -25,9 +25,7 @@ from repro.engines.venv.layer_env import carry_scripts, venv_argv
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
-    from repro.engines.jobdeps import JobDeps
     from repro.matrix.model import Env
-    from repro.workload.record import LayerRecord
 
 
 @dataclass(frozen=True)
@@ -66,13 +64,6 @@ class DeepSpeedLayer(Delegating):
             )
         super().__init__(inner)
         self.src, self.runner = src.resolve(), runner
-
-    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, LayerRecord]:
-        """Refused: the layer's DeepSpeed would have to be installed again over the job's packages."""
-        raise UsageError(
-            "a job's packages (REQUIREMENTS=/PACKAGES=) cannot be added over a DeepSpeed checkout's layer",
-            fix="install the packages into the env (a derived env in env_matrix/), or drop DS_SRC=",
-        )
 
     def out(self, argv: list[str], what: str, env_id: str, extra_env: Mapping[str, str] | None = None) -> str:
         """Run one build step; its stdout, or a BuildError that names the step."""

@@ -1,5 +1,9 @@
-"""A DeepSpeed checkout instead of a release in the probe env, for `git bisect run` over
-DeepSpeed's history: `python -m repro probe --deepspeed-src PATH` (venv engine only).
+"""A DeepSpeed checkout instead of a release in the env, built and pip-installed into a layer
+(venv engine only): for `git bisect run` over DeepSpeed's history (`python -m repro probe
+--deepspeed-src PATH`) and for a custom job (`make run DEEPSPEED_SRC=PATH`, pr-verify's sessions of
+DeepSpeed's own tests, repro/upstream/pr/suite.py). A job's packages (PACKAGES=) go into a job layer
+over this one (repro/engines/venv/joblayer.py): each layer's .pth adds the one below with
+`site.addsitedir`, so the job sees its packages, then the checkout's DeepSpeed, then the env.
 """
 
 from __future__ import annotations
@@ -37,8 +41,17 @@ class SourceOverlay(DeepSpeedLayer):
     failure_fix = "a commit that does not build is skipped by `git bisect run` (exit 125)"
     echo = True
 
-    def __init__(self, inner: Engine, src: Path, runner: Callable[..., cmd.CmdResult] = cmd.run) -> None:
+    def __init__(
+        self,
+        inner: Engine,
+        src: Path,
+        runner: Callable[..., cmd.CmdResult] = cmd.run,
+        *,
+        failure_fix: str | None = None,
+    ) -> None:
         super().__init__(inner, src, runner, venv_only="--deepspeed-src works")
+        if failure_fix is not None:  # `make run DEEPSPEED_SRC=`: no bisection to skip the commit
+            self.failure_fix = failure_fix
         if not (self.src / "setup.py").is_file() and not (self.src / "pyproject.toml").is_file():
             raise UsageError(
                 f"--deepspeed-src {src} is not a Python project checkout",
@@ -86,7 +99,8 @@ class SourceOverlay(DeepSpeedLayer):
                 env.id,
                 build,
             )
-        version = self.out([str(py), "-c", _DS_VERSION], "importing the installed DeepSpeed", env.id)
+        printed = self.out([str(py), "-c", _DS_VERSION], "importing the installed DeepSpeed", env.id)
+        version = printed.splitlines()[-1]  # DeepSpeed's import may log first (its accelerator)
         label = f"{layer.path} (DeepSpeed {version} from {self.src}{'@' + commit if commit else ''})"
         return Prepared(
             EngineKind.VENV,

@@ -43,7 +43,9 @@ from repro.workload.record import Outcome, Signature
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
+    from repro.engines.jobdeps import JobDeps
     from repro.matrix.model import Env
+    from repro.workload.record import LayerRecord
 
 GENERATED = "deepspeed/git_version_info_installed.py"
 _IMPORT = "import deepspeed; print(deepspeed.__version__)"
@@ -88,6 +90,14 @@ class WorktreeLayer(DeepSpeedLayer):
 
     def describe(self) -> str:
         return f"{self.inner.describe()} + DeepSpeed from the work tree {self.tree}"
+
+    def prepare_job(self, env: Env, prepared: Prepared, deps: JobDeps) -> tuple[Prepared, LayerRecord]:
+        """Refused: the work tree changes under the layer at each commit, and a job layer over it
+        would be rebuilt for every one (SourceOverlay, a built checkout, takes a job's packages)."""
+        raise UsageError(
+            "a job's packages (REQUIREMENTS=/PACKAGES=) cannot be added over a DeepSpeed commit's layer",
+            fix="install the packages into the env (a derived env in env_matrix/), or drop DEEPSPEED_COMMIT=",
+        )
 
     def _short_sha(self) -> str:
         result = SafeGit(self.runner).run("rev-parse", "--short", "HEAD", where=["-C", str(self.tree)])

@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from repro.run.job import JobRequest
 
 
+# What a DEEPSPEED_SRC= checkout that does not build or import means for `make run`.
+DS_SRC_FAILED = "the checkout must build with DS_BUILD_OPS=0 over the env's torch: see pip's output above"
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default=None, help="env id (default: the matrix default, cpu)")
     p.add_argument("--engine", default=None, help="docker|venv|auto (default: $ENGINE or auto)")
@@ -47,6 +51,11 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         help="no output and no DeepSpeed step for this long: hung (seconds)",
     )
     p.add_argument("--network", action="store_true", help="Docker engine: give the container a network")
+    p.add_argument(
+        "--deepspeed-src",
+        default=None,
+        help="venv engine: a DeepSpeed checkout pip-installed into a layer over the env, not its release",
+    )
     _deps_options(p)
     p.add_argument("--out", default=None, help="results folder (default results/<timestamp>-<env>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
@@ -101,6 +110,7 @@ def job_request(args: argparse.Namespace, env_id: str, platform: str, environ: d
         network=args.network,
         deps=jobdeps.parse(args.requirements, args.packages),
         engine=args.engine or environ.get("ENGINE") or None,
+        deepspeed_src=Path(args.deepspeed_src) if args.deepspeed_src else None,
         inherited=inherited_environment(environ, platform),
     )
 
@@ -115,6 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     env = _env(args)
     request = job_request(args, env.id, env.platform.value, dict(os.environ))
     engine = _engine(args.engine)
+    if request.deepspeed_src is not None:
+        from repro.bisect.source_overlay import SourceOverlay
+
+        engine = SourceOverlay(engine, request.deepspeed_src, failure_fix=DS_SRC_FAILED)
     root = Path(args.results_root)
     out = Path(args.out) if args.out else None
     line = reproduce_line(request)

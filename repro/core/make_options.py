@@ -120,7 +120,7 @@ OPTIONS: tuple[MakeOption, ...] = (
     _value("SLURM_TIME", "--slurm-time", WALK_TARGETS, "the time limit of each Slurm array task"),
     _value("SLURM_GPUS_PER_TASK", "--slurm-gpus-per-task", WALK_TARGETS, "GPUs per Slurm array task"),
     _value("IMAGE", "--image", WALK_TARGETS, "the Apptainer image each Slurm probe runs in"),
-    _value("DEEPSPEED_SRC", "--deepspeed-src", ("probe",), "a DeepSpeed checkout built into the probe env"),
+    _line("DEEPSPEED_SRC", "--deepspeed-src", ("probe", "run"), "a DeepSpeed checkout built into the env"),
     _value("REFERENCE", "--reference", ("probe",), "OUTCOME/SIGNATURE of the good state (BAD_IF=differs)"),
     # How the runs of a reproduction are scheduled.
     _value("JOBS", "--jobs", RUN_TARGETS, "runs at once inside an env"),

@@ -70,6 +70,9 @@ class JobRequest:
     network: bool = False  # Docker engine: the container gets a network only when asked (NETWORK=1)
     deps: jobdeps.JobDeps | None = None  # REQUIREMENTS=/PACKAGES=: a layer over the env
     engine: str | None = None  # ENGINE= as given (the reproduce line repeats it)
+    # DEEPSPEED_SRC=: a DeepSpeed checkout pip-installed into a layer over the env instead of its
+    # release (repro/bisect/source_overlay.py); the job's packages go into a layer over that one.
+    deepspeed_src: Path | None = None
     # The user's environment the job inherits and a reproduce line must repeat (PYTHONPATH, the
     # GPU selection and NCCL settings an engine passes through): name -> value.
     inherited: tuple[tuple[str, str], ...] = ()
@@ -650,6 +653,7 @@ def reproduce_line(request: JobRequest) -> str:
             ("ENV", request.env_id),
             ("ENGINE", request.engine),
             ("WORKDIR", str(request.workdir.resolve())),
+            ("DEEPSPEED_SRC", str(request.deepspeed_src.resolve()) if request.deepspeed_src else None),
             *jobdeps.line_pairs(request.deps),
             ("PATCH", ",".join(request.patches) if request.patches != defaults["patches"].default else None),
             ("TRANSPORT", request.transport if request.transport != defaults["transport"].default else None),

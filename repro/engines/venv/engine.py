@@ -558,7 +558,8 @@ class VenvEngine:
             "python": str(layer.path / "bin" / "python"),
             "job_layer": str(layer.path),
         }
-        label = f"{layer.path} (the job's packages over {prepared.handle})"
+        # The base's own label: a DeepSpeed checkout's layer says which DeepSpeed it holds.
+        label = f"{layer.path} (the job's packages over {prepared.label})"
         layered = Prepared(EngineKind.VENV, env.id, str(layer.path), label, layer.reused, details)
         return layered, layer.record(deps)
 

@@ -155,6 +155,7 @@ class SuiteTable(TypedDict):
     torches: list[str]
     flags_from: str | None
     packages_from: str | None
+    install: str | None
     edits: list[str]
     missing: list[str]
     regression: list[RegressionColumn]
@@ -352,6 +353,7 @@ def suite_table(verification: Mapping[str, Any] | None) -> SuiteTable | None:
         "torches": [e["torch"] for e in entries],
         "flags_from": first.get("flags_from"),
         "packages_from": first.get("packages_from"),
+        "install": first.get("install"),
         "edits": first.get("edits") or [],
         "missing": first.get("missing") or [],
         "regression": regression,

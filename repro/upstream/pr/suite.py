@@ -6,19 +6,22 @@ does the new test run in our CI as it is? The lab's checks and its stand-in harn
 
 - the commit's files (`git archive`, DS_REPO untouched) in a folder: `deepspeed/`, `csrc/` (the
   CPU accelerator compiles its shared-memory op from it), `tests/` with DeepSpeed's own
-  `conftest.py` and `unit/common.py`. The branch's regression test is copied into REF's tree
-  (it must fail there), and `test_mics_optimizer.py`'s module-level torch-2.1 skip is removed on
-  both sides (our edit of the exported copy, named in verify.json);
+  `conftest.py` and `unit/common.py`, and what `setup.py` reads. The branch's regression test is
+  copied into REF's tree (it must fail there), and `test_mics_optimizer.py`'s module-level
+  torch-2.1 skip is removed on both sides (our edit of the exported copy, named in verify.json);
+- DeepSpeed installed from the tree (`--deepspeed-src`: built with DS_BUILD_OPS=0 and pip-installed
+  into a layer over the env's venv, repro/bisect/source_overlay.py), as upstream's CI runs
+  `pip install .` first: its metadata, `git_version_info_installed.py` and scripts are the commit's;
 - the pytest packages REF's `requirements/requirements-dev.txt` names (DeepSpeed pins pytest
-  < 8.4: pytest 9's reports break pytest-forked), in a job layer over the stack's CPU env;
+  < 8.4: pytest 9's reports break pytest-forked), in a job layer over that one;
 - the pytest flags of REF's `.github/workflows/cpu-torch-latest.yml` (`--forked -n 4`) with
   `--torch_ver=<major.minor>`, in `tests/`, through the lab's front door (`python -m repro run`),
   so each session has a signed record with each test id's outcome (repro/workload/pytest_outcomes.py).
 
-DeepSpeed's `tests/conftest.py` puts the tree first on sys.path, so the tree's `deepspeed/` is the
-one the tests import (the env's installed DeepSpeed only supplies dependencies), as in upstream's
-CI after `pip install .`. Each side runs twice: on plain gloo (`TRANSPORT=plain`, no lab adapter:
-what upstream's CPU CI has) and on the lab's adapter (`async`: the NCCL-like coalescing semantics).
+DeepSpeed's `tests/conftest.py` then puts the tree first on sys.path, so the tree's `deepspeed/` is
+the one the tests import, as in upstream's CI (the installed copy holds the same files). Each side
+runs twice: on plain gloo (`TRANSPORT=plain`, no lab adapter: what upstream's CPU CI has) and on
+the lab's adapter (`async`: the NCCL-like coalescing semantics).
 A test that hangs past DeepSpeed's own timeout is stopped by the lab's stall limit (STALL_S); the
 session's tests are then read from pytest's verbose lines, the hung one as "unfinished"
 (read_session).
@@ -44,8 +47,12 @@ from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr.out_folders import fresh_folder, log_path
 from repro.workload.pytest_outcomes import BARE_LOCATION, RAISED_LINE
 
-# What a tree needs for DeepSpeed's harness on CPU; the two files say how upstream runs it.
-TREE_PATHS = ("deepspeed", "accelerator", "op_builder", "csrc", "tests", "version.txt", "requirements")
+# What a tree needs for DeepSpeed's harness on CPU and for `pip install .` (setup.py reads its
+# README.md, bin/ scripts and requirements/); the two files below say how upstream runs it.
+TREE_PATHS = (
+    *("deepspeed", "accelerator", "op_builder", "csrc", "tests", "version.txt", "requirements"),
+    *("setup.py", "setup.cfg", "MANIFEST.in", "README.md", "bin"),
+)
 WORKFLOW = ".github/workflows/cpu-torch-latest.yml"
 REQUIREMENTS_DEV = "requirements/requirements-dev.txt"
 # master's cpu-torch-latest.yml at edaa72212, for a REF that has no such workflow (said in verify.json)
@@ -66,7 +73,14 @@ MICS_TESTS: tuple[tuple[str, str | None], ...] = (
 TRANSPORTS = ("plain", "async")
 SIDES = ("ref", "branch")
 # 2: the key holds the bytes of the files the lab's edits wrote (EDITED), not only the edits' names.
-CACHE_FORMAT = 2
+# 3: DeepSpeed pip-installed from the tree into a layer (INSTALL), no longer only shadowing the env's.
+CACHE_FORMAT = 3
+# How each side's DeepSpeed reaches the session (`repro run --deepspeed-src`, SourceOverlay).
+INSTALL = (
+    "each side's tree pip-installed into a layer over the env (`pip install --no-build-isolation "
+    "--no-deps`, DS_BUILD_OPS=0: no compiled ops, the env's dependencies), as upstream's CI's "
+    "`pip install .`; pytest's packages in a layer over that one"
+)
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,7 @@ class SuiteEntry(TypedDict, total=False):
     packages: list[str]
     flags_from: str
     packages_from: str
+    install: str  # how each side's DeepSpeed was installed (INSTALL)
     edits: list[str]
     missing: list[str]
     sessions: list[Session]
@@ -371,6 +386,7 @@ def front_door_session(call: SuiteCall) -> Session:
     argv = [sys.executable, "-m", "repro", "run", "--env", call.env, "--engine", call.engine]
     argv += ["--cmd", call.command(), "--workdir", str(call.tree), "--patch", "stock"]
     argv += ["--transport", call.transport, "--packages", " ".join(call.packages), "--out", str(call.out)]
+    argv += ["--deepspeed-src", str(call.tree)]  # INSTALL
     argv += ["--stall-timeout", str(STALL_S), "--timeout", str(SESSION_S)]
     call.out.parent.mkdir(parents=True, exist_ok=True)
     log = log_path(call.out)
@@ -546,7 +562,7 @@ class UpstreamSuite:
         entry: SuiteEntry = {
             "stack": stack, "env": env, "torch": torch, "command": "", "flags": list(trees.flags),
             "packages": list(trees.packages),
-            "flags_from": trees.flags_from, "packages_from": trees.packages_from,
+            "flags_from": trees.flags_from, "packages_from": trees.packages_from, "install": INSTALL,
             "edits": list(trees.edits), "missing": list(trees.missing), "sessions": [],
             "upstream_torches": trees.upstream_torches,
         }  # fmt: skip
