@@ -18,7 +18,6 @@ import importlib
 import inspect
 import json
 import os
-import socket
 import sys
 from typing import TYPE_CHECKING, Any, Callable, TypedDict
 
@@ -77,6 +76,7 @@ def _start(device: str, ds: bool) -> Any:
     if device == "cpu":
         if ds:
             from repro.workload.cpu import shims
+            from repro.workload.runner import free_port
 
             # prepare_cpu brings DeepSpeed's comm up on gloo, from the launcher's variables.
             for name, value in (
@@ -85,7 +85,7 @@ def _start(device: str, ds: bool) -> Any:
                 ("WORLD_SIZE", "1"),
                 ("LOCAL_SIZE", "1"),
                 ("MASTER_ADDR", "127.0.0.1"),
-                ("MASTER_PORT", str(_free_port())),
+                ("MASTER_PORT", str(free_port())),
             ):
                 os.environ.setdefault(name, value)
             shims.prepare_cpu("fp32")  # before `import deepspeed`: placeholders, gloo accelerator
@@ -103,12 +103,6 @@ def _start(device: str, ds: bool) -> Any:
     if not dist.is_initialized():
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return dev
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _sync(dev: Any) -> None:

@@ -28,21 +28,20 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, TypedDict
+from typing import Any, TypedDict
 
 from repro.workload import collectives, hangwatch, hookpth, hooksign, leftovers, outwrites, stackfiles
-from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
+from repro.workload.defaults import STACK_WAIT_S
 from repro.workload.device import hide_gpus_env
 from repro.workload.diskfull import EXIT_DISK_FULL, DiskFull, is_disk_full
 from repro.workload.hooksign import HookRecord
-from repro.workload.parentwatch import become_subreaper, follow_tool, group_alive
+from repro.workload.parentwatch import become_subreaper, follow_tool, group_alive, signal_each
 from repro.workload.record import CPU_TRANSPORTS, Rendezvous, write_json_atomic
-from repro.workload.runner import alive, install_stop_handlers, stopped_by_signal
+from repro.workload.runner import alive, free_port, install_stop_handlers, stop_group, stopped_by_signal
 
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hook")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -87,13 +86,6 @@ _SETS_PORT = re.compile(
 )
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now (the kernel's choice)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def rendezvous(command: str, environ: dict[str, str]) -> tuple[dict[str, str], Rendezvous]:
     """The variables that give this run a free rendezvous port, and what to record about it.
 
@@ -128,11 +120,7 @@ def _pids(job_dir: str) -> dict[int, str]:
 def dump_stacks(job_dir: str) -> dict[str, str]:
     """SIGUSR1 to every hooked process, then read what faulthandler wrote."""
     pids = [p for p in _pids(job_dir) if alive(p)]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+    signal_each(os.kill, pids, signal.SIGUSR1)
     paths = {str(pid): os.path.join(job_dir, "stacks", f"{pid}.stack") for pid in pids}
     stacks = stackfiles.read_settled(paths, STACK_WAIT_S, POLL_S)
     return {pid: text for pid, text in stacks.items() if text}
@@ -185,30 +173,9 @@ def unhooked_stacks(pgid: int, hooked: set[int], path: str | None = None) -> tup
 
 
 def stop_everything(proc: subprocess.Popen[bytes], job_dir: str) -> list[int]:
-    """Interrupt, terminate, kill the group and every hooked process (one that left the group
-    with setsid still gets the signal); returns the pids still alive after SIGKILL."""
-
-    def targets() -> list[int]:
-        return [p for p in _pids(job_dir) if alive(p)]
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        _signal(os.killpg, proc.pid, sig)
-        for pid in targets():
-            _signal(os.kill, pid, sig)
-        deadline = time.monotonic() + RANK_STOP_GRACE_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not targets() and not group_alive(proc.pid):
-                return []
-            time.sleep(POLL_S)
-    proc.wait()
-    return targets()
-
-
-def _signal(send: Callable[[int, int], None], target: int, sig: int) -> None:
-    try:
-        send(target, sig)
-    except ProcessLookupError:
-        pass
+    """Interrupt, terminate, kill the group and every hooked process, until the group is empty;
+    returns the pids still alive after SIGKILL."""
+    return stop_group(proc, lambda: _pids(job_dir), until_empty=True)
 
 
 class _Tee(threading.Thread):

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -29,11 +29,6 @@ POLL_S = 0.5
 OWNER_LOCK_ENV = "MICS_REPRO_OWNER_LOCK"
 OWNER_LOCK_DIR = "/run/mics-repro-owner"
 OWNER_LOCK_PATH = f"{OWNER_LOCK_DIR}/owner.lock"
-
-
-def _pdeathsig(sig: int) -> bool:
-    """Ask the kernel to send `sig` when the parent dies; False where that cannot be done."""
-    return _prctl(PR_SET_PDEATHSIG, sig)
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -53,6 +48,15 @@ def group_alive(pgid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def signal_each(send: Callable[[int, int], None], targets: Iterable[int], sig: int) -> None:
+    """`send(target, sig)` (os.kill, os.killpg) to each target; one that is gone already is skipped."""
+    for target in targets:
+        try:
+            send(target, sig)
+        except ProcessLookupError:
+            pass
 
 
 def become_subreaper() -> bool:
@@ -76,7 +80,7 @@ def follow_parent(
     if parent == 1:
         return False
     if on_orphan is _terminate_self:
-        _pdeathsig(sig)
+        _prctl(PR_SET_PDEATHSIG, sig)  # the kernel sends `sig` when the parent dies
     if os.getppid() != parent:  # it died before the request took effect
         on_orphan()
         return False

@@ -50,7 +50,7 @@ import traceback
 from collections.abc import Sequence
 from typing import NoReturn, TypedDict, final
 
-from repro.workload.parentwatch import become_subreaper, group_alive
+from repro.workload.parentwatch import become_subreaper, group_alive, signal_each
 from repro.workload.train import exit_now
 
 # What the ranks import anyway, in the order they do; the server imports them once. A module a
@@ -316,10 +316,7 @@ def _stop_forking(pid: int, rank: int, world: int) -> bool:
         return False
     _say(f"stopped while starting: {rank + 1} of {world} ranks forked")
     for sig in pending:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
+        signal_each(os.kill, [pid], sig)
     return True
 
 
@@ -334,20 +331,18 @@ def _wait_ranks(ranks: dict[int, int]) -> int:
                 first_failure = code
                 if ranks and deadline is None:
                     _say(f"rank {rank} (pid {pid}) exited {code}: stopping the other ranks (SIGTERM)")
-                    _signal_all(ranks, signal.SIGTERM)
+                    signal_each(os.kill, ranks, signal.SIGTERM)
                     deadline = time.monotonic() + PEER_STOP_GRACE_S
         if not ranks:
             break
         if deadline is not None and time.monotonic() > deadline:
             _say("ranks still running after the grace period: SIGKILL")
-            _signal_all(ranks, signal.SIGKILL)
+            signal_each(os.kill, ranks, signal.SIGKILL)
             deadline = float("inf")
         left = None if deadline is None else max(0.0, min(deadline - time.monotonic(), 1.0))
-        got: signal.struct_siginfo | None
-        if left is None:
-            got = signal.sigwaitinfo(LEADER_SIGNALS)
-        else:
-            got = signal.sigtimedwait(LEADER_SIGNALS, left)
+        got = (
+            signal.sigwaitinfo(LEADER_SIGNALS) if left is None else signal.sigtimedwait(LEADER_SIGNALS, left)
+        )
         if got is not None and got.si_signo in STOP_SIGNALS and deadline is None:
             name = signal.Signals(got.si_signo).name
             _say(f"{name}: waiting for the ranks, SIGKILL after the grace period")
@@ -375,21 +370,13 @@ def _reap_ranks(ranks: dict[int, int]) -> list[tuple[int, int, int]]:
 
 def _kill_and_reap(ranks: dict[int, int]) -> None:
     """The leader failed itself: its ranks must not outlive it."""
-    _signal_all(ranks, signal.SIGKILL)
+    signal_each(os.kill, ranks, signal.SIGKILL)
     for pid in list(ranks):
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
             pass
         ranks.pop(pid, None)
-
-
-def _signal_all(ranks: dict[int, int], sig: int) -> None:
-    for pid in ranks:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _start(request: RunRequest | TaskRequest, entry: str) -> int:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
@@ -29,6 +30,7 @@ from repro.workload import collectives, hangwatch, stackfiles
 from repro.workload import record as rec
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import RanOn, hide_gpus_env
+from repro.workload.parentwatch import group_alive, signal_each
 from repro.workload.prefork import PreforkServer, PreforkUnavailable
 
 if TYPE_CHECKING:
@@ -90,6 +92,7 @@ class Process(Protocol):
 
 
 def free_port() -> int:
+    """A TCP port nothing listens on right now (the kernel's choice)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -192,39 +195,32 @@ def alive(pid: int) -> bool:
 
 def _dump_stacks(run_dir: str) -> dict[str, str]:
     """Ask every rank for its Python stacks (faulthandler on SIGUSR1) and read them back."""
-    for pid in _rank_pids(run_dir):
-        try:
-            os.kill(pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
+    signal_each(os.kill, _rank_pids(run_dir), signal.SIGUSR1)
     paths = {
         os.path.basename(path)[4:-6]: path for path in sorted(glob.glob(os.path.join(run_dir, "rank*.stack")))
     }
     return stackfiles.read_settled(paths, STACK_WAIT_S, POLL_S)
 
 
-def _stop_group(proc: Process, run_dir: str) -> None:
-    """Interrupt, terminate, kill: each step given STOP_GRACE_S to work."""
+def stop_group(proc: Process, pids: Callable[[], Iterable[int]], *, until_empty: bool = False) -> list[int]:
+    """Interrupt, terminate, kill the launcher's process group and each of `pids()` still alive
+    (one that left the group still gets the signal), each step given STOP_GRACE_S to work;
+    `until_empty`: a step also waits for the group to be empty. Returns the pids alive after
+    SIGKILL."""
 
     def targets() -> list[int]:
-        return [p for p in _rank_pids(run_dir) if alive(p)]
+        return [p for p in pids() if alive(p)]
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        for pid in targets():  # ranks that left the launcher's group still get the signal
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        signal_each(os.killpg, [proc.pid], sig)
+        signal_each(os.kill, targets(), sig)
         deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
-            if proc.poll() is not None and not targets():
-                return
+            if proc.poll() is not None and not targets() and not (until_empty and group_alive(proc.pid)):
+                return []
             time.sleep(POLL_S)
     proc.wait()
+    return targets()
 
 
 def wait_exit(proc: Process, timeout_s: float) -> None:
@@ -308,11 +304,11 @@ def launch(
                 stacks, detail = hang
                 return ended("hung", stacks, detail)
         except KeyboardInterrupt:
-            _stop_group(proc, spec.run_dir)
+            stop_group(proc, lambda: _rank_pids(spec.run_dir))
             return ended("interrupted")
         # Ranks that outlived their launcher (should not happen) must not outlive the run.
         if any(alive(p) for p in _rank_pids(spec.run_dir)):
-            _stop_group(proc, spec.run_dir)
+            stop_group(proc, lambda: _rank_pids(spec.run_dir))
     if stopped_by_signal(proc.returncode) or (stop is not None and stop.is_set() and proc.returncode != 0):
         # SIGHUP/SIGTERM/SIGINT reached the launcher (a closed terminal, `timeout`, a CI cancel
         # signals the whole tree), or it failed while the suite was stopping: the run was cut
@@ -364,7 +360,7 @@ def _watch(
         if now - start > spec.timeout_s or stalled or found is not None:
             detail = _hang_detail(spec, found, stalled, beat)
             stacks = _dump_stacks(spec.run_dir)
-            _stop_group(proc, spec.run_dir)
+            stop_group(proc, lambda: _rank_pids(spec.run_dir))
             return stacks, detail
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
