@@ -37,34 +37,21 @@ def _minor(version: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def _fmt(v: tuple[int, int]) -> str:
-    return f"{v[0]}.{v[1]}"
-
-
-def python_range(torch_version: str) -> tuple[tuple[int, int], tuple[int, int]] | None:
-    """The CPython range torch's wheels cover (compat.TORCH_PYTHONS, the one table of it), or None
-    for a release it does not list: an unknown pairing is left to pip rather than refused."""
-    span = compat.torch_pythons(torch_version)
-    if span is None:
-        return None
-    low, high = span
-    return _minor(low), _minor(high)
-
-
 def check_python(env: Env, python_version: str, python_path: str) -> None:
-    """The venv interpreter must have torch wheels for `env.torch` (venv engine only)."""
-    supported = python_range(env.torch)
+    """The venv interpreter must have torch wheels for `env.torch` (venv engine only). The range is
+    compat.TORCH_PYTHONS, the one table of it; a release it does not list is left to pip."""
+    supported = compat.torch_pythons(env.torch)
     if supported is None:
         return
     have = _minor(python_version)
     low, high = supported
-    if low <= have <= high:
+    if _minor(low) <= have <= _minor(high):
         return
-    direction = "too new" if have > high else "too old"
+    direction = "too new" if have > _minor(high) else "too old"
     want = env.python_to_install()
     raise PythonVersionError(
         f"Python {python_version} ({python_path}) is {direction} for torch {env.torch}",
-        why=f"torch {env.torch} publishes wheels for CPython {_fmt(low)} to {_fmt(high)} only",
+        why=f"torch {env.torch} publishes wheels for CPython {low} to {high} only",
         fix=f"install Python {want} (`uv python install {want}`, or your distribution's python{want}) and "
         f"rerun with MICS_REPRO_PYTHON=$(uv python find {want}) (or --python /path/to/python{want}); "
         "or use ENGINE=docker, whose image brings its own Python",
@@ -266,16 +253,16 @@ def check_world_size(env: Env, world_size: int | None, host: GpuHost | None = No
     """WORLD_SIZE= asks for one rank per GPU: more ranks than GPUs is refused before any build."""
     if world_size is None:
         return
-    if env.platform is compat.Platform.CPU and world_size < 2:
-        # Measured: torch 2.1 + DeepSpeed 0.13.1 on CPU crash in ZeRO-3's single-rank wait
-        # (the CPU accelerator's current_stream() is None), so the control itself cannot run.
-        raise UsageError(
-            f"WORLD_SIZE={world_size} cannot run on the CPU env {env.id}",
-            why="DeepSpeed's CPU accelerator has no stream for ZeRO-3's single-rank path: the control "
-            "crashes, so nothing could be compared",
-            fix="use an even WORLD_SIZE >= 2 on CPU (the default is 4); WORLD_SIZE=1 is for a 1-GPU host",
-        )
     if env.platform is compat.Platform.CPU:
+        if world_size < 2:
+            # Measured: torch 2.1 + DeepSpeed 0.13.1 on CPU crash in ZeRO-3's single-rank wait
+            # (the CPU accelerator's current_stream() is None), so the control itself cannot run.
+            raise UsageError(
+                f"WORLD_SIZE={world_size} cannot run on the CPU env {env.id}",
+                why="DeepSpeed's CPU accelerator has no stream for ZeRO-3's single-rank path: the control "
+                "crashes, so nothing could be compared",
+                fix="use an even WORLD_SIZE >= 2 on CPU (the default is 4); WORLD_SIZE=1 is for a 1-GPU host",
+            )
         limit = cpu_rank_limit()
         if world_size > limit:
             raise UsageError(

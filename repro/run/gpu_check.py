@@ -150,20 +150,8 @@ class _Runner:
             safe_write.write_file(
                 self.folder, f"mics-smoke-{patch}/ds_config.json", text.encode(), replace=True
             )
-            argv = [
-                "--run-dir",
-                str(run_dir),
-                "--ds-config",
-                str(run_dir / "ds_config.json"),
-                "--scenario",
-                "mics",
-                "--patch",
-                patch,
-                "--steps",
-                str(STEPS_PER_RUN),
-                "--device",
-                "gpu",
-            ]
+            argv = ["--run-dir", str(run_dir), "--ds-config", str(run_dir / "ds_config.json")]
+            argv += ["--scenario", "mics", "--patch", patch, "--steps", str(STEPS_PER_RUN), "--device", "gpu"]
             codes[patch] = self.device.smoke(self.prepared, argv, run_dir, step.timeout_s / 2)
             record = run_dir / "rank0.json"
             records[patch] = rec_files.read(record, "run record") if record.is_file() else None

@@ -136,17 +136,8 @@ class HostDevice:
         """One rank of the training workload under torchrun, as the cluster scripts start it."""
         python, env = self._in_env(prepared)
         env.update(NDEV_PER_NODE="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1")
-        launch = [
-            python,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "1",
-            "-m",
-            TRAIN_MODULE,
-            *argv,
-        ]
+        launch = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+        launch += ["-m", TRAIN_MODULE, *argv]
         return cmd.run(launch, env=env, timeout_s=timeout_s, tee=run_dir / "train.log").returncode
 
     def cli(self, args: Sequence[str], hide_gpus: bool, timeout_s: float) -> int:

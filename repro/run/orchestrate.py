@@ -191,18 +191,13 @@ def suite_args(
     """The suite's command line. `--device` is the env's platform: a cpu env runs on CPU also on a
     GPU host, a rocm/cuda env only on GPUs of its kind (else every run ends env-error), never a
     silent fallback. Without DTYPE= the suite picks the precision (fp16, the reporter's, on GPUs)."""
-    args = [
-        "--env",
-        env_id,
-        "--device",
-        platform,
-        "--scenarios",
-        ",".join(request.scenarios),
-        "--patches",
-        ",".join(request.patches),
-        "--transports",
-        ",".join(request.transports),
-    ]
+    args = ["--env", env_id, "--device", platform]
+    for flag, values in (
+        ("--scenarios", request.scenarios),
+        ("--patches", request.patches),
+        ("--transports", request.transports),
+    ):
+        args += [flag, ",".join(values)]
     if request.dtype:
         args += ["--dtype", request.dtype]
     if user_config is not None:

@@ -63,8 +63,7 @@ OWNER_LOCK_FILE = "owner.lock"
 def daemon_status() -> tuple[bool, str]:
     """(answers, reason) for ENGINE=auto; never raises."""
     try:
-        client = _client()
-        client.ping()
+        _client()
         host = os.environ.get("DOCKER_HOST") or "the local socket"
         return True, f"a Docker daemon answers at {host}"
     except Exception as exc:  # any failure means "no usable daemon" here
@@ -72,10 +71,13 @@ def daemon_status() -> tuple[bool, str]:
 
 
 def _client(timeout: int = 30) -> Any:
+    """A docker-py client whose daemon answered a ping (raises when none does)."""
     # Imported by name: the repo's own docker/ folder (Dockerfiles) shadows docker-py for mypy.
     docker = importlib.import_module("docker")
     # docker-py 7.2 follows the CLI context unless DOCKER_HOST is set; from_env covers both.
-    return docker.from_env(timeout=timeout)
+    client = docker.from_env(timeout=timeout)
+    client.ping()
+    return client
 
 
 @dataclass
@@ -115,7 +117,6 @@ class DockerEngine:
     def connect(cls, **kwargs: Any) -> DockerEngine:
         try:
             client = _client()
-            client.ping()
         except Exception as exc:
             raise docker_unavailable(f"{type(exc).__name__}: {exc}") from exc
         # The ping had a deadline; the rest must not: a followed log stream is silent for as long
