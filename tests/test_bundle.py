@@ -24,6 +24,7 @@ from repro.core.scrub import Scrubber
 from repro.engines.base import SuiteRun
 from repro.upstream import patchgen
 from repro.upstream.bundle import comment as issue_comment
+from repro.upstream.bundle import files as bundle_files
 from repro.upstream.bundle import image as bundle_image
 from repro.upstream.bundle import make as bundle
 from repro.upstream.bundle import source_refs
@@ -476,7 +477,7 @@ def test_an_unsafe_archive_is_refused(tmp_path: Path) -> None:
         info.size = 2
         tar.addfile(info, io.BytesIO(b"hi"))
     with pytest.raises(BundleError, match="unsafe entry"):
-        verify_bundle.open_bundle(evil, tmp_path / "x")
+        verify_bundle.load_bundle(evil, tmp_path / "x")
     assert not (tmp_path / "outside.txt").exists()
 
 
@@ -840,7 +841,7 @@ def test_db_pass_and_my_pw_never_reach_a_bundle_file(tmp_path: Path) -> None:
     (tmp_path / "log.txt").write_text("login hunter2! pw-1234 in /srv/checkout/results\n")
     with pytest.raises(BundleError):
         bundle.scan(tmp_path, scrubber)
-    bundle.copy_scrubbed(tmp_path / "log.txt", tmp_path / "log.txt", scrubber)
+    bundle_files.copy_scrubbed(tmp_path / "log.txt", tmp_path / "log.txt", scrubber)
     assert (tmp_path / "log.txt").read_text() == "login <DB_PASS> <MY_PW> in <PWD>/results\n"
     bundle.scan(tmp_path, scrubber)
 

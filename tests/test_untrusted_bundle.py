@@ -151,7 +151,7 @@ def test_an_archive_member_the_manifest_does_not_list_is_never_extracted(
     dest = tmp_path / "extract"
     dest.mkdir()
     with pytest.raises(BundleError) as err:
-        verify_bundle.open_bundle(archive, dest)
+        verify_bundle.load_bundle(archive, dest)
     assert "bomb.bin" in err.value.render()
     assert _files(dest) == []  # nothing written before the manifest was read and compared
 
@@ -177,7 +177,7 @@ def test_a_sparse_member_is_refused_before_anything_is_written(tmp_path: Path) -
     dest = tmp_path / "extract"
     dest.mkdir()
     with pytest.raises(BundleError, match="sparse"):
-        verify_bundle.open_bundle(archive, dest)
+        verify_bundle.load_bundle(archive, dest)
     assert _files(dest) == []
 
 

@@ -32,8 +32,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from repro import __version__
 from repro.core import console, paths, templating
 from repro.core.errors import BundleError, LeakError, ReproError
@@ -57,9 +55,6 @@ from repro.upstream.bundle.files import (
     copy_workdir,
     scan,
     write_sums,
-)
-from repro.upstream.bundle.files import (
-    copy_scrubbed as copy_scrubbed,  # noqa: F401 - callers and tests use bundle.copy_scrubbed
 )
 from repro.upstream.bundle.manifest import MANIFEST, BundleImage, Expected, JobBlock, Manifest, file_hashes
 from repro.upstream.cluster import scripts as cluster
@@ -94,20 +89,6 @@ def default_out(env_id: str) -> Path:
 
 
 # -- what the bundle says, computed from the results -------------------------------------------
-def env_records(data: ResultsData, env_id: str) -> tuple[EnvInfo, list[RunRecord]]:
-    envs = data.get("envs") or {}
-    if env_id not in envs:
-        raise BundleError(
-            f"the results hold no env {env_id!r}",
-            why=f"envs there: {', '.join(envs) or 'none'}",
-            fix="pass RESULTS= of a run of that env, or leave RESULTS unset to run it first",
-        )
-    records = [r for r in data.get("runs") or [] if r.get("env") == env_id]
-    if not records:
-        raise BundleError(f"the results hold no run of env {env_id!r}", fix="run `make repro ENV=...` first")
-    return envs[env_id].copy(), records
-
-
 def refuse_other_platform(env_id: str, platform: str | None, records: Sequence[Mapping[str, Any]]) -> None:
     """A bundle presents its runs as evidence for the env: never runs that ran elsewhere (a rocm
     env's runs that fell back to CPU, the cpu env's runs on a GPU)."""
@@ -123,9 +104,7 @@ def refuse_other_platform(env_id: str, platform: str | None, records: Sequence[M
 def suite_args_from_records(env_id: str, records: Sequence[Mapping[str, Any]]) -> list[str]:
     """The suite command line that plans the same runs as `records` (see repro.workload.suite.plan)."""
     controls = [r for r in records if r["scenario"] == "zero3" and r["patch"] == "stock"]
-    transports = sorted({str(r["transport"]) for r in controls}) or sorted(
-        {str(r["transport"]) for r in records}
-    )
+    transports = sorted({str(r["transport"]) for r in controls or records})
     sync_proof = "sync" not in transports and any(
         (r["scenario"], r["patch"], r["transport"]) == ("mics", "stock", "sync") for r in records
     )
@@ -137,30 +116,21 @@ def suite_args_from_records(env_id: str, records: Sequence[Mapping[str, Any]]) -
     ] or ["zero3"]
     patches = [p for p in PATCHES if any(r["patch"] == p for r in records)]
     first = records[0]
-    args = [
-        "--env",
-        env_id,
-        "--scenarios",
-        ",".join(scenarios),
-        "--patches",
-        ",".join(patches),
-        "--dtype",
-        str(first["dtype"]),
-        "--world-size",
-        str(max(int(r["world_size"]) for r in records)),
-        "--steps",
-        str(first["steps"]),
-        "--seed",
-        str(first["seed"]),
-    ]
+    options = {
+        "--env": env_id,
+        "--scenarios": ",".join(scenarios),
+        "--patches": ",".join(patches),
+        "--dtype": str(first["dtype"]),
+        "--world-size": str(max(int(r["world_size"]) for r in records)),
+        "--steps": str(first["steps"]),
+        "--seed": str(first["seed"]),
+    }
+    args = [word for option in options.items() for word in option]
     if transports != ["native"]:
         args += ["--transports", ",".join(transports)]
     if not sync_proof:
         args.append("--no-sync-proof")
-    user_configs = {
-        json.dumps(r.get("config"), sort_keys=True) for r in records if r.get("config_adaptations")
-    }
-    if user_configs:
+    if any(r.get("config_adaptations") for r in records):
         # A user config was adapted per scenario; the control's adapted config is the closest single one.
         control = controls[0] if controls else first
         args += ["--config-json", json.dumps(control["config"], separators=(",", ":"))]
@@ -172,24 +142,18 @@ def suite_timeout(records: Sequence[Mapping[str, Any]]) -> float:
     return per_run * (len(records) + 1) + 600.0
 
 
-def docker_run_command(platform: str, image_ref: str, suite_args: Sequence[str], out: str = "out") -> str:
-    flags = ["--rm", "--network", "none", *cluster.docker_cli_flags(platform)]
-    argv = [
-        "docker",
-        "run",
-        *flags,
-        "-v",
-        f'"$PWD/{out}:{CONTAINER_OUT}"',
-        image_ref,
-        "python",
-        "-m",
-        _SUITE_MODULE,
-        *suite_args,
-        "--out",
-        CONTAINER_OUT,
-    ]
-    quoted = [a if a.startswith('"$PWD') else shlex.quote(a) for a in argv]
-    return " ".join(quoted)
+def _docker_line(
+    platform: str, mounts: Sequence[str], image_ref: str, module: str, args: Sequence[str]
+) -> str:
+    """`docker run` of `module` in the image, network off; the "$PWD/..." words stay for the shell."""
+    argv = ["docker", "run", "--rm", "--network", "none", *cluster.docker_cli_flags(platform)]
+    argv += [word for mount in mounts for word in ("-v", mount)]
+    argv += [image_ref, "python", "-m", module, *args, "--out", CONTAINER_OUT]
+    return " ".join(a if a.startswith('"$PWD') else shlex.quote(a) for a in argv)
+
+
+def docker_run_command(platform: str, image_ref: str, suite_args: Sequence[str]) -> str:
+    return _docker_line(platform, [f'"$PWD/out:{CONTAINER_OUT}"'], image_ref, _SUITE_MODULE, suite_args)
 
 
 def job_block(env_id: str, custom: Sequence[RunRecord]) -> tuple[JobBlock, Path]:
@@ -226,15 +190,11 @@ def job_block(env_id: str, custom: Sequence[RunRecord]) -> tuple[JobBlock, Path]
 
 def docker_job_command(platform: str, image_ref: str, job: Mapping[str, Any], patch: str) -> str:
     """One patch's run of the custom command, by hand: the bundle's workdir/ mounted at its own path."""
-    flags = ["--rm", "--network", "none", *cluster.docker_cli_flags(platform)]
-    here = '"$PWD/' + WORKDIR_DIR + '"'
-    argv = ["docker", "run", *flags, "-v", f'"$PWD/{WORKDIR_DIR}:$PWD/{WORKDIR_DIR}"']
-    argv += ["-v", f'"$PWD/out:{CONTAINER_OUT}"', image_ref, "python", "-m", _JOB_MODULE]
-    argv += ["--cmd", str(job["command"]), "--workdir", here, "--patch", patch]
-    argv += ["--device", "cpu" if platform == "cpu" else "gpu", "--transport", str(job["transport"])]
-    argv += ["--timeout", f"{job['timeout_s']:g}", "--stall-timeout", f"{job['stall_s']:g}"]
-    argv += ["--out", CONTAINER_OUT]
-    return " ".join(a if a.startswith('"$PWD') else shlex.quote(a) for a in argv)
+    mounts = [f'"$PWD/{WORKDIR_DIR}:$PWD/{WORKDIR_DIR}"', f'"$PWD/out:{CONTAINER_OUT}"']
+    args = ["--cmd", str(job["command"]), "--workdir", f'"$PWD/{WORKDIR_DIR}"', "--patch", patch]
+    args += ["--device", "cpu" if platform == "cpu" else "gpu", "--transport", str(job["transport"])]
+    args += ["--timeout", f"{job['timeout_s']:g}", "--stall-timeout", f"{job['stall_s']:g}"]
+    return _docker_line(platform, mounts, image_ref, _JOB_MODULE, args)
 
 
 PLATFORM_NOTES = {
@@ -263,20 +223,25 @@ def release_sources(version: str, client: Any, image_id: str, python: str) -> di
         )
 
 
-def patch_text(version: str) -> tuple[str, str, str]:
-    """(file name, text, note): the shipped patch, else one generated from the sdist, else a note why not."""
+@dataclass(frozen=True)
+class _Patch:
+    """The patch the bundle ships: its file name and text, or no name and a note why there is none."""
+
+    name: str
+    text: str
+    note: str
+
+
+def patch_text(version: str) -> _Patch:
+    """The shipped patch, else one generated from the sdist, else a note why not."""
     shipped = patchgen.patch_file(version)
     if shipped.is_file():
-        return shipped.name, shipped.read_text(), ""
+        return _Patch(shipped.name, shipped.read_text(), "")
     try:
         text, _ = patchgen.generate(version, patchgen.default_wheelhouse(), offline=True)
-        return shipped.name, text, ""
+        return _Patch(shipped.name, text, "")
     except ReproError as exc:
-        return "", "", exc.what
-
-
-def _templates() -> jinja2.Environment:
-    return templating.environment(issue_comment.TEMPLATES, target=templating.Target.MARKDOWN)
+        return _Patch("", "", exc.what)
 
 
 def make_bundle(
@@ -389,7 +354,19 @@ def _refuse_filled(out: Path) -> None:
 
 def _docker_records(request: BundleRequest, data: ResultsData) -> tuple[EnvInfo, list[RunRecord]]:
     """The env and its runs from the results: refused unless they ran in a Docker image, on its platform."""
-    env, records = env_records(data, request.env_id)
+    envs = data.get("envs") or {}
+    if request.env_id not in envs:
+        raise BundleError(
+            f"the results hold no env {request.env_id!r}",
+            why=f"envs there: {', '.join(envs) or 'none'}",
+            fix="pass RESULTS= of a run of that env, or leave RESULTS unset to run it first",
+        )
+    env = envs[request.env_id].copy()
+    records = [r for r in data.get("runs") or [] if r.get("env") == request.env_id]
+    if not records:
+        raise BundleError(
+            f"the results hold no run of env {request.env_id!r}", fix="run `make repro ENV=...` first"
+        )
     if env.get("engine") != "docker" or not env.get("image_id"):
         raise BundleError(
             f"the runs of {request.env_id} in {request.results} did not run in a Docker image",
@@ -461,15 +438,6 @@ def _commands(
 
 
 @dataclass(frozen=True)
-class _Patch:
-    """The patch the bundle ships: its file name and text, or no name and a note why there is none."""
-
-    name: str
-    text: str
-    note: str
-
-
-@dataclass(frozen=True)
 class _BundleWriter:
     """Writes a bundle's files into `out`, each text through `scrubber`'s hand-out gate."""
 
@@ -494,7 +462,7 @@ class _BundleWriter:
 
     def write_patch(self, version: str) -> _Patch:
         """The release's patch file, when there is one (else the note why not)."""
-        patch = _Patch(*patch_text(version))
+        patch = patch_text(version)
         if patch.name:
             self.put(patch.name, patch.text)
         return patch
@@ -567,7 +535,7 @@ class _BundleWriter:
         heads = issue_comment.headlines([issue_comment.RunRow.from_record(r) for r in records])
         versions: dict[str, str | None] = next((r["versions"] for r in records if r.get("versions")), {})
         readme = (
-            _templates()
+            templating.environment(issue_comment.TEMPLATES, target=templating.Target.MARKDOWN)
             .get_template("README.md.j2")
             .render(
                 env_id=self.request.env_id,

@@ -125,11 +125,8 @@ class Manifest:
     job: JobBlock | None = None
 
     def to_json(self) -> str:
-        data = {"kind": KIND, "schema": SCHEMA, **asdict(self)}
-        data["suite_args"] = list(self.suite_args)
-        data["expected"] = [asdict(e) for e in self.expected]
-        data["notes"] = list(self.notes)
-        return json.dumps(data, indent=2, sort_keys=True) + "\n"
+        # asdict keeps tuples (of dicts, for `expected`): JSON writes them as lists
+        return json.dumps({"kind": KIND, "schema": SCHEMA, **asdict(self)}, indent=2, sort_keys=True) + "\n"
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:
@@ -408,13 +405,7 @@ def file_hashes(
     folder: Path, skip: Sequence[str] = (MANIFEST,), known: Mapping[str, str] | None = None
 ) -> dict[str, str]:
     """sha256 of every regular file under `folder` by relative path; `known` avoids re-reading big ones."""
-    out = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        rel = path.relative_to(folder).as_posix()
-        if rel in skip:
-            continue
-        out[rel] = (known or {}).get(rel) or sha256_file(path)
-    return out
+    return {rel: (known or {}).get(rel) or sha256_file(folder / rel) for rel in _listed(folder, skip)}
 
 
 def refuse_links(folder: Path) -> None:

@@ -150,39 +150,17 @@ def load_bundle(path: Path, workdir: Path) -> Loaded:
     return load_archive(path, workdir)
 
 
-def open_bundle(path: Path, workdir: Path) -> Path:
-    """The bundle folder: `path` itself, or the single folder inside a .tar archive."""
-    return load_bundle(path, workdir).folder
-
-
 def compare(expected: Sequence[Expected], records: Sequence[Mapping[str, Any]]) -> tuple[Comparison, ...]:
     by_name = {str(r.get("run_name")): r for r in records}
-    out = []
-    for exp in expected:
-        rec = by_name.pop(exp.run_name, None)
-        out.append(
-            Comparison(
-                exp.run_name,
-                exp,
-                rec.get("outcome") if rec else None,
-                rec.get("signature") if rec else None,
-                _transport(rec),
-            )
-        )
-    out += [
-        Comparison(name, None, r.get("outcome"), r.get("signature"), _transport(r))
-        for name, r in sorted(by_name.items())
-    ]
-    return tuple(out)
 
+    def seen(name: str, exp: Expected | None) -> Comparison:
+        rec = by_name.pop(name, None) or {}
+        transport = rec.get("transport")
+        ran = str(transport) if transport is not None else None
+        return Comparison(name, exp, rec.get("outcome"), rec.get("signature"), ran)
 
-def _transport(rec: Mapping[str, Any] | None) -> str | None:
-    value = rec.get("transport") if rec else None
-    return str(value) if value is not None else None
-
-
-def suite_timeout(manifest: Manifest) -> float | None:
-    return suite_time_limit(manifest.notes)
+    found = [seen(exp.run_name, exp) for exp in expected]
+    return tuple(found + [seen(name, None) for name in sorted(by_name)])
 
 
 def check_privileges(platform: str, allow: bool, host: GpuHost, docker_info: Callable[[], Any]) -> None:
@@ -417,7 +395,7 @@ def _rerun(
     suite = None
     if manifest.suite_args:
         suite = engine.run_suite(
-            prepared, list(manifest.suite_args), invocation.env_dir(env_id), suite_timeout(manifest)
+            prepared, list(manifest.suite_args), invocation.env_dir(env_id), suite_time_limit(manifest.notes)
         )
         runs, artifacts = _suite_output(invocation.env_dir(env_id) / "suite.json", env_id)
     if manifest.job is not None and job_dir is not None:
