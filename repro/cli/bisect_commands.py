@@ -18,6 +18,7 @@ import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from repro.bisect.driver import (
@@ -217,27 +218,19 @@ def walk_request(args: argparse.Namespace) -> WalkRequest:
 
 
 # -- bisect and survey ---------------------------------------------------------------------------
-def _bisect_options(p: argparse.ArgumentParser) -> None:
-    _range_options(p, bisecting=True)
-
-
 @command(
     "bisect",
     "find the adjacent releases where MiCS turns bad (AXIS, GOOD/BAD or FROM/TO, BAD_IF)",
-    _bisect_options,
+    partial(_range_options, bisecting=True),
 )
 def cmd_bisect(args: argparse.Namespace) -> int:
     return run_bisect(walk_request(args), Services())
 
 
-def _survey_options(p: argparse.ArgumentParser) -> None:
-    _range_options(p, bisecting=False)
-
-
 @command(
     "survey",
     "every change of outcome/signature across a range of releases (AXIS, FROM, TO, EVERY)",
-    _survey_options,
+    partial(_range_options, bisecting=False),
 )
 def cmd_survey(args: argparse.Namespace) -> int:
     return run_survey(walk_request(args), Services())

@@ -31,19 +31,15 @@ class ReportPaths:
 
 def gpu_env_ids() -> tuple[str, ...]:
     """ROCm envs first, then CUDA, from the env matrix; the default hint when the matrix is unavailable."""
-    try:
-        from repro.matrix.schema import load_matrix  # written by the matrix step; optional here
-    except ImportError:
-        return DEFAULT_GPU_ENV_HINT
+    from repro.matrix.schema import load_matrix
+
     try:
         matrix = load_matrix()
     except (ReproError, OSError, ImportError):
         # A broken matrix only costs the hint its env name; the report itself is built from records.
         return DEFAULT_GPU_ENV_HINT
-    by_platform: dict[str, list[str]] = {}
-    for env_id in matrix.ids():
-        by_platform.setdefault(str(getattr(matrix.get(env_id).platform, "value", "")), []).append(env_id)
-    ids = tuple(by_platform.get("rocm", []) + by_platform.get("cuda", []))
+    envs = [matrix.get(env_id) for env_id in matrix.ids()]
+    ids = tuple(e.id for platform in ("rocm", "cuda") for e in envs if e.platform.value == platform)
     return ids or DEFAULT_GPU_ENV_HINT
 
 

@@ -11,11 +11,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict, cast
 
+from repro.core.fix_pairs import stock_attempts
 from repro.core.records import as_json
+from repro.core.runs import describe, shows_bug
 from repro.core.verdict import EvidenceData
 from repro.report.merge import MergedResults
 from repro.report.model import REPORTER_SIGNATURES, Backend, Outcome, Run, Signature
-from repro.report.per_env import describe, shows_bug, stock_attempts
 from repro.report.verdicts import CauseVerdict, Evidence, Missing
 
 DEFAULT_GPU_ENV_HINT = ("rocm56",)

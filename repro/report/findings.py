@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from repro.core.runs import describe, run_label, shows_bug
 from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, Outcome, Run
-from repro.report.per_env import describe, run_label, shows_bug
 from repro.report.verdicts import Finding, FindingKind
 from repro.workload.closed import assert_never
 

@@ -145,11 +145,7 @@ def _artifacts(folder: Path, env_id: str, raw: Any, notes: list[str]) -> dict[st
     return out
 
 
-def _same(data: Any) -> Any:
-    return data
-
-
-def load_folder(folder: Path, clean: Callable[[Any], Any] = _same) -> ResultsFolder:
+def load_folder(folder: Path, clean: Callable[[Any], Any]) -> ResultsFolder:
     """`clean` rewrites the parsed results.json before anything is read from it (the report's
     scrubber: a secret in a command or a log excerpt never reaches a rendered text)."""
     folder = folder.resolve()
@@ -290,7 +286,9 @@ def merge(folders: Sequence[ResultsFolder]) -> MergedResults:
     )
 
 
-def load_and_merge(result_dirs: Sequence[Path], clean: Callable[[Any], Any] = _same) -> MergedResults:
+def load_and_merge(
+    result_dirs: Sequence[Path], clean: Callable[[Any], Any] = lambda data: data
+) -> MergedResults:
     if not result_dirs:
         raise UsageError("no results folder given", fix="pass RESULTS=dir1,dir2 (default: results/latest)")
     return merge([load_folder(Path(d), clean) for d in result_dirs])

@@ -14,11 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from repro.core.errors import UsageError
-from repro.core.runs import RunKey as RunKey
 from repro.core.runs import RunView
-from repro.core.verdict import REPORTER_SCENARIOS as REPORTER_SCENARIOS
-from repro.workload.record import CONTROL_SCENARIO as CONTROL_SCENARIO
-from repro.workload.record import MICS_SCENARIOS as MICS_SCENARIOS
 from repro.workload.record import SCENARIOS
 from repro.workload.record import Outcome as Outcome
 from repro.workload.record import Signature as Signature

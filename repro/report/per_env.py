@@ -7,23 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from repro.core.fix_pairs import FixPair as FixPair
-from repro.core.fix_pairs import control_for as control_for
-from repro.core.fix_pairs import stock_attempts as stock_attempts
+from repro.core.fix_pairs import FixPair
 from repro.core.records import as_json
-from repro.core.runs import SCENARIO_LABELS as SCENARIO_LABELS
-from repro.core.runs import describe as describe
-from repro.core.runs import run_label as run_label
-from repro.core.runs import shows_bug as shows_bug
 from repro.core.verdict import EnvVerdict, VerdictData, env_verdict
 from repro.report.merge import MergedResults
 from repro.report.model import EnvInfo, Run
-from repro.report.verdicts import (
-    EnvVersions,
-    Evidence,
-    FixVerdict,
-    Reproduces,
-)
+from repro.report.verdicts import EnvVersions, Evidence, FixVerdict, Reproduces
 
 
 def env_versions(env: EnvInfo, runs: Sequence[Run]) -> EnvVersions:

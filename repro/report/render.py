@@ -73,11 +73,7 @@ class EnvDetails:
         return self.answer.env
 
 
-def _same(text: str) -> str:
-    return text
-
-
-def _artifact_text(path: Path, root: Path, clean: Callable[[str], str] = _same) -> str:
+def _artifact_text(path: Path, root: Path, clean: Callable[[str], str]) -> str:
     # merge.load_folder keeps only artifacts inside the folder; checked again where the file is read.
     rel = path.relative_to(root) if path.is_relative_to(root) else None
     if rel is None or confined(root, rel) is None:
@@ -96,7 +92,7 @@ def env_details(
     merged: MergedResults,
     plots: Sequence[Plot],
     findings: Sequence[Finding],
-    clean: Callable[[str], str] = _same,
+    clean: Callable[[str], str],
 ) -> EnvDetails:
     """`clean`: the report's scrubber, for the artifacts (collect_env, ds_report) read here."""
     env = answer.env
