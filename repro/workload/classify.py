@@ -29,13 +29,8 @@ from repro.workload.record import RunRecord
 # A suite run's judgement (its historical name here).
 Classification = ladder.Judgement
 
-# Runner-level statuses that decide the outcome before any evidence is weighed.
-STATUS_OUTCOMES = {
-    "hung": "hung",
-    "interrupted": "interrupted",
-    "unsupported": "unsupported",
-    "env-error": "env-error",
-}
+# Runner-level statuses that decide the outcome (of the same name) before any evidence is weighed.
+STATUS_OUTCOMES = ("hung", "interrupted", "unsupported", "env-error")
 
 
 def first_divergent_step(losses: list[float | None], control: list[float | None], dtype: str) -> int | None:
@@ -76,9 +71,7 @@ def classify(record: RunRecord, control: RunRecord | None, status: str | None = 
     world size (None for the control itself or when it is missing). `status` is the runner's
     verdict on how the run ended ("hung", "interrupted", "unsupported", "env-error" or None)."""
     if status in STATUS_OUTCOMES:
-        return ladder.status_judgement(
-            STATUS_OUTCOMES[status], record.get("reason") or STATUS_OUTCOMES[status]
-        )
+        return ladder.status_judgement(status, record.get("reason") or status)
     losses: list[float | None] = list(record.get("losses") or [])
     illegal = int(record.get("illegal_work_messages") or 0)
     if _failed(record):

@@ -52,16 +52,10 @@ def raised_in_framework(exc: RecordedException | None, framework_dirs: Sequence[
 def raised_from_illegal_work(exc: RecordedException | None) -> bool:
     """The exception names an `_IllegalWork` placeholder (its wait() or DeepSpeed's check). Enough
     for the suite (classify.py): its ranks run our own model, whose code raises nothing of the kind.
-    A custom job's code is not ours: the judge asks `framework_raised_illegal_work`."""
+    A custom job's code is not ours: the judge also asks `raised_in_framework`."""
     if not exc:
         return False
     return any(marker in _text(exc) for marker in _ILLEGAL_WORK_MARKERS)
-
-
-def framework_raised_illegal_work(exc: RecordedException | None, framework_dirs: Sequence[str] = ()) -> bool:
-    """`raised_from_illegal_work`, and the frame that raised it is torch.distributed's or
-    DeepSpeed's (`raised_in_framework`): the same words raised by a job's own code are not the bug."""
-    return raised_from_illegal_work(exc) and raised_in_framework(exc, framework_dirs)
 
 
 def lost_coalesced_work(exc: RecordedException | None) -> bool:

@@ -210,14 +210,19 @@ def view_summary(view: TorchView | None, device: str | None) -> RanOn:
     }
 
 
-def passed_env() -> dict[str, str]:
-    """The host variables the engine passed through (NCCL_*, HSA_*, *_VISIBLE_DEVICES...), as it
-    described them in MICS_REPRO_PASSTHROUGH (repro/engines/passthrough.py); {} when run directly."""
+def _engine_said(var: str) -> dict[str, str]:
+    """The JSON object of variables the engine described in `var` (repro/engines/passthrough.py);
+    {} when run directly."""
     try:
-        passed = json.loads(os.environ.get("MICS_REPRO_PASSTHROUGH") or "{}")
+        said = json.loads(os.environ.get(var) or "{}")
     except ValueError:
         return {}
-    return {str(k): str(v) for k, v in passed.items()} if isinstance(passed, dict) else {}
+    return {str(k): str(v) for k, v in said.items()} if isinstance(said, dict) else {}
+
+
+def passed_env() -> dict[str, str]:
+    """The host variables the engine passed through (NCCL_*, HSA_*, *_VISIBLE_DEVICES...)."""
+    return _engine_said("MICS_REPRO_PASSTHROUGH")
 
 
 def rocm_runtime(root: str = "/") -> dict[str, str | None]:
@@ -236,13 +241,8 @@ def rocm_runtime(root: str = "/") -> dict[str, str | None]:
 
 
 def dropped_env() -> dict[str, str]:
-    """Host NCCL settings the engine held back because they name a network this run does not have
-    (MICS_REPRO_PASSTHROUGH_DROPPED, repro/engines/passthrough.py); {} when none were."""
-    try:
-        dropped = json.loads(os.environ.get("MICS_REPRO_PASSTHROUGH_DROPPED") or "{}")
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in dropped.items()} if isinstance(dropped, dict) else {}
+    """Host NCCL settings the engine held back because they name a network this run does not have."""
+    return _engine_said("MICS_REPRO_PASSTHROUGH_DROPPED")
 
 
 UNKNOWN_ARCH = "unknown"
@@ -270,11 +270,7 @@ def ran_on(device: str, backend: str | None) -> RanOn:
         "cuda": None,
         "nccl": None,
         "ran": True,
-        "visible_devices": {
-            k: os.environ[k]
-            for k in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
-            if k in os.environ
-        },
+        "visible_devices": {k: os.environ[k] for k, _ in HIDE_GPUS if k in os.environ},
         "passed_env": passed_env(),
         "dropped_env": dropped_env(),
     }
@@ -294,9 +290,14 @@ def ran_on(device: str, backend: str | None) -> RanOn:
         props = torch.cuda.get_device_properties(i)
         found["gpus"].append(str(props.name))
         found["arch"].append(gpu_arch(props, rocm=bool(found["hip"])))
+    found["nccl"] = nccl_version(torch)
+    return found
+
+
+def nccl_version(torch: Any) -> str | None:
+    """The NCCL (RCCL on ROCm) version torch was built with, or None."""
     try:
         nccl = torch.cuda.nccl.version()
-        found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
     except (RuntimeError, AttributeError):
-        pass
-    return found
+        return None
+    return ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)

@@ -204,20 +204,10 @@ def build_config(
         _set(zero, "mics_hierarchical_params_gather", shape.hierarchical, "zero_optimization.", notes)
 
     if dtype is not None and dtype != config_dtype(config):
-        fp16 = config.setdefault("fp16", {})
-        bf16 = config.setdefault("bf16", {})
-        if dtype == "fp16":
-            if user_config is not None:
-                notes.append(f"precision: {config_dtype(config)} -> fp16 (DTYPE=)")
-            fp16["enabled"], bf16["enabled"] = True, False
-        elif dtype == "bf16":
-            if user_config is not None:
-                notes.append(f"precision: {config_dtype(config)} -> bf16 (DTYPE=)")
-            fp16["enabled"], bf16["enabled"] = False, True
-        else:
-            if user_config is not None:
-                notes.append(f"precision: {config_dtype(config)} -> fp32 (DTYPE=)")
-            fp16["enabled"], bf16["enabled"] = False, False
+        if user_config is not None:
+            notes.append(f"precision: {config_dtype(config)} -> {dtype} (DTYPE=)")
+        config.setdefault("fp16", {})["enabled"] = dtype == "fp16"
+        config.setdefault("bf16", {})["enabled"] = dtype == "bf16"
     if "bf16" in config and not config["bf16"].get("enabled") and not config["bf16"]:
         config.pop("bf16")
     if "optimizer" not in config:

@@ -307,20 +307,6 @@ def _overflows(lines: list[str], out: Parsed) -> None:
     out.overflow_patterns = sorted(set(used))
 
 
-@dataclass(frozen=True)
-class IllegalWorkCount:
-    """A run's IllegalWork evidence by how far it can be trusted."""
-
-    counted: int  # failures the hook counted in DeepSpeed's logger, from records signed for this run
-    in_log: int  # failure lines in the job's log: corroboration only, the job can print them
-    forged: tuple[dict[str, str], ...]  # hook records whose signature did not verify: {"file", "why"}
-    signed: bool  # False: the runner verified no signatures (before signing): the log counts as before
-
-    def messages(self) -> int:
-        """The count the verdict rests on."""
-        return self.counted if self.signed else max(self.in_log, self.counted)
-
-
 def with_hook(
     parsed: Parsed,
     reports: list[HookRecord],
@@ -329,11 +315,13 @@ def with_hook(
 ) -> Parsed:
     """The hook counts IllegalWork messages at every log level (DeepSpeed 0.19.6 hides them);
     `reports` are the hook records the runner verified, `forged` the ones it did not."""
+    # What the hook counted in DeepSpeed's logger; the count the verdict rests on is that alone when
+    # the runner verified the records' signatures (the log's lines only corroborate: the job can
+    # print them), and the larger of the two from a runner before signing, as then.
     counted = sum(int(r.get("illegal_work_failures") or 0) for r in reports)
-    found = IllegalWorkCount(counted, parsed.illegal_work_in_log, tuple(forged or ()), signed)
-    parsed.illegal_work_by_hook = found.counted
-    parsed.illegal_work_messages = found.messages()
-    parsed.hook_signed, parsed.forged_hook_records = signed, list(found.forged)
+    parsed.illegal_work_by_hook = counted
+    parsed.illegal_work_messages = counted if signed else max(parsed.illegal_work_in_log, counted)
+    parsed.hook_signed, parsed.forged_hook_records = signed, list(forged or ())
     parsed.steps = _steps_taken(reports)
     sessions = [r["pytest"] for r in reports if isinstance(r.get("pytest"), dict)]
     parsed.pytest = max(sessions, key=lambda t: int(t.get("ran") or 0), default=None)
@@ -440,12 +428,7 @@ def judge(
     exception raised from a file there is the bug's (crash_signs.raised_in_framework)."""
     if status in ("hung", "interrupted"):
         why = "no output and no heartbeat within the stall limit, or the time limit reached"
-        return Judgement(
-            status,
-            "hang" if status == "hung" else "none",
-            why if status == "hung" else "stopped by the user",
-            None,
-        )
+        return ladder.status_judgement(status, why if status == "hung" else "stopped by the user")
     if patch == "fixed" and fix_error:
         return Judgement("unsupported", "none", f"the fix cannot patch this DeepSpeed: {fix_error}", None)
     exc = own.exception

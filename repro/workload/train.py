@@ -211,14 +211,12 @@ def collect_versions() -> dict[str, str | None]:
     found["torch"] = torch.__version__
     found["hip"] = getattr(torch.version, "hip", None)
     found["cuda"] = torch.version.cuda
-    try:
-        import torch.distributed as dist
+    import torch.distributed as dist
 
-        if dist.is_nccl_available():
-            nccl = torch.cuda.nccl.version()
-            found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
-    except (RuntimeError, AttributeError):
-        pass
+    from repro.workload.device import nccl_version
+
+    if dist.is_nccl_available():
+        found["nccl"] = nccl_version(torch)
     if "deepspeed" in sys.modules:
         found["deepspeed"] = sys.modules["deepspeed"].__version__
     else:  # failed before DeepSpeed was imported: the installed distribution still says which
