@@ -49,7 +49,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    _load_commands()
+    for name in _COMMAND_MODULES:  # the modules register their subcommands (heavy deps load on use only)
+        __import__(name)
     parser = _Parser(
         prog="python -m repro",
         description=(
@@ -183,9 +184,3 @@ def refuse_control_characters(argv: Sequence[str]) -> None:
             "one makes them read as something they are not",
             fix=f"give {given} without it (several commands: put them in a script and run that)",
         )
-
-
-def _load_commands() -> None:
-    """Import the modules that register subcommands (their heavy deps load on use only)."""
-    for name in _COMMAND_MODULES:
-        __import__(name)

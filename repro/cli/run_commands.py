@@ -161,9 +161,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     ]
     out = Path(args.out) if args.out else folders[0]
     paths = build_report(folders, out)
-    for path in (getattr(paths, "html", None), getattr(paths, "markdown", None)):
-        if path:
-            console.result(f"wrote {path}")
+    for path in (paths.html, paths.markdown):
+        console.result(f"wrote {path}")
     return 0
 
 

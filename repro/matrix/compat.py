@@ -157,7 +157,7 @@ def minor(version: str) -> str:
     return f"{release[0]}.{release[1] if len(release) > 1 else 0}"
 
 
-def _py_tuple(python: str) -> tuple[int, ...]:
+def py_tuple(python: str) -> tuple[int, ...]:
     return tuple(int(part) for part in python.split("."))
 
 
@@ -171,7 +171,7 @@ def torch_supports_python(torch: str, python: str) -> bool | None:
     span = torch_pythons(torch)
     if span is None:
         return None
-    return _py_tuple(span[0]) <= _py_tuple(python) <= _py_tuple(span[1])
+    return py_tuple(span[0]) <= py_tuple(python) <= py_tuple(span[1])
 
 
 def wheel_indexes(platform: Platform, torch: str) -> tuple[WheelIndex, ...]:
@@ -188,7 +188,7 @@ def wheel_indexes(platform: Platform, torch: str) -> tuple[WheelIndex, ...]:
 
 def same_minor(a: str, b: str) -> bool:
     """ROCm/CUDA versions match when major.minor agree ("6.2" ~ "6.2.4")."""
-    return _py_tuple(a)[:2] == _py_tuple(b)[:2]
+    return py_tuple(a)[:2] == py_tuple(b)[:2]
 
 
 def pick_index(platform: Platform, torch: str, prefer: str | None) -> WheelIndex | None:
@@ -270,7 +270,7 @@ ROCM_JIT_ARCHES = ("gfx908", "gfx90a", "gfx942")
 
 def rocm_jit_arches(rocm: str | None) -> tuple[str, ...]:
     """PYTORCH_ROCM_ARCH for an image on ROCm `rocm` (None: the newest list)."""
-    if rocm is not None and _py_tuple(rocm)[:1] < (6,):
+    if rocm is not None and py_tuple(rocm)[:1] < (6,):
         return tuple(a for a in ROCM_JIT_ARCHES if a != "gfx942")
     return ROCM_JIT_ARCHES
 
@@ -329,4 +329,4 @@ def driver_tuple(version: str) -> tuple[int, ...]:
 
 def cuda_driver_floor(cuda: str) -> str | None:
     """The oldest NVIDIA driver that runs a CUDA `cuda` runtime, None when the major is unknown."""
-    return CUDA_DRIVER_FLOOR.get(_py_tuple(cuda)[0])
+    return CUDA_DRIVER_FLOOR.get(py_tuple(cuda)[0])

@@ -97,11 +97,11 @@ class PinTables:
         """The oldest Python the tables have pins for: the oldest [pins_for_python] table. [pins]
         itself holds the newest releases, which need a newer Python, so an older one would be sent
         to pip with versions that do not install there (it fails as a misleading download error)."""
-        return min(self.pins_for_python, key=_py_tuple, default=None)
+        return min(self.pins_for_python, key=compat.py_tuple, default=None)
 
     def serves(self, python: str) -> bool:
         oldest = self.oldest_python()
-        return oldest is None or _py_tuple(python) >= _py_tuple(oldest)
+        return oldest is None or compat.py_tuple(python) >= compat.py_tuple(oldest)
 
     def numpy(self, torch: str, python: str) -> str:
         below = tuple(int(p) for p in self.numpy1_below_torch.split("."))
@@ -118,10 +118,6 @@ class PinTables:
                 out.add(name)
                 todo.extend(self.pin_requires.get(name, ()))
         return tuple(sorted(out))
-
-
-def _py_tuple(python: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in python.split("."))
 
 
 @dataclass(frozen=True)
@@ -195,7 +191,7 @@ class Env:
         span = compat.torch_pythons(self.torch)
         if span is None:
             return None
-        low, high = _py_tuple(span[0]), _py_tuple(span[1])
+        low, high = compat.py_tuple(span[0]), compat.py_tuple(span[1])
         minors = (f"{low[0]}.{m}" for m in range(low[1], high[1] + 1))
         return tuple(p for p in minors if self.tables is None or self.tables.serves(p))
 

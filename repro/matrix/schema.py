@@ -392,10 +392,7 @@ def _check_extra_pins(checker: _Checker, env_id: str, raw: Any, tables: PinTable
 
 def load_matrix(path: str | Path = DEFAULT_MATRIX) -> Matrix:
     """Read and validate the matrix; raises repro.core.errors.MatrixError naming file, env and key."""
-    return parse_matrix(Path(path))
-
-
-def parse_matrix(path: Path) -> Matrix:
+    path = Path(path)
     try:
         data = tomllib.loads(read_regular(path, MAX_MATRIX_BYTES).decode("utf-8"))
     except FileNotFoundError:
