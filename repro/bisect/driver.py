@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypedDict, Union, cast
+from typing import TYPE_CHECKING, TypedDict, Union, cast
 
 from packaging.version import InvalidVersion, Version
 
@@ -620,18 +620,99 @@ def bounded_parallel(
     return replace(req, parallel=k)
 
 
-def walk_rounds(
-    mode: Mode, walk: Walk, runner: rounds.RoundRunner, log: ProbeLog, save: Callable[..., Any], k: int
-) -> int:
-    """Probe what the search asks for, a round at a time, saving after every round; the round count."""
-    count = 0
-    while batch := mode.next_round(k):
-        count += 1
-        observations = runner([walk.spec(walk.candidates[i]) for i in batch])
-        for i, obs in zip(batch, observations, strict=True):
-            mode.record(i, obs, log)
-        save(done=False)
-    return count
+class _Stage:
+    """One walk's probes, a round at a time: its mode, its runner and the log of what they saw."""
+
+    def __init__(self, mode: Mode, runner: rounds.RoundRunner, say: Callable[[str], None]) -> None:
+        self.mode, self.runner = mode, runner
+        self.log = ProbeLog(mode.walk.axis, say)
+        self.rounds = 0  # counted once the search is done
+
+    def data(self, done: bool, interrupted: bool = False) -> WalkData:
+        mode_data = self.mode.data(self.log, done, interrupted)
+        return {**mode_data, **rounds.data_of(self.runner), "rounds": self.rounds}
+
+    def run(self, save: Callable[..., object]) -> None:
+        """Probe what the search asks for, saving after every round."""
+        mode, walk, count = self.mode, self.mode.walk, 0
+        while batch := mode.next_round(mode.req.parallel):
+            count += 1
+            observations = self.runner([walk.spec(walk.candidates[i]) for i in batch])
+            for i, obs in zip(batch, observations, strict=True):
+                mode.record(i, obs, self.log)
+            save(done=False)
+        self.rounds = count
+
+
+@dataclass(frozen=True)
+class _Walker:
+    """What the stages of one walk share: a release walk and, with COMMITS=1, its commit stages."""
+
+    services: Services
+    matrix: Matrix
+    engine: Engine
+    inv: InvocationDir
+
+    def stage(self, mode: Mode) -> _Stage:
+        runner = make_runner(mode.req, self.services, self.matrix, self.engine, self.inv, mode.walk)
+        return _Stage(mode, runner, self.services.say)
+
+    def chain_all(
+        self, req: WalkRequest, data: WalkData, chained: WalkData, save: Callable[..., object]
+    ) -> None:
+        """COMMITS=1: a bisect goes on between its boundary releases (`commits`: one commit bisect); a
+        survey between the releases of each change point (`commits`: a list in change-point order),
+        where `bad` means behaving differently from the older release (BAD_IF=differs)."""
+        if data["kind"] == "survey":
+            stages: list[WalkData] = []
+            chained["commits"] = stages
+            for point in data["change_points"]:
+                stages.append({})
+                publish = partial(stages.__setitem__, len(stages) - 1)
+                self.chain_commits(replace(req, bad_if=BadIf.DIFFERS.value), point, publish, save)
+        elif data["status"] != "found":
+            chained["commits"] = {"kind": "skipped", "why": "the releases showed no good/bad boundary"}
+        else:
+            publish = partial(chained.__setitem__, "commits")
+            self.chain_commits(req, data["change_points"][0], publish, save)
+
+    def chain_commits(
+        self,
+        req: WalkRequest,
+        point: Change,
+        publish: Callable[[WalkData], None],
+        save: Callable[..., object],
+    ) -> None:
+        """Bisect the first-parent commits between the two releases of `point` (their v<version> tags),
+        in the same folder and with the same runner settings; `publish` puts the data where the
+        releases' JSON holds it, saved after every round like the releases."""
+        sub = replace(
+            req,
+            axis=COMMIT_AXIS,
+            good=tag_for(point["before"]),
+            bad=tag_for(point["after"]),
+            start=None,
+            end=None,
+            versions=None,
+            deepspeed=None,
+            commits=False,
+            ds_repo=req.ds_repo or UPSTREAM_URL,
+        )
+        walk = resolve_walk(sub, self.services, self.matrix)
+        mode = BisectMode(bounded_parallel(sub, len(walk.candidates), self.services.say), walk)
+        self.services.say(mode.headline())
+        stage = self.stage(mode)
+
+        def save_commits(done: bool, interrupted: bool = False) -> None:
+            publish(stage.data(done, interrupted))
+            save(done=True, interrupted=interrupted)
+
+        try:
+            stage.run(save_commits)
+        except (KeyboardInterrupt, Interrupted):
+            save_commits(done=False, interrupted=True)
+            raise
+        save_commits(done=True)
 
 
 def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkRequest, Walk], Mode]) -> int:
@@ -667,29 +748,25 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
     inv = req.folder.invocation(folder, mode.make_command(walk.candidates[0], walk.candidates[-1]))
     if fresh:
         point_latest(req.folder.results_root, folder)
-    runner = make_runner(req, services, matrix, engine, inv, walk)
-    log = ProbeLog(walk.axis, say)
+    walker = _Walker(services, matrix, engine, inv)
+    stage = walker.stage(mode)
     say(f"results: {folder}")
     chained: WalkData = {}  # COMMITS=1: the commit stage(s)
-    where = rounds.data_of(runner)
-    counted: WalkData = {"rounds": 0}
 
     def save(done: bool, interrupted: bool = False) -> WalkData:
-        data: WalkData = {**mode.data(log, done, interrupted), **where, **counted, **chained}
+        data: WalkData = {**stage.data(done, interrupted), **chained}
         write_json_atomic(str(folder / mode.marker), data)
         return data
 
     try:
-        counted["rounds"] = walk_rounds(mode, walk, runner, log, save, req.parallel)
+        stage.run(save)
         data = save(done=True)
         if req.commits:
             # the commit stage caps PARALLEL= by its own candidates, not by the releases'
-            chain_all(
-                replace(req, parallel=asked.parallel), services, matrix, engine, inv, data, chained, save
-            )
+            walker.chain_all(replace(req, parallel=asked.parallel), data, chained, save)
     except (KeyboardInterrupt, Interrupted):
         save(done=False, interrupted=True)
-        raise mode.interrupted(folder, len(log.rows)) from None
+        raise mode.interrupted(folder, len(stage.log.rows)) from None
     data = save(done=True)
     for line in mode.summary(data):
         say(line)
@@ -702,88 +779,6 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
             for line in bisect_summary(commits) + commit_summary(commits):
                 say(line)
     return 0
-
-
-def chain_all(
-    req: WalkRequest,
-    services: Services,
-    matrix: Matrix,
-    engine: Engine,
-    inv: InvocationDir,
-    data: WalkData,
-    chained: WalkData,
-    save: Callable[..., Any],
-) -> None:
-    """COMMITS=1: a bisect goes on between its boundary releases (`commits`: one commit bisect); a
-    survey between the releases of each change point (`commits`: a list in change-point order),
-    where `bad` means behaving differently from the older release (BAD_IF=differs)."""
-    if data["kind"] == "survey":
-        stages: list[WalkData] = []
-        chained["commits"] = stages
-        for point in data["change_points"]:
-            stages.append({})
-            index = len(stages) - 1
-            sub = replace(req, bad_if=BadIf.DIFFERS.value)
-            chain_commits(sub, services, matrix, engine, inv, point, partial(stages.__setitem__, index), save)
-        return
-    if data["status"] != "found":
-        chained["commits"] = {"kind": "skipped", "why": "the releases showed no good/bad boundary"}
-        return
-    chain_commits(
-        req,
-        services,
-        matrix,
-        engine,
-        inv,
-        data["change_points"][0],
-        partial(chained.__setitem__, "commits"),
-        save,
-    )
-
-
-def chain_commits(
-    req: WalkRequest,
-    services: Services,
-    matrix: Matrix,
-    engine: Engine,
-    inv: InvocationDir,
-    point: Change,
-    publish: Callable[[WalkData], None],
-    save: Callable[..., Any],
-) -> None:
-    """Bisect the first-parent commits between the two releases of `point` (their v<version> tags),
-    in the same folder and with the same runner settings; `publish` puts the data where the
-    releases' JSON holds it, saved after every round like the releases."""
-    sub = replace(
-        req,
-        axis=COMMIT_AXIS,
-        good=tag_for(point["before"]),
-        bad=tag_for(point["after"]),
-        start=None,
-        end=None,
-        versions=None,
-        deepspeed=None,
-        commits=False,
-        ds_repo=req.ds_repo or UPSTREAM_URL,
-    )
-    walk = resolve_walk(sub, services, matrix)
-    sub = bounded_parallel(sub, len(walk.candidates), services.say)
-    mode = BisectMode(sub, walk)
-    services.say(mode.headline())
-    runner = make_runner(sub, services, matrix, engine, inv, walk)
-    log = ProbeLog(walk.axis, services.say)
-    counted: WalkData = {"rounds": 0}
-
-    def save_commits(done: bool, interrupted: bool = False) -> None:
-        publish({**mode.data(log, done, interrupted), **rounds.data_of(runner), **counted})
-        save(done=True, interrupted=interrupted)
-
-    try:
-        counted["rounds"] = walk_rounds(mode, walk, runner, log, save_commits, sub.parallel)
-    except (KeyboardInterrupt, Interrupted):
-        save_commits(done=False, interrupted=True)
-        raise
-    save_commits(done=True)
 
 
 def run_bisect(req: WalkRequest, services: Services) -> int:

@@ -180,13 +180,17 @@ def _order(label: str) -> tuple[int, Any]:
         return 1, label
 
 
+def _opening(text: str, data: WalkData) -> list[str]:
+    """A summary's first lines: a blank one, then `text` and what the probes built."""
+    return ["", f"{text} ({data['envs_built']} envs built, {data['envs_reused']} reused)"]
+
+
 def bisect_summary(data: WalkData) -> list[str]:
-    lines = [
-        "",
+    lines = _opening(
         f"bisect {data['status']}: {data['axis']} on {data['env']}, {walk_subject(data)}, "
-        f"BAD_IF={data['bad_if']}, {data['probe_count']} probes "
-        f"({data['envs_built']} envs built, {data['envs_reused']} reused)",
-    ]
+        f"BAD_IF={data['bad_if']}, {data['probe_count']} probes",
+        data,
+    )
     if data["status"] != BisectStatus.FOUND.value:
         seen = sorted({(r["outcome"], r["signature"], r["verdict"]) for r in data["probes"]})
         lines.append("  no good/bad boundary: " + "; ".join(f"{o} ({s}) = {v}" for o, s, v in seen))
@@ -251,12 +255,11 @@ def survey_data(
 
 
 def survey_summary(data: WalkData) -> list[str]:
-    lines = [
-        "",
+    lines = _opening(
         f"survey: {data['axis']} on {data['env']}, {walk_subject(data)}: "
-        f"{data['probe_count']} probes for {len(data['candidates'])} candidates "
-        f"({data['envs_built']} envs built, {data['envs_reused']} reused)",
-    ]
+        f"{data['probe_count']} probes for {len(data['candidates'])} candidates",
+        data,
+    )
     for seg in data["segments"]:
         span = seg["from"] if seg["from"] == seg["to"] else f"{seg['from']} .. {seg['to']}"
         lines.append(f"  {span:<22} {seg['outcome']:<12} {seg['signature']}")
