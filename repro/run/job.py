@@ -10,7 +10,6 @@ OUT/results.json, so the summary and `make report` show them like the suite's.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 import shlex
 import stat
@@ -31,6 +30,7 @@ from repro.engines import jobdeps
 from repro.engines.base import Engine, Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
 from repro.run import job_resume
+from repro.run.orchestrate import check_time_limits
 from repro.workload import judge, ladder
 from repro.workload.device import RanOn
 from repro.workload.diskfull import EXIT_DISK_FULL
@@ -83,14 +83,7 @@ class JobRequest:
         bad = [p for p in self.patches if p not in PATCHES]
         if bad or not self.patches:
             raise UsageError(f"unknown patch {', '.join(bad) or '(none)'}", fix=f"use {','.join(PATCHES)}")
-        for name, seconds in (("TIMEOUT", self.timeout_s), ("STALL_TIMEOUT", self.stall_s)):
-            # as `repro` checks them (repro.run.orchestrate): nan would mean no limit at all
-            if not (math.isfinite(seconds) and seconds > 0):
-                raise UsageError(
-                    f"{name}={seconds} is not valid",
-                    why="a time limit must be a finite number",
-                    fix=f"use a number of seconds > 0 and finite for {name} (e.g. 1800)",
-                )
+        check_time_limits((("TIMEOUT", self.timeout_s), ("STALL_TIMEOUT", self.stall_s)), "1800")
         if not self.workdir.is_dir():
             raise UsageError(
                 f"WORKDIR={self.workdir} is not a folder", fix="give the folder the command runs in"
@@ -109,22 +102,9 @@ class JobRequest:
 
 def job_args(request: JobRequest, patch: str, device: str) -> list[str]:
     """Arguments of the in-env runner; engines add `--out`."""
-    return [
-        "--cmd",
-        request.command,
-        "--workdir",
-        str(request.workdir.resolve()),
-        "--patch",
-        patch,
-        "--device",
-        device,
-        "--transport",
-        request.transport,
-        "--timeout",
-        f"{request.timeout_s:g}",
-        "--stall-timeout",
-        f"{request.stall_s:g}",
-    ]
+    args = ["--cmd", request.command, "--workdir", str(request.workdir.resolve()), "--patch", patch]
+    args += ["--device", device, "--transport", request.transport, "--timeout", f"{request.timeout_s:g}"]
+    return [*args, "--stall-timeout", f"{request.stall_s:g}"]
 
 
 def workdir_digest(folder: Path, max_s: float = DIGEST_MAX_S) -> str:
@@ -152,7 +132,8 @@ def workdir_digest(folder: Path, max_s: float = DIGEST_MAX_S) -> str:
             size = info.st_size
             h.update(f"{path.relative_to(folder)}\0{size}\0".encode())
             if size <= DIGEST_MAX_BYTES:
-                h.update(_regular_file_digest(path))
+                data = _regular_prefix(path, DIGEST_MAX_BYTES + 1, os.O_NOFOLLOW)  # links not followed
+                h.update(b"" if data is None else hashlib.sha256(data).digest())
             count += 1
             if count >= DIGEST_MAX_FILES:
                 return "sha256:" + h.hexdigest() + f" (first {DIGEST_MAX_FILES} files)"
@@ -161,17 +142,14 @@ def workdir_digest(folder: Path, max_s: float = DIGEST_MAX_S) -> str:
     return "sha256:" + h.hexdigest()
 
 
-def _regular_file_digest(path: Path) -> bytes:
-    """sha256 of a file checked to be regular once opened (non-blocking, links not followed: it
-    may have been swapped for a FIFO since the walk saw it); empty when it is not."""
+def _regular_prefix(path: Path, limit: int, flags: int = 0) -> bytes | None:
+    """The first `limit` bytes of a file checked to be regular once opened (non-blocking: it may be
+    a FIFO, or have been swapped for one since it was seen); None when it is not, or is unreadable."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | flags), "rb") as fh:
+            return fh.read(limit) if stat.S_ISREG(os.fstat(fh.fileno()).st_mode) else None
     except OSError:
-        return b""
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            return b""
-        return hashlib.sha256(fh.read(DIGEST_MAX_BYTES + 1)).digest()
+        return None
 
 
 @dataclass(frozen=True)
@@ -616,17 +594,6 @@ def _record_job(
 MAX_LOG_BYTES = 256 << 20  # what the judge reads of a job's log; the file itself is kept whole
 
 
-def _log_text(log: Path) -> str:
-    try:
-        with os.fdopen(os.open(log, os.O_RDONLY | os.O_NONBLOCK), "rb") as fh:
-            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-                return ""
-            data = fh.read(MAX_LOG_BYTES)
-    except OSError:
-        return ""
-    return data.decode(errors="replace")
-
-
 def read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
     # job.json is written inside the env (in verify-bundle: by someone else's image), read bounded;
     # none, or one that cannot be read, is what a runner that died leaves: a crash with its exit code.
@@ -635,7 +602,7 @@ def read_raw(patch: str, out: Path, folder: Path, ran: SuiteRun) -> RawRun:
         # the keys the judge needs
         job = {"status": "hung" if ran.timed_out else None, "exit_code": ran.exit_code, "hook_reports": []}
     log = out / "job.log"
-    text = _log_text(log) if log.exists() else ""
+    text = (_regular_prefix(log, MAX_LOG_BYTES) or b"").decode(errors="replace") if log.exists() else ""
     rel = str(log.relative_to(folder)) if log.exists() else None
     return RawRun(patch, job, text, rel)
 
@@ -645,7 +612,10 @@ def reproduce_line(request: JobRequest) -> str:
     REQUIREMENTS=... PACKAGES=... PATCH=... CMD=...`, with the user's environment the job inherited
     before `make` (PYTHONPATH, GPU selection, NCCL settings) and every option that differs from
     its default. Printed by `run`, saved as the invocation's command (summary, report, bundle)."""
-    defaults = JobRequest.__dataclass_fields__
+
+    def changed(field: str, text: str) -> str | None:  # the option's text, None when it is the default
+        return text if getattr(request, field) != JobRequest.__dataclass_fields__[field].default else None
+
     # Where and with what first, the command last: the order this line had before the table
     # (repro/core/make_options.py), which saved results keep; checked_pairs checks the names only.
     pairs = checked_pairs(
@@ -655,17 +625,11 @@ def reproduce_line(request: JobRequest) -> str:
             ("WORKDIR", str(request.workdir.resolve())),
             ("DEEPSPEED_SRC", str(request.deepspeed_src.resolve()) if request.deepspeed_src else None),
             *jobdeps.line_pairs(request.deps),
-            ("PATCH", ",".join(request.patches) if request.patches != defaults["patches"].default else None),
-            ("TRANSPORT", request.transport if request.transport != defaults["transport"].default else None),
+            ("PATCH", changed("patches", ",".join(request.patches))),
+            ("TRANSPORT", changed("transport", request.transport)),
             ("LOSS_REGEX", request.loss_regex),
-            (
-                "TIMEOUT",
-                f"{request.timeout_s:g}" if request.timeout_s != defaults["timeout_s"].default else None,
-            ),
-            (
-                "STALL_TIMEOUT",
-                f"{request.stall_s:g}" if request.stall_s != defaults["stall_s"].default else None,
-            ),
+            ("TIMEOUT", changed("timeout_s", f"{request.timeout_s:g}")),
+            ("STALL_TIMEOUT", changed("stall_s", f"{request.stall_s:g}")),
             ("NETWORK", "1" if request.network else None),
             ("CMD", request.command),
         ]

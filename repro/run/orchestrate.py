@@ -99,12 +99,17 @@ def _check_numbers(request: Request) -> None:
             why="the MiCS scenarios split the ranks in halves",
             fix="use 1 (the control only) or an even number >= 2 (2, 4, 6, ...)",
         )
-    for name, seconds in (("TIMEOUT", request.timeout_s), ("STALL_TIMEOUT", request.stall_s)):
+    check_time_limits((("TIMEOUT", request.timeout_s), ("STALL_TIMEOUT", request.stall_s)), "600")
+
+
+def check_time_limits(limits: Sequence[tuple[str, float | None]], example: str) -> None:
+    """TIMEOUT=/STALL_TIMEOUT= of `repro` and `run` alike (None: not given): nan would mean no limit."""
+    for name, seconds in limits:
         if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
             raise UsageError(
                 f"{name}={seconds} is not valid",
                 why="a time limit must be a finite number",
-                fix=f"use a number of seconds > 0 and finite for {name} (e.g. 600)",
+                fix=f"use a number of seconds > 0 and finite for {name} (e.g. {example})",
             )
 
 

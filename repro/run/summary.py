@@ -27,11 +27,6 @@ COLUMNS = (
 )
 
 
-def _cell(run: RunRecord, key: str) -> str:
-    # Escaped before it is cut to the column: a record's ESC or bidi character is shown, not acted on.
-    return printable(_value(run, key))
-
-
 def _value(run: RunRecord, key: str) -> str:
     if key == "ws":
         return world_size_text(run.get("world_size"))
@@ -56,7 +51,8 @@ def table(runs: Sequence[RunRecord]) -> str:
     head = "  ".join(name.ljust(width) for name, width in COLUMNS)
     lines = [head, "-" * len(head)]
     for run in runs:
-        lines.append("  ".join(_cell(run, name)[:width].ljust(width) for name, width in COLUMNS))
+        # Escaped before it is cut to the column: a record's ESC or bidi character is shown, not acted on.
+        lines.append("  ".join(printable(_value(run, name))[:width].ljust(width) for name, width in COLUMNS))
     return "\n".join(lines)
 
 

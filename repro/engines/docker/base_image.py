@@ -39,14 +39,8 @@ class BaseImageSpec:
         return cls(mirror=mirror) if mirror else cls()
 
     def debootstrap_argv(self, rootfs: Path) -> list[str]:
-        return [
-            "debootstrap",
-            f"--variant={self.variant}",
-            f"--include={','.join(self.packages)}",
-            self.suite,
-            str(rootfs),
-            self.mirror,
-        ]
+        include = f"--include={','.join(self.packages)}"
+        return ["debootstrap", f"--variant={self.variant}", include, self.suite, str(rootfs), self.mirror]
 
     def changes(self) -> list[str]:
         """Dockerfile instructions applied on import: a rootfs tarball carries no image config."""
