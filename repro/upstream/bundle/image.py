@@ -124,8 +124,8 @@ class _Counting(io.RawIOBase):
         return len(data)
 
 
-def _pipe_chunks(read_end: BinaryIO) -> Iterator[bytes]:
-    while data := read_end.read(CHUNK):
+def _read_chunks(read_end: io.BufferedIOBase, chunk: int = CHUNK) -> Iterator[bytes]:
+    while data := read_end.read(chunk):
         yield data
 
 
@@ -166,7 +166,7 @@ def flatten(client: Any, source: str, ref: str, say: Callable[[str], None] = con
         import_error: Exception | None = None
         try:
             client.api.import_image_from_stream(
-                _pipe_chunks(reader),
+                _read_chunks(reader),
                 repository=repository,
                 tag=tag,
                 changes=import_changes(config, {LABEL_BUNDLE_OF: image.id}),
@@ -267,11 +267,7 @@ def gzip_chunks(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:
     """The decompressed bytes of a .tar.gz; a truncated or corrupt file raises BundleError."""
     try:
         with gzip.open(path, "rb") as gz:
-            while True:
-                data = gz.read(chunk)
-                if not data:
-                    return
-                yield data
+            yield from _read_chunks(gz, chunk)
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
         raise BundleError(
             f"{path.name} is truncated or corrupt",

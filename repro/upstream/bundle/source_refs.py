@@ -9,7 +9,7 @@ absent from the result, and `missing` says which.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 COMM = "deepspeed/comm/torch.py"
@@ -45,7 +45,7 @@ class Refs:
         return next((r for r in self.refs if r.key == key), None)
 
 
-def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
+def find_method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
             for item in node.body:
@@ -57,10 +57,6 @@ def _method(tree: ast.Module, cls: str, name: str) -> ast.FunctionDef | None:
 def _span(node: ast.AST) -> tuple[int, int]:
     start = getattr(node, "lineno", 0)
     return start, getattr(node, "end_lineno", None) or start
-
-
-def _walk(func: ast.AST) -> Iterator[ast.AST]:
-    yield from ast.walk(func)
 
 
 def _is_last_req(node: ast.AST) -> bool:
@@ -98,40 +94,22 @@ def _exception_names(handler: ast.ExceptHandler) -> list[str]:
     return [n.id for n in items if isinstance(n, ast.Name)]
 
 
+_UNBOUND = "without binding it (`with ...:`, not `with ... as cm:`), so the manager's real work is lost"
+
+
 def comm_refs(source: str) -> list[SourceRef]:
-    func = _method(ast.parse(source), "TorchBackend", "all_gather_coalesced")
+    func = find_method(ast.parse(source), "TorchBackend", "all_gather_coalesced")
     if func is None:
         return []
     refs = [SourceRef("comm.method", COMM, *_span(func), "`TorchBackend.all_gather_coalesced`")]
-    for node in _walk(func):
-        if isinstance(node, ast.With):
-            item = node.items[0]
-            if _call_name(item.context_expr) == "get_coalescing_manager":
-                bound = item.optional_vars is not None
-                refs.append(
-                    SourceRef(
-                        "comm.with",
-                        COMM,
-                        node.lineno,
-                        node.lineno,
-                        "enters torch's `_coalescing_manager` "
-                        + (
-                            "and binds it"
-                            if bound
-                            else "without binding it (`with ...:`, "
-                            "not `with ... as cm:`), so the manager's real work is lost"
-                        ),
-                    )
-                )
+    for node in ast.walk(func):
+        if isinstance(node, ast.With) and _call_name(node.items[0].context_expr) == "get_coalescing_manager":
+            how = "and binds it" if node.items[0].optional_vars is not None else _UNBOUND
+            what = f"enters torch's `_coalescing_manager` {how}"
+            refs.append(SourceRef("comm.with", COMM, node.lineno, node.lineno, what))
         if isinstance(node, ast.Return) and node.value is not None and _is_last_req(node.value):
-            refs.append(
-                SourceRef(
-                    "comm.return",
-                    COMM,
-                    *_span(node),
-                    "async: returns `reqs[-1]`, an `_IllegalWork` placeholder on torch >= 2.1",
-                )
-            )
+            what = "async: returns `reqs[-1]`, an `_IllegalWork` placeholder on torch >= 2.1"
+            refs.append(SourceRef("comm.return", COMM, *_span(node), what))
         call = node.value if isinstance(node, ast.Expr) else None
         if (
             isinstance(call, ast.Call)
@@ -139,43 +117,31 @@ def comm_refs(source: str) -> list[SourceRef]:
             and call.func.attr == "wait"
             and _is_last_req(call.func.value)
         ):
-            refs.append(
-                SourceRef(
-                    "comm.wait",
-                    COMM,
-                    *_span(node),
-                    "sync: calls `reqs[-1].wait()` on the placeholder, which raises",
-                )
-            )
+            what = "sync: calls `reqs[-1].wait()` on the placeholder, which raises"
+            refs.append(SourceRef("comm.wait", COMM, *_span(node), what))
     return refs
 
 
 def mics_refs(source: str) -> list[SourceRef]:
     tree = ast.parse(source)
     refs: list[SourceRef] = []
-    wait = _method(tree, "MiCS_AllGatherCoalescedHandle", "wait")
+    wait = find_method(tree, "MiCS_AllGatherCoalescedHandle", "wait")
     if wait is not None:
-        for node in _walk(wait):
+        for node in ast.walk(wait):
             if isinstance(node, ast.Try) and node.handlers:
-                caught = [n for h in node.handlers for n in _exception_names(h)]
-                refs.append(
-                    SourceRef(
-                        "mics.swallow",
-                        MICS,
-                        *_span(node),
-                        f"`MiCS_AllGatherCoalescedHandle.wait` catches {' and '.join(caught)}, "
-                        "logs it and then marks the parameters AVAILABLE anyway",
-                    )
-                )
+                caught = " and ".join(n for h in node.handlers for n in _exception_names(h))
+                what = f"`MiCS_AllGatherCoalescedHandle.wait` catches {caught}, "
+                what += "logs it and then marks the parameters AVAILABLE anyway"
+                refs.append(SourceRef("mics.swallow", MICS, *_span(node), what))
                 break
     for method, key, mode in (
         ("_flat_all_gather_with_coalescing_manager", "mics.flat", True),
         ("_hierarchical_all_gather_params", "mics.hier", False),
     ):
-        func = _method(tree, "MiCS_Init", method)
+        func = find_method(tree, "MiCS_Init", method)
         if func is None:
             continue
-        for node in _walk(func):
+        for node in ast.walk(func):
             if (
                 _call_name(node) == "all_gather_coalesced"
                 and isinstance(node, ast.Call)

@@ -18,6 +18,7 @@ from repro.core.errors import (
     FixDoesNotApplyError as FixDoesNotApplyError,  # re-exported: callers name it here
 )
 from repro.core.paths import REPO_ROOT
+from repro.upstream.bundle.source_refs import find_method
 from repro.workload import fix
 from repro.workload.closed import assert_never
 
@@ -94,13 +95,8 @@ def changed_files(read: Mapping[str, str | None]) -> dict[str, str]:
 def wait_swallows(source: str) -> bool:
     """Whether MiCS_AllGatherCoalescedHandle.wait in this mics.py catches the failed wait."""
     target = next(t for t in fix.TARGETS if t.path == MICS)
-    tree = ast.parse(source)
-    for node in tree.body:
-        if isinstance(node, ast.ClassDef) and node.name == target.cls:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == target.func:
-                    return any(isinstance(n, ast.Try) for n in ast.walk(item))
-    return False
+    wait = find_method(ast.parse(source), target.cls, target.func)
+    return wait is not None and any(isinstance(n, ast.Try) for n in ast.walk(wait))
 
 
 # -- callers -----------------------------------------------------------------------------------------
