@@ -439,8 +439,8 @@ def test_log_path_keeps_the_version_dots(tmp_path: Path) -> None:
 def test_a_survey_never_reuses_an_earlier_folder(tmp_path: Path) -> None:
     (tmp_path / "torch2.1.0-fixed").mkdir()
     (tmp_path / "torch2.1.0-fixed-2").mkdir()
-    assert pr_range._new_folder(tmp_path / "torch2.1.0-fixed") == tmp_path / "torch2.1.0-fixed-3"
-    assert pr_range._new_folder(tmp_path / "x") == tmp_path / "x"
+    assert pr_range.fresh_folder(tmp_path / "torch2.1.0-fixed") == tmp_path / "torch2.1.0-fixed-3"
+    assert pr_range.fresh_folder(tmp_path / "x") == tmp_path / "x"
 
 
 def test_the_torches_come_from_refs_ci_and_the_suite_runs_on_its_default() -> None:

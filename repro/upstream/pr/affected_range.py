@@ -33,8 +33,7 @@ from repro.core.runs import RunFinding
 from repro.core.walk_files import ProbeRow
 from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr.checks import Seen
-from repro.upstream.pr.out_folders import fresh_folder as _new_folder
-from repro.upstream.pr.out_folders import log_path
+from repro.upstream.pr.out_folders import fresh_folder, log_path
 from repro.upstream.pr.verify import CellCache, CheckEntry, ProbeCall, ProbeRunner, front_door_probe
 from repro.workload import fix
 from repro.workload.record import write_json_atomic
@@ -111,18 +110,8 @@ def first_mics_release(tags: Sequence[str], has_mics: Callable[[str], bool]) -> 
 
 
 def cell_key(column: Column, deepspeed: str, patch: str) -> str:
-    blob = json.dumps(
-        [
-            FORMAT,
-            column.torch,
-            column.env,
-            SCENARIO,
-            "async",
-            deepspeed,
-            patch,
-            fix.FIX_ID if patch == "fixed" else None,
-        ]
-    )
+    fix_id = fix.FIX_ID if patch == "fixed" else None
+    blob = json.dumps([FORMAT, column.torch, column.env, SCENARIO, "async", deepspeed, patch, fix_id])
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -279,17 +268,10 @@ class AffectedRange:
     ) -> dict[str | None, ProbeRow]:
         """The probes of the releases not cached, by version: one probe, or a survey of several."""
         console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
-        where = _new_folder(folder / f"torch{column.torch}-{patch}")
+        where = fresh_folder(folder / f"torch{column.torch}-{patch}")
         if len(missing) == 1:  # a survey needs two ends: one release is a probe
             call = ProbeCall(
-                column.env,
-                column.torch,
-                "",
-                SCENARIO,
-                "async",
-                where,
-                patch=patch,
-                deepspeed=missing[0],
+                column.env, column.torch, "", SCENARIO, "async", where, patch=patch, deepspeed=missing[0]
             )
             return {missing[0]: self.probe(call, self.ds_repo).copy()}
         surveyed = self.survey(column, patch, missing, where, self.parallel)
@@ -302,14 +284,8 @@ class AffectedRange:
         probe: ProbeRow | None = self._seeded(column, sha) or cache.get(cell_key(column, sha, "stock"))
         if probe is not None:
             return probe, True
-        call = ProbeCall(
-            column.env,
-            column.torch,
-            sha,
-            SCENARIO,
-            "async",
-            _new_folder(folder / f"torch{column.torch}-ref-{side}"),
-        )
+        where = fresh_folder(folder / f"torch{column.torch}-ref-{side}")
+        call = ProbeCall(column.env, column.torch, sha, SCENARIO, "async", where)
         probe = self.probe(call, self.ds_repo).copy()
         cache.put(cell_key(column, sha, "stock"), probe)
         return probe, False
@@ -318,10 +294,10 @@ class AffectedRange:
         """REF's or the branch's flat MiCS probe on this torch from verify.json, if it ran there."""
         checks: list[CheckEntry] = (self.verified or {}).get("checks", [])
         for check in checks:
-            if (
-                check.get("key") == SCENARIO
-                and check.get("torch") == column.torch
-                and check.get("env") == column.env
+            if (check.get("key"), check.get("torch"), check.get("env")) == (
+                SCENARIO,
+                column.torch,
+                column.env,
             ):
                 return (check["ref"] if sha == self.pr["ref_sha"] else check["branch"]).copy()
         return None

@@ -146,14 +146,11 @@ def read_at(checkout: Checkout, sha: str, paths: list[str]) -> dict[str, Blob | 
 
 
 def _numstat(text: str) -> tuple[FileStat, ...]:
-    stats = []
-    for line in text.splitlines():
-        added, removed, path = (line.split("\t", 2) + ["", ""])[:3]
-        if path:
-            stats.append(
-                FileStat(path, int(added) if added.isdigit() else 0, int(removed) if removed.isdigit() else 0)
-            )
-    return tuple(stats)
+    def count(n: str) -> int:
+        return int(n) if n.isdigit() else 0  # git writes "-" for a binary file
+
+    rows = [(line.split("\t", 2) + ["", ""])[:3] for line in text.splitlines()]
+    return tuple(FileStat(path, count(added), count(removed)) for added, removed, path in rows if path)
 
 
 def commit_args(ident: Identity, message: Path) -> list[str]:
@@ -283,17 +280,8 @@ def _commit_in_worktree(
     try:
         commit = commit_fix(checkout, worktree, out, sha, wanted_files(changed, blobs), ident, written)
         files = _numstat(checkout.git("diff", "--numstat", sha, commit, "--", cwd=worktree, what="git diff"))
-        patch = checkout.git(
-            "format-patch",
-            "--no-signature",
-            "-o",
-            str(out),
-            "-1",
-            commit,
-            cwd=worktree,
-            what="git format-patch",
-            echo=True,
-        ).strip()
+        one_patch = ["format-patch", "--no-signature", "-o", str(out), "-1", commit]
+        patch = checkout.git(*one_patch, cwd=worktree, what="git format-patch", echo=True).strip()
         if Path(patch).parent.resolve() == out.resolve():
             written.append(Path(patch).name)
         grep = checkout.try_git("grep", "-n", "-w", pr_fix.FUNCTION, sha, "--", GREP_PATHS)
@@ -347,9 +335,7 @@ def _record(
 def untouched(before: tuple[str, str], after: tuple[str, str], branch: str, commit: str) -> bool:
     """Refs gained exactly refs/heads/<branch> at the commit, and the work tree's status is the same."""
     new = f"refs/heads/{branch} {commit}"
-    refs_before = set(before[0].splitlines())
-    refs_after = set(after[0].splitlines())
-    return refs_after == refs_before | {new} and before[1] == after[1]
+    return set(after[0].splitlines()) == set(before[0].splitlines()) | {new} and before[1] == after[1]
 
 
 def summary(record: PrRecord, out: Path) -> Mapping[str, str]:

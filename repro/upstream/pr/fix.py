@@ -72,10 +72,7 @@ def changed_files(read: Mapping[str, str | None]) -> dict[str, str]:
             reason = exc.reason.replace(f"{path} ", "", 1)  # the label names the file already
             problems.append(Where(path, line, f"{reason}; {where}"))
             continue
-        for splice in splices:
-            if splice.unchanged:
-                continue
-            unchanged = False
+        unchanged = unchanged and all(splice.unchanged for splice in splices)
     if problems:
         raise FixDoesNotApplyError(
             "the fix does not apply at REF",

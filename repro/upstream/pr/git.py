@@ -199,17 +199,8 @@ class Checkout:
         # No checkout: only the index is set to the commit (trees, not blobs), and only the files we
         # change are written. A DeepSpeed tree is thousands of files, its blogs hold large images
         # (absent from partial clones), and a checkout would run the repository's smudge filters.
-        self.git(
-            "worktree",
-            "add",
-            "--no-checkout",
-            "--detach",
-            "--",
-            str(where),
-            sha,
-            what="git worktree add",
-            echo=True,
-        )
+        add = ["worktree", "add", "--no-checkout", "--detach", "--", str(where), sha]
+        self.git(*add, what="git worktree add", echo=True)
         self.git("reset", "--quiet", "--mixed", sha, "--", cwd=where, what="git reset (index only)")
 
     def remove_worktree(self, where: Path) -> bool:
@@ -217,14 +208,5 @@ class Checkout:
 
     def create_branch(self, branch: str, sha: str) -> None:
         # An empty old value: git refuses if the ref appeared since the preflight looked.
-        self.git(
-            "update-ref",
-            "-m",
-            "make pr",
-            "--",
-            f"refs/heads/{branch}",
-            sha,
-            "",
-            what="git update-ref",
-            echo=True,
-        )
+        ref = f"refs/heads/{branch}"
+        self.git("update-ref", "-m", "make pr", "--", ref, sha, "", what="git update-ref", echo=True)

@@ -155,20 +155,8 @@ def pytest_target(python_minor: str) -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder.parent))
     try:
-        result = cmd.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--no-deps",
-                "--target",
-                str(tmp),
-                *pins,
-            ]
-        )
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"]
+        result = cmd.run([*pip, "--target", str(tmp), *pins])
         if not result.ok:
             raise RunError(
                 "installing pytest for the PR harness failed",
@@ -249,22 +237,8 @@ def run_pytest(
         MICS_PR_TRANSPORT=transport,
         PYTHONDONTWRITEBYTECODE="1",
     )
-    argv = [
-        python,
-        "-m",
-        "pytest",
-        "-p",
-        PLUGIN,
-        "-c",
-        os.devnull,
-        "--rootdir",
-        str(test_file.parents[3]),
-        "-p",
-        "no:cacheprovider",
-        "-q",
-        f"--junitxml={junit}",
-        str(test_file),
-    ]
+    argv = [python, "-m", "pytest", "-p", PLUGIN, "-c", os.devnull, "--rootdir", str(test_file.parents[3])]
+    argv += ["-p", "no:cacheprovider", "-q", f"--junitxml={junit}", str(test_file)]
     result = cmd.run(argv, env=env, cwd=work, tee=work / f"pytest-{label}.log")
     if not junit.is_file():
         raise RunError(

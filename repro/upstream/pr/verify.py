@@ -344,12 +344,18 @@ class Verification:
         self.save()
         return self.data
 
+    def _not_applicable(self, stack: Stack) -> str | None:
+        """Why the stack's later steps are not run: the commits import with none of its torch (the
+        lab's checks say so); None when they do."""
+        checks = [c for c in self.data["checks"] if c["stack"] == stack.name]
+        return f"not run: {checks[0]['why']}" if checks and all(c["ok"] is None for c in checks) else None
+
     def _suite(self, upstream: pr_suite.UpstreamSuite, stack: Stack) -> pr_suite.SuiteEntry:
         """DeepSpeed's own MiCS tests under its harness (pr_suite), where the stack's torch is one
-        the commits import (the lab's checks say so)."""
-        checks = [c for c in self.data["checks"] if c["stack"] == stack.name]
-        if checks and all(c["ok"] is None for c in checks):
-            return {"stack": stack.name, "torch": stack.torch, "why": f"not run: {checks[0]['why']}"}
+        the commits import."""
+        why = self._not_applicable(stack)
+        if why:
+            return {"stack": stack.name, "torch": stack.torch, "why": why}
         return upstream.run(stack.env, stack.torch, stack.name)
 
     def _regression(self, stack: Stack, folder: Path) -> RegressionEntry:
@@ -357,23 +363,19 @@ class Verification:
         probes = [c["ref"] for c in self.data["checks"] if c["stack"] == stack.name]
         venv = next((p.get("layered_on") for p in probes if p.get("layered_on")), None)
         entry: RegressionEntry = {"stack": stack.name, "torch": stack.torch, "test": str(pr_fix.TEST_REL)}
-        checks = [c for c in self.data["checks"] if c["stack"] == stack.name]
-        if checks and all(c["ok"] is None for c in checks):
-            entry["ok"], entry["why"] = None, f"not run: {checks[0]['why']}"
+        why = self._not_applicable(stack)
+        if why:
+            entry["ok"], entry["why"] = None, why
             return entry
         if not venv:
             entry["ok"], entry["why"] = False, "no probe of this torch left a venv to run the test in"
             return entry
         python = str(Path(venv) / "bin" / "python")
         trees = folder / "trees"
-        branch_tree = export_tree(
-            self.ds_repo,
-            self.pr["commit"],
-            trees / "branch",
-            [*TREE_PATHS, str(pr_fix.TEST_REL)],
-        )
+        test_rel = str(pr_fix.TEST_REL)
+        branch_tree = export_tree(self.ds_repo, self.pr["commit"], trees / "branch", [*TREE_PATHS, test_rel])
         ref_tree = export_tree(self.ds_repo, self.pr["ref_sha"], trees / "ref", list(TREE_PATHS))
-        test_file = branch_tree / str(pr_fix.TEST_REL)
+        test_file = branch_tree / test_rel
         outcomes = {}
         for side, tree in (("ref", ref_tree), ("branch", branch_tree)):
             console.step(f"== verify: regression test, torch {stack.torch}, {side}")
@@ -382,12 +384,7 @@ class Verification:
             )
         ok, why = pr_checks.regression_ok(outcomes["ref"], outcomes["branch"])
         console.info(f"verify: regression test torch {stack.torch}: {why}")
-        entry["ref"], entry["branch"], entry["ok"], entry["why"] = (
-            outcomes["ref"],
-            outcomes["branch"],
-            ok,
-            why,
-        )
+        entry.update({"ref": outcomes["ref"], "branch": outcomes["branch"], "ok": ok, "why": why})
         return entry
 
 
