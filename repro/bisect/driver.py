@@ -242,29 +242,6 @@ class Walk:
         pins = dict(self.fixed, **{self.axis: version})
         return replace(self.base, torch=pins.get("torch"), deepspeed=pins.get("deepspeed"), label=version)
 
-    # The bisect and survey lines keep the order they were printed in before the table existed
-    # (the walk's own variables around the probe's): checked_pairs checks the names only.
-    def make_pairs(self, req: WalkRequest, start: str, end: str) -> list[tuple[str, object]]:
-        # DS_REPO leads on the commit axis (the commits are its); COMMITS=1 goes on from releases
-        if self.axis == COMMIT_AXIS:
-            last: tuple[str, object] = ("DS_REPO", req.ds_repo)
-        else:
-            last = ("COMMITS", 1 if req.commits else None)
-        return checked_pairs([("AXIS", self.axis), ("FROM", start), ("TO", end), last])
-
-    def tail_pairs(self, req: WalkRequest) -> list[tuple[str, object]]:
-        return checked_pairs(
-            [
-                ("TORCH", self.fixed.get("torch")),
-                ("DEEPSPEED", self.fixed.get("deepspeed")),
-                ("VERSIONS", req.versions),
-                ("DS_REPO", req.ds_repo if req.commits else None),
-                *req.probe.make_pairs(self.env_id),
-                ("PARALLEL", req.parallel if req.parallel > 1 else None),
-                ("RUNNER", req.runner if req.runner != "local" else None),
-            ]
-        )
-
 
 def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
     env_id = req.probe.env or matrix.default_id
@@ -389,8 +366,24 @@ class _Mode:
         self.req, self.walk, self.option = req, walk, option
 
     def make_command(self, start: str, end: str) -> str:
-        walk = self.walk
-        pairs = [*walk.make_pairs(self.req, start, end), self.option, *walk.tail_pairs(self.req)]
+        # The bisect and survey lines keep the order they were printed in before the table existed
+        # (the walk's own variables around the probe's): checked_pairs checks the names only.
+        req, walk = self.req, self.walk
+        pairs = [
+            ("AXIS", walk.axis),
+            ("FROM", start),
+            ("TO", end),
+            # DS_REPO leads on the commit axis (the commits are its); COMMITS=1 goes on from releases
+            ("DS_REPO", req.ds_repo) if walk.axis == COMMIT_AXIS else ("COMMITS", 1 if req.commits else None),
+            self.option,
+            ("TORCH", walk.fixed.get("torch")),
+            ("DEEPSPEED", walk.fixed.get("deepspeed")),
+            ("VERSIONS", req.versions),
+            ("DS_REPO", req.ds_repo if req.commits else None),
+            *req.probe.make_pairs(walk.env_id),
+            ("PARALLEL", req.parallel if req.parallel > 1 else None),
+            ("RUNNER", req.runner if req.runner != "local" else None),
+        ]
         return make_line(self.name, checked_pairs(pairs))
 
     def next_round(self, k: int) -> list[int]:

@@ -268,12 +268,18 @@ class OrchestratedProbe:
         label = spec.label or spec.torch or spec.deepspeed or spec.env_id
         watch = _Watch(self.engine)
         before = len(self.invocation.runs)
+
+        def unknown(reason: str, env_id: str | None = None) -> Observation:
+            return Observation(
+                label, "env-error", "none", reason, time.monotonic() - started, env_id, watch.reused
+            )
+
         try:
             # A release the matrix cannot pair with this env (no wheel index, no wheels for its
             # Python, not a version) is a fact about the candidate, not a broken command.
             steps = plan(self.matrix, spec.request())
         except DERIVE_ERRORS as exc:
-            return Observation(label, "env-error", "none", _one_line(exc), time.monotonic() - started)
+            return unknown(_one_line(exc))
         env_id = steps[0].env.id
         try:
             if spec.command:
@@ -282,27 +288,19 @@ class OrchestratedProbe:
             else:
                 runs = execute(steps, watch, self.invocation, say=self.say)
         except CANDIDATE_ERRORS as exc:
-            return Observation(
-                label, "env-error", "none", _one_line(exc), time.monotonic() - started, env_id, watch.reused
-            )
+            return unknown(_one_line(exc), env_id)
         scenario = CUSTOM_SCENARIO if spec.command else spec.scenario
         mine = [
             r
             for r in runs[before:]
             if r.get("scenario") == scenario and r.get("patch") == spec.patch and r.get("transport") != "sync"
         ]
-        seconds = time.monotonic() - started
         if not mine:
             info = self.invocation.data["envs"].get(env_id or "", {})
-            return Observation(
-                label,
-                "env-error",
-                "none",
+            return unknown(
                 f"the suite produced no {spec.scenario}/{spec.patch} record "
                 f"(suite exit code {info.get('suite_exit_code')})",
-                seconds,
                 env_id,
-                watch.reused,
             )
         # The run as evidence (repro/core/evidence.py, the one platform check the env verdict
         # uses too): a run of a rocm env that ran on CPU, or a custom job that never joined a
@@ -314,7 +312,7 @@ class OrchestratedProbe:
             str(record.get("outcome")),
             str(record.get("signature")),
             str(record.get("reason") or ""),
-            seconds,
+            time.monotonic() - started,
             env_id,
             watch.reused,
             _record_path(log),
