@@ -146,25 +146,18 @@ def _command(spec: RunSpec, port: int) -> list[str]:
 
 def train_args(spec: RunSpec) -> list[str]:
     """The per-rank trainer's arguments: the same under torchrun and the pre-imported launcher."""
-    cmd = [
-        "--run-dir",
-        spec.run_dir,
-        "--ds-config",
-        spec.ds_config_path,
-        "--scenario",
-        spec.scenario,
-        "--patch",
-        spec.patch,
-        "--steps",
-        str(spec.steps),
-        "--seed",
-        str(spec.seed),
-        "--device",
-        spec.device,
-    ]
+    options = {
+        "--run-dir": spec.run_dir,
+        "--ds-config": spec.ds_config_path,
+        "--scenario": spec.scenario,
+        "--patch": spec.patch,
+        "--steps": str(spec.steps),
+        "--seed": str(spec.seed),
+        "--device": spec.device,
+    }
     if spec.device == "cpu":
-        cmd += ["--transport", spec.transport]
-    return cmd + list(spec.model_args)
+        options["--transport"] = spec.transport
+    return [part for option in options.items() for part in option] + list(spec.model_args)
 
 
 def _rank_pids(run_dir: str) -> list[int]:

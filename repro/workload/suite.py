@@ -52,10 +52,14 @@ class PlannedRun:
     patch: str
     dtype: str
     transport: str
-    shape: ds_config.ScenarioShape
+    layout: lay.Layout
     # (outcome, reason) for a run that is recorded without being launched: the env cannot run it
     # (env-error: no GPU of its platform) or the layout cannot (unsupported: too few GPUs).
     skip: tuple[str, str] | None = None
+
+    @property
+    def shape(self) -> ds_config.ScenarioShape:
+        return shape_of(self.layout)
 
 
 def shape_of(layout: lay.Layout) -> ds_config.ScenarioShape:
@@ -96,9 +100,7 @@ def plan(
 
     def planned(scenario: str, patch: str, transport: str) -> PlannedRun:
         layout = chosen.get(scenario)
-        return PlannedRun(
-            scenario, patch, dtype, transport, shape_of(layout), _skip(layout, chosen.device, error)
-        )
+        return PlannedRun(scenario, patch, dtype, transport, layout, _skip(layout, chosen.device, error))
 
     runs: list[PlannedRun] = []
     for transport in transports:
@@ -508,19 +510,12 @@ def _record_run(
     meta: SuiteMeta,
 ) -> str | None:
     """Classify one finished run against its control, write its record and the suite file."""
-    if result is None and item.skip is not None:  # the env or the layout cannot run it: not launched
+    if result is None:  # not launched: the env or the layout cannot run it, or this DeepSpeed has no MiCS
         record = rec.empty_record(**base, run_name=spec.run_name)
-        verdict = cls.Classification(item.skip[0], "none", item.skip[1], None)
-        status: str | None = item.skip[0]
-    elif result is None:  # no MiCS in this DeepSpeed: nothing was launched
-        record = rec.empty_record(**base, run_name=spec.run_name)
-        verdict = cls.Classification(
-            "unsupported",
-            "none",
-            "this DeepSpeed has no MiCS (deepspeed/runtime/zero/mics.py is absent)",
-            None,
-        )
-        status = "unsupported"
+        no_mics = ("unsupported", "this DeepSpeed has no MiCS (deepspeed/runtime/zero/mics.py is absent)")
+        outcome, reason = item.skip or no_mics
+        verdict = cls.Classification(outcome, "none", reason, None)
+        status: str | None = outcome
     else:
         record, status = runner.assemble(spec, result, base)
         control = None if item.scenario == "zero3" and item.patch == "stock" else _control_for(controls, item)
@@ -580,14 +575,7 @@ def _base_record(
     opts: RunOptions, spec: runner.RunSpec, item: PlannedRun, built: ds_config.BuiltConfig
 ) -> rec.RunRecord:
     shape = item.shape
-    how = (
-        "one node"
-        if shape.nodes <= 1
-        else f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE/LOCAL_SIZE={shape.devices_per_node}"
-        f" with world size {shape.world_size}"
-        if spec.device == "cpu"
-        else f"{shape.nodes} nodes emulated on one host: NDEV_PER_NODE={shape.devices_per_node}"
-    )
+    how = item.layout.how(spec.device)  # the suite's layouts are on one host: more nodes are emulated
     return rec.RunRecord(
         env=opts.env,
         scenario=item.scenario,

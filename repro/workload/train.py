@@ -13,6 +13,7 @@ Imports only the standard library at module level; torch and DeepSpeed load afte
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import faulthandler
 import importlib.metadata
 import json
@@ -306,14 +307,8 @@ def train(args: argparse.Namespace, config: dict[str, Any], out: RankRecord) -> 
     out["devices_per_node"] = int(get_accelerator().device_count())
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(args, config)
-    out["model"] = {
-        "vocab": args.vocab,
-        "hidden": args.hidden,
-        "layers": args.layers,
-        "heads": args.heads,
-        "seq_len": args.seq_len,
-        "parameters": sum(int(p.ds_numel) for p in model.parameters()),
-    }
+    parameters = sum(int(p.ds_numel) for p in model.parameters())
+    out["model"] = {**dataclasses.asdict(model.shape), "parameters": parameters}
     engine, _, _, _ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
     rows = engine.train_micro_batch_size_per_gpu() * world
     out["loss_scale"] = [] if dtype == "fp16" else None
