@@ -293,15 +293,8 @@ class VenvEngine:
             if marker is None:
                 continue
             root = env.derived_from is not None and marker.env_id == env.derived_from
-            out.append(
-                Candidate(
-                    path.name,
-                    marker.pins,
-                    marker.python,
-                    layered=marker.layered_on is not None,
-                    preferred=root,
-                )
-            )
+            layered = marker.layered_on is not None
+            out.append(Candidate(path.name, marker.pins, marker.python, layered=layered, preferred=root))
         return out
 
     def layer_plan(self, env: Env, want: VenvMarker) -> LayerPlan | None:
@@ -567,21 +560,8 @@ class VenvEngine:
     def run_suite(
         self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float | None
     ) -> SuiteRun:
-        out_dir.mkdir(parents=True, exist_ok=True)
         log = out_dir / SUITE_LOG
-        py = Path(prepared.handle) / "bin" / "python"
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        # Only the repo root: the venv must not see the host's site-packages through PYTHONPATH.
-        env["PYTHONPATH"] = str(self.repo_root)
-        # The whole environment reaches a venv run anyway; this names the GPU/NCCL part for the records.
-        env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
-        result = cmd.run(
-            [str(py), "-m", SUITE_MODULE, *args, "--out", str(out_dir)],
-            env=env,
-            timeout_s=timeout_s,
-            tee=log,
-            cwd=self.repo_root,
-        )
+        result = self._run(prepared, SUITE_MODULE, args, out_dir, timeout_s, cwd=self.repo_root, tee=log)
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, log)
 
     def run_job(
@@ -597,21 +577,35 @@ class VenvEngine:
         """A custom command (repro/run/job.py): the in-env runner with the venv's Python, which
         puts the venv first on PATH and the startup hook on the job's PYTHONPATH. A venv cannot
         take the network away: `network` is for the Docker engine."""
-        out_dir.mkdir(parents=True, exist_ok=True)
-        py = Path(prepared.handle) / "bin" / "python"
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["PYTHONPATH"] = str(self.repo_root)
+        extra = {
+            "MICS_REPRO_HOOK_PTH": "1"
+        }  # the runner installs the hook's .pth (repro/workload/hookpth.py)
         if os.environ.get("PYTHONPATH"):  # the user's own, for the job only (not the runner)
-            env["MICS_REPRO_USER_PYTHONPATH"] = os.environ["PYTHONPATH"]
-        env["MICS_REPRO_HOOK_PTH"] = "1"  # the runner installs the hook's .pth (repro/workload/hookpth.py)
-        env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
-        result = cmd.run(
-            [str(py), "-m", "repro.workload.job", *args, "--out", str(out_dir)],
-            env=env,
-            timeout_s=timeout_s,
-            cwd=workdir,
-        )
+            extra["MICS_REPRO_USER_PYTHONPATH"] = os.environ["PYTHONPATH"]
+        result = self._run(prepared, "repro.workload.job", args, out_dir, timeout_s, cwd=workdir, extra=extra)
         return SuiteRun(result.returncode, result.timed_out, result.duration_s, out_dir, out_dir / "job.log")
+
+    def _run(
+        self,
+        prepared: Prepared,
+        module: str,
+        args: Sequence[str],
+        out_dir: Path,
+        timeout_s: float | None,
+        *,
+        cwd: Path,
+        tee: Path | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> cmd.CmdResult:
+        """`python -m MODULE *args --out OUT_DIR` with the venv's Python."""
+        out_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        # Only the repo root: the venv must not see the host's site-packages through PYTHONPATH.
+        env.update(extra or {}, PYTHONPATH=str(self.repo_root))
+        # The whole environment reaches a venv run anyway; this names the GPU/NCCL part for the records.
+        env.update(run_environment(os.environ, prepared.details.get("platform", "cpu")))
+        argv = [str(Path(prepared.handle) / "bin" / "python"), "-m", module, *args, "--out", str(out_dir)]
+        return cmd.run(argv, env=env, timeout_s=timeout_s, tee=tee, cwd=cwd)
 
 
 def dry_run_text(env: Env, engine: VenvEngine | None = None) -> str:
@@ -706,14 +700,8 @@ def share_identical_files(venv: Path, others: Sequence[Path], min_bytes: int = S
                 ost = other.stat()
             except OSError:
                 continue
-            if (
-                ost.st_ino == st.st_ino
-                or ost.st_size != st.st_size
-                or ost.st_dev != st.st_dev
-                or ost.st_mode != st.st_mode
-            ):
-                continue
-            if not filecmp.cmp(path, other, shallow=False):
+            same_kind = (ost.st_size, ost.st_dev, ost.st_mode) == (st.st_size, st.st_dev, st.st_mode)
+            if ost.st_ino == st.st_ino or not same_kind or not filecmp.cmp(path, other, shallow=False):
                 continue
             tmp = path.with_name(f".{path.name}.link")
             os.link(other, tmp)
