@@ -39,10 +39,6 @@ def first_divergent_step(losses: list[float | None], control: list[float | None]
     return ladder.first_divergent_step(losses, control, TOLERANCE[dtype])
 
 
-def _control_usable(control: RunRecord | None) -> bool:
-    return bool(control and control.get("outcome") == "clean" and control.get("losses"))
-
-
 def _failed(record: RunRecord) -> bool:
     exc = record.get("exception")
     return exc is not None or any(code not in (0, None) for code in (record.get("exit_codes") or {}).values())
@@ -79,7 +75,7 @@ def classify(record: RunRecord, control: RunRecord | None, status: str | None = 
     if control is None and record.get("scenario") == "zero3":
         return _as_control(losses)
     dtype = record.get("dtype", "fp32")
-    usable = control if _control_usable(control) else None
+    usable = control if control and control.get("outcome") == "clean" and control.get("losses") else None
     evidence = ladder.Evidence(
         illegal_work=illegal,
         losses=losses,

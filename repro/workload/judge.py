@@ -76,6 +76,7 @@ OVERFLOW_PATTERNS: dict[str, str] = {
     "megatron-skipped": r"number of skipped iterations:\s*(?P<skipped>\d+)",
     "megatron-scale": rf"\|\s*loss scale:\s*(?P<scale>{_NUM})\s*\|",
 }
+# Launchers prefix rank output: torchrun "[rank0]:", DeepSpeed's multi-node "worker-0: ".
 _PREFIX = re.compile(r"^(?:\[(?:default)?rank\d+\]:\s?|worker-\d+:\s?|\d+:\s(?=\S))")
 # The line that ends a traceback: `Type: message`, or a bare `Type`. The type is dotted (a module's
 # exception: `socket.gaierror`, `ssl.SSLError`) or named like an exception (`KeyError`,
@@ -162,11 +163,6 @@ def _float(text: str) -> float:
     return float(text.lower().replace("infinity", "inf"))
 
 
-def strip_prefix(line: str) -> str:
-    """Launchers prefix rank output: torchrun "[rank0]:", DeepSpeed's multi-node "worker-0: "."""
-    return _PREFIX.sub("", line, count=1)
-
-
 def _losses(
     lines: list[str], loss_regex: str | None
 ) -> tuple[list[float | None], list[int | None], str | None]:
@@ -251,7 +247,7 @@ def _missing_module(exc: RecordedException | None, lines: list[str]) -> str | No
 
 
 def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
-    lines = [strip_prefix(line) for line in log_text.splitlines()]
+    lines = [_PREFIX.sub("", line, count=1) for line in log_text.splitlines()]
     out = Parsed()
     out.losses, out.loss_steps, out.loss_pattern = _losses(lines, loss_regex)
     failure, marker = re.compile(ILLEGAL_WORK_FAILURE), re.compile(ILLEGAL_WORK_LINE)

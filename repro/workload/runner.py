@@ -248,11 +248,6 @@ def install_stop_handlers() -> None:
             signal.signal(sig, handler)
 
 
-def collectives_dir(run_dir: str) -> str:
-    """Where the ranks record their collectives (repro/workload/collectives.py)."""
-    return os.path.join(run_dir, collectives.FOLDER)
-
-
 def _last_heartbeat(run_dir: str, since: float) -> float:
     beats = [os.path.getmtime(p) for p in glob.glob(os.path.join(run_dir, "rank*.heartbeat"))]
     return max(beats, default=since)
@@ -348,7 +343,7 @@ def _watch(
         now = time.monotonic()
         beat = _last_heartbeat(spec.run_dir, wall_start)
         stalled = beat > wall_start and time.time() - beat > spec.stall_s
-        views = hangwatch.read_views(collectives_dir(spec.run_dir), alive)
+        views = hangwatch.read_views(os.path.join(spec.run_dir, collectives.FOLDER), alive)
         found = watch.observe(now, views, beat if beat > wall_start else None)
         if now - start > spec.timeout_s or stalled or found is not None:
             detail = _hang_detail(spec, found, stalled, beat)
