@@ -111,16 +111,8 @@ def _on_gpu(run: Mapping[str, Any]) -> bool:
 
 
 def _find(runs: Sequence[Mapping[str, Any]], scenario: str, patch: str) -> Mapping[str, Any] | None:
-    return next(
-        (
-            r
-            for r in runs
-            if r.get("scenario") == scenario
-            and r.get("patch") == patch
-            and r.get("transport") in (None, "native")
-        ),
-        None,
-    )
+    found = [r for r in runs if (r.get("scenario"), r.get("patch")) == (scenario, patch)]
+    return next((r for r in found if r.get("transport") in (None, "native")), None)
 
 
 def _finding(record: Mapping[str, Any]) -> RunFinding | None:

@@ -120,9 +120,8 @@ class _Lint:
             )
         for ins in self.ins:
             if ins.keyword == "FROM" or (ins.keyword == "ARG" and ins.value.startswith("BASE_IMAGE=")):
-                ref = self.expand(
-                    ins.value.split()[0].partition("=")[2] if ins.keyword == "ARG" else ins.value.split()[0]
-                )
+                word = ins.value.split()[0]
+                ref = self.expand(word.partition("=")[2] if ins.keyword == "ARG" else word)
                 name, _, tag = ref.rpartition(":")
                 if "@" not in ref and (not name or "/" in tag or tag in ("", "latest")):
                     self.add(ins.line, Rule.FLOATING_TAG, f"'{ref}' floats: pin a versioned tag")
@@ -200,11 +199,9 @@ class _Lint:
             )
 
     def labels(self) -> None:
-        labels: dict[str, str] = {}
-        for ins in self.ins:
-            if ins.keyword == "LABEL":
-                labels.update(key_values(ins.value))
-        line = next((ins.line for ins in self.ins if ins.keyword == "LABEL"), 1)
+        found = [ins for ins in self.ins if ins.keyword == "LABEL"]
+        labels = {key: value for ins in found for key, value in key_values(ins.value).items()}
+        line = found[0].line if found else 1
         required = {
             "org.opencontainers.image.title": None,
             "org.opencontainers.image.base.name": None,
