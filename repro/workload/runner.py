@@ -123,25 +123,20 @@ def base_env(device: str) -> dict[str, str]:
 
 
 def _command(spec: RunSpec, port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc_per_node",
-        str(spec.world_size),
-        "--master_addr",
-        "127.0.0.1",
-        "--master_port",
-        str(port),
+    launcher = {
+        "--nnodes": "1",
+        "--nproc_per_node": str(spec.world_size),
+        "--master_addr": "127.0.0.1",
+        "--master_port": str(port),
         # torchrun polls its workers every 5 s by default: up to 5 s idle after the ranks exit.
-        "--monitor-interval",
-        str(MONITOR_INTERVAL_S),
-        "-m",
-        "repro.workload.train",
-        *train_args(spec),
-    ]
+        "--monitor-interval": str(MONITOR_INTERVAL_S),
+    }
+    torchrun = [sys.executable, "-m", "torch.distributed.run", *_flags(launcher)]
+    return [*torchrun, "-m", "repro.workload.train", *train_args(spec)]
+
+
+def _flags(options: dict[str, str]) -> list[str]:
+    return [part for option in options.items() for part in option]
 
 
 def train_args(spec: RunSpec) -> list[str]:
@@ -157,7 +152,7 @@ def train_args(spec: RunSpec) -> list[str]:
     }
     if spec.device == "cpu":
         options["--transport"] = spec.transport
-    return [part for option in options.items() for part in option] + list(spec.model_args)
+    return _flags(options) + list(spec.model_args)
 
 
 def _rank_pids(run_dir: str) -> list[int]:
