@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.bisect.probe import BadIf, Judge, Observation, verdict_for
-from repro.bisect.search import Bisection, BisectStatus, ProbeVerdict, Survey, bisect, survey
+from repro.bisect.search import Bisection, BisectStatus, ProbeVerdict, Survey
 from repro.cli import bisect_commands as bisect_cli
 from repro.core.errors import Interrupted, UsageError
-from tests.fixtures.scripted_verdicts import B, G, U, regressions, scripted
+from tests.fixtures.scripted_verdicts import B, G, U, bisect, regressions, scripted, survey
 
 
 def regression(n: int, first_bad: int) -> list[ProbeVerdict]:

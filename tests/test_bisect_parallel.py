@@ -11,17 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.bisect.search import (
-    Bisection,
-    ProbeVerdict,
-    Survey,
-    bisect,
-    bisect_rounds,
-    survey,
-)
+from repro.bisect.search import Bisection, ProbeVerdict, Survey
 from repro.bisect.search import (
     round_bound as printed_bound,
 )
+from tests.fixtures.scripted_verdicts import bisect, bisect_rounds, survey
 
 G, B, U = ProbeVerdict.GOOD, ProbeVerdict.BAD, ProbeVerdict.UNKNOWN
 

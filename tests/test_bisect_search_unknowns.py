@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.bisect.search import Bisection, BisectResult, BisectStatus, ProbeVerdict, bisect
-from tests.fixtures.scripted_verdicts import B, G, U, regressions, scripted
+from repro.bisect.search import Bisection, BisectResult, BisectStatus, ProbeVerdict
+from tests.fixtures.scripted_verdicts import B, G, U, bisect, regressions, scripted
 
 
 def masked(n: int, first_bad: int, unknown: set[int]) -> list[ProbeVerdict]:

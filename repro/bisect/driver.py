@@ -613,30 +613,6 @@ def bounded_parallel(
     return replace(req, parallel=k)
 
 
-class _Stage:
-    """One walk's probes, a round at a time: its mode, its runner and the log of what they saw."""
-
-    def __init__(self, mode: Mode, runner: rounds.RoundRunner, say: Callable[[str], None]) -> None:
-        self.mode, self.runner = mode, runner
-        self.log = ProbeLog(mode.walk.axis, say)
-        self.rounds = 0  # counted once the search is done
-
-    def data(self, done: bool, interrupted: bool = False) -> WalkData:
-        mode_data = self.mode.data(self.log, done, interrupted)
-        return {**mode_data, **rounds.data_of(self.runner), "rounds": self.rounds}
-
-    def run(self, save: Callable[..., object]) -> None:
-        """Probe what the search asks for, saving after every round."""
-        mode, walk, count = self.mode, self.mode.walk, 0
-        while batch := mode.next_round(mode.req.parallel):
-            count += 1
-            observations = self.runner([walk.spec(walk.candidates[i]) for i in batch])
-            for i, obs in zip(batch, observations, strict=True):
-                mode.record(i, obs, self.log)
-            save(done=False)
-        self.rounds = count
-
-
 @dataclass(frozen=True)
 class _Walker:
     """What the stages of one walk share: a release walk and, with COMMITS=1, its commit stages."""
@@ -706,6 +682,30 @@ class _Walker:
             save_commits(done=False, interrupted=True)
             raise
         save_commits(done=True)
+
+
+class _Stage:
+    """One walk's probes, a round at a time: its mode, its runner and the log of what they saw."""
+
+    def __init__(self, mode: Mode, runner: rounds.RoundRunner, say: Callable[[str], None]) -> None:
+        self.mode, self.runner = mode, runner
+        self.log = ProbeLog(mode.walk.axis, say)
+        self.rounds = 0  # counted once the search is done
+
+    def data(self, done: bool, interrupted: bool = False) -> WalkData:
+        mode_data = self.mode.data(self.log, done, interrupted)
+        return {**mode_data, **rounds.data_of(self.runner), "rounds": self.rounds}
+
+    def run(self, save: Callable[..., object]) -> None:
+        """Probe what the search asks for, saving after every round."""
+        mode, walk, count = self.mode, self.mode.walk, 0
+        while batch := mode.next_round(mode.req.parallel):
+            count += 1
+            observations = self.runner([walk.spec(walk.candidates[i]) for i in batch])
+            for i, obs in zip(batch, observations, strict=True):
+                mode.record(i, obs, self.log)
+            save(done=False)
+        self.rounds = count
 
 
 def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkRequest, Walk], Mode]) -> int:

@@ -60,15 +60,6 @@ class BadIf(enum.Enum):
     FAILED = "failed"
     DIFFERS = "differs"
 
-    @classmethod
-    def parse(cls, text: str) -> BadIf:
-        try:
-            return cls(text.strip().lower())
-        except ValueError:
-            raise UsageError(
-                f"BAD_IF={text} is not valid", fix=f"use one of: {', '.join(b.value for b in cls)}"
-            ) from None
-
 
 def _by_rule(finding: RunFinding, bad_if: BadIf) -> ProbeVerdict:
     """The table above, from the env verdict's reading of the run (repro.core.runs.run_finding)."""

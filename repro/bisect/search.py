@@ -28,11 +28,10 @@ only when its two probed ends differ; `every=True` probes each candidate instead
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, Optional, TypeVar
 
-T = TypeVar("T")
 A = TypeVar("A")
 
 
@@ -246,14 +245,6 @@ class Bisection(_Probed[ProbeVerdict]):
         return BisectResult(BisectStatus.FOUND, lo, hi, self.answers[lo], between, probes)
 
 
-def bisect(items: Sequence[T], judge: Callable[[T], ProbeVerdict]) -> BisectResult:
-    """Run a whole bisection with `judge` (tests and simple callers)."""
-    state = Bisection(len(items))
-    while (i := state.next_probe()) is not None:
-        state.record(i, judge(items[i]))
-    return state.result()
-
-
 def round_bound(n: int, k: int) -> int:
     """Rounds of `next_round(k)` for one transition among n candidates without unknowns."""
     if n < 2:
@@ -262,20 +253,6 @@ def round_bound(n: int, k: int) -> int:
     while reach < n - 1:  # ceil(log_(k+1)(n - 1)) in integers
         rounds, reach = rounds + 1, reach * (k + 1)
     return rounds
-
-
-def bisect_rounds(
-    items: Sequence[T], judge_round: Callable[[list[T]], list[ProbeVerdict]], k: int
-) -> tuple[BisectResult, int]:
-    """A whole k-ary bisection: `judge_round` gets up to k items at once (run side by side) and
-    answers their verdicts in the same order. Returns the result and the number of rounds."""
-    state = Bisection(len(items))
-    rounds = 0
-    while batch := state.next_round(k):
-        rounds += 1
-        for i, verdict in zip(batch, judge_round([items[i] for i in batch]), strict=True):
-            state.record(i, verdict)
-    return state.result(), rounds
 
 
 # -- survey ------------------------------------------------------------------------------------
@@ -369,10 +346,3 @@ class Survey(_Probed[Optional[K]]):
                 unknown = tuple(i for i in range(a + 1, b) if i in self.answers)
                 points.append(ChangePoint(a, b, ka, kb, unknown))
         return SurveyResult(dict(self.answers), tuple(self.order), tuple(points))
-
-
-def survey(items: Sequence[T], key_of: Callable[[T], K | None], every: bool = False) -> SurveyResult[K]:
-    state: Survey[K] = Survey(len(items), every=every)
-    while (i := state.next_probe()) is not None:
-        state.record(i, key_of(items[i]))
-    return state.result()
