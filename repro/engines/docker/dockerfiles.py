@@ -231,6 +231,8 @@ def _venv(env: Env) -> list[str]:
         f"if [ -f {IMAGE_ROOT}/ca-bundle.pem ]; then",
         f"    printf '[global]\\ncert = {IMAGE_ROOT}/ca-bundle.pem\\n' > {VENV}/pip.conf; fi",
     ]
+    intro = ["# A venv at a fixed path: nothing depends on the distro's pip or site-packages."]
+    commands = [f'set -eu; "$PYTHON" -m venv {VENV};', *pip_conf]
     if needs_pip_bootstrap(env):
         script = f"{IMAGE_ROOT}/{Path(PIP_BOOTSTRAP_SCRIPT).name}"
         intro = [
@@ -238,8 +240,6 @@ def _venv(env: Env) -> list[str]:
             "# pip: Ubuntu 20.04's bootstrap pip (20.0.2, built for Python 3.8) needs a distutils Python 3.9",
             "# lacks there; pip installs itself from its own wheel instead (docker/bootstrap_pip.py).",
             f"COPY {PIP_BOOTSTRAP_SCRIPT} {script}",
-            *_wheel_sources(),
-            f"ARG PYTHON={python_command(env)}",
         ]
         pip_conf[-1] += ";"
         commands = [
@@ -247,15 +247,10 @@ def _venv(env: Env) -> list[str]:
             *pip_conf,
             f"{VENV}/bin/python {script} pip=={env.package_pins()['pip']}",
         ]
-    else:
-        intro = [
-            "# A venv at a fixed path: nothing depends on the distro's pip or site-packages.",
-            *_wheel_sources(),
-            f"ARG PYTHON={python_command(env)}",
-        ]
-        commands = [f'set -eu; "$PYTHON" -m venv {VENV};', *pip_conf]
     return [
         *intro,
+        *_wheel_sources(),
+        f"ARG PYTHON={python_command(env)}",
         *_run(commands),
         f"ENV VIRTUAL_ENV={VENV} \\",
         f"    PATH={VENV}/bin:$PATH \\",
