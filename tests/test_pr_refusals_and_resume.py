@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from tests.fixtures.pr_verify_standins import (
     CLEAN,
     STACKS,
     StandInProbe,
+    StandInSurvey,
     ds,  # noqa: F401 - a fixture: a DeepSpeed-shaped repository (probe caches the test's own)
     made,  # noqa: F401 - a fixture: the branch `make pr` made in it, with its pr.json
     regression_stand_in,
@@ -239,25 +239,16 @@ NETWORK = {
 }
 
 
-class FlakySurvey:
+class FlakySurvey(StandInSurvey):
     """The first survey of release 0.9.2 fails to install it (the network); then it runs."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
-        self.failed = False
+    failed = False
 
-    def __call__(
-        self, column: pr_range.Column, patch: str, versions: Sequence[str], out: Path, parallel: int
-    ) -> list[dict[str, Any]]:
-        self.calls.append((column.torch, patch, tuple(versions)))
-        probes = []
-        for v in versions:
-            if v == "0.9.2" and not self.failed:
-                self.failed = True
-                probes.append({**NETWORK, "version": v})
-            else:
-                probes.append({**(CLEAN if patch == "fixed" else BUG), "version": v})
-        return probes
+    def row(self, torch: str, patch: str, version: str) -> dict[str, Any]:
+        if version == "0.9.2" and not self.failed:
+            self.failed = True
+            return NETWORK
+        return super().row(torch, patch, version)
 
 
 def test_an_install_failure_is_not_cached_and_is_retried(

@@ -10,7 +10,7 @@ exercised. The real probes of DeepSpeed master are the closing note's, not a tes
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from tests.fixtures.pr_verify_standins import (
     REFUSED,
     STACKS,
     StandInProbe,
+    StandInSurvey,
     ds,  # noqa: F401 - a fixture
     made,  # noqa: F401 - a fixture
     regression_stand_in,
@@ -247,25 +248,6 @@ def test_nothing_judged_is_not_verified(made: tuple[Path, dict[str, Any]], ds: F
         pr, STACKS, out, str(ds.path), probe=StandInProbe(pr, answers), regression=regression_stand_in
     ).run()
     assert data["verified"] is False
-
-
-class StandInSurvey:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, tuple[str, ...]]] = []
-
-    def __call__(
-        self, column: pr_range.Column, patch: str, versions: Sequence[str], out: Path, parallel: int
-    ) -> list[dict[str, Any]]:
-        self.calls.append((column.torch, patch, tuple(versions)))
-        probes = []
-        for v in versions:
-            if v == "0.9.1" and column.torch == "2.13.0":  # this release does not run on that torch
-                probes.append({**REFUSED, "version": v})
-            elif column.torch == "2.0.1" or patch == "fixed":
-                probes.append({**CLEAN, "version": v})
-            else:
-                probes.append({**BUG, "version": v})
-        return probes
 
 
 def test_range_rows_cells_cache_and_description(
