@@ -10,6 +10,7 @@ from typing import Any
 
 from repro.upstream.pr import oldest_torch as pr_oldest
 from repro.upstream.pr import verify_run as pr_verify_run
+from repro.upstream.pr.verify import TriedJSON
 from tests.fixtures.pr_verify_standins import (
     NO_IMPORT,
     StandInProbe,
@@ -34,16 +35,16 @@ def test_the_search_finds_the_first_that_imports_in_few_probes() -> None:
     for first in [*torches, None]:
         asked: list[str] = []
 
-        def probe(torch: str, first: str | None = first, asked: list[str] = asked) -> pr_oldest.Tried:
+        def probe(torch: str, first: str | None = first, asked: list[str] = asked) -> TriedJSON:
             asked.append(torch)
             ok = first is not None and torches.index(torch) >= torches.index(first)
-            return pr_oldest.Tried(torch, ok, "")
+            return TriedJSON(torch=torch, imports=ok, why="")
 
         found, tried = pr_oldest.search(torches, probe)
         assert (
             found == first
             and len(asked) <= 3
-            and [t.torch for t in tried] == sorted(asked, key=torches.index)
+            and [t["torch"] for t in tried] == sorted(asked, key=torches.index)
         )
 
 

@@ -72,10 +72,6 @@ def stack_groups(stacks: Mapping[str, str]) -> list[StackGroup]:
     return [StackGroup(tuple(r), where, main_stack(stacks[r[0]])) for where, r in groups.items()]
 
 
-def _same(data: Any) -> Any:
-    return data
-
-
 # The folder's kind, its bisect.json or survey.json ({} in a run folder) and its results.json (a
 # walk's: its probes' records, None when missing or damaged).
 def _load(folder: Path) -> tuple[str, WalkData, ResultsData | None]:
@@ -217,7 +213,7 @@ def _is_older(a: str, b: str, rows: Sequence[facts.Row]) -> bool:
         return order.index(a) < order.index(b) if a in order and b in order else False
 
 
-def context(folder: Path, clean: Callable[[Any], Any] = _same) -> dict[str, Any]:
+def context(folder: Path, clean: Callable[[Any], Any] = lambda data: data) -> dict[str, Any]:
     """What ISSUE.md says (the template's names, values of many shapes: free-form); `clean`
     rewrites what is read from the folder (the scrubber's `data`), applied to the finished
     context (host paths are first turned into placeholders here)."""
@@ -380,17 +376,13 @@ def _try_fix(line: str) -> str:
     return " ".join(both if t == "PATCH=stock" else t for t in tokens) if "PATCH=stock" in tokens else ""
 
 
-class _FirstRelease(TypedDict):
-    """A release bisect's answer, as the walk's file says it."""
-
+class _FirstRelease(TypedDict):  # a release bisect's answer, as the walk's file says it
     first_bad: Any
     last_good: Any
     unknown_between: list[Any]
 
 
-class _NextSteps(TypedDict):
-    """What the walk suggests running next, and why."""
-
+class _NextSteps(TypedDict):  # what the walk suggests running next, and why
     why: str
     lines: list[str]
 

@@ -69,18 +69,6 @@ def _git_word(value: str, shown: str, what: str, fix: str) -> str:
     return value
 
 
-def check_branch_name(branch: str) -> str:
-    return _git_word(
-        branch, f"BRANCH={branch!r}", "a branch name", "use a plain name such as mics-coalesced-wait"
-    )
-
-
-def check_ref_text(ref: str) -> str:
-    return _git_word(
-        ref, f"REF={ref!r}", "a revision", "give a branch, tag or commit of the checkout (REF=master)"
-    )
-
-
 class Checkout:
     """A local DeepSpeed repository (work tree or bare) and the git calls `make pr` makes in it."""
 
@@ -158,7 +146,9 @@ class Checkout:
         return bare
 
     def resolve(self, ref: str) -> str:
-        check_ref_text(ref)
+        _git_word(
+            ref, f"REF={ref!r}", "a revision", "give a branch, tag or commit of the checkout (REF=master)"
+        )
         result = self.try_git("rev-parse", "--verify", "--quiet", "--end-of-options", f"{ref}^{{commit}}")
         sha = result.stdout.strip()
         if not result.ok or not re.fullmatch(r"[0-9a-f]{40,64}", sha):
@@ -170,7 +160,9 @@ class Checkout:
         return sha
 
     def check_new_branch(self, branch: str) -> None:
-        check_branch_name(branch)
+        _git_word(
+            branch, f"BRANCH={branch!r}", "a branch name", "use a plain name such as mics-coalesced-wait"
+        )
         if not self.try_git("check-ref-format", "--branch", branch).ok:
             raise UsageError(
                 f"BRANCH={branch} is not a valid git branch name", fix="use e.g. mics-coalesced-wait"

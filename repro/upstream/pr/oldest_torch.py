@@ -29,16 +29,6 @@ from repro.upstream.pr.verify import CellCache, OldestJSON, ProbeCall, ProbeRunn
 SCENARIO, TRANSPORT = "zero3", "async"
 
 
-@dataclass(frozen=True)
-class Tried:
-    torch: str
-    imports: bool
-    why: str  # the probe's outcome and reason
-
-    def to_json(self) -> TriedJSON:
-        return {"torch": self.torch, "imports": self.imports, "why": self.why}
-
-
 def imports(probe: ProbeRow) -> tuple[bool, str]:
     """Whether a REF probe got past importing DeepSpeed (a run that trained, crashed or hung did)."""
     seen = Seen.from_probe(probe)
@@ -52,7 +42,7 @@ def candidates(releases: Sequence[str], above: str, below: str) -> list[str]:
     return [str(v) for v in inside]
 
 
-def search(torches: Sequence[str], probe: Callable[[str], Tried]) -> tuple[str | None, list[Tried]]:
+def search(torches: Sequence[str], probe: Callable[[str], TriedJSON]) -> tuple[str | None, list[TriedJSON]]:
     """The oldest of `torches` (oldest first) that imports, in a binary search; None when none
     does. The torch just above the list is known to import."""
     lo, hi, tried = 0, len(torches), []
@@ -60,11 +50,11 @@ def search(torches: Sequence[str], probe: Callable[[str], Tried]) -> tuple[str |
         mid = (lo + hi) // 2
         seen = probe(torches[mid])
         tried.append(seen)
-        if seen.imports:
+        if seen["imports"]:
             hi = mid
         else:
             lo = mid + 1
-    return (torches[lo] if lo < len(torches) else None), sorted(tried, key=lambda t: Version(t.torch))
+    return (torches[lo] if lo < len(torches) else None), sorted(tried, key=lambda t: Version(t["torch"]))
 
 
 @dataclass
@@ -79,27 +69,27 @@ class OldestTorch:
     cache: CellCache
     engine: str = "venv"
 
-    def _try(self, torch: str) -> Tried:
+    def _try(self, torch: str) -> TriedJSON:
         console.step(f"== verify: does REF {self.ref_sha[:10]} import with torch {torch}?")
         try:
             env = self.env_for(torch)
         except UsageError as exc:  # no env of this lab has this torch: no stack either
-            return Tried(torch, False, f"no env: {exc.what}")
+            return {"torch": torch, "imports": False, "why": f"no env: {exc.what}"}
         call = ProbeCall(
             env, torch, self.ref_sha, SCENARIO, TRANSPORT,
             self.folder / f"oldest-torch{torch}-{SCENARIO}-ref", self.engine,
         )  # fmt: skip
         ok, why = imports(cached_probe(call, self.cache, self.probe, self.ds_repo))
         console.info(f"verify: torch {torch}: {'imports' if ok else 'does not import'}")
-        return Tried(torch, ok, why)
+        return {"torch": torch, "imports": ok, "why": why}
 
     def run(self, reporter: str, oldest_taken: str, releases: Sequence[str]) -> OldestJSON:
         """The torch found (None: the reporter's imports, or no candidate does) and every probe's
         answer."""
         first = self._try(reporter)
-        if first.imports:
+        if first["imports"]:
             why = f"REF imports with the reporter's torch {reporter}"
-            return {"torch": None, "why": why, "tried": [first.to_json()]}
+            return {"torch": None, "why": why, "tried": [first]}
         between = candidates(releases, reporter, oldest_taken)
         found, tried = search(between, self._try)
         named = ", ".join(between) or "no release"
@@ -107,4 +97,4 @@ class OldestTorch:
             why = f"the oldest of {named} (between {reporter} and {oldest_taken}) that REF imports with"
         else:
             why = f"REF imports with none of {named} (between {reporter} and {oldest_taken})"
-        return {"torch": found, "why": why, "tried": [t.to_json() for t in [first, *tried]]}
+        return {"torch": found, "why": why, "tried": [first, *tried]}

@@ -141,10 +141,6 @@ def installed_deepspeed(python: str) -> tuple[str, Path]:
     return lines[0], Path(lines[1])
 
 
-def has_pytest(python: str) -> bool:
-    return cmd.run([python, "-c", "import pytest"], capture=True, echo=False).ok
-
-
 def pytest_target(python_minor: str) -> Path:
     """A --target folder with the host's pytest, made once per version set and reused."""
     pins = [f"{d}=={importlib.metadata.version(d)}" for d in PYTEST_DISTS]
@@ -229,7 +225,8 @@ def run_pytest(
     probe = cmd.run(
         [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], capture=True, echo=False
     )
-    tools = None if has_pytest(python) else pytest_target(probe.stdout.strip())
+    has_pytest = cmd.run([python, "-c", "import pytest"], capture=True, echo=False).ok
+    tools = None if has_pytest else pytest_target(probe.stdout.strip())
     junit = work / f"junit-{label}.xml"
     env = {k: v for k, v in (environ if environ is not None else os.environ).items() if k != "PYTHONPATH"}
     env.update(

@@ -221,7 +221,7 @@ class RegressionEntry(TypedDict, total=False):
 class TriedJSON(TypedDict):
     torch: str
     imports: bool
-    why: str
+    why: str  # the probe's outcome and reason
 
 
 # verify.json's `oldest_torch`.
