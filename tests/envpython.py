@@ -3,11 +3,15 @@
 Order: the variable MICS_TEST_PYTHON_<ENV> (e.g. MICS_TEST_PYTHON_CPU_LATEST), then the venv
 engine's cached venv for that env if it is already built (CI builds them in .ci/run). Otherwise
 the test is skipped with the command that builds the venv.
+
+Also the interpreters named by a variable of their own: a module's torch venv (`cpu_python`,
+default the cpu env's venv) and a dev venv the shipped patch is applied in (`patching_python`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,3 +41,23 @@ def cached_env_python(env_id: str) -> str | None:
     if python.exists() and (venv / MARKER).exists():
         return str(python)
     return None
+
+
+def cpu_python(var: str, what: str) -> tuple[str, list[pytest.MarkDecorator]]:
+    """The interpreter `var` names (default: the venv engine's venv of the cpu env, torch 2.1 +
+    DeepSpeed 0.13.1, when it is built) and a module's marks for it: the integration tier, skipped
+    without it (`what`: what the module needs)."""
+    python = os.environ.get(var, cached_env_python("cpu") or "")
+    why = f"no {what} at {python!r}: set {var} or run `python -m repro venv-python --env cpu`"
+    return python, [pytest.mark.integration, pytest.mark.skipif(not os.path.exists(python), reason=why)]
+
+
+def patching_python(var: str, version: str) -> str:
+    """The python of the dev venv `var` names (torch + DeepSpeed `version`), where GNU patch can
+    apply the shipped patch; else the test is skipped."""
+    python = os.environ.get(var)
+    if not python or not Path(python).is_file():
+        pytest.skip(f"{var} is not set to an existing python (dev venv with torch + DeepSpeed {version})")
+    if shutil.which("patch") is None:
+        pytest.skip("GNU patch is not installed (apt-get install patch)")
+    return python

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from repro.upstream import patchgen
 from repro.workload import fix
+from tests.envpython import patching_python
 from tests.fixtures.deepspeed_sdist import find_method, unpack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,11 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
     "var,version", [("MICS_TEST_PYTHON_T21", "0.13.1"), ("MICS_TEST_PYTHON_T213_DS0196", "0.19.6")]
 )
 def test_real_install_compiles_the_shipped_patch(var: str, version: str, tmp_path: Path) -> None:
-    python = os.environ.get(var)
-    if not python or not Path(python).is_file():
-        pytest.skip(f"{var} is not set to an existing python (dev venv with torch + DeepSpeed {version})")
-    if shutil.which("patch") is None:
-        pytest.skip("GNU patch is not installed (apt-get install patch)")
+    python = patching_python(var, version)
     out = tmp_path / "fix.json"
     proc = subprocess.run(
         [python, "-m", "repro.workload.fix", "--out", str(out)],

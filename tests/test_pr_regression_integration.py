@@ -8,14 +8,13 @@ runner's logic (default tier) is tests/test_pr_regression.py.
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from repro.upstream.pr import regression as pr
 from repro.upstream.pr.regression import Variant
+from tests.envpython import patching_python
 
 VENVS = [
     pytest.param("MICS_TEST_PYTHON_T21", "0.13.1", id="torch2.1-ds0.13.1"),
@@ -26,11 +25,7 @@ VENVS = [
 @pytest.mark.integration
 @pytest.mark.parametrize("var,version", VENVS)
 def test_regression_test_fails_stock_and_passes_patched(var: str, version: str, tmp_path: Path) -> None:
-    python = os.environ.get(var)
-    if not python or not Path(python).is_file():
-        pytest.skip(f"{var} is not set to an existing python (dev venv with torch + DeepSpeed {version})")
-    if shutil.which("patch") is None:
-        pytest.skip("GNU patch is not installed (apt-get install patch)")
+    python = patching_python(var, version)
     stock = pr.run_variant(python, Variant.STOCK, tmp_path / "stock")
     patched = pr.run_variant(python, Variant.PATCHED, tmp_path / "patched")
     assert stock.deepspeed == patched.deepspeed == version

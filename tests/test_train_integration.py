@@ -15,22 +15,11 @@ from typing import Any
 
 import pytest
 
-from tests.envpython import cached_env_python
+from tests.envpython import cpu_python
 
 REPO = Path(__file__).resolve().parents[1]
-# Default: the venv engine's venv of the cpu env (torch 2.1 + DeepSpeed 0.13.1) when it is built.
-DEFAULT_PYTHON = cached_env_python("cpu") or ""
-PYTHON = os.environ.get("MICS_TEST_PYTHON_T21", DEFAULT_PYTHON)
+PYTHON, pytestmark = cpu_python("MICS_TEST_PYTHON_T21", "torch 2.1 + DeepSpeed 0.13.1 venv")
 STEPS = 5
-
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not os.path.exists(PYTHON),
-        reason=f"no torch 2.1 + DeepSpeed 0.13.1 venv at {PYTHON!r}: set MICS_TEST_PYTHON_T21 or run "
-        "`python -m repro venv-python --env cpu`",
-    ),
-]
 
 
 def _config(

@@ -19,24 +19,13 @@ from typing import Any
 
 import pytest
 
-from tests.envpython import cached_env_python
+from tests.envpython import cpu_python
 
 REPO = Path(__file__).resolve().parents[1]
-# Default: the venv engine's venv of the cpu env (torch 2.1 + DeepSpeed 0.13.1) when it is built.
-DEFAULT_PYTHON = cached_env_python("cpu") or ""
-PYTHON = os.environ.get("MICS_TEST_PYTHON", DEFAULT_PYTHON)
+# Real torch in a child process: the integration tier (CI requires it, so a missing venv fails there).
+PYTHON, pytestmark = cpu_python("MICS_TEST_PYTHON", "torch venv python")
 WORLD = 2
 N = 4  # elements each rank contributes
-
-# Real torch in a child process: the integration tier (CI requires it, so a missing venv fails there).
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not os.path.exists(PYTHON),
-        reason=f"no torch venv python at {PYTHON!r}: set MICS_TEST_PYTHON or run "
-        "`python -m repro venv-python --env cpu`",
-    ),
-]
 
 _CHILD = r'''
 import contextlib, inspect, json, os, sys
