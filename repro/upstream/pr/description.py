@@ -8,6 +8,7 @@ the DeepSpeed commit (its files, the diff stat, the callers) comes from the reco
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,14 +186,8 @@ def by_torch(items: Iterable[Mapping[str, Any]], words: Callable[[Mapping[str, A
 
 
 def _seen_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
-    ref, branch = check.get("ref") or {}, check.get("branch") or {}
-    return (
-        check.get("key"),
-        ref.get("outcome"),
-        ref.get("signature"),
-        branch.get("outcome"),
-        branch.get("signature"),
-    )
+    sides = (check.get("ref") or {}, check.get("branch") or {})
+    return (check.get("key"), *(side.get(k) for side in sides for k in ("outcome", "signature")))
 
 
 def evidence(record: PrRecord, verification: Mapping[str, Any] | None) -> list[CallerRow]:
@@ -231,10 +226,7 @@ def unexpected(verification: Mapping[str, Any] | None) -> list[UnexpectedLine]:
             continue
         said = (str(c.get("why")), "", "")
         if c.get("ok") is not None:  # a judged check: each side's reason (the branch's when it differs)
-            ref, branch = (
-                (c.get("ref") or {}).get("reason") or "",
-                (c.get("branch") or {}).get("reason") or "",
-            )
+            ref, branch = ((c.get(side) or {}).get("reason") or "" for side in ("ref", "branch"))
             said = (said[0], ref, branch if branch != ref else "")
         reasons.setdefault(said, {}).setdefault(str(c.get("key")), []).append(str(c.get("torch")))
     lines: list[UnexpectedLine] = []
@@ -269,14 +261,8 @@ def range_table(ranged: Mapping[str, Any] | None) -> RangeTable | None:
                     seen = causes.setdefault(f"{pr_range.cell_words(probe)}: {pr_range.cause(probe)}", [])
                     if where not in seen:
                         seen.append(where)
-        rows.append(
-            {
-                "deepspeed": row["deepspeed"],
-                "applies": _applies_words(row, torches),
-                "why": row.get("applies_why", ""),
-                "cells": cells,
-            }
-        )
+        applies, why = _applies_words(row, torches), row.get("applies_why", "")
+        rows.append({"deepspeed": row["deepspeed"], "applies": applies, "why": why, "cells": cells})
     return {
         "torches": torches,
         "rows": rows,
@@ -390,12 +376,10 @@ def _parametrized_once(rows: list[tuple[str, list[str]]]) -> list[TestCells]:
 def context(
     record: PrRecord, verification: Mapping[str, Any] | None = None, ranged: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:  # the template's names: each piece above, and the records themselves
-    calls = [c for c in record.callers if c.kind is pr_fix.CallerKind.CALL]
-    outside = pr_fix.callers_outside_mics(record.callers)
-    lab: dict[str, list[Any]] = {}
-    for check in (verification or {}).get("checks") or []:
-        lab.setdefault(str(check.get("key")), []).append(check)
     checks: list[Mapping[str, Any]] = list((verification or {}).get("checks") or [])
+    lab: dict[str, list[Any]] = {}
+    for check in checks:
+        lab.setdefault(str(check.get("key")), []).append(check)
     regression: list[Mapping[str, Any]] = list((verification or {}).get("regression") or [])
     return {
         "verify": verification,
@@ -414,8 +398,8 @@ def context(
         "suite": suite_table(verification),
         "r": record,
         "torch_refs": TORCH_REFS,
-        "calls": calls,
-        "outside": outside,
+        "calls": [c for c in record.callers if c.kind is pr_fix.CallerKind.CALL],
+        "outside": pr_fix.callers_outside_mics(record.callers),
         "mics": pr_fix.MICS,
         "added": sum(f.added for f in record.files),
         "removed": sum(f.removed for f in record.files),
@@ -424,12 +408,8 @@ def context(
 
 def _lab_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
     ref, branch = check.get("ref") or {}, check.get("branch") or {}
-    return (
-        check.get("ok") is None,
-        ref.get("outcome"),
-        str(ref.get("reason") or "")[:120],
-        branch.get("outcome"),
-    )
+    reason = str(ref.get("reason") or "")[:120]
+    return (check.get("ok") is None, ref.get("outcome"), reason, branch.get("outcome"))
 
 
 def _table_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -464,9 +444,7 @@ def _failed_wait(regression: list[Mapping[str, Any]]) -> list[FailedWait]:
 def tally(outcomes: Mapping[str, str]) -> str:
     """{test: outcome} as counts, the most first: "4 failed", "3 passed, 1 failed" (the same words
     whether the outcomes come from the run or from verify.json, whose keys are sorted)."""
-    counts: dict[str, int] = {}
-    for outcome in outcomes.values():
-        counts[outcome] = counts.get(outcome, 0) + 1
+    counts = Counter(outcomes.values())
     return ", ".join(f"{n} {o}" for o, n in sorted(counts.items(), key=lambda c: (-c[1], c[0]))) or "-"
 
 
