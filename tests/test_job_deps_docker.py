@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.classifier_job import JOB_WITH_PACKAGE as JOB
+from tests.fixtures.classifier_job import project_with_package
 from tests.fixtures.own_job import docker_job
-from tests.fixtures.wheels import build_wheel
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 ENV = "cpu-latest"
@@ -41,11 +40,7 @@ def _packages(image: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def job_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     root = tmp_path_factory.mktemp("docker-job")
-    wheel = build_wheel(root / "wheels", "mics_repro_testdep", "1.0", "def seed():\n    return 7\n")
-    work = root / "proj"
-    work.mkdir()
-    (work / "train_classifier.py").write_text(JOB)
-    (work / "requirements.txt").write_text(f"{wheel}\n")
+    work, _ = project_with_package(root)
     out = root / "results" / "run"
     done = docker_job(
         work,

@@ -21,10 +21,8 @@ import pytest
 from repro.engines.venv.joblayer import layer_freeze
 from repro.workload.fix import FIX_ID
 from tests.envpython import env_python
-from tests.fixtures.classifier_job import JOB_WITH_PACKAGE as JOB
-from tests.fixtures.classifier_job import make
+from tests.fixtures.classifier_job import make, project_with_package
 from tests.fixtures.own_job import repro_run
-from tests.fixtures.wheels import build_wheel
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.integration
@@ -39,11 +37,7 @@ def _runs(out: Path) -> dict[str, dict[str, Any]]:
 def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env_python("cpu")
     root = tmp_path_factory.mktemp("job-with-deps")
-    wheel = build_wheel(root / "wheels", "mics_repro_testdep", "1.0", "def seed():\n    return 7\n")
-    work = root / "proj"
-    work.mkdir()
-    (work / "train_classifier.py").write_text(JOB)
-    (work / "requirements.txt").write_text(f"{wheel}\n")
+    work, wheel = project_with_package(root)
     deps = root / "deps"  # the same package, for a job that brings it on its own PYTHONPATH
     subprocess.run([sys.executable, "-m", "zipfile", "-e", str(wheel), str(deps)], check=True)
     return work
