@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,34 @@ def _ctrl_c_reaches_it() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _stopped(argv: list[str], ready: Callable[[], bool], early: str, settle_s: float = 0) -> str:
+    """Run `argv`, Ctrl-C it (SIGINT) once `ready()` holds and `settle_s` more seconds passed (`early`:
+    the failure when it ends before), and check that it stopped as interrupted (exit 130): its
+    stderr."""
+    tool = subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_ctrl_c_reaches_it,
+    )
+    try:
+        deadline = time.monotonic() + 600  # bounds a failure only
+        while not ready() and tool.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tool.poll() is None, early
+        time.sleep(settle_s)
+        tool.send_signal(signal.SIGINT)  # Ctrl-C
+        stdout, stderr = tool.communicate(timeout=300)
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+            tool.wait()
+    assert tool.returncode == 130, stdout[-3000:] + stderr[-3000:]
+    return stderr
+
+
 def _records(suite_file: Path) -> list[dict[str, Any]]:
     try:
         runs: list[dict[str, Any]] = json.loads(suite_file.read_text())["runs"]
@@ -72,29 +101,11 @@ def test_a_real_run_stopped_after_its_control_resumes_without_running_the_contro
 ) -> None:
     env_python("cpu")  # skips (or fails in CI) when the env's venv is not built
     out = tmp_path / "results"
-    tool = subprocess.Popen(
+    stderr = _stopped(
         _command(out),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=dict(os.environ),
-        preexec_fn=_ctrl_c_reaches_it,
+        lambda: bool(_records(out / "cpu" / "suite.json")),
+        "the run ended before its first record was seen",
     )
-    try:
-        deadline = time.monotonic() + 600  # bounds a failure only
-        while (
-            not _records(out / "cpu" / "suite.json") and tool.poll() is None and time.monotonic() < deadline
-        ):
-            time.sleep(0.05)
-        assert tool.poll() is None, "the run ended before its first record was seen"
-        tool.send_signal(signal.SIGINT)  # Ctrl-C
-        stdout, stderr = tool.communicate(timeout=300)
-    finally:
-        if tool.poll() is None:
-            tool.kill()
-            tool.wait()
-    assert tool.returncode == 130, stdout[-3000:] + stderr[-3000:]
     assert f"RESUME=1 OUT={out.resolve()}" in stderr or f"--resume --out {out.resolve()}" in stderr
     first = json.loads((out / "results.json").read_text())
     assert first["invocation"]["interrupted"]
@@ -155,28 +166,9 @@ def test_make_run_stopped_during_its_fixed_run_resumes_with_the_printed_command(
     # asserted below proves the resumed fixed run was judged against. On async that parting is a
     # race (tests/test_job_integration.py), and this test would assert luck.
     argv += ["--out", str(out), "--stall-timeout", "240", "--transport", "strict", "--cmd", command]
-    tool = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=_ctrl_c_reaches_it,
-    )
     stock_job = out / "cpu" / "custom-stock" / "job.json"
-    try:
-        deadline = time.monotonic() + 600  # bounds a failure only
-        while not stock_job.exists() and tool.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert tool.poll() is None, "the job ended before its stock run was seen to finish"
-        time.sleep(1)  # the fixed run is under way
-        tool.send_signal(signal.SIGINT)
-        stdout, stderr = tool.communicate(timeout=300)
-    finally:
-        if tool.poll() is None:
-            tool.kill()
-            tool.wait()
-    assert tool.returncode == 130, stdout[-3000:] + stderr[-3000:]
+    # 1 s after the stock run: the fixed run is under way
+    stderr = _stopped(argv, stock_job.exists, "the job ended before its stock run was seen to finish", 1)
     first = json.loads((out / "results.json").read_text())
     assert first["invocation"]["interrupted"]
     assert {r["patch"]: r["outcome"] for r in first["runs"]}["fixed"] == "interrupted"
