@@ -51,6 +51,13 @@ def gather_input(j=0, dtype=torch.float32):
     return (torch.arange(n) + 100 * rank + 10 * j).to(dtype)
 
 
+def two_gathers():
+    """Two outputs and the async works gathering into them, issued in order on one group."""
+    a, b = torch.empty(world * n), torch.empty(world * n)
+    works = [dist.all_gather_into_tensor(x, gather_input(j), async_op=True) for j, x in ((1, a), (2, b))]
+    return a, b, *works
+
+
 def new_manager_block(outs, bind):
     """DeepSpeed's pattern on torch >= 2.1; returns (manager or None, handles)."""
     handles = []
@@ -120,16 +127,12 @@ for mode in gt.MODES:
     work.wait()
 
     # issue order: waiting a later work of the same group completes the earlier one
-    a, b = torch.empty(world * n), torch.empty(world * n)
-    wa = dist.all_gather_into_tensor(a, gather_input(1), async_op=True)
-    wb = dist.all_gather_into_tensor(b, gather_input(2), async_op=True)
+    a, b, wa, wb = two_gathers()
     wb.wait()
     o["order_a"] = vals(a)
     wa.wait()
     # ... but not the other way round (strict: b stays poisoned until waited)
-    a, b = torch.empty(world * n), torch.empty(world * n)
-    wa = dist.all_gather_into_tensor(a, gather_input(1), async_op=True)
-    wb = dist.all_gather_into_tensor(b, gather_input(2), async_op=True)
+    a, b, wa, wb = two_gathers()
     wa.wait()
     o["independent_b"] = vals(b)
     wb.wait()
