@@ -107,15 +107,8 @@ def diff_file(path: str, before: str, after: str) -> FileDiff:
     if not before.endswith("\n"):
         # difflib would emit a line `patch` cannot apply without a "\ No newline" marker
         raise ReproError(f"{path} does not end with a newline; cannot write a clean diff")
-    lines = list(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            fromfile=f"a/{path}",
-            tofile=f"b/{path}",
-            n=3,
-        )
-    )
+    old, new = before.splitlines(keepends=True), after.splitlines(keepends=True)
+    lines = list(difflib.unified_diff(old, new, fromfile=f"a/{path}", tofile=f"b/{path}", n=3))
     added = sum(1 for ln in lines[2:] if ln.startswith("+"))
     removed = sum(1 for ln in lines[2:] if ln.startswith("-"))
     return FileDiff(path, "".join(lines), added, removed)

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from repro.core import templating
 from repro.core.runs import RunView
 from repro.core.verdict import EnvVerdict, FixVerdict, Reproduces, env_verdicts
@@ -169,10 +167,7 @@ def answer(
     reproduced = tuple(h.title for h in mics if h.stock and h.stock.ident in bug_runs)
     patched = [h.fixed for h in mics if h.fixed]
     control = next((h.stock for h in heads if h.scenario == "zero3" and h.stock), None)
-    if reproduced:
-        title = f"Reproduced on {stack}: {', '.join(reproduced)}"
-    else:
-        title = f"Not reproduced on {stack}"
+    title = f"Reproduced on {stack}: {', '.join(reproduced)}" if reproduced else f"Not reproduced on {stack}"
     parts = []
     if control is not None:
         parts.append(f"Plain ZeRO-3 on the same install: **{control.outcome}**.")
@@ -241,10 +236,6 @@ def cell(value: object) -> str:
     return " ".join(text.split())
 
 
-def _environment() -> jinja2.Environment:
-    return templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, filters={"cell": cell})
-
-
 def render(data: IssueInput, *, artifact_limit: int | None = None) -> str:
     rows = [RunRow.from_record(r) for r in data.records]
     versions: Mapping[str, Any] = next((r["versions"] for r in data.records if r.get("versions")), {})
@@ -256,7 +247,7 @@ def render(data: IssueInput, *, artifact_limit: int | None = None) -> str:
 
     heads = headlines(rows)
     return (
-        _environment()
+        templating.environment(TEMPLATES, target=templating.Target.MARKDOWN, filters={"cell": cell})
         .get_template("ISSUE_COMMENT.md.j2")
         .render(
             d=data,

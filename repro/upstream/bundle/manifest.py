@@ -195,11 +195,7 @@ class Manifest:
 
 def suite_time_limit(notes: Sequence[str]) -> float | None:
     """The suite's time limit in seconds, from the note `make bundle` writes (None: no note)."""
-    for note in notes:
-        match = _TIME_LIMIT.match(note)
-        if match:
-            return float(match[1])
-    return None
+    return next((float(match[1]) for note in notes if (match := _TIME_LIMIT.match(note))), None)
 
 
 def _text(value: Any, what: str, problems: list[str], limit: int = 500) -> bool:

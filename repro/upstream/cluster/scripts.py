@@ -153,10 +153,6 @@ RUNS = (
 )
 
 
-def run_config(layout: Layout, run: ClusterRun) -> dict[str, object]:
-    return ds_config.build_config(layout.shape(run.scenario), dtype=layout.dtype).config
-
-
 def docker_cli_pairs(platform: str) -> list[tuple[str, str]]:
     """`docker run` (flag, value) pairs for the platform's devices, as the Docker engine passes them."""
     from repro.engines.docker.engine import run_options
@@ -240,7 +236,8 @@ def render(
         Script("README.md", env.get_template("README.md.j2").render(**context)),
     ]
     for run in RUNS:
-        text = json.dumps(run_config(layout, run), indent=2, sort_keys=True) + "\n"
+        config = ds_config.build_config(layout.shape(run.scenario), dtype=layout.dtype).config
+        text = json.dumps(config, indent=2, sort_keys=True) + "\n"
         scripts.append(Script(f"configs/{run.name}.json", text))
     return scripts
 
@@ -250,19 +247,15 @@ def write(scripts: Sequence[Script], out: Path) -> list[Path]:
     manifest lists the files it may replace or, when the layout no longer has them, remove)."""
     out = safe_write.claim_folder(Path(out), option="OUT", owned_by=(MANIFEST,))
     earlier = safe_write.read_manifest(out, MANIFEST)
-    now = [str(script.path) for script in scripts]
+    now = [script.path for script in scripts]
     safe_write.check_writable(out, now, earlier)  # refused before the manifest claims anything
     # Listed before they are written: a run cut short still names every file it may have left.
     safe_write.write_manifest(out, MANIFEST, [*earlier, *now])
     written = [
         safe_write.write_file(
-            out,
-            str(script.path),
-            script.text.encode(),
-            replace=str(script.path) in earlier,
-            executable=script.executable,
+            out, s.path, s.text.encode(), replace=s.path in earlier, executable=s.executable
         )
-        for script in scripts
+        for s in scripts
     ]
     for stale in sorted(earlier - set(now)):
         safe_write.remove_file(out, stale)

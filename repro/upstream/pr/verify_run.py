@@ -39,10 +39,7 @@ def stacks(matrix: Any, upstream: Mapping[str, Any] | None = None, given: str | 
     reporter, newest = matrix.get(REPORTER_ENV).torch, matrix.get(NEWEST_ENV).torch
     ci = dict(upstream or {})
     presets = [t for t in ci.get("presets") or [] if t not in (reporter, newest)]
-    if given is None:
-        torches = [reporter, *presets, newest]
-    else:
-        torches = _given_torches(given)
+    torches = [reporter, *presets, newest] if given is None else _given_torches(given)
     chosen = [_stack(matrix, t, reporter, newest) for t in torches]
     default = ci.get("default")
     if any(s.torch == default for s in chosen):
