@@ -46,14 +46,13 @@ class CommitInfo:
         return f"{repo_url.removesuffix('.git').rstrip('/')}/pull/{self.pr}"
 
     def as_dict(self, repo_url: str) -> CommitRow:
-        pr_url = self.pr_url(repo_url)
         return {
             "sha": self.sha,
             "short": self.short,
             "subject": self.subject,
             "date": self.date,
             "pr": self.pr,
-            "pr_url": pr_url,
+            "pr_url": self.pr_url(repo_url),
         }
 
 
@@ -143,15 +142,20 @@ class DsRepo:
         self._url: str | None = None
 
     # -- git --------------------------------------------------------------------------------------
+    def _failed(self, what: str, result: cmd.CmdResult, fix: str) -> UsageError:
+        """A git call that failed: `what` follows DS_REPO=..., git's exit code and its last lines."""
+        return UsageError(
+            f"DS_REPO={self.source}{what} (git exit {result.returncode})",
+            why=result.tail(5) or "git printed nothing",
+            fix=fix,
+        )
+
     def _git(self, *args: str, what: str, cwd: Path | None = None) -> str:
         where = ["-C", str(cwd)] if cwd else ["--git-dir", str(self.mirror)]
         result = self.safe.run(*args, where=where)
         if not result.ok:
-            raise UsageError(
-                f"DS_REPO={self.source}: {what} failed (git exit {result.returncode})",
-                why=result.tail(5) or "git printed nothing",
-                fix="check DS_REPO= (a DeepSpeed checkout or git URL) and the refs given",
-            )
+            fix = "check DS_REPO= (a DeepSpeed checkout or git URL) and the refs given"
+            raise self._failed(f": {what} failed", result, fix)
         return str(result.stdout)
 
     def check(self) -> None:
@@ -173,12 +177,9 @@ class DsRepo:
                 "clone", "--mirror", "--quiet", "--", self.source, str(self.mirror), echo=True
             )
             if not result.ok:
-                raise UsageError(
-                    f"DS_REPO={self.source} cannot be cloned (git exit {result.returncode})",
-                    why=result.tail(5) or "git printed nothing",
-                    fix="check the URL (and the network, for a remote one), or clone DeepSpeed somewhere "
-                    "this machine can read and pass that folder as DS_REPO=",
-                )
+                fix = "check the URL (and the network, for a remote one), or clone DeepSpeed somewhere "
+                fix += "this machine can read and pass that folder as DS_REPO="
+                raise self._failed(" cannot be cloned", result, fix)
         elif fetch:
             self._git("fetch", "--prune", "--quiet", "origin", what="fetching new commits")
 
@@ -204,12 +205,8 @@ class DsRepo:
         where = ["--git-dir", str(self.mirror)]
         result = self.safe.run("merge-base", "--is-ancestor", older, newer, where=where)
         if result.returncode not in (0, 1):  # 1: not an ancestor; else git itself failed
-            raise UsageError(
-                f"DS_REPO={self.source}: comparing {older[:12]} and {newer[:12]} failed "
-                f"(git exit {result.returncode})",
-                why=result.tail(5) or "git printed nothing",
-                fix="check DS_REPO= and the refs given",
-            )
+            what = f": comparing {older[:12]} and {newer[:12]} failed"
+            raise self._failed(what, result, "check DS_REPO= and the refs given")
         return result.returncode == 0
 
     def describe(self, shas: list[str]) -> dict[str, CommitInfo]:
