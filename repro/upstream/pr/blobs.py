@@ -62,9 +62,7 @@ def check_committed(
         cwd=worktree, what="git diff-tree",
     )  # fmt: skip
     wrong = sorted(
-        path
-        for path, want in wanted.items()
-        if found.get(path) != (want.mode, blob_id(want.data, len(commit)))
+        p for p, want in wanted.items() if found.get(p) != (want.mode, blob_id(want.data, len(commit)))
     )
     extra = sorted(set(filter(None, changed.split("\0"))) - set(wanted))
     if wrong or extra:

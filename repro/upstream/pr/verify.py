@@ -297,6 +297,7 @@ class Verification:
         start = time.monotonic()
         folder = self.out / "verify"
         steps = pr_checks.plan(self.stacks)
+        cache = self.cache or CellCache("pr-verify")
         for n, (stack, check) in enumerate(steps, 1):
             seen = {}
             for side in ("ref", "branch"):
@@ -309,9 +310,7 @@ class Verification:
                 call = ProbeCall(
                     stack.env, stack.torch, sha, check.scenario, check.transport, folder / name, self.engine
                 )
-                seen[side] = cached_probe(
-                    call, self.cache or CellCache("pr-verify"), self.probe, self.ds_repo
-                )
+                seen[side] = cached_probe(call, cache, self.probe, self.ds_repo)
             ok, why = pr_checks.judge(
                 check.expect, Seen.from_probe(seen["ref"]), Seen.from_probe(seen["branch"])
             )
