@@ -440,3 +440,35 @@ def test_the_session_key_follows_the_bytes_the_edits_wrote(tmp_path: Path) -> No
     assert call.key(edits) == before
     optimizer.write_text("checkpoint_correctness_verification(\n    config, models, dtype=torch.float16\n)\n")
     assert call.key(edits) != before
+
+
+def _optimizer_sessions(branch_plain: dict[str, str], branch_async: dict[str, str]) -> list[dict[str, Any]]:
+    optimizer = "unit/checkpoint/test_mics_optimizer.py::TestMiCSCheckpoint"
+
+    def session(side: str, transport: str, tests: dict[str, str]) -> dict[str, Any]:
+        said = {f"{optimizer}::{t}": {"outcome": o, "message": ""} for t, o in tests.items()}
+        return {"side": side, "transport": transport, "outcome": "failed", "reason": "", "tests": said}
+
+    return [
+        session("ref", "plain", {"test_load[2]": "failed"}),
+        session("branch", "plain", branch_plain),
+        session("branch", "async", branch_async),
+    ]
+
+
+def test_the_description_says_whether_the_optimizer_tests_skip_can_go() -> None:
+    """Issue #43 item 5: the skip can go only when every un-skipped test passed on the branch on
+    plain gloo (upstream's CI) on every torch; a pass on the lab's adapter alone is not enough."""
+    from repro.upstream.pr.description import skip_words
+
+    def entry(torch: str, plain: dict[str, str], lab: dict[str, str]) -> dict[str, Any]:
+        return {"torch": torch, "sessions": _optimizer_sessions(plain, lab)}
+
+    passed = {"test_load[2]": "passed", "test_load[4]": "passed"}
+    one_failed = {"test_load[2]": "passed", "test_load[4]": "failed"}
+    can_go = skip_words([entry("2.10.0", passed, one_failed), entry("2.13.0", passed, passed)])
+    assert can_go is not None and "supports removing its skip" in can_go and "2.10.0, 2.13.0" in can_go
+    stays = skip_words([entry("2.10.0", passed, passed), entry("2.13.0", one_failed, passed)])
+    assert stays is not None and "keeps its skip" in stays and "torch 2.13.0: 1 failed, 1 passed" in stays
+    assert "2.10.0" not in stays  # only the torches where it did not pass are named
+    assert skip_words([entry("2.10.0", {}, passed)]) is None  # the branch ran none on plain gloo

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -162,6 +162,7 @@ class SuiteTable(TypedDict):
     regression: list[RegressionColumn]
     regression_all_ok: bool
     unskip: list[UnskipLine]
+    skip: str | None  # what the un-skip showed for the branch's skip (skip_words)
     not_run: list[Mapping[str, Any]]
 
 
@@ -345,8 +346,41 @@ def suite_table(verification: Mapping[str, Any] | None) -> SuiteTable | None:
         "regression": regression,
         "regression_all_ok": bool(regression) and all(r.get("ok") for r in regression),
         "unskip": unskip,
+        "skip": skip_words(entries),
         "not_run": [e for e in (verification or {}).get("suite") or [] if not e.get("sessions")],
     }
+
+
+def skip_words(entries: Sequence[Mapping[str, Any]]) -> str | None:
+    """What the evidence says of `test_mics_optimizer.py`'s skip (issue #43 item 5): it can go only
+    when, un-skipped, every one of its tests passed on the branch under DeepSpeed's harness on plain
+    gloo (what upstream's CI has) on every torch that ran it; None when the branch ran none."""
+    optimizer = pr_suite.OPTIMIZER_TEST.removeprefix("tests/")
+    seen = [
+        (e["torch"], {t: v["outcome"] for t, v in (s.get("tests") or {}).items() if t.startswith(optimizer)})
+        for e in entries
+        for s in e["sessions"]
+        if s["side"] == "branch" and s["transport"] == "plain"
+    ]
+    seen = [(torch, outcomes) for torch, outcomes in seen if outcomes]
+    if not seen:
+        return None
+    short = [
+        f"torch {torch}: {tally(outcomes)}"
+        for torch, outcomes in seen
+        if set(outcomes.values()) != {"passed"}
+    ]
+    if not short:
+        torches = ", ".join(torch for torch, _ in seen)
+        return (
+            f"un-skipped, every test of `{optimizer}` passed on the branch under DeepSpeed's harness on "
+            f"plain gloo (torch {torches}): the evidence supports removing its skip with this fix "
+            "(this branch keeps it; the two lines are named above)"
+        )
+    return (
+        f"`{optimizer}` keeps its skip on this branch: un-skipped, it did not pass there under "
+        f"DeepSpeed's harness on plain gloo ({'; '.join(short)}), as the lines below say"
+    )
 
 
 def _transport_order(transport: str) -> int:
