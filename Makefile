@@ -7,7 +7,7 @@
 # .venv/ (made with BOOTSTRAP_PYTHON, default python3, and `pip install -e .[dev]`), reused while
 # pyproject.toml is unchanged. PYTHON=/path/to/python uses that interpreter as it is instead.
 
-# The variables this Makefile reads from the user (tests/test_control_characters.py keeps the
+# The variables this Makefile reads from the user (tests/project/test_control_characters.py keeps the
 # list complete). None may hold a newline or other control character: a newline in a value splits
 # the recipe line it is pasted into, and the second line runs as a command (`make list
 # MATRIX=$'x\ntouch /tmp/p #'`). Checked before anything else, on the raw text ($(value) expands
@@ -40,7 +40,7 @@ $(foreach v,$(USER_VARIABLES),$(if $(filter command line environment,$(origin $(
 # yes, on (any case) are yes; 0, false, no, off or empty are no. Any other value given on the
 # command line stops make before any recipe runs; from the environment (where a shell may hold,
 # say, NETWORK= for another program) it is a no, with a warning. (Any text used to be yes:
-# `make repro DRY_RUN=0` started a dry run.) tests/test_makefile_switches.py keeps this list complete.
+# `make repro DRY_RUN=0` started a dry run.) tests/project/test_makefile_switches.py keeps this list complete.
 SWITCHES := ALLOW_PRIVILEGES COMMITS DRY_RUN EVERY FORCE KEEP NETWORK NO_HANG NO_SYNC_PROOF PRERELEASES \
 	QUIET RANGE REFRESH_VERSIONS REUSE_IMAGE VERBOSE VERIFY
 _lower = $(subst Z,z,$(subst Y,y,$(subst X,x,$(subst W,w,$(subst V,v,$(subst U,u,$(subst T,t,$(subst S,s,$(subst R,r,$(subst Q,q,$(subst P,p,$(subst O,o,$(subst N,n,$(subst M,m,$(subst L,l,$(subst K,k,$(subst J,j,$(subst I,i,$(subst H,h,$(subst G,g,$(subst F,f,$(subst E,e,$(subst D,d,$(subst C,c,$(subst B,b,$(subst A,a,$(1)))))))))))))))))))))))))))
@@ -67,7 +67,7 @@ REPRO = $(PYTHON) -m repro $(if $(call yes,QUIET),--quiet) $(if $(call yes,VERBO
 
 # Make variables -> CLI flags (only those given on the command line or in the environment).
 # A value is data, never code: `sq` single-quotes it for /bin/sh, so backticks, $(...) and quotes reach the tool as one literal
-# argument (tests/test_makefile_injection.py runs every target with hostile values).
+# argument (tests/project/test_makefile_injection.py runs every target with hostile values).
 sq = '$(subst ','\'',$(1))'
 flag = $(if $(value $(1)),--$(2) $(call sq,$(value $(1))))
 # A custom job's own packages, as a layer over the env: REQUIREMENTS=path/requirements.txt, PACKAGES="a==1 b".
@@ -99,7 +99,7 @@ $(VENV)/.mics-repro-installed: pyproject.toml
 	@echo "== host-side Python ready: $(VENV)/bin/python"
 
 # `make help` prints the header above (up to its first bare `#` line), then these lines, one per
-# target (tests/test_make_help.py checks that every target of this file has one), then the CLI's.
+# target (tests/project/test_make_help.py checks that every target of this file has one), then the CLI's.
 #> Targets (variables in CAPS; docs/ and `python -m repro COMMAND --help` have the details):
 #>   make help            this text, then the command-line tool's own help
 #>   make venv            set up the host-side Python in .venv/ (every target does it when needed)
@@ -186,7 +186,7 @@ test-unit:
 # run (a small DeepSpeed job of "a user's own" through make run on the CPU twin, stock and fixed,
 # read back by the summary, check-fix, the report and a bundle's comment). Needs the cpu env's venv
 # (`python -m repro venv-python --env cpu`, built once).
-FAST_INTEGRATION = tests/test_verdict_integration.py::test_summary_check_fix_report_and_issue_comment_agree
+FAST_INTEGRATION = tests/verdict/test_verdict_integration.py::test_summary_check_fix_report_and_issue_comment_agree
 test-fast: lint
 	$(PYTHON) -m pytest -m unit -n 2 -q $(PYTEST_ARGS)
 	MICS_REPRO_REQUIRE_TIERS=1 $(PYTHON) -m pytest -q $(FAST_INTEGRATION) $(PYTEST_ARGS)

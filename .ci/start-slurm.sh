@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Start a real single-host Slurm (Debian's slurm-wlm + munge: slurmctld and slurmd on this host,
-# one partition of this one node) for the Slurm runner's test (tests/test_bisect_runners_slurm.py,
+# one partition of this one node) for the Slurm runner's test (tests/bisect/test_bisect_runners_slurm.py,
 # marked `slurm`). Idempotent: when the daemons run with the configuration written here and the
 # node is up, it does nothing; a changed configuration restarts them.
 # No systemd and no cgroups are assumed (CI containers): processes are tracked by

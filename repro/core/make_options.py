@@ -3,7 +3,7 @@ make checks it as a yes/no, the targets that read it, whether the tool writes it
 lines it prints, and a line of help (issue #46: "one table of options").
 
 The places that used to list variables by hand come from this table or are checked against it by
-tests/test_make_options.py: the Makefile's USER_VARIABLES and SWITCHES, the recipes' flags, the
+tests/project/test_make_options.py: the Makefile's USER_VARIABLES and SWITCHES, the recipes' flags, the
 argparse parsers, docs/options.md, and every make line built with repro.core.makeline.make_line.
 Adding a make option: one entry here, then its code (docs/developing.md).
 """

@@ -296,7 +296,7 @@ def subject_of(runs: Sequence[RunView]) -> Subject:
     return Subject.SUITE if suite else Subject.NONE
 
 
-# The verdict's words: the ONLY place they are written (tests/test_verdict_words.py keeps it so).
+# The verdict's words: the ONLY place they are written (tests/verdict/test_verdict_words.py keeps it so).
 # The report prints the enum values next to them. "no evidence" is what the summary has always said
 # when no stock MiCS run ran to an outcome; docs/how-it-works.md quotes it.
 _REPRODUCES_WORDS = {

@@ -21,7 +21,7 @@ Times, for one env with its image/venv already built (warm), in one invocation:
             its work tree (AXIS=deepspeed-commit), three times after one warm-up; the median.
 Figures are printed as a table and appended to results/bench.jsonl with the host facts, so a
 change in speed can be traced. Cold figures (fresh machine) come from timing `.ci/run` itself.
-Outcomes are compared too, as a sanity line (the parity test, tests/test_launcher_parity.py,
+Outcomes are compared too, as a sanity line (the parity test, tests/run/test_launcher_parity.py,
 is what checks that the launchers agree).
 """
 

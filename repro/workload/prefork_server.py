@@ -408,7 +408,7 @@ def _start(request: RunRequest | TaskRequest, entry: str) -> int:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Defaults are what the suite uses; the options let tests serve a stand-in entry point
-    without torch (tests/test_prefork.py)."""
+    without torch (tests/workload/test_prefork.py)."""
     p = argparse.ArgumentParser(prog="python -m repro.workload.prefork_server")
     p.add_argument("--preload", default=",".join(PRELOAD), help="modules to import once")
     p.add_argument("--required", default=",".join(REQUIRED), help="of those, the ones it needs")
