@@ -47,10 +47,19 @@ def test_the_printed_line_pasted_into_a_shell_is_the_same_job(tmp_path: Path, re
         engine="docker",
         network=True,
         inherited=inherited_environment(environ, "cuda"),
+        deepspeed_src=tmp_path / "Deep Speed",
     )
     line = reproduce_line(request)
     assert line.startswith("CUDA_VISIBLE_DEVICES=2,3 NCCL_DEBUG=INFO PYTHONPATH=")
-    for part in ("ENV=cuda", "ENGINE=docker", "REQUIREMENTS=", "PACKAGES=", "PATCH=stock", "NETWORK=1"):
+    for part in (
+        "ENV=cuda",
+        "ENGINE=docker",
+        "REQUIREMENTS=",
+        "PACKAGES=",
+        "PATCH=stock",
+        "NETWORK=1",
+        "DEEPSPEED_SRC=",
+    ):
         assert part in line
 
     log = tmp_path / "argv.jsonl"
@@ -76,3 +85,24 @@ def test_the_printed_line_pasted_into_a_shell_is_the_same_job(tmp_path: Path, re
 def test_without_extras_the_line_stays_short(tmp_path: Path) -> None:
     line = reproduce_line(JobRequest(env_id="cpu", command="python train.py", workdir=tmp_path))
     assert line == f"make run ENV=cpu WORKDIR={tmp_path.resolve()} CMD='python train.py'"
+
+
+def test_a_deepspeed_src_that_is_no_checkout_is_refused_before_any_results_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`make run DEEPSPEED_SRC=` builds the checkout into a layer (SourceOverlay): a folder without
+    setup.py is bad input (exit 2), said before the env is prepared or a results folder opened."""
+    from repro.cli.main import main
+    from tests.fixtures.stand_in_engine import RefusedEngine, use_engine
+
+    class NeverReached(RefusedEngine):
+        def failure(self) -> Exception:
+            return AssertionError("the engine was reached")
+
+    engine = use_engine(monkeypatch, NeverReached(), "job_commands")
+    (tmp_path / "not-deepspeed").mkdir()
+    argv = ["run", "--env", "cpu", "--engine", "venv", "--cmd", "python -c pass", "--workdir", str(tmp_path)]
+    argv += ["--deepspeed-src", str(tmp_path / "not-deepspeed"), "--results-root", str(tmp_path / "results")]
+    assert main(argv) == 2
+    assert "is not a Python project checkout" in capsys.readouterr().err
+    assert engine.calls == [] and not (tmp_path / "results").exists()
