@@ -28,6 +28,7 @@ from repro.engines.gpu_host import GpuHost
 from repro.engines.preflight import DockerFacts
 from repro.matrix import compat
 from repro.matrix.schema import load_matrix
+from tests.fixtures.stand_in_engine import RefusedEngine
 
 MATRIX = load_matrix()
 ROCM56, ROCM61, CUDA, CPU = (MATRIX.get(i) for i in ("rocm56", "rocm61", "cuda", "cpu"))
@@ -352,21 +353,11 @@ def test_orchestrator_refuses_world_size_above_the_gpus_before_preparing(
 
     monkeypatch.setattr(preflight, "gpu_count", lambda env, host=None: 2)
 
-    class Engine:
-        prepared: list[str] = []
-
-        def preflight(self, env: Any) -> None:
-            pass
-
-        def prepare(self, env: Any) -> Any:
-            self.prepared.append(env.id)
-            raise AssertionError("nothing may be built after a refused preflight")
-
-    engine: Any = Engine()
+    engine = RefusedEngine()  # nothing may be built after a refused preflight
     step = orchestrate.Step(ROCM56, ("--env", "rocm56", "--world-size", "4"))
     with pytest.raises(GpuCountError):
         orchestrate.execute([step], engine, invocation=Any)
-    assert engine.prepared == []
+    assert "prepare" not in engine.calls
     assert orchestrate._world_size(("--env", "cpu")) is None
 
 

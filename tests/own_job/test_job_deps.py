@@ -19,10 +19,10 @@ from repro.cli.main import main
 from repro.core.errors import BuildError, UsageError
 from repro.core.results import InvocationDir, invocation_meta
 from repro.engines import jobdeps
-from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.engines.venv import joblayer
 from repro.matrix.schema import load_matrix
 from repro.run.job import JobRequest, execute_job
+from tests.fixtures.stand_in_engine import RefusedEngine
 from tests.fixtures.wheels import build_wheel
 
 PINS = {"torch": "2.1.0", "deepspeed": "0.13.1", "numpy": "1.26.4", "hjson": "3.1.0"}
@@ -112,26 +112,6 @@ def test_a_requirement_that_would_move_a_pin_is_refused(packages: str, moved: bo
     assert f"{name}=={PINS[name]}" in err.value.what and packages in err.value.what
 
 
-class NoPrepare:
-    kind = EngineKind.VENV
-
-    def __init__(self) -> None:
-        self.prepared = False
-
-    def preflight(self, env: Any) -> None:
-        pass
-
-    def prepare(self, env: Any) -> Prepared:
-        self.prepared = True
-        raise AssertionError("nothing may be built for a refused requirement")
-
-    def prepare_job(self, env: Any, prepared: Prepared, deps: Any) -> tuple[Prepared, dict[str, Any]]:
-        raise AssertionError("not reached")
-
-    def run_job(self, *args: Any, **kw: Any) -> SuiteRun:
-        raise AssertionError("not reached")
-
-
 def test_make_run_refuses_a_requirement_moving_torch_before_anything_is_built(tmp_path: Path) -> None:
     env = load_matrix().get("cpu")
     request = JobRequest(
@@ -141,10 +121,12 @@ def test_make_run_refuses_a_requirement_moving_torch_before_anything_is_built(tm
         deps=jobdeps.parse(None, "transformers==4.36.2 torch==2.2.0"),
     )
     (tmp_path / "out").mkdir()
-    engine = NoPrepare()
+    engine = RefusedEngine()  # nothing may be built for a refused requirement
     with pytest.raises(UsageError) as err:
         execute_job(request, env, engine, InvocationDir(tmp_path / "out", invocation_meta([], "")), say=print)
-    assert err.value.exit_code == 2 and f"torch=={env.torch}" in err.value.what and not engine.prepared
+    assert (
+        err.value.exit_code == 2 and f"torch=={env.torch}" in err.value.what and "prepare" not in engine.calls
+    )
 
 
 # -- one real layer ------------------------------------------------------------------------------

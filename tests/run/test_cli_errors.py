@@ -69,28 +69,18 @@ def test_docker_without_daemon(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def test_rocm_env_without_gpu_fails_before_anything_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    built: list[str] = []
-
-    class FakeEngine:
-        kind = engines.EngineKind.VENV
-
-        def describe(self) -> str:
-            return "fake"
-
-        def preflight(self, env: object) -> None:
+    class DevicesChecked(RefusedEngine):
+        def preflight(self, env: Any) -> None:
             from repro.engines import preflight
 
-            preflight.check_devices(env)  # type: ignore[arg-type]
+            super().preflight(env)
+            preflight.check_devices(env)
 
-        def prepare(self, env: object) -> object:
-            built.append("prepared")
-            raise AssertionError("must not prepare")
-
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda args: FakeEngine())
+    engine = use_engine(monkeypatch, DevicesChecked())
     monkeypatch.setattr("os.path.exists", lambda p: False if str(p).startswith("/dev/") else Path(p).exists())
     code = run(["repro", "--env", "rocm56"], tmp_path)
     assert code == DeviceUnavailableError.exit_code, capsys.readouterr().err
-    assert built == [] and left_behind(tmp_path) == []
+    assert "prepare" not in engine.calls and left_behind(tmp_path) == []
 
 
 def test_dry_run_prints_plan_without_running(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -114,15 +104,6 @@ def test_rocm_dry_run_names_run_flags_and_held_back_variables(
 
 
 # -- numbers are checked at the front door, before any engine or folder ---------------------------
-class CountingEngine(RefusedEngine):
-    """An engine that must not be reached: bad numbers fail before preflight."""
-
-    name = "counting"
-
-    def failure(self) -> Exception:
-        return AssertionError("must not prepare")
-
-
 def _refused(flag: str, name: str, allowed: str, *values: str) -> list[tuple[str, str, str, str]]:
     """(flag, value, name, allowed) for each value the flag refuses, naming `allowed`."""
     return [(flag, value, name, allowed) for value in values]
@@ -150,7 +131,7 @@ def test_bad_numbers_fail_before_any_build(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    engine = use_engine(monkeypatch, CountingEngine())
+    engine = use_engine(monkeypatch, RefusedEngine())  # bad numbers fail before preflight
     code = run([command, "--env", "cpu", f"{flag}={value}"], tmp_path)
     err = capsys.readouterr().err
     assert code == UsageError.exit_code, err

@@ -14,7 +14,7 @@ import pytest
 from repro.cli import main as cli
 from repro.core.errors import BuildError, ConfigError, MatrixError, UsageError
 from tests.fixtures.report_records import ResultsBuilder, standard_env
-from tests.fixtures.stand_in_engine import RefusedEngine
+from tests.fixtures.stand_in_engine import FailingBuild, use_engine
 
 
 def run(args: list[str], tmp_path: Path) -> int:
@@ -26,24 +26,10 @@ def left_behind(tmp_path: Path) -> list[Path]:
     return list(root.rglob("*")) if root.exists() else []
 
 
-class NoEngine(RefusedEngine):
-    """An engine whose build fails; it must not even be reached where the input is refused."""
-
-    name = "failing build"
-
-    def failure(self) -> Exception:
-        return BuildError("building the venv failed", why="pip said no")
-
-    def run_job(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("must not run")
-
-
 @pytest.fixture
-def engine(monkeypatch: pytest.MonkeyPatch) -> NoEngine:
-    fake = NoEngine()
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: fake)
-    monkeypatch.setattr("repro.cli.job_commands._engine", lambda choice, **_k: fake)
-    return fake
+def engine(monkeypatch: pytest.MonkeyPatch) -> FailingBuild:
+    fake = use_engine(monkeypatch, FailingBuild())
+    return use_engine(monkeypatch, fake, "job_commands")
 
 
 # ---- item 9: `make run` checks its time limits as `repro` does -----------------------------------
@@ -53,7 +39,7 @@ def engine(monkeypatch: pytest.MonkeyPatch) -> NoEngine:
     "flag,value", [("--timeout", "nan"), ("--timeout", "-5"), ("--timeout", "0"), ("--stall-timeout", "inf")]
 )
 def test_run_refuses_a_time_limit_that_is_not_finite_and_positive(
-    flag: str, value: str, tmp_path: Path, engine: NoEngine, capsys: pytest.CaptureFixture[str]
+    flag: str, value: str, tmp_path: Path, engine: FailingBuild, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = run(["run", "--env", "cpu", "--cmd", "true", "--workdir", str(tmp_path), flag, value], tmp_path)
     assert code == UsageError.exit_code
@@ -65,7 +51,7 @@ def test_run_refuses_a_time_limit_that_is_not_finite_and_positive(
 
 
 def test_a_world_size_the_host_cannot_hold_is_refused_before_any_build(
-    tmp_path: Path, engine: NoEngine, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, engine: FailingBuild, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = run(["repro", "--env", "cpu", "--world-size", "1000000000"], tmp_path)
     err = capsys.readouterr().err
@@ -102,7 +88,7 @@ def test_a_config_from_a_device_is_refused_without_reading_it(tmp_path: Path) ->
 
 
 def test_a_config_that_is_a_fifo_is_refused_not_waited_on(
-    tmp_path: Path, engine: NoEngine, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, engine: FailingBuild, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
@@ -119,7 +105,7 @@ def test_a_config_that_is_a_fifo_is_refused_not_waited_on(
 
 
 def test_a_config_too_large_for_one_argument_is_refused(
-    tmp_path: Path, engine: NoEngine, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, engine: FailingBuild, capsys: pytest.CaptureFixture[str]
 ) -> None:
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"zero_optimization": {"stage": 3}, "comment": "x" * (200 << 10)}))
@@ -155,7 +141,7 @@ def test_a_config_of_the_wrong_shape_is_a_config_error_on_the_host(
     content: bytes,
     named: str,
     tmp_path: Path,
-    engine: NoEngine,
+    engine: FailingBuild,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     config = tmp_path / "c.json"
@@ -200,7 +186,7 @@ def test_a_damaged_results_file_is_a_usage_error_for_report(
 
 
 def test_an_out_folder_holding_other_files_is_refused(
-    tmp_path: Path, engine: NoEngine, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, engine: FailingBuild, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "home"
     out.mkdir()
@@ -212,7 +198,7 @@ def test_an_out_folder_holding_other_files_is_refused(
 
 
 def test_a_failed_build_of_make_run_leaves_no_folder_and_keeps_latest(
-    tmp_path: Path, engine: NoEngine
+    tmp_path: Path, engine: FailingBuild
 ) -> None:
     root = tmp_path / "results"
     root.mkdir()
@@ -225,7 +211,7 @@ def test_a_failed_build_of_make_run_leaves_no_folder_and_keeps_latest(
 
 
 def test_an_env_named_twice_is_refused(
-    tmp_path: Path, engine: NoEngine, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, engine: FailingBuild, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert run(["repro", "--env", "cpu,cpu", "--dry-run"], tmp_path) == UsageError.exit_code
     assert "more than once" in capsys.readouterr().err

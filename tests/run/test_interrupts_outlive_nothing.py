@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.processes import stand_in_server
-from tests.fixtures.stand_in_engine import StandInEngine, killed_during, use_engine, write_suite
+from tests.fixtures.stand_in_engine import PlanEngine, killed_during, use_engine
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -171,27 +171,6 @@ def test_the_prefork_server_stops_its_runs_when_the_suite_is_gone(
 
 
 # ---- items 7 and 8: RESUME=1, and a stop during the summary ----------------------------------------
-
-
-class PlanEngine(StandInEngine):
-    """Runs a scripted suite: one record per planned run of its command line; `stop_at` env ids
-    are interrupted (Ctrl-C during their suite)."""
-
-    name = "scripted"
-
-    def __init__(self, stop_at: tuple[str, ...] = ()) -> None:
-        self.calls: list[str] = []
-        self.stop_at = stop_at
-
-    def run_suite(self, prepared: Any, args: Any, out_dir: Path, timeout_s: float) -> Any:
-        from repro.engines import base as engines
-        from repro.workload.suite import planned_keys
-
-        self.calls.append(prepared.env_id)
-        if prepared.env_id in self.stop_at:
-            raise KeyboardInterrupt("SIGTERM")
-        write_suite(out_dir, prepared.env_id, [("-".join(key), key) for key in planned_keys(list(args))])
-        return engines.SuiteRun(0, False, 0.1, out_dir, None)
 
 
 def _repro(tmp_path: Path, *extra: str) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +21,11 @@ from repro.core import safe_write
 from repro.core.errors import UsageError
 from repro.core.results import LATEST, open_invocation_dir, point_latest
 from repro.core.scrub import Scrubber
-from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.report.build import build_report
 from repro.upstream.cluster import scripts as cluster
 from repro.upstream.issue import make as issue
 from tests.fixtures.resume_job_engine import JobEngine, run_job
+from tests.fixtures.stand_in_engine import PlanEngine, use_engine
 
 MINE = b"\x89PNG my own plot, not the tool's\n"
 
@@ -292,33 +291,10 @@ def test_resume_with_a_linked_run_folder_writes_nothing_through_it(
     assert mine.read_bytes() == MINE and tree(tmp_path / "precious") == before
 
 
-class SuiteEngine:
-    """A suite that is interrupted the first time and records where it was asked to write."""
-
-    kind = EngineKind.VENV
-
-    def __init__(self) -> None:
-        self.outs: list[Path] = []
-
-    def describe(self) -> str:
-        return "fake"
-
-    def preflight(self, env: Any) -> None:
-        pass
-
-    def prepare(self, env: Any) -> Prepared:
-        return Prepared(EngineKind.VENV, env.id, "/fake", "fake venv", True)
-
-    def run_suite(self, prepared: Prepared, args: Sequence[str], out_dir: Path, timeout_s: float) -> SuiteRun:
-        self.outs.append(out_dir)
-        raise KeyboardInterrupt("SIGINT")
-
-
 def test_repro_resume_with_a_linked_env_folder_runs_no_suite_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    engine = SuiteEngine()
-    monkeypatch.setattr("repro.cli.run_commands._engine", lambda choice: engine)
+    engine = use_engine(monkeypatch, PlanEngine(stop_at=("cpu",)))  # its suite is interrupted each time
     out = tmp_path / "out"
     argv = ["repro", "--env", "cpu", "--world-size", "2", "--out", str(out)]
     assert cli.main(argv) == 130
@@ -328,11 +304,11 @@ def test_repro_resume_with_a_linked_env_folder_runs_no_suite_there(
     mine = precious(tmp_path, "precious/cpu/runs/control-stock-fp32-async-w2/mine.png")
     (out / "cpu").symlink_to(elsewhere, target_is_directory=True)
     before = tree(tmp_path / "precious")
-    engine.outs.clear()
+    engine.calls.clear()
     capsys.readouterr()
     assert cli.main([*argv, "--resume"]) == 2
     assert str(out / "cpu") in capsys.readouterr().err
-    assert engine.outs == []
+    assert engine.calls == []
     assert mine.read_bytes() == MINE and tree(tmp_path / "precious") == before
 
 

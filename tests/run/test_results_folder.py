@@ -5,27 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from repro.cli import main as cli
 from repro.core import results
 from repro.core.errors import BuildError, UsageError
-from repro.engines import base as engines
-from tests.fixtures.stand_in_engine import StandInEngine
-
-
-class FailingBuild(StandInEngine):
-    """An engine whose build fails (after preflight passed), like a pip error would."""
-
-    name = "failing build"
-
-    def prepare(self, env: Any) -> engines.Prepared:
-        raise BuildError(f"venv for {env.id}: pip step torch failed (exit 1)")
-
-    def run_suite(self, *args: Any) -> engines.SuiteRun:
-        raise AssertionError("no suite runs after a failed build")
+from tests.fixtures.stand_in_engine import FailingBuild
 
 
 @pytest.fixture

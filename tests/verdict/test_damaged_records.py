@@ -14,6 +14,7 @@ import pytest
 
 from repro.cli.main import main
 from tests.fixtures.report_records import ResultsBuilder, standard_env
+from tests.fixtures.stand_in_engine import RefusedEngine
 
 HUGE = 64 * 1024 * 1024 + 1  # one byte over the largest record file the tool reads
 
@@ -82,15 +83,9 @@ def no_execution(monkeypatch: pytest.MonkeyPatch) -> None:
     import repro.run.job as job
     import repro.run.usecase as usecase
 
-    class Engine:  # what the preflight sees before the results folder is opened
-        def preflight(self, _env: Any) -> None:
-            pass
-
-        def describe(self) -> str:
-            return "fake"
-
     monkeypatch.setattr(upstream, "_docker_client", lambda: object())
-    monkeypatch.setattr(run_commands, "_engine", lambda _choice: Engine())
+    # what the preflight sees before the results folder is opened
+    monkeypatch.setattr(run_commands, "_engine", lambda _choice: RefusedEngine())
     monkeypatch.setattr(job, "execute_job", refused)
     monkeypatch.setattr(usecase, "execute", refused)
 
