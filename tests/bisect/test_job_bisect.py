@@ -12,9 +12,8 @@ from typing import Any
 import pytest
 
 from repro.cli import bisect_commands as bisect_cli
-from repro.engines.base import Prepared
 from tests.fixtures.fake_bisect import FakeEnv, FakeMatrix, parse
-from tests.fixtures.fake_job import BAD_LOG, CLEAN_LOG, FakeJobEngine  # noqa: F401
+from tests.fixtures.fake_job import BAD_LOG, CLEAN_LOG, FakeJobEngine, WithPackages  # noqa: F401
 
 # The engine whose command prints IllegalWork messages from DeepSpeed 0.13.0 on is shared with the
 # walk tests of #29 (tests/fixtures/fake_job.py).
@@ -77,15 +76,6 @@ def test_bisect_of_a_command_with_its_own_packages(tmp_path: Path, monkeypatch: 
     work = tmp_path / "proj"
     work.mkdir()
 
-    class WithDeps(FakeJobEngine):
-        def __init__(self) -> None:
-            super().__init__()
-            self.layered: list[tuple[str, tuple[str, ...]]] = []
-
-        def prepare_job(self, env: Any, prepared: Prepared, deps: Any) -> tuple[Prepared, dict[str, Any]]:
-            self.layered.append((env.deepspeed, deps.lines))
-            return prepared, {"lines": list(deps.lines), "added": {"their-pkg": "0.3"}}
-
     argv = [
         "--axis",
         "deepspeed",
@@ -106,7 +96,7 @@ def test_bisect_of_a_command_with_its_own_packages(tmp_path: Path, monkeypatch: 
         "--results-root",
         str(tmp_path / "results"),
     ]
-    engine = WithDeps()
+    engine = WithPackages()
     services = bisect_cli.Services(matrix=FakeMatrix(), engine=engine, say=lambda _: None)
     assert bisect_cli.run_bisect(parse("bisect", argv), services) == 0
     data = json.loads((tmp_path / "out" / "bisect.json").read_text())

@@ -19,12 +19,11 @@ from repro.core.errors import Interrupted
 from repro.core.results import InvocationDir, invocation_meta
 from repro.core.scrub import Scrubber
 from repro.engines import jobdeps
-from repro.engines.base import Prepared
 from repro.report.build import build_report
 from repro.run.job import JobRequest, execute_job, reproduce_line
 from repro.upstream.issue import make as issue
 from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse, torch_behaviour
-from tests.fixtures.fake_job import BAD_LOG, FakeJobEngine, always_bad, from_0_13
+from tests.fixtures.fake_job import BAD_LOG, WithPackages, always_bad, from_0_13
 from tests.fixtures.report_records import ResultsBuilder
 
 CMD = "torchrun --nproc_per_node 2 train.py --deepspeed ds_config.json"
@@ -39,13 +38,6 @@ COALESCED = (
     '  File "/venv/deepspeed/comm/torch.py", line 206 in all_reduce_coalesced\n'
     '  File "/venv/deepspeed/runtime/zero/mics.py", line 426 in allreduce_mics_shard_grads\n'
 )
-
-
-class WithPackages(FakeJobEngine):
-    """The job's own packages, layered over each env as the venv engine does."""
-
-    def prepare_job(self, env: Any, prepared: Prepared, deps: Any) -> tuple[Prepared, dict[str, Any]]:
-        return prepared, {"lines": list(deps.lines), "added": {"transformers": "4.40.2"}}
 
 
 def crash_before_0_13(env: FakeEnv) -> str:
