@@ -27,6 +27,7 @@ from repro.engines.base import EngineKind, Prepared, SuiteRun
 from repro.workload.record import write_json_atomic
 from tests.fixtures.ds_git import FakeDeepSpeed, git, make_fake_deepspeed
 from tests.fixtures.fake_bisect import FakeEngine, FakeEnv, FakeMatrix, parse
+from tests.fixtures.stand_in_engine import StandInEngine
 
 pytestmark = pytest.mark.usefixtures("real_subprocess")
 
@@ -37,12 +38,10 @@ def ds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeDeepSpeed:
     return make_fake_deepspeed(tmp_path)
 
 
-class ImportProbe:
+class ImportProbe(StandInEngine):
     """Stands in for SourceOverlay over the env: the checked-out package is imported for real (one
     that does not import is a BuildError, as SourceOverlay's import check makes it), and the suite's
     MiCS run reports what that package's `mics_outcome()` says."""
-
-    kind = EngineKind.VENV
 
     def __init__(self, inner: FakeEngine, tree: Path, trees: list[Path]) -> None:
         self.inner, self.tree = inner, tree
@@ -51,9 +50,6 @@ class ImportProbe:
 
     def describe(self) -> str:
         return f"fake overlay of {self.tree}"
-
-    def preflight(self, env: Any) -> None:
-        pass
 
     def prepare(self, env: FakeEnv) -> Prepared:
         base = self.inner.prepare(env)

@@ -24,6 +24,7 @@ from repro.core.cmd import CmdResult
 from repro.core.errors import BuildError, UsageError
 from repro.engines.base import EngineKind, Prepared
 from repro.engines.venv.layer import base_pth_line
+from tests.fixtures.stand_in_engine import StandInEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -174,17 +175,11 @@ def test_git_bisect_run_names_the_first_bad_commit(
 
 
 # -- the DeepSpeed checkout overlay (subprocesses faked) -------------------------------------------
-class FakeVenvEngine:
-    kind = EngineKind.VENV
+class FakeVenvEngine(StandInEngine):
+    name = "fake venv engine"
 
     def __init__(self, root: Path) -> None:
         self.root = root
-
-    def describe(self) -> str:
-        return "fake venv engine"
-
-    def preflight(self, env: Any) -> None:
-        pass
 
     def prepare(self, env: Any) -> Prepared:
         base = self.root / "cpu-abc"

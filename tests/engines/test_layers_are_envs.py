@@ -31,6 +31,7 @@ from repro.engines.venv.layer import link_base
 from repro.engines.venv.layer_env import base_interpreter, carry_scripts
 from repro.engines.wheelhouse import Wheelhouse
 from repro.matrix.schema import load_matrix
+from tests.fixtures.stand_in_engine import StandInEngine
 
 pytestmark = pytest.mark.usefixtures("real_subprocess")
 
@@ -202,9 +203,7 @@ def test_a_cached_layer_of_the_old_format_is_rebuilt(tmp_path: Path, monkeypatch
 
 
 # -- (a)+(b) a DeepSpeed checkout's layer (repro/bisect/ds_layer.py) ------------------------------
-class _CachedBase:
-    kind = EngineKind.VENV
-
+class _CachedBase(StandInEngine):
     def __init__(self, venv: Path) -> None:
         self.venv = venv
 

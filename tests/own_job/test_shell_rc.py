@@ -17,6 +17,7 @@ from tests.fixtures.shell_home import (
     fake_python,
     home,  # noqa: F401 - a fixture
 )
+from tests.fixtures.stand_in_engine import StandInEngine
 
 
 def _started_shell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shell: str) -> dict[str, Any]:
@@ -26,12 +27,7 @@ def _started_shell(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, shell: str) 
     venv = tmp_path / "venvs" / "cpu-abc"
     fake_python(venv / "bin", "env-python")
 
-    class Engine:
-        kind = EngineKind.VENV
-
-        def preflight(self, env: Any) -> None:
-            pass
-
+    class Engine(StandInEngine):
         def prepare(self, env: Any) -> Prepared:
             return Prepared(EngineKind.VENV, env.id, str(venv), "cpu venv", True, {"platform": "cpu"})
 

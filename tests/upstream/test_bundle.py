@@ -40,6 +40,7 @@ from tests.fixtures.fake_bundle_docker import (
     FakeClient,
 )
 from tests.fixtures.report_records import ResultsBuilder, standard_env
+from tests.fixtures.stand_in_engine import StandInEngine
 
 
 def make_results(root: Path, host: dict[str, str]) -> Path:
@@ -263,8 +264,9 @@ def test_suite_args_plan_exactly_the_recorded_runs(tmp_path: Path) -> None:
 # ---- verification -----------------------------------------------------------------------------------
 
 
-class FakeEngine:
-    """Writes the suite's output as the real suite would, with outcomes the test chooses."""
+class FakeEngine(StandInEngine):
+    """Writes the suite's output as the real suite would, with outcomes the test chooses; it builds
+    nothing (a verification runs the bundle's own image)."""
 
     def __init__(self, records: list[dict[str, Any]]) -> None:
         self.records = records
@@ -275,6 +277,9 @@ class FakeEngine:
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / "suite.json").write_text(json.dumps({"runs": self.records, "artifacts": {}}))
         return SuiteRun(0, False, 1.0, out_dir, None)
+
+    def prepare(self, env: Any) -> Any:
+        raise AssertionError("a verification builds no image")
 
 
 def _recorded(folder: Path) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from repro.workload.classify import classify
 from tests.fixtures.job_records import job_records, job_report, write_folder
 from tests.fixtures.report_records import ResultsBuilder
 from tests.fixtures.runspec import cpu_spec
+from tests.fixtures.stand_in_engine import StandInEngine
 
 # -- defect 1: own job, summary (and the same words in check-fix, report, issue comment) ----------------
 OWN_JOB_HEADLINE = "cpu (your command): REPRODUCED; fix resolves it"
@@ -263,22 +264,7 @@ def test_7_bad_if_failed_does_not_count_a_crash_without_a_gpu(tmp_path: Path) ->
         def get(self, env_id: str) -> Env:
             return Env()
 
-    class Engine:
-        from repro.engines.base import EngineKind
-
-        kind = EngineKind.VENV
-
-        def describe(self) -> str:
-            return "fake"
-
-        def preflight(self, env: Any) -> None:
-            pass
-
-        def prepare(self, env: Any) -> Any:
-            from repro.engines.base import EngineKind, Prepared
-
-            return Prepared(EngineKind.VENV, env.id, "/v", "v", True, {})
-
+    class Engine(StandInEngine):
         def run_job(
             self, prepared: Any, args: Any, out_dir: Path, workdir: Path, timeout_s: Any, **kw: Any
         ) -> Any:
