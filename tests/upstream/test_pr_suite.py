@@ -23,7 +23,7 @@ from repro.upstream.pr import suite as pr_suite
 from repro.upstream.pr.branch import PrRequest, make_pr
 from repro.upstream.pr.checks import Stack
 from repro.upstream.pr.description import record_from, render
-from repro.upstream.pr.suite import SuiteCall
+from repro.upstream.pr.suite import SuiteCall, SuiteRow
 from repro.upstream.pr.verify import CellCache, Verification
 from repro.workload import pytest_outcomes
 from tests.fixtures.ds_git import git
@@ -472,3 +472,26 @@ def test_the_description_says_whether_the_optimizer_tests_skip_can_go() -> None:
     assert stays is not None and "keeps its skip" in stays and "torch 2.13.0: 1 failed, 1 passed" in stays
     assert "2.10.0" not in stays  # only the torches where it did not pass are named
     assert skip_words([entry("2.10.0", {}, passed)]) is None  # the branch ran none on plain gloo
+
+
+def test_the_regression_verdict_says_which_side_never_started_its_tests() -> None:
+    """A stopped session never starts the tests after the hung one (master, plain gloo: the branch
+    deadlocked in test_mics_optimizer.py first): the words name the side and how many, not a bare
+    "did not run"."""
+    test = "unit/runtime/zero/test_mics_coalesced_wait.py::TestMiCSFlatAllGather::test_"
+    rows: list[SuiteRow] = [
+        {
+            "test": test + "a",
+            "cells": {"plain": {"ref": "failed"}, "async": {"ref": "failed", "branch": "passed"}},
+        },
+        {
+            "test": test + "b",
+            "cells": {"plain": {"ref": "failed"}, "async": {"ref": "failed", "branch": "passed"}},
+        },
+    ]
+    assert pr_suite.regression_words(rows, "plain") == (
+        None,
+        "not run on both sides (the branch's session never started 2 of 2)",
+    )
+    assert pr_suite.regression_words(rows, "async") == (True, "all 2 fail at REF and pass on the branch")
+    assert pr_suite.regression_words([], "plain") == (None, "no session ran it")
