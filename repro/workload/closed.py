@@ -1,4 +1,4 @@
-"""`assert_never` for every Python the code runs on (the host from 3.9, the envs from 3.8).
+"""`assert_never` for every Python the code runs on (the host and the envs from 3.9).
 
 Closed sets (Outcome, Signature, the verdicts) are Enums; every branch over one ends in
 `assert_never(value)`, so a new member makes mypy name each place that must handle it. At run

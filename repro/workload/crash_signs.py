@@ -1,7 +1,7 @@
 """Which crashes are the bug: read from a run's exception (type, message, traceback), one place for
 the suite's classifier (classify.py) and the own-job judge (judge.py).
 
-Runs inside the environments: standard library only (Python 3.8+).
+Runs inside the environments: standard library only (Python 3.9+).
 """
 
 from __future__ import annotations

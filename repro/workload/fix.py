@@ -6,7 +6,7 @@ compiles the result in the module's globals. `repro.upstream.patchgen` splices t
 pristine sdist file to write patches/deepspeed-*.patch. One splice function serves both, so the
 shipped patches and the run-time fix cannot drift apart.
 
-Runs inside the environments: standard library only at import time (Python 3.8+); DeepSpeed is
+Runs inside the environments: standard library only at import time (Python 3.9+); DeepSpeed is
 imported lazily by `apply()`.
 """
 

@@ -21,7 +21,7 @@ a user's job (its dtype is the job's business and its other run may be on non-de
 A null (NaN/inf) loss never matches a finite one. An overflow storm: an fp16 run skips at least
 OVERFLOW_STORM_EXTRA more steps than its control.
 
-Runs inside the environments: standard library only (Python 3.8+).
+Runs inside the environments: standard library only (Python 3.9+).
 """
 
 from __future__ import annotations

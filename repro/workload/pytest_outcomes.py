@@ -13,7 +13,7 @@ count). Loaded by name through PYTEST_PLUGINS, which the hook sets where it runs
 (jobhook._load_pytest_plugin). Only the session that owns the results records: an xdist worker
 hands its reports to its controller, pytest-forked's child to its parent, and those record them.
 
-Runs inside the environments: standard library only (Python 3.8+), pytest's objects read by
+Runs inside the environments: standard library only (Python 3.9+), pytest's objects read by
 attribute.
 """
 

@@ -197,8 +197,8 @@ class CustomJob(TypedDict, total=False):
 
 # The record: the one declaration of its keys (RECORD_KEYS and repro.core.shapes.RUN are read from
 # these fields). A TypedDict over the JSON object itself, so reading and writing keep the exact same
-# bytes. total=False: records of older tools lack newer keys. (Annotations stay strings, so Python
-# 3.8 in the envs is fine.)
+# bytes. total=False: records of older tools lack newer keys. (Annotations stay strings, as for
+# every module the envs import: their Python is 3.9 or newer, repro/matrix/compat.py.)
 class RunRecord(TypedDict, total=False):
     schema: int  # SCHEMA_VERSION
     env: str  # env id (e.g. "cpu", "rocm56", or a derived "cpu+torch2.2.2")
