@@ -577,9 +577,8 @@ class VenvEngine:
         """A custom command (repro/run/job.py): the in-env runner with the venv's Python, which
         puts the venv first on PATH and the startup hook on the job's PYTHONPATH. A venv cannot
         take the network away: `network` is for the Docker engine."""
-        extra = {
-            "MICS_REPRO_HOOK_PTH": "1"
-        }  # the runner installs the hook's .pth (repro/workload/hookpth.py)
+        # The runner installs the hook's .pth (repro/workload/hookpth.py).
+        extra = {"MICS_REPRO_HOOK_PTH": "1"}
         if os.environ.get("PYTHONPATH"):  # the user's own, for the job only (not the runner)
             extra["MICS_REPRO_USER_PYTHONPATH"] = os.environ["PYTHONPATH"]
         result = self._run(prepared, "repro.workload.job", args, out_dir, timeout_s, cwd=workdir, extra=extra)

@@ -301,13 +301,12 @@ def suite_table(verification: Mapping[str, Any] | None) -> SuiteTable | None:
             for transport, seen in (row.get("cells") or {}).items():
                 words = f"{seen.get('ref', '-')} → {seen.get('branch', '-')}"
                 cells.setdefault(row["test"], {})[(e["torch"], transport)] = words
-    optimizer = pr_suite.OPTIMIZER_TEST.removeprefix("tests/")
     unskip: list[UnskipLine] = []
     for e in entries:
         for transport in pr_suite.TRANSPORTS:
             sides: dict[str, SideWords] = {}
             for s in (s for s in e["sessions"] if s["transport"] == transport):
-                mine = {t: v for t, v in (s.get("tests") or {}).items() if t.startswith(optimizer)}
+                mine = _optimizer_tests(s)
                 bad = [v for v in mine.values() if v["outcome"] in ("failed", "error")]
                 said = sorted({v["message"] for v in bad if v["message"]})[:2]
                 sides[s["side"]] = {
@@ -351,13 +350,20 @@ def suite_table(verification: Mapping[str, Any] | None) -> SuiteTable | None:
     }
 
 
+_OPTIMIZER_ID = pr_suite.OPTIMIZER_TEST.removeprefix("tests/")  # as pytest names it, run in tests/
+
+
+def _optimizer_tests(session: Mapping[str, Any]) -> dict[str, pr_suite.TestSeen]:
+    """The session's tests of the un-skipped `test_mics_optimizer.py`: {test id: what it saw}."""
+    return {t: v for t, v in (session.get("tests") or {}).items() if t.startswith(_OPTIMIZER_ID)}
+
+
 def skip_words(entries: Sequence[Mapping[str, Any]]) -> str | None:
     """What the evidence says of `test_mics_optimizer.py`'s skip (issue #43 item 5): it can go only
     when, un-skipped, every one of its tests passed on the branch under DeepSpeed's harness on plain
     gloo (what upstream's CI has) on every torch that ran it; None when the branch ran none."""
-    optimizer = pr_suite.OPTIMIZER_TEST.removeprefix("tests/")
     seen = [
-        (e["torch"], {t: v["outcome"] for t, v in (s.get("tests") or {}).items() if t.startswith(optimizer)})
+        (e["torch"], {t: v["outcome"] for t, v in _optimizer_tests(s).items()})
         for e in entries
         for s in e["sessions"]
         if s["side"] == "branch" and s["transport"] == "plain"
@@ -373,12 +379,12 @@ def skip_words(entries: Sequence[Mapping[str, Any]]) -> str | None:
     if not short:
         torches = ", ".join(torch for torch, _ in seen)
         return (
-            f"un-skipped, every test of `{optimizer}` passed on the branch under DeepSpeed's harness on "
+            f"un-skipped, every test of `{_OPTIMIZER_ID}` passed on the branch under DeepSpeed's harness on "
             f"plain gloo (torch {torches}): the evidence supports removing its skip with this fix "
             "(this branch keeps it; the two lines are named above)"
         )
     return (
-        f"`{optimizer}` keeps its skip on this branch: un-skipped, it did not pass there under "
+        f"`{_OPTIMIZER_ID}` keeps its skip on this branch: un-skipped, it did not pass there under "
         f"DeepSpeed's harness on plain gloo ({'; '.join(short)}), as the lines below say"
     )
 
