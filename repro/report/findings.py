@@ -44,61 +44,46 @@ def _logs(run: Run) -> tuple[str, ...]:
 
 def run_findings(run: Run, runs: Sequence[Run]) -> list[Finding]:
     out: list[Finding] = []
+
+    def found(kind: FindingKind, summary: str, excerpt: str = "", logs: tuple[str, ...] = ()) -> None:
+        out.append(Finding(kind, run.env, run.ident, summary, excerpt, logs))
+
     outcome = run.outcome
     if outcome is Outcome.HUNG:
         reason = run.reason if run.reason.startswith("hung") else f"hung: {run.reason or 'timed out'}"
         summary = f"{run_label(run)}: {reason}"
         if run.record.get("timeout_s"):
             summary += f" (limit {run.record['timeout_s']} s)"
-        out.append(Finding(FindingKind.HANG, run.env, run.ident, summary, stack_excerpt(run), _logs(run)))
+        found(FindingKind.HANG, summary, stack_excerpt(run), _logs(run))
     elif outcome is Outcome.CRASHED and (run.patch == "fixed" or not shows_bug(run)):
         # A stock IllegalWork crash is the bug itself and is reported under the answers.
-        out.append(
-            Finding(FindingKind.CRASH, run.env, run.ident, describe(run), traceback_excerpt(run), _logs(run))
-        )
+        found(FindingKind.CRASH, describe(run), traceback_excerpt(run), _logs(run))
     elif outcome is Outcome.ENV_ERROR:
-        out.append(
-            Finding(
-                FindingKind.ENV_ERROR,
-                run.env,
-                run.ident,
-                f"{run_label(run)}: {run.reason}",
-                traceback_excerpt(run),
-                _logs(run),
-            )
-        )
+        found(FindingKind.ENV_ERROR, f"{run_label(run)}: {run.reason}", traceback_excerpt(run), _logs(run))
     elif outcome is Outcome.UNSUPPORTED:
-        out.append(Finding(FindingKind.UNSUPPORTED, run.env, run.ident, f"{run_label(run)}: {run.reason}"))
+        found(FindingKind.UNSUPPORTED, f"{run_label(run)}: {run.reason}")
     elif outcome is Outcome.INTERRUPTED:
-        out.append(Finding(FindingKind.INTERRUPTED, run.env, run.ident, f"{run_label(run)}: interrupted"))
+        found(FindingKind.INTERRUPTED, f"{run_label(run)}: interrupted")
     elif outcome is Outcome.NO_EVIDENCE:
-        out.append(Finding(FindingKind.NO_EVIDENCE, run.env, run.ident, f"{run_label(run)}: {run.reason}"))
+        found(FindingKind.NO_EVIDENCE, f"{run_label(run)}: {run.reason}")
     elif outcome is Outcome.REPRODUCED or outcome is Outcome.CLEAN or outcome is Outcome.CRASHED:
         pass  # the bug itself (reported under the answers), or nothing to report on its own
     else:
         assert_never(outcome)
     if run.is_control and outcome not in (Outcome.CLEAN, Outcome.INTERRUPTED):
-        out.append(
-            Finding(
-                FindingKind.CONTROL_FAILED,
-                run.env,
-                run.ident,
-                f"the ZeRO-3 control did not run clean ({outcome.value}): MiCS losses in this env "
-                "could not be compared with it",
-            )
+        found(
+            FindingKind.CONTROL_FAILED,
+            f"the ZeRO-3 control did not run clean ({outcome.value}): MiCS losses in this env "
+            "could not be compared with it",
         )
     if run.is_mics and run.patch == "fixed" and outcome is not Outcome.CLEAN:
         stock = next(
             (r for r in runs if r.patch == "stock" and r.key.without_patch() == run.key.without_patch()), None
         )
         if stock is not None and stock.outcome is Outcome.CLEAN:
-            out.append(
-                Finding(
-                    FindingKind.FIX_REGRESSION,
-                    run.env,
-                    run.ident,
-                    f"clean without the fix, {outcome.value} ({run.signature.value}) with it",
-                )
+            found(
+                FindingKind.FIX_REGRESSION,
+                f"clean without the fix, {outcome.value} ({run.signature.value}) with it",
             )
     return out
 
@@ -107,31 +92,17 @@ def suite_findings(env: EnvInfo) -> list[Finding]:
     """The env's whole suite, as opposed to one run, did not finish normally."""
     where = env.invocation.folder.name
     if env.suite_timed_out:
-        return [
-            Finding(
-                FindingKind.HANG,
-                env.id,
-                None,
-                f"the suite of env {env.id} hit its time limit in {where}: runs after that point are missing",
-            )
-        ]
-    if env.interrupted:
-        return [
-            Finding(
-                FindingKind.INTERRUPTED, env.id, None, f"the suite of env {env.id} was interrupted in {where}"
-            )
-        ]
-    if env.suite_exit_code not in (None, 0):
-        return [
-            Finding(
-                FindingKind.ENV_ERROR,
-                env.id,
-                None,
-                f"the suite of env {env.id} exited {env.suite_exit_code} in {where}: "
-                "some runs may lack records",
-            )
-        ]
-    return []
+        kind, said = FindingKind.HANG, f"hit its time limit in {where}: runs after that point are missing"
+    elif env.interrupted:
+        kind, said = FindingKind.INTERRUPTED, f"was interrupted in {where}"
+    elif env.suite_exit_code not in (None, 0):
+        kind, said = (
+            FindingKind.ENV_ERROR,
+            f"exited {env.suite_exit_code} in {where}: some runs may lack records",
+        )
+    else:
+        return []
+    return [Finding(kind, env.id, None, f"the suite of env {env.id} {said}")]
 
 
 def other_findings(merged: MergedResults) -> list[Finding]:

@@ -205,11 +205,8 @@ def plot_group(env: str, key: tuple[str, str, int], runs: Sequence[Run]) -> Plot
         if dtype == "fp16" and r.loss_scale
     )
     colors = run_colors(runs)
-    title = (
-        f"{env}: {dtype}, {transport} transport, {world} ranks"
-        if transport != "native"
-        else (f"{env}: {dtype}, {world} ranks")
-    )
+    shown = f"{transport} transport, " if transport != "native" else ""
+    title = f"{env}: {dtype}, {shown}{world} ranks"
 
     fig = Figure(figsize=(9.0, 5.6 if scale else 3.4), dpi=DPI)
     FigureCanvasAgg(fig)
@@ -238,9 +235,5 @@ def plot_group(env: str, key: tuple[str, str, int], runs: Sequence[Run]) -> Plot
 
 
 def env_plots(merged: MergedResults, env_id: str) -> list[Plot]:
-    plots = []
-    for key, runs in _group_runs(merged.runs_of(env_id)).items():
-        plot = plot_group(env_id, key, runs)
-        if plot is not None:
-            plots.append(plot)
-    return plots
+    groups = _group_runs(merged.runs_of(env_id)).items()
+    return [plot for key, runs in groups if (plot := plot_group(env_id, key, runs)) is not None]
