@@ -389,15 +389,20 @@ def resolve_results_dir(root: Path, given: str | None, say: Callable[[str], None
     return folder
 
 
-def load(folder: Path) -> ResultsData:
-    """results.json of `folder`, its fields of the types the tool reads (repro.core.shapes.RESULTS);
-    a UsageError naming the file and the field when it is not."""
+def load(folder: Path, *, fix: str = records.FIX) -> ResultsData:
+    """results.json of `folder`, the one loader of it: its schema and the types of the fields the
+    tool reads (repro.core.shapes.RESULTS) checked; a UsageError naming the file and the field
+    when they are not. `fix`: what to do when it cannot be read as JSON."""
     path = folder / RESULTS_FILE
-    data = records.read(path, "results file")
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
+    data = records.read(path, "results file", fix=fix)
+    if not isinstance(data, dict):
         raise UsageError(
-            f"{path} is not a results file of schema {SCHEMA_VERSION}",
-            why=f"schema: {data.get('schema')!r}" if isinstance(data, dict) else "not a JSON object",
+            f"{path} is damaged: the file holds a JSON {type(data).__name__}, not an object", fix=fix
+        )
+    if "schema" in data and data["schema"] != SCHEMA_VERSION:
+        raise UsageError(
+            f"{path} has schema {data['schema']!r}",
+            why=f"this tool reads results of schema {SCHEMA_VERSION}",
             fix="use the tool version that wrote it, or run again into a new folder",
         )
     checked: ResultsData = records.check(data, shapes.RESULTS, path)

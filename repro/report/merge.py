@@ -18,14 +18,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from repro.core import records, shapes
+from repro.core import results
 from repro.core.errors import UsageError
 from repro.core.evidence import as_evidence
 from repro.core.paths import confined
+from repro.core.results import RESULTS_FILE
 from repro.report.model import EnvInfo, InvocationView, Run, check_closed_sets
-
-RESULTS_FILE = "results.json"
-SUPPORTED_SCHEMA = 1
 
 
 @dataclass(frozen=True)
@@ -59,75 +57,6 @@ def _timestamp(text: str | None) -> datetime:
     return stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)
 
 
-def _require(data: Mapping[str, Any], key: str, where: Path) -> Any:
-    if key not in data:
-        raise UsageError(
-            f"{where} has no {key!r}",
-            why="results.json is written by `make repro`; this one is incomplete or from another tool",
-            fix="re-run the invocation",
-        )
-    return data[key]
-
-
-# The record fields the report turns into numbers: another type is a damaged or foreign file, and
-# must be named, not met later as a traceback deep inside a table.
-_INT_FIELDS = ("world_size", "shard_size", "illegal_work_messages", "skipped_steps", "first_divergent_step")
-_NUMBER_LIST_FIELDS = ("losses", "loss_scale")
-_OBJECT_FIELDS = (
-    "logs",
-    "versions",
-    "stacks",
-    # read with .get() by the evidence check and the report: a string there was a traceback
-    "ran_on",
-    "exit_codes",
-    "durations",
-    "transport_info",
-    "job",
-    "exception",
-    "layout",
-    "launcher",
-)
-
-
-def _damaged(where: str, what: str) -> UsageError:
-    return UsageError(
-        f"{where}: {what}",
-        why="results.json is written by `make repro`; this one was edited, damaged or is from another tool",
-        fix="re-run the invocation (or restore the file); nothing was reported from it",
-    )
-
-
-def _typed(data: Mapping[str, Any], key: str, kind: type, where: Path) -> Any:
-    value = _require(data, key, where)
-    if not isinstance(value, kind):
-        raise _damaged(
-            str(where),
-            f"{key!r} is {type(value).__name__} {value!r:.60}, not a JSON "
-            f"{'object' if kind is dict else 'list'}",
-        )
-    return value
-
-
-def _check_record_types(record: Any, where: str) -> None:
-    if not isinstance(record, dict):
-        raise _damaged(where, f"the record is {type(record).__name__}, not a JSON object")
-    for key in _INT_FIELDS:
-        value = record.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise _damaged(where, f"{key}={value!r:.60} is not a whole number")
-    for key in _NUMBER_LIST_FIELDS:
-        value = record.get(key)
-        if value is not None and (
-            not isinstance(value, list)
-            or any(v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))) for v in value)
-        ):
-            raise _damaged(where, f"{key} is not a list of numbers (null for a missing step)")
-    for key in _OBJECT_FIELDS:
-        value = record.get(key)
-        if value is not None and not isinstance(value, dict):
-            raise _damaged(where, f"{key} is {type(value).__name__}, not a JSON object")
-
-
 def _artifacts(folder: Path, env_id: str, raw: Any, notes: list[str]) -> dict[str, Path]:
     """The env's artifacts that lie inside the results folder; any other path is noted, never read."""
     out: dict[str, Path] = {}
@@ -156,19 +85,9 @@ def load_folder(folder: Path, clean: Callable[[Any], Any]) -> ResultsFolder:
             why="a results folder is what one `make repro` invocation writes",
             fix="pass folders under results/ (e.g. results/latest), or run `make repro` first",
         )
-    fix = "the invocation was probably killed while writing; re-run it"
-    data = records.read(path, "results file", fix=fix)
-    if not isinstance(data, dict):
-        raise _damaged(str(path), f"the file holds a JSON {type(data).__name__}, not an object")
-    data = clean(data)
-    schema = _require(data, "schema", path)
-    if schema != SUPPORTED_SCHEMA:
-        raise UsageError(
-            f"{path} has schema {schema!r}",
-            why=f"this report reads schema {SUPPORTED_SCHEMA}",
-            fix="build the report with the tool version that wrote the results",
-        )
-    inv_data = records.check(_typed(data, "invocation", dict, path), shapes.INVOCATION, path, "invocation")
+    # Read, its schema and its fields' types checked, once for every reader (repro.core.results.load)
+    data = clean(results.load(folder, fix="the invocation was probably killed while writing; re-run it"))
+    inv_data = data["invocation"]
     invocation = InvocationView(
         folder=folder,
         tool_version=str(data.get("tool_version") or "unknown"),
@@ -181,10 +100,7 @@ def load_folder(folder: Path, clean: Callable[[Any], Any]) -> ResultsFolder:
     )
     envs: dict[str, EnvInfo] = {}
     notes: list[str] = []
-    for env_id, env in _typed(data, "envs", dict, path).items():
-        if not isinstance(env, dict) or not isinstance(env.get("pins") or {}, dict):
-            raise _damaged(str(path), f'env {env_id!r} is not an object with a "pins" object')
-        records.check(env, shapes.ENV, path, f"envs[{env_id!r}]")
+    for env_id, env in data["envs"].items():
         artifacts = _artifacts(folder, env_id, env.get("artifacts"), notes)
         envs[env_id] = EnvInfo(
             id=env_id,
@@ -201,9 +117,8 @@ def load_folder(folder: Path, clean: Callable[[Any], Any]) -> ResultsFolder:
             venv=env.get("venv"),
         )
     runs: list[Run] = []
-    for index, record in enumerate(_typed(data, "runs", list, path)):
+    for index, record in enumerate(data["runs"]):
         where = f"{path} run #{index}"
-        _check_record_types(record, where)
         check_closed_sets(record, where)
         env_id = record["env"]
         if env_id not in envs:

@@ -151,12 +151,12 @@ def _edit(folder: Path, mutate) -> None:  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(
     ("mutate", "names"),
     [
-        (lambda d: d.update(runs=None), "'runs'"),
-        (lambda d: d.update(envs=["cpu"]), "'envs'"),
-        (lambda d: d["runs"][0].update(world_size="four"), "world_size='four'"),
+        (lambda d: d.update(runs=None), "runs is null, not a list"),
+        (lambda d: d.update(envs=["cpu"]), "envs is list, not an object"),
+        (lambda d: d["runs"][0].update(world_size="four"), 'runs[0].world_size is "four"'),
         (lambda d: d["runs"][1].update(losses="nan"), "losses"),
-        (lambda d: d["runs"][1].update(shard_size=2.5), "shard_size=2.5"),
-        (lambda d: d["runs"].__setitem__(0, "zero3"), "not a JSON object"),
+        (lambda d: d["runs"][1].update(shard_size=2.5), "runs[1].shard_size is 2.5"),
+        (lambda d: d["runs"].__setitem__(0, "zero3"), 'runs[0] is "zero3", not an object'),
         (lambda d: d["envs"]["cpu"].update(pins="torch==2.1"), "pins"),
     ],
 )

@@ -336,7 +336,9 @@ def test_a_test_pytest_never_reported_is_kept_as_unfinished(tmp_path: Path) -> N
         "outcome": "hung",
         "job": {"pytest": {"counts": {"failed": 1}, "tests": {"unit/a.py::T::a": ended}}},
     }
-    (tmp_path / "results.json").write_text(json.dumps({"runs": [record]}))
+    (tmp_path / "results.json").write_text(
+        json.dumps({"schema": 1, "invocation": {}, "envs": {}, "runs": [record]})
+    )
     (run / "job.log").write_text(
         "unit/a.py::T::a \nunit/b.py::T::b \n[gw0] [ 50%] FAILED unit/a.py::T::a \n"
         "____ T.a ____\nE   RuntimeError: x\n/usr/lib/pool.py:774: RuntimeError\n"

@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 
 import jinja2
 
-from repro.core import records, safe_write, shapes, templating
+from repro.core import records, results, safe_write, shapes, templating
 from repro.core.errors import UsageError
 from repro.core.paths import confined
 from repro.core.results import Invocation, ResultsData
@@ -80,7 +80,7 @@ def _load(folder: Path) -> tuple[str, WalkData, ResultsData | None]:
         if path.exists():
             return kind, records.load(path, shapes.WALK, f"{kind} file"), _results(folder)
     if (folder / "results.json").exists():
-        return "run", {}, records.load(folder / "results.json", shapes.RESULTS, "results file")
+        return "run", {}, results.load(folder)
     raise UsageError(
         f"{folder} holds none of bisect.json, survey.json or results.json",
         fix="pass RESULTS= of a `make run`, `make repro`, `make bisect` or `make survey` folder",
@@ -91,7 +91,7 @@ def _results(folder: Path) -> ResultsData | None:
     """A walk folder's results.json (its probes' records); None when it is missing or damaged: the
     walk's own file says what ISSUE.md needs, the records only add the job and the stacks."""
     try:
-        data: ResultsData = records.load(folder / "results.json", shapes.RESULTS, "results file")
+        data = results.load(folder)
     except UsageError:
         return None
     return data

@@ -41,8 +41,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, TypedDict, cast
 
-from repro.core import cmd, console
-from repro.core.errors import RunError
+from repro.core import cmd, console, results
+from repro.core.errors import RunError, UsageError
 from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr.out_folders import fresh_folder, log_path
 from repro.workload.pytest_outcomes import BARE_LOCATION, RAISED_LINE
@@ -408,8 +408,8 @@ def read_session(out: Path) -> Session | None:
     pytest could report, and a test that started and never ended ("unfinished") in any case (an
     interrupted pytest reports only the tests that ended)."""
     try:
-        runs = json.loads((out / "results.json").read_text()).get("runs") or []
-    except (OSError, ValueError):
+        runs = results.load(out)["runs"]
+    except UsageError:  # missing or damaged: no record
         runs = []
     if not runs:
         return None
