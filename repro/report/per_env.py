@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from repro.core.fix_pairs import FixPair
 from repro.core.records import as_json
 from repro.core.verdict import EnvVerdict, VerdictData, env_verdict
 from repro.report.merge import MergedResults
@@ -57,18 +56,6 @@ class EnvAnswer:
     @property
     def reproduce_evidence(self) -> tuple[Evidence, ...]:
         return self.verdict.reproduce_evidence + self.verdict.control_problems
-
-    @property
-    def fix_evidence(self) -> tuple[Evidence, ...]:
-        return self.verdict.fix_evidence
-
-    @property
-    def pairs(self) -> tuple[FixPair, ...]:
-        return self.verdict.pairs
-
-    @property
-    def control_problems(self) -> tuple[Evidence, ...]:
-        return self.verdict.control_problems
 
     @property
     def platform_note(self) -> str:

@@ -56,7 +56,7 @@ def test_cpu_only_reproduces_and_fix_resolves_but_gpu_evidence_is_missing(b: Res
     assert cpu.reproduces is Reproduces.YES
     assert set(cpu.signatures) == {"illegal-work-divergence", "illegal-work-crash"}
     assert cpu.fixed is FixVerdict.YES
-    assert {p.status for p in cpu.pairs} == {PairStatus.RESOLVED}
+    assert {p.status for p in cpu.verdict.pairs} == {PairStatus.RESOLVED}
     assert a.cause.verdict is CauseVerdict.NEEDS_GPU_EVIDENCE
     assert len(a.cause.missing) == 1 and "make repro ENV=rocm56" in a.cause.missing[0].how
     runs = {run for ev in a.cause.evidence for run in ev.runs}
@@ -124,7 +124,7 @@ def test_fix_fails_in_one_env(b: ResultsBuilder) -> None:
     assert env(a, "cpu").fixed is FixVerdict.YES
     broken = env(a, "cpu+torch2.2.2")
     assert broken.fixed is FixVerdict.NO
-    assert [p.status for p in broken.pairs if p.stock and p.stock.scenario == "mics"] == [
+    assert [p.status for p in broken.verdict.pairs if p.stock and p.stock.scenario == "mics"] == [
         PairStatus.NOT_RESOLVED
     ]
 
@@ -191,7 +191,7 @@ def test_all_clean(b: ResultsBuilder) -> None:
     a = answers_of(b)
     assert env(a, "cpu").reproduces is Reproduces.NO
     assert env(a, "cpu").fixed is FixVerdict.NOT_APPLICABLE
-    assert {p.status for p in env(a, "cpu").pairs} == {PairStatus.BOTH_CLEAN}
+    assert {p.status for p in env(a, "cpu").verdict.pairs} == {PairStatus.BOTH_CLEAN}
     assert a.cause.verdict is CauseVerdict.NOT_REPRODUCED
     assert a.upgrade.verdict is UpgradeVerdict.NOT_APPLICABLE
     assert a.findings == ()
@@ -210,7 +210,7 @@ def test_hang_is_reported_with_scenario_and_stack(b: ResultsBuilder) -> None:
     assert "allreduce_mics_shard_grads" in hangs[0].excerpt and "rank 1" in hangs[0].excerpt
     # The reporter's configurations ran clean: the hang is another bug, not a reproduction.
     assert env(a, "cpu").reproduces is Reproduces.NO
-    replica = [p for p in env(a, "cpu").pairs if p.status is PairStatus.OTHER_FAILURE_PERSISTS]
+    replica = [p for p in env(a, "cpu").verdict.pairs if p.status is PairStatus.OTHER_FAILURE_PERSISTS]
     assert len(replica) == 1
 
 
@@ -255,8 +255,8 @@ def test_crashed_control_leaves_the_fix_unverified(b: ResultsBuilder) -> None:
     cpu = env(a, "cpu")
     assert cpu.reproduces is Reproduces.YES  # IllegalWork messages need no control
     assert cpu.fixed is FixVerdict.UNVERIFIED
-    assert [p.status for p in cpu.pairs] == [PairStatus.RESOLVED_UNVERIFIED]
-    assert cpu.control_problems and FindingKind.CONTROL_FAILED in {f.kind for f in a.findings}
+    assert [p.status for p in cpu.verdict.pairs] == [PairStatus.RESOLVED_UNVERIFIED]
+    assert cpu.verdict.control_problems and FindingKind.CONTROL_FAILED in {f.kind for f in a.findings}
 
 
 def test_interrupted_invocation(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def test_replica_hang_is_one_verdict_everywhere(b: ResultsBuilder) -> None:
     assert check_fix(b.runs).ok
     report = answer_all(load_and_merge([b.write()]), ("rocm56",)).envs[0]
     assert (report.reproduces, report.fixed) == (v.reproduces, v.fixed)
-    assert [p.to_dict() for p in report.pairs] == [p.to_dict() for p in v.pairs]
+    assert [p.to_dict() for p in report.verdict.pairs] == [p.to_dict() for p in v.pairs]
 
 
 def test_sync_transport_runs_do_not_decide(b: ResultsBuilder) -> None:
