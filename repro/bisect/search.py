@@ -113,9 +113,22 @@ class _Probed(Generic[A]):
     def _tried(self, i: int) -> bool:
         return i in self.answers
 
+    def _round(self, k: int) -> list[int]:
+        raise NotImplementedError
+
+    def next_round(self, k: int) -> list[int]:
+        """Up to k candidates to probe side by side (PARALLEL=k), in index order; [] when done."""
+        if k < 1:
+            raise ValueError("a round probes at least one candidate")
+        return self._round(k)
+
+    def next_probe(self) -> int | None:
+        """The one candidate a sequential search probes next (None when done): `next_round(1)`'s."""
+        return next(iter(self.next_round(1)), None)
+
 
 class Bisection(_Probed[ProbeVerdict]):
-    """Ask `next_probe()`, answer with `record(index, verdict)`, until `next_probe()` is None.
+    """Ask `next_round(k)`, answer each with `record(index, verdict)`, until it asks for none.
 
     Every decision is recomputed from the verdicts so far, so the state is just what was probed.
     """
@@ -160,33 +173,14 @@ class Bisection(_Probed[ProbeVerdict]):
 
         return min(outer, key=distance, default=None)
 
-    def next_probe(self) -> int | None:
-        if self.count < 2:
-            return None
-        for end in (0, self.count - 1):
-            if end not in self.answers:
-                return end
-        known = self._known()
-        pair = self._boundary(known)
-        if pair is not None:
-            # Binary search inside the boundary; an unknown midpoint is stepped around.
-            return _nearest_untried(pair[0], pair[1], self._tried)
-        gap = self._gap_to_split(known)
-        return None if gap is None else (gap[0] + gap[1]) // 2
-
-    def next_round(self, k: int) -> list[int]:
-        """Up to k candidates to probe at the same time (PARALLEL=k), in index order; [] when done.
-
-        The same decisions as `next_probe`, with the range split in k + 1 parts instead of two:
-        the first round probes both ends (and, for k > 2, k - 2 points between them), then the
-        boundary, or the gap `next_probe` would halve, is split by k points. Without unknowns a
+    def _round(self, k: int) -> list[int]:
+        """Both ends first (and, for k > 2, k - 2 points between them), then the boundary, or
+        while every verdict agrees the gap `_gap_to_split` picks, split by k points (k = 1: the
+        binary search's midpoint; an unknown midpoint is stepped around). Without unknowns a
         transition among N candidates takes at most 1 + ceil(log_(k+1)(N - 1)) rounds for k >= 2
-        (2 + ceil(log2(N - 1)) for k = 1: one probe per round, as `next_probe`). Unknowns are
-        stepped around as there; the answer is `result()`'s, so for a single transition it is the
-        binary search's. k = 1 asks exactly what `next_probe` asks.
+        (2 + ceil(log2(N - 1)) for k = 1: one probe per round). The answer is `result()`'s, so for
+        a single transition it is the binary search's.
         """
-        if k < 1:
-            raise ValueError("a round probes at least one candidate")
         if self.count < 2:
             return []
         ends = [end for end in (0, self.count - 1) if end not in self.answers]
@@ -289,31 +283,9 @@ class Survey(_Probed[Optional[K]]):
     def _known(self) -> list[int]:
         return sorted(i for i, k in self.answers.items() if k is not None)
 
-    def next_probe(self) -> int | None:
-        untried = [i for i in range(self.count) if i not in self.answers]
-        if not untried:
-            return None
-        if self.every:
-            return untried[0]
-        known = self._known()
-        if not known:
-            return untried[0]  # walking in from the start until something is known
-        if untried[-1] > known[-1]:
-            return untried[-1]  # walking in from the end until something is known
-        # Split the leftmost segment whose ends differ and that still has untried candidates.
-        for a, b in zip(known, known[1:]):
-            if self.answers[a] != self.answers[b]:
-                cand = _nearest_untried(a, b, self._tried)
-                if cand is not None:
-                    return cand
-        return None
-
-    def next_round(self, k: int) -> list[int]:
-        """Up to k candidates to probe side by side, in index order; [] when done. The same
-        decisions as `next_probe` (k = 1 asks exactly that): the walk-in from both ends first, then
-        each segment whose ends differ split by the slots left, leftmost first."""
-        if k < 1:
-            raise ValueError("a round probes at least one candidate")
+    def _round(self, k: int) -> list[int]:
+        """The walk-in from both ends first (until something is known), then each segment whose
+        ends differ split by the slots left, leftmost first; `every` probes them all in order."""
         untried = [i for i in range(self.count) if i not in self.answers]
         if not untried or self.every:
             return untried[:k]
