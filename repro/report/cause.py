@@ -44,41 +44,28 @@ class CauseData(TypedDict):
 def _sync_control_evidence(stock: Sequence[Run]) -> list[Evidence]:
     """A synchronous transport completes every collective before returning, so the missing wait is harmless
     there: a sync run that matches the control next to an async run that does not isolates the cause."""
+
+    def place(r: Run) -> tuple[str, str, str, int]:
+        return r.env, r.scenario, r.key.dtype, r.key.world_size
+
     out = []
     for sync in (r for r in stock if r.key.transport == "sync"):
-        twin = next(
-            (
-                r
-                for r in stock
-                if r.key.transport == "async"
-                and r.env == sync.env
-                and r.scenario == sync.scenario
-                and r.key.dtype == sync.key.dtype
-                and r.key.world_size == sync.key.world_size
-            ),
-            None,
-        )
+        twin = next((r for r in stock if r.key.transport == "async" and place(r) == place(sync)), None)
         if twin is None or not shows_bug(twin):
             continue
+        control = f"sync transport control ({sync.env}, {sync.scenario}, {sync.key.dtype})"
         if sync.outcome is Outcome.CLEAN or sync.signature is Signature.ILLEGAL_WORK_WARNINGS:
-            out.append(
-                Evidence(
-                    f"sync transport control ({sync.env}, {sync.scenario}, {sync.key.dtype}): "
-                    f"{sync.illegal_work_messages} IllegalWork messages yet losses match ZeRO-3, "
-                    f"while the async run {twin.signature.value}: "
-                    "the missing wait on the real all-gather is the cause",
-                    (sync.ident, twin.ident),
-                )
+            text = (
+                f"{control}: {sync.illegal_work_messages} IllegalWork messages yet losses match ZeRO-3, "
+                f"while the async run {twin.signature.value}: "
+                "the missing wait on the real all-gather is the cause"
             )
         else:
-            out.append(
-                Evidence(
-                    f"sync transport control ({sync.env}, {sync.scenario}, {sync.key.dtype}) also fails "
-                    f"({sync.outcome.value}, {sync.signature.value}): "
-                    "something besides the missing wait is wrong",
-                    (sync.ident, twin.ident),
-                )
+            text = (
+                f"{control} also fails ({sync.outcome.value}, {sync.signature.value}): "
+                "something besides the missing wait is wrong"
             )
+        out.append(Evidence(text, (sync.ident, twin.ident)))
     return out
 
 
