@@ -8,6 +8,9 @@ over this one (repro/engines/venv/joblayer.py): each layer's .pth adds the one b
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -15,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from repro.bisect.ds_layer import DeepSpeedLayer
-from repro.core import cmd
+from repro.core import cmd, console
 from repro.core.errors import UsageError
 from repro.core.safe_git import SafeGit
 from repro.engines.base import EngineKind, Prepared
@@ -25,6 +28,10 @@ if TYPE_CHECKING:
     from repro.engines.base import Engine
 
 _STAGE_IGNORE = (".git", "build", "dist", "*.egg-info", "__pycache__")
+# In the layer: the digest of the tree and build settings last installed there. pr-verify runs
+# each side's tree in two sessions (plain gloo, the adapter) over one layer; the second finds the
+# same digest and imports what the first built instead of building it again.
+_INSTALLED = "dssrc-installed.sha256"
 # Imports DeepSpeed too: a commit that installs but does not import is unknown, not a crash.
 _DS_VERSION = "import importlib.metadata as m, deepspeed; print(m.version('deepspeed'))"
 
@@ -80,27 +87,38 @@ class SourceOverlay(DeepSpeedLayer):
             **dict(HIDE_GPUS),
             **({"DS_BUILD_STRING": f"+{commit}"} if commit else {}),
         }
+        marker = layer.path / _INSTALLED
         with tempfile.TemporaryDirectory(prefix="mics-repro-dssrc-") as tmp:
             staged = Path(tmp) / "src"
             shutil.copytree(self.src, staged, ignore=shutil.ignore_patterns(*_STAGE_IGNORE), symlinks=True)
-            self.out(
-                [
-                    str(py),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-build-isolation",
-                    "--no-deps",
-                    "--force-reinstall",
-                    str(staged),
-                ],
-                "building and installing the checkout",
-                env.id,
-                build,
-            )
+            digest = _tree_digest(staged, build)
+            installed = marker.read_text().strip() if marker.is_file() else ""
+            if installed == digest:
+                console.info(
+                    f"venv: {layer.path.name} holds DeepSpeed built from these same files; not rebuilt"
+                )
+            else:
+                # Gone before the install starts: one cut short leaves no claim of a finished one.
+                marker.unlink(missing_ok=True)
+                self.out(
+                    [
+                        str(py),
+                        "-m",
+                        "pip",
+                        "install",
+                        "--disable-pip-version-check",
+                        "--no-build-isolation",
+                        "--no-deps",
+                        "--force-reinstall",
+                        str(staged),
+                    ],
+                    "building and installing the checkout",
+                    env.id,
+                    build,
+                )
         printed = self.out([str(py), "-c", _DS_VERSION], "importing the installed DeepSpeed", env.id)
         version = printed.splitlines()[-1]  # DeepSpeed's import may log first (its accelerator)
+        marker.write_text(digest + "\n")
         label = f"{layer.path} (DeepSpeed {version} from {self.src}{'@' + commit if commit else ''})"
         return Prepared(
             EngineKind.VENV,
@@ -110,3 +128,16 @@ class SourceOverlay(DeepSpeedLayer):
             layer.base.reused,
             {"python": str(py), "deepspeed": version, "deepspeed_src": str(self.src), "commit": commit or ""},
         )
+
+
+def _tree_digest(root: Path, build: dict[str, str]) -> str:
+    """sha256 of every file's path and bytes under `root` (a link: its target) and the build's
+    environment: the same digest means pip would install the same DeepSpeed."""
+    h = hashlib.sha256(json.dumps(build, sort_keys=True).encode())
+    for folder, dirs, files in os.walk(root):
+        dirs.sort()
+        for name in sorted(files) + [d for d in dirs if (Path(folder) / d).is_symlink()]:
+            path = Path(folder) / name
+            h.update(str(path.relative_to(root)).encode() + b"\0")
+            h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
+    return h.hexdigest()

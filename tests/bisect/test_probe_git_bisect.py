@@ -184,7 +184,8 @@ class FakeVenvEngine(StandInEngine):
     def prepare(self, env: Any) -> Prepared:
         base = self.root / "cpu-abc"
         (base / "bin").mkdir(parents=True, exist_ok=True)
-        (base / "bin" / "python").touch()
+        if not (base / "bin" / "python").is_symlink():  # a venv's python: a link to its interpreter
+            (base / "bin" / "python").symlink_to(sys.executable)
         return Prepared(EngineKind.VENV, env.id, str(base), str(base), True)
 
     def run_suite(self, *args: Any) -> Any:
@@ -203,7 +204,7 @@ class FakeRunner:
         out, code = "", 0
         if argv[1:3] == ["-m", "venv"]:
             Path(argv[3], "bin").mkdir(parents=True)
-            Path(argv[3], "bin", "python").touch()
+            Path(argv[3], "bin", "python").symlink_to(sys.executable)
         elif argv[:2] == ["git", "-C"]:
             out = "abc1234\n"
         elif "sysconfig" in argv[-1]:
@@ -251,6 +252,31 @@ def test_overlay_layers_the_checkout_over_the_cached_venv(tmp_path: Path, checko
     pth = overlay / "site" / "_mics_repro_base.pth"
     assert pth.read_text() == base_pth_line(str(tmp_path / "venvs" / "cpu-abc" / "site"))
     assert prepared.details["deepspeed"] == "0.14.1+abc1234" and prepared.details["commit"] == "abc1234"
+
+
+def test_overlay_builds_the_same_files_once(tmp_path: Path, checkout: Path) -> None:
+    """pr-verify runs a side's tree twice over one layer (plain gloo, the adapter): the second
+    prepare imports what the first installed; a changed file or a failed install builds again."""
+    env = type("Env", (), {"id": "cpu"})()
+
+    def installs(runner: FakeRunner) -> int:
+        return sum(argv[1:4] == ["-m", "pip", "install"] for argv, _ in runner.calls)
+
+    runner = FakeRunner(tmp_path)
+    engine = SourceOverlay(FakeVenvEngine(tmp_path / "venvs"), checkout, runner=runner)
+    first = engine.prepare(env)
+    again = engine.prepare(env)
+    assert installs(runner) == 1 and again.details == first.details
+    (checkout / "deepspeed" / "__init__.py").write_text("changed = True\n")
+    engine.prepare(env)
+    assert installs(runner) == 2
+    (checkout / "deepspeed" / "__init__.py").write_text("changed = 2\n")
+    engine.runner = failing = FakeRunner(tmp_path, pip_ok=False)
+    with pytest.raises(BuildError):
+        engine.prepare(env)
+    engine.runner = runner
+    engine.prepare(env)  # the failed install left no claim that these files were installed
+    assert installs(failing) == 1 and installs(runner) == 3
 
 
 def test_overlay_build_failure_is_a_candidate_error(tmp_path: Path, checkout: Path) -> None:
