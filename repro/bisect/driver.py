@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypedDict, Union, cast
+from typing import TYPE_CHECKING, Union
 
 from packaging.version import InvalidVersion, Version
 
@@ -38,7 +38,7 @@ from repro.bisect.worktree_layer import WorktreeLayer
 from repro.core import console, safe_write
 from repro.core.errors import Interrupted, UsageError
 from repro.core.jobname import job_identity, walk_subject
-from repro.core.make_options import checked_pairs, reproduce_pairs
+from repro.core.make_options import checked_pairs
 from repro.core.makeline import make_line
 from repro.core.results import (
     InvocationDir,
@@ -63,57 +63,6 @@ COMMIT_AXIS = "deepspeed-commit"
 # contract, docs/background.md §2): the good end a torch-axis bisect starts from when every DeepSpeed was bad.
 TORCH_BEFORE_ILLEGAL_WORK = "2.0.1"
 AXES = ("torch", "deepspeed", COMMIT_AXIS)
-
-
-# ProbeOptions' part of a ProbeSpec: its keyword arguments.
-class SpecFields(TypedDict):
-    scenario: str
-    patch: str
-    dtype: str | None
-    transport: str
-    timeout_s: float | None
-    steps: int | None
-    world_size: int | None
-    command: str | None
-    workdir: str | None
-    loss_regex: str | None
-    requirements: str | None
-    packages: str | None
-    engine: str | None
-
-
-@dataclass(frozen=True)
-class ProbeOptions:
-    """How each candidate is run (shared by bisect, survey and probe)."""
-
-    env: str | None = None
-    scenario: str = "mics"
-    patch: str = "stock"
-    engine: str | None = None
-    dtype: str | None = None
-    transport: str = "async"
-    timeout_s: float | None = None
-    steps: int | None = None
-    world_size: int | None = None
-    command: str | None = None  # CMD=: probe the user's command instead of the suite's scenario
-    workdir: str | None = None
-    loss_regex: str | None = None
-    requirements: str | None = None  # REQUIREMENTS=/PACKAGES=: the command's own packages (run/job.py)
-    packages: str | None = None
-
-    def __post_init__(self) -> None:
-        """Bad options (WORLD_SIZE=3, STEPS=0, TIMEOUT=nan) are refused here, at the front door,
-        by `make repro`'s own checks (repro/run/orchestrate.py Request): else every candidate's
-        probe would fail the same way and look like an unknown candidate (exit 125, skipped)."""
-        ProbeSpec(env_id=self.env or "probe", **self.spec_fields()).request()
-
-    def spec_fields(self) -> SpecFields:
-        """ProbeSpec's keyword arguments: these options under the same names (all but `env`)."""
-        return cast(SpecFields, {name: getattr(self, name) for name in SpecFields.__annotations__})
-
-    def make_pairs(self, env_id: str) -> list[tuple[str, object]]:
-        values = ProbeSpec(env_id=env_id, **self.spec_fields()).make_values()
-        return reproduce_pairs({**values, "TIMEOUT": self.timeout_s})
 
 
 @dataclass(frozen=True)
@@ -154,7 +103,7 @@ class WalkRequest:
     """A bisect or survey over the releases of one package."""
 
     axis: str
-    probe: ProbeOptions
+    probe: ProbeSpec  # how each candidate is run: no pins yet, ENV= or "" (the matrix default)
     folder: Folder
     torch: str | None = None  # the other axis's pin (giving the walked one is an error)
     deepspeed: str | None = None
@@ -244,7 +193,7 @@ class Walk:
 
 
 def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
-    env_id = req.probe.env or matrix.default_id
+    env_id = req.probe.env_id or matrix.default_id
     env = matrix.get(env_id)
     if req.axis not in AXES:
         raise UsageError(f"AXIS={req.axis} is not valid", fix=f"use one of: {', '.join(AXES)}")
@@ -280,7 +229,7 @@ def resolve_walk(req: WalkRequest, services: Services, matrix: Matrix) -> Walk:
         if not listed:
             raise UsageError(f"no {req.axis} releases are known", fix="give BAD=/TO= and VERSIONS=")
         end = listed[-1]
-    base = ProbeSpec(env_id=env_id, inherited=inherited, **req.probe.spec_fields())
+    base = replace(req.probe, env_id=env_id, inherited=inherited)
     candidates = select_range(listed, start, end)
     lo, hi = sorted((Version(candidates[0]), Version(candidates[-1])))
     return Walk(
@@ -328,9 +277,7 @@ def resolve_commits(
     shas = repo.first_parent_range(good, bad)
     infos = repo.describe(shas)
     commits = {infos[sha].short: infos[sha] for sha in shas}
-    base = ProbeSpec(
-        env_id=env_id, deepspeed_repo=req.ds_repo, inherited=inherited, **req.probe.spec_fields()
-    )
+    base = replace(req.probe, env_id=env_id, deepspeed_repo=req.ds_repo, inherited=inherited)
     return Walk(COMMIT_AXIS, env_id, tuple(commits), {"torch": req.torch}, base, commits, repo)
 
 
@@ -391,7 +338,7 @@ class _Mode:
 
     def header(self) -> WalkData:
         # The user's command is scenario `custom` everywhere (as in its records), never the suite's
-        # default scenario that ProbeOptions still carries.
+        # default scenario that the probe's spec still carries.
         probe = self.req.probe
         return {
             "axis": self.walk.axis,
@@ -582,7 +529,7 @@ def auto_parallel(
     if gpus is None:
         from repro.engines.preflight import gpu_count
 
-        gpus = gpu_count(matrix.get(req.probe.env or matrix.default_id))
+        gpus = gpu_count(matrix.get(req.probe.env_id or matrix.default_id))
     if gpus:
         per = req.probe.world_size or gpus
         devices = req.devices or tuple(str(i) for i in range(gpus))

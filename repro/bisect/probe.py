@@ -27,7 +27,7 @@ import enum
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,6 +147,8 @@ class Judge:
 
 @dataclass(frozen=True)
 class ProbeSpec:
+    """One candidate's probe; without pins, how every candidate of a walk is run (its options)."""
+
     env_id: str
     scenario: str = "mics"
     patch: str = "stock"
@@ -172,6 +174,12 @@ class ProbeSpec:
     # A custom command's inherited environment (PYTHONPATH, GPU/NCCL settings): it goes before
     # `make` in the printed line, as in `make run`'s (repro.run.job.reproduce_line).
     inherited: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        """Bad options (WORLD_SIZE=3, STEPS=0, TIMEOUT=nan) are refused here, at the front door,
+        by `make repro`'s own checks (repro/run/orchestrate.py Request): else every candidate's
+        probe would fail the same way and look like an unknown candidate (exit 125, skipped)."""
+        self.request()
 
     def request(self) -> Request:
         return Request(
@@ -209,6 +217,10 @@ class ProbeSpec:
             "REQUIREMENTS": self.requirements,
             "PACKAGES": self.packages,
         }
+
+    def make_pairs(self, env_id: str) -> list[tuple[str, object]]:
+        """The walk lines' probe options: this probe's variables in `env_id`, and its TIMEOUT=."""
+        return reproduce_pairs({**replace(self, env_id=env_id).make_values(), "TIMEOUT": self.timeout_s})
 
     def repro_command(self) -> str:
         """The `make repro` line that runs exactly this probe's env, scenario and patch (for a

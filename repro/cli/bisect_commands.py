@@ -24,7 +24,6 @@ from pathlib import Path
 from repro.bisect.driver import (
     AXES,
     Folder,
-    ProbeOptions,
     Services,
     WalkRequest,
     engine_for,
@@ -152,7 +151,7 @@ def _parallel(text: str) -> int:
 
 
 # -- typed requests ------------------------------------------------------------------------------
-def probe_options(args: argparse.Namespace) -> ProbeOptions:
+def probe_options(args: argparse.Namespace) -> ProbeSpec:
     if (args.requirements or args.packages) and not args.cmd:
         raise UsageError(
             "REQUIREMENTS=/PACKAGES= are the packages of your own command",
@@ -160,8 +159,8 @@ def probe_options(args: argparse.Namespace) -> ProbeOptions:
         )
     # Read once here, so a bad file stops the command instead of making every probe unknown.
     jobdeps.parse(args.requirements, args.packages)
-    return ProbeOptions(
-        env=args.env,
+    return ProbeSpec(
+        env_id=args.env or "",
         scenario=args.scenario,
         patch=args.patch,
         engine=args.engine,
@@ -326,18 +325,17 @@ def _deepspeed_source(args: argparse.Namespace, services: Services) -> tuple[str
 
 
 def _probe_spec(
-    args: argparse.Namespace, options: ProbeOptions, src: str | None, commit: str | None
+    args: argparse.Namespace, options: ProbeSpec, src: str | None, commit: str | None
 ) -> ProbeSpec:
     """The candidate as the evaluation sees it; env and label may still be filled in from the matrix."""
-    return ProbeSpec(
-        env_id=args.env or "",
+    return replace(
+        options,
         torch=args.torch,
         deepspeed=args.deepspeed,
         deepspeed_src=src,
         deepspeed_commit=commit,
         deepspeed_repo=args.ds_repo,
         label=args.label or (commit[:12] if commit else _probe_label(args.torch, args.deepspeed, src)),
-        **options.spec_fields(),
     )
 
 

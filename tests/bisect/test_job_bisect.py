@@ -113,10 +113,9 @@ def test_bisect_of_a_command_with_its_own_packages(tmp_path: Path, monkeypatch: 
 
 def test_a_custom_probe_line_names_the_engine_it_ran_in() -> None:
     # Copied as printed, the first-bad line must run where the probe ran (Docker or venv).
-    from repro.bisect.driver import ProbeOptions
     from repro.bisect.probe import ProbeSpec
 
-    options = ProbeOptions(env="cpu", engine="docker", command="python train.py", packages="six==1.16.0")
-    line = ProbeSpec(env_id="cpu", **options.spec_fields()).repro_command()
+    options = ProbeSpec(env_id="cpu", engine="docker", command="python train.py", packages="six==1.16.0")
+    line = options.repro_command()
     assert "ENGINE=docker" in line.split() and "PACKAGES=six==1.16.0" in line.split()
     assert "ENGINE=" not in ProbeSpec(env_id="cpu", command="python train.py").repro_command()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.bisect.driver import BisectMode, Folder, ProbeOptions, SurveyMode, Walk, WalkRequest
+from repro.bisect.driver import BisectMode, Folder, SurveyMode, Walk, WalkRequest
 from repro.bisect.probe import ProbeSpec
 from repro.cli.main import build_parser
 from repro.cli.options import run_make_line
@@ -335,8 +335,8 @@ JOB = {"command": "python train.py", "workdir": "w", "loss_regex": "loss=(?P<los
 DEPS = {"requirements": "r.txt", "packages": "six"}
 
 
-def _probe_options() -> ProbeOptions:
-    return ProbeOptions(env="cpu", engine="venv", timeout_s=60.0, world_size=2, **JOB, **DEPS)
+def _probe_options() -> ProbeSpec:
+    return ProbeSpec(env_id="cpu", engine="venv", timeout_s=60.0, world_size=2, **JOB, **DEPS)
 
 
 def _lines_through_the_table(tmp_path: Path) -> list[str]:
