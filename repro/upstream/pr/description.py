@@ -8,6 +8,7 @@ the DeepSpeed commit (its files, the diff stat, the callers) comes from the reco
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,11 +59,7 @@ TORCH_REFS = (
 
 def code(text: str) -> str:
     """`text` as one Markdown code span, whatever backticks it holds."""
-    longest, run = 0, 0
-    for ch in text:
-        run = run + 1 if ch == "`" else 0
-        longest = max(longest, run)
-    tick = "`" * (longest + 1)
+    tick = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{tick}{pad}{text}{pad}{tick}"
 
@@ -426,7 +423,9 @@ def context(
         "lab": {key: by_torch(same, _lab_words) for key, same in lab.items()},
         # The table holds the judged checks; those not applicable are listed with their reason.
         "checked": sorted(
-            by_torch([c for c in checks if c.get("ok") is not None], _table_words),
+            by_torch(
+                [c for c in checks if c.get("ok") is not None], lambda c: (*_seen_words(c), c.get("ok"))
+            ),
             key=lambda g: _key_order(checks, g["first"]),
         ),
         "regression_rows": by_torch([r for r in regression if r.get("ok") is not None], _regression_words),
@@ -450,10 +449,6 @@ def _lab_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
     ref, branch = check.get("ref") or {}, check.get("branch") or {}
     reason = str(ref.get("reason") or "")[:120]
     return (check.get("ok") is None, ref.get("outcome"), reason, branch.get("outcome"))
-
-
-def _table_words(check: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (*_seen_words(check), check.get("ok"))
 
 
 def _key_order(checks: list[Mapping[str, Any]], check: Mapping[str, Any]) -> tuple[int, int]:

@@ -21,7 +21,7 @@ import shutil
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -186,27 +186,12 @@ def patched_copy(package: Path, patch: Path, dest: Path) -> Path:
     return dest
 
 
-def pythonpath(*parts: Path | None) -> str:
-    return os.pathsep.join(str(p) for p in parts if p is not None)
-
-
-def run_variant(
-    python: str,
-    variant: Variant,
-    work: Path,
-    transport: str = "async",
-    test_file: Path = TEST_FILE,
-    environ: Mapping[str, str] | None = None,
-) -> VariantRun:
+def run_variant(python: str, variant: Variant, work: Path, transport: str = "async") -> VariantRun:
     version, package = installed_deepspeed(python)
-    work.mkdir(parents=True, exist_ok=True)
-    patched = None
-    if variant is Variant.PATCHED:
-        patched = patched_copy(package, patch_for(version), work / "patched")
-    console.step(
-        f"== {variant.value}: DeepSpeed {version}{' + ' + patch_for(version).name if patched else ''}",
-    )
-    exit_code, results = run_pytest(python, variant.value, patched, work, transport, test_file, environ)
+    patch = patch_for(version) if variant is Variant.PATCHED else None
+    patched = patched_copy(package, patch, work / "patched") if patch else None
+    console.step(f"== {variant.value}: DeepSpeed {version}{' + ' + patch.name if patch else ''}")
+    exit_code, results = run_pytest(python, variant.value, patched, work, transport)
     return VariantRun(variant, version, exit_code, results)
 
 
@@ -217,7 +202,6 @@ def run_pytest(
     work: Path,
     transport: str = "async",
     test_file: Path = TEST_FILE,
-    environ: Mapping[str, str] | None = None,
 ) -> tuple[int, tuple[CaseResult, ...]]:
     """The test file through the harness in `python`, with `first` (a folder holding a `deepspeed`
     package: a patched copy, or a DeepSpeed commit's tree) ahead of the venv's own DeepSpeed."""
@@ -228,9 +212,9 @@ def run_pytest(
     has_pytest = cmd.run([python, "-c", "import pytest"], capture=True, echo=False).ok
     tools = None if has_pytest else pytest_target(probe.stdout.strip())
     junit = work / f"junit-{label}.xml"
-    env = {k: v for k, v in (environ if environ is not None else os.environ).items() if k != "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(
-        PYTHONPATH=pythonpath(first, tools, HARNESS, REPO_ROOT),
+        PYTHONPATH=os.pathsep.join(str(p) for p in (first, tools, HARNESS, REPO_ROOT) if p is not None),
         MICS_PR_TRANSPORT=transport,
         PYTHONDONTWRITEBYTECODE="1",
     )

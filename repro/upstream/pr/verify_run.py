@@ -139,19 +139,16 @@ def _column(matrix: Any, text: str, newest: str) -> pr_range.Column:
     """One torch of the range, refused unless the matrix can derive the column's env with it
     (a version, no local label, wheels for that env's Python: what the range's probes need)."""
     try:
-        version: str | None = str(Version(text))
-    except InvalidVersion:
-        version = None
-    env = NEWEST_ENV if version is not None and Version(version) == Version(newest) else REPORTER_ENV
-    try:
-        matrix.derive(env, torch=torch_release(text))
+        version = torch_release(text)
+        env = NEWEST_ENV if Version(version) == Version(newest) else REPORTER_ENV
+        matrix.derive(env, torch=version)
     except (UsageError, MatrixError, PythonVersionError) as exc:
         raise UsageError(
             f"RANGE_TORCH={text!r} cannot be a column of the range",
             why=exc.what + (f" ({exc.why})" if exc.why else ""),
             fix=exc.fix or "give torch releases the matrix can install, e.g. RANGE_TORCH=2.1.0,2.3.1",
         ) from None
-    return pr_range.Column(newest if env == NEWEST_ENV else str(version), env)
+    return pr_range.Column(newest if env == NEWEST_ENV else version, env)
 
 
 def torch_release(text: str) -> str:
