@@ -32,6 +32,10 @@ _STAGE_IGNORE = (".git", "build", "dist", "*.egg-info", "__pycache__")
 # each side's tree in two sessions (plain gloo, the adapter) over one layer; the second finds the
 # same digest and imports what the first built instead of building it again.
 _INSTALLED = "dssrc-installed.sha256"
+# In the layer: the checkout it was made for. A layer is named by that path, so one whose checkout
+# is gone (pr-verify's exported trees go with their folder; a test's go with its tmp) is never
+# used again: the next prepare over the same env removes it and the job layers over it.
+_SOURCE = "dssrc-source"
 # Imports DeepSpeed too: a commit that installs but does not import is unknown, not a crash.
 _DS_VERSION = "import importlib.metadata as m, deepspeed; print(m.version('deepspeed'))"
 
@@ -79,6 +83,8 @@ class SourceOverlay(DeepSpeedLayer):
 
     def prepare(self, env: Env) -> Prepared:
         layer = self.layer_venv(env, with_pip=True)
+        (layer.path / _SOURCE).write_text(str(self.src) + "\n")
+        _remove_orphans(layer.base_dir, self.suffix)
         py = layer.python
         commit = self.commit()
         # GPUs hidden as in every DeepSpeed install (repro.matrix.model.HIDE_GPUS says why).
@@ -141,3 +147,15 @@ def _tree_digest(root: Path, build: dict[str, str]) -> str:
             h.update(str(path.relative_to(root)).encode() + b"\0")
             h.update(os.readlink(path).encode() if path.is_symlink() else path.read_bytes())
     return h.hexdigest()
+
+
+def _remove_orphans(base_dir: Path, suffix: str) -> None:
+    """Remove the layers over `base_dir` whose checkout no longer exists, with their job layers
+    (`<layer>+job-...`). A layer without the record of its checkout is left alone."""
+    for layer in base_dir.parent.glob(f"{base_dir.name}+{suffix}-*"):
+        recorded = layer / _SOURCE
+        if "+job-" in layer.name or not recorded.is_file():
+            continue
+        if not Path(recorded.read_text().strip()).is_dir():
+            for path in (layer, *base_dir.parent.glob(f"{layer.name}+job-*")):
+                shutil.rmtree(path, ignore_errors=True)

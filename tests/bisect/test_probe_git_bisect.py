@@ -279,6 +279,28 @@ def test_overlay_builds_the_same_files_once(tmp_path: Path, checkout: Path) -> N
     assert installs(failing) == 1 and installs(runner) == 3
 
 
+def test_a_layer_whose_checkout_is_gone_is_removed(tmp_path: Path, checkout: Path) -> None:
+    """Layers are named by their checkout's path: pr-verify's exported trees and a test's tmp go,
+    and their layers (38 MB each, with the job layers over them) would pile up in the cache."""
+    import shutil
+
+    env, venvs = type("Env", (), {"id": "cpu"})(), tmp_path / "venvs"
+
+    def layer(src: Path) -> Path:
+        return Path(
+            SourceOverlay(FakeVenvEngine(venvs), src, runner=FakeRunner(tmp_path)).prepare(env).handle
+        )
+
+    gone = layer(checkout)
+    (job := gone.with_name(gone.name + "+job-0123")).mkdir()
+    (unknown := venvs / "cpu-abc+dssrc-0000000000").mkdir()  # no record of its checkout: kept
+    other = shutil.copytree(checkout, tmp_path / "Other")
+    shutil.rmtree(checkout)
+    kept = layer(other)
+    assert not gone.exists() and not job.exists()
+    assert kept.is_dir() and unknown.is_dir() and (venvs / "cpu-abc").is_dir()
+
+
 def test_overlay_build_failure_is_a_candidate_error(tmp_path: Path, checkout: Path) -> None:
     engine = SourceOverlay(
         FakeVenvEngine(tmp_path / "venvs"), checkout, runner=FakeRunner(tmp_path, pip_ok=False)
