@@ -27,13 +27,14 @@ from typing import Any, TypedDict
 
 from packaging.version import InvalidVersion, Version
 
-from repro.core import cmd, console
-from repro.core.errors import FixDoesNotApplyError, RunError
+from repro.core import console
+from repro.core.errors import FixDoesNotApplyError
 from repro.core.runs import RunFinding
 from repro.core.walk_files import ProbeRow
 from repro.upstream.pr import fix as pr_fix
+from repro.upstream.pr import verify as pr_verify
 from repro.upstream.pr.checks import Seen
-from repro.upstream.pr.out_folders import fresh_folder, log_path
+from repro.upstream.pr.out_folders import fresh_folder
 from repro.upstream.pr.verify import CellCache, CheckEntry, ProbeCall, ProbeRunner, front_door_probe
 from repro.workload import fix
 from repro.workload.record import write_json_atomic
@@ -165,17 +166,8 @@ def survey_argv(column: Column, patch: str, versions: Sequence[str], out: Path, 
 def front_door_survey(
     column: Column, patch: str, versions: Sequence[str], out: Path, parallel: int
 ) -> list[ProbeRow]:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = cmd.run(survey_argv(column, patch, versions, out, parallel), tee=log_path(out))
-    record = out / "survey.json"
-    if not record.is_file():
-        raise RunError(
-            f"the survey of torch {column.torch} ({patch}) stopped (exit {result.returncode})",
-            why=result.tail(8),
-            fix=f"read {log_path(out)}",
-        )
-    probes: list[ProbeRow] = json.loads(record.read_text()).get("probes") or []
-    return probes
+    what = f"the survey of torch {column.torch} ({patch})"
+    return pr_verify.front_door(survey_argv(column, patch, versions, out, parallel), out, "survey.json", what)
 
 
 @dataclass
@@ -293,12 +285,9 @@ class AffectedRange:
     def _seeded(self, column: Column, sha: str) -> ProbeRow | None:
         """REF's or the branch's flat MiCS probe on this torch from verify.json, if it ran there."""
         checks: list[CheckEntry] = (self.verified or {}).get("checks", [])
+        want = (SCENARIO, column.torch, column.env)
         for check in checks:
-            if (check.get("key"), check.get("torch"), check.get("env")) == (
-                SCENARIO,
-                column.torch,
-                column.env,
-            ):
+            if (check.get("key"), check.get("torch"), check.get("env")) == want:
                 return (check["ref"] if sha == self.pr["ref_sha"] else check["branch"]).copy()
         return None
 

@@ -73,20 +73,24 @@ def probe_argv(call: ProbeCall, ds_repo: str) -> list[str]:
     return argv
 
 
+def front_door(argv: list[str], out: Path, name: str, what: str, exits: Sequence[int] = ()) -> list[ProbeRow]:
+    """A `python -m repro` walk as a user runs it, its log beside `out`: the probes of its `name`
+    file, the evidence (`exits`: the exit codes that carry an outcome; empty: any)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = cmd.run(argv, tee=log_path(out))
+    record = out / name
+    if (exits and result.returncode not in exits) or not record.is_file():
+        raise RunError(
+            f"{what} stopped (exit {result.returncode})", why=result.tail(8), fix=f"read {log_path(out)}"
+        )
+    probes: list[ProbeRow] = json.loads(record.read_text()).get("probes") or []
+    return probes
+
+
 def front_door_probe(call: ProbeCall, ds_repo: str) -> ProbeRow:
     """One probe as a user runs it; its probe.json is the evidence."""
-    call.out.parent.mkdir(parents=True, exist_ok=True)
-    result = cmd.run(probe_argv(call, ds_repo), tee=log_path(call.out))
-    record = call.out / "probe.json"
-    if result.returncode not in PROBE_EXITS or not record.is_file():
-        raise RunError(
-            f"the probe {call.scenario}/{call.transport} on torch {call.torch} stopped "
-            f"(exit {result.returncode})",
-            why=result.tail(8),
-            fix=f"read {log_path(call.out)}",
-        )
-    probes: list[ProbeRow] = json.loads(record.read_text()).get("probes") or [{}]
-    return probes[0]
+    what = f"the probe {call.scenario}/{call.transport} on torch {call.torch}"
+    return (front_door(probe_argv(call, ds_repo), call.out, "probe.json", what, PROBE_EXITS) or [{}])[0]
 
 
 def export_tree(ds_repo: str, sha: str, dest: Path, paths: Sequence[str]) -> Path:
