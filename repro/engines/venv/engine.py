@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -32,16 +31,8 @@ from repro.engines.passthrough import run_environment
 from repro.engines.torch_check import PROBE as TORCH_PROBE
 from repro.engines.torch_check import build_problem
 from repro.engines.venv import host_torch, intact, joblayer, layer_env
-from repro.engines.venv.layer import (
-    PURELIB,
-    Candidate,
-    LayerPlan,
-    build_lock,
-    layer_base,
-    layering_disabled,
-    link_base,
-)
-from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, carry_scripts, relocate, venv_argv
+from repro.engines.venv.layer import PURELIB, Candidate, LayerPlan, build_lock, layer_base, layering_disabled
+from repro.engines.venv.layer_env import LAYER_FORMAT, base_interpreter, building, carry_scripts
 from repro.engines.wheelhouse import PYPI_SIMPLE, DownloadPlan, Wheelhouse
 from repro.matrix import compat
 from repro.matrix.model import no_usable_python
@@ -340,46 +331,34 @@ class VenvEngine:
                 "format": LAYER_FORMAT,
             },
         )
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
-        try:
-            with build_lock(self.root / f".{base.name}.lock"):
-                what = f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})"
-                if str(base_interpreter(base)) != interp.path:
-                    console.info(f"venv: the layer runs the env venv's Python, {base_interpreter(base)}")
-                with console.task(what):
-                    # No pip of its own: the base's pip (the same pinned version) runs from the layer's
-                    # interpreter, so it installs into the layer. Made by the base's interpreter, not
-                    # this tool's (`interp`): the layer is the env (repro/engines/venv/layer_env.py).
-                    self._check(cmd.run(venv_argv(base, tmp)), env, "creating the layer venv")
-                    py = str(tmp / "bin" / "python")
-                    layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False)
-                    base_py = str(base / "bin" / "python")
-                    base_lib = cmd.run([base_py, "-c", PURELIB], capture=True, echo=False)
-                    self._check(layer_lib, env, "locating the layer's site-packages")
-                    self._check(base_lib, env, "locating the base's site-packages")
-                    link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
-                    by_name = {spec.partition("==")[0]: spec for spec in plan.install}
-                    for step in env.install_steps():
-                        specs = tuple(s for s in step.specs if s.partition("==")[0] in by_name)
-                        if not specs:
-                            continue
-                        if step.name not in ("deepspeed-deps", "deepspeed"):
-                            raise BuildError(
-                                f"layer for {env.id}: step {step.name} would change the base",
-                                why=f"{', '.join(specs)} differ from {base}",
-                            )
-                        install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
-                        argv = [py, "-m", "pip", install, *self._sources(False), *rest]
-                        with console.task(f"venv: {step.name} (layer): {' '.join(specs)}"):
-                            self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
-                    carry_scripts(base, tmp)  # after pip: the layer's own DeepSpeed scripts win
-                    self._install_finished(env, py, tmp, final, marker)
-            console.info(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}")
-            return marker
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        with build_lock(self.root / f".{base.name}.lock"), building(final) as tmp:
+            what = f"venv: layering {final} on {base} (installs only {', '.join(plan.install)})"
+            if str(base_interpreter(base)) != interp.path:
+                console.info(f"venv: the layer runs the env venv's Python, {base_interpreter(base)}")
+            with console.task(what):
+                # No pip of its own: the base's pip (the same pinned version) runs from the layer's
+                # interpreter, so it installs into the layer.
+                py = layer_env.make_layer_venv(base, tmp, f"venv for {env.id}")
+                by_name = {spec.partition("==")[0]: spec for spec in plan.install}
+                for step in env.install_steps():
+                    specs = tuple(s for s in step.specs if s.partition("==")[0] in by_name)
+                    if not specs:
+                        continue
+                    if step.name not in ("deepspeed-deps", "deepspeed"):
+                        raise BuildError(
+                            f"layer for {env.id}: step {step.name} would change the base",
+                            why=f"{', '.join(specs)} differ from {base}",
+                        )
+                    install, *rest = replace(step, specs=specs).pip_install_args(PYPI_SIMPLE)
+                    argv = [py, "-m", "pip", install, *self._sources(False), *rest]
+                    with console.task(f"venv: {step.name} (layer): {' '.join(specs)}"):
+                        self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                carry_scripts(base, tmp)  # after pip: the layer's own DeepSpeed scripts win
+                self._verify(env, py)
+                (tmp / MARKER).write_text(marker.to_json())  # last: only a finished venv has one
+        console.info(f"venv: layer ready in {time.monotonic() - started:.0f} s: {final}")
+        return marker
 
     def _build(
         self,
@@ -391,36 +370,33 @@ class VenvEngine:
         wheelhouse_only: bool,
         no_cache: bool = False,
     ) -> None:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=self.root))
         started = time.monotonic()
-        try:
-            with console.task(f"venv: creating {final} with Python {interp.version} (torch is big: minutes)"):
-                # A host torch's Python may be a distribution's without ensurepip (Debian/Ubuntu
-                # without python3.X-venv): its venv gets pip from the wheelhouse instead.
-                bare = ["--without-pip"] if env.host_torch else []
-                self._check(cmd.run([interp.path, "-m", "venv", *bare, str(tmp)]), env, "creating the venv")
-                py = str(tmp / "bin" / "python")
-                if env.host_torch:
-                    self._pip_from_wheelhouse(env, interp, py)
-                    self._link_host_torch(env, interp, py)
-                # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
-                # of one env hold the same packages; the wheelhouse is tried first by each of them.
-                for step in env.install_steps():
-                    if not step.specs:
-                        continue
-                    install, *rest = step.pip_install_args(PYPI_SIMPLE)
-                    argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
-                    if no_cache:
-                        argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
-                    with console.task(f"venv: {step.name}: {' '.join(step.specs)}"):
-                        self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
-                        if step.check:
-                            self._pip_check(env, py, step.name)
-                self._install_finished(env, py, tmp, final, marker)
-            console.info(f"venv: ready in {time.monotonic() - started:.0f} s: {final}")
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+        creating = f"venv: creating {final} with Python {interp.version} (torch is big: minutes)"
+        with building(final) as tmp, console.task(creating):
+            # A host torch's Python may be a distribution's without ensurepip (Debian/Ubuntu
+            # without python3.X-venv): its venv gets pip from the wheelhouse instead.
+            bare = ["--without-pip"] if env.host_torch else []
+            self._check(cmd.run([interp.path, "-m", "venv", *bare, str(tmp)]), env, "creating the venv")
+            py = str(tmp / "bin" / "python")
+            if env.host_torch:
+                self._pip_from_wheelhouse(env, interp, py)
+                self._link_host_torch(env, interp, py)
+            # The same ordered steps the Dockerfiles run (Env.install_steps), so a venv and an image
+            # of one env hold the same packages; the wheelhouse is tried first by each of them.
+            for step in env.install_steps():
+                if not step.specs:
+                    continue
+                install, *rest = step.pip_install_args(PYPI_SIMPLE)
+                argv = [py, "-m", "pip", install, *self._sources(wheelhouse_only), *rest]
+                if no_cache:
+                    argv.insert(4, "--no-cache-dir")  # pip's own cache would keep a copy of torch
+                with console.task(f"venv: {step.name}: {' '.join(step.specs)}"):
+                    self._pip(argv, step.environment, tmp, env, f"pip step {step.name}")
+                    if step.check:
+                        self._pip_check(env, py, step.name)
+            self._verify(env, py)
+            (tmp / MARKER).write_text(marker.to_json())  # last: only a finished venv has one
+        console.info(f"venv: ready in {time.monotonic() - started:.0f} s: {final}")
 
     def _pip_check(self, env: Env, py: str, step: str) -> None:
         """`pip check`: the pinned closure is complete. With a host torch the venv also sees the
@@ -474,18 +450,6 @@ class VenvEngine:
                 why=f"{wrong} ({lines[1] if len(lines) > 1 else '?'})",
                 fix="install the pinned torch into the host's Python, or pin the host's torch in the env",
             )
-
-    def _install_finished(self, env: Env, py: str, tmp: Path, final: Path, marker: VenvMarker) -> None:
-        """Check the built venv (full or layer), point it at its final path, write the marker last
-        (only a finished venv has one) and swap it into place."""
-        self._verify(env, py)
-        relocate(tmp, final)
-        (tmp / MARKER).write_text(marker.to_json())
-        stale = final.with_name(f".{final.name}.stale")
-        if final.exists():
-            os.rename(final, stale)
-        os.rename(tmp, final)
-        shutil.rmtree(stale, ignore_errors=True)
 
     def _sources(self, wheelhouse_only: bool) -> list[str]:
         # With an index too, pip prefers the index's copy of a wheel the wheelhouse already has.

@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,8 +30,8 @@ from pathlib import Path
 from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.engines import jobdeps
-from repro.engines.venv.layer import PURELIB, build_lock, link_base
-from repro.engines.venv.layer_env import LAYER_FORMAT, carry_scripts, check_step, relocate, venv_argv
+from repro.engines.venv.layer import build_lock
+from repro.engines.venv.layer_env import LAYER_FORMAT, building, carry_scripts, check_step, make_layer_venv
 from repro.matrix.model import HIDE_GPUS
 from repro.workload.record import DepsRecord, LayerRecord
 
@@ -91,151 +90,101 @@ def ensure_layer(
         ):
             console.info(f"venv: reusing the job layer {final} ({deps.describe()})")
             return JobLayer(final, base, dict(info.get("added") or {}), True)
-        return _build(base, final, deps, base_pins, env_id, sources, wheelhouse, offline)
+        return _Build(base, final, deps, base_pins, python, env_id, sources, wheelhouse, offline).run()
 
 
-def _build(
-    base: Path,
-    final: Path,
-    deps: jobdeps.JobDeps,
-    base_pins: Mapping[str, str],
-    env_id: str,
-    sources: Sequence[str],
-    wheelhouse: Path,
-    offline: bool,
-) -> JobLayer:
-    """Build the layer in a temporary folder next to `final` and swap it in; nothing half-built is kept."""
-    started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    env = _pip_env()
-    try:
-        console.step(f"venv: the job's packages as a layer over {base}: {deps.describe()}")
-        py = _make_layer_venv(base, tmp, env, env_id)
-        _stage_inputs(tmp, deps, base_pins, wheelhouse)
-        _install(py, tmp, final, deps, env_id, sources, env)
-        added = _layer_added(py, base_pins, env_id)
-        if not offline and added:
-            _to_wheelhouse(py, added, wheelhouse, env)
-        carry_scripts(base, tmp)
-        relocate(tmp, final)
-        _write_markers(tmp, py, base, base_pins, added, deps, env_id)
-        _swap_in(tmp, final)
+@dataclass(frozen=True)
+class _Build:
+    """One build of a job layer: `final` over the env venv `base`, which holds `base_pins` and runs
+    CPython `python` (the layer is made by that same interpreter)."""
+
+    base: Path
+    final: Path
+    deps: jobdeps.JobDeps
+    base_pins: Mapping[str, str]
+    python: str  # "3.10.12"
+    env_id: str
+    sources: Sequence[str]
+    wheelhouse: Path
+    offline: bool
+
+    def run(self) -> JobLayer:
+        """Build the layer in a temporary folder and swap it in at `final`; nothing half-built is kept."""
+        started = time.monotonic()
+        env = _pip_env()
+        with building(self.final) as tmp:
+            console.step(f"venv: the job's packages as a layer over {self.base}: {self.deps.describe()}")
+            subject = f"job layer for {self.env_id}"
+            py = make_layer_venv(self.base, tmp, subject, what="the job layer", base_is="the env's", env=env)
+            self._stage_inputs(tmp)
+            self._install(py, tmp, env)
+            added = self._added(py)
+            if not self.offline and added:
+                _to_wheelhouse(py, added, self.wheelhouse, env)
+            carry_scripts(self.base, tmp)
+            self._write_markers(tmp, added)
         console.info(
-            f"venv: job layer ready in {time.monotonic() - started:.0f} s: {final} "
+            f"venv: job layer ready in {time.monotonic() - started:.0f} s: {self.final} "
             f"(added {', '.join(f'{k}=={v}' for k, v in added.items()) or 'nothing'})"
         )
-        return JobLayer(final, base, added, False)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        return JobLayer(self.final, self.base, added, False)
 
+    def _stage_inputs(self, tmp: Path) -> None:
+        """Copy the job's wheels into the wheelhouse and write pip's constraints and requirements."""
+        self.wheelhouse.mkdir(parents=True, exist_ok=True)
+        for wheel in self.deps.wheels:  # the job's own wheels travel with the wheelhouse (bundles, offline)
+            shutil.copy2(wheel, self.wheelhouse / Path(wheel).name)
+        (tmp / CONSTRAINTS).write_text(jobdeps.constraints(self.base_pins))
+        (tmp / REQUIREMENTS).write_text(self.deps.requirements_text())
 
-def _make_layer_venv(base: Path, tmp: Path, env: Mapping[str, str], env_id: str) -> str:
-    """Create the layer's venv in `tmp`, seeing the env's site-packages after its own; its Python."""
-    # The base's interpreter, not this tool's: the layer is the env (repro/engines/venv/layer_env.py).
-    _check(cmd.run(venv_argv(base, tmp), env=env), env_id, "creating the job layer")
-    py = str(tmp / "bin" / "python")
-    layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False, env=env)
-    base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False, env=env)
-    _check(layer_lib, env_id, "locating the layer's site-packages")
-    _check(base_lib, env_id, "locating the env's site-packages")
-    link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
-    return py
+    def _install(self, py: str, tmp: Path, env: Mapping[str, str]) -> None:
+        """Install the job's packages into the layer under the env's pins; BuildError when pip fails."""
+        # The env's pip, run by the layer's interpreter, installs into the layer; GPUs hidden as
+        # for every install step (a package's setup.py may import torch).
+        argv = [py, "-m", "pip", "install", *self.sources]
+        argv += ["-c", str(tmp / CONSTRAINTS), "-r", str(tmp / REQUIREMENTS)]
+        # pip's output goes to the env's venv log (the layer's folder is removed on failure), shown in
+        # full when it fails; streamed only with VERBOSE=1.
+        safe_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.env_id)
+        log = self.final.parent.parent / "logs" / f"venv-{safe_id}-job.log"
+        what = "venv: installing the job's packages"
+        with console.task(f"{what}: {self.deps.describe()}", plain=False):
+            result, text = cmd.run_logged(argv, log, what, env=env, extra_env=dict(HIDE_GPUS))
+        if not result.ok:
+            raise BuildError(
+                f"installing the job's packages over {self.env_id} failed (exit {result.returncode})",
+                why=_pip_cause(text),
+                fix="a requirement (or one of its dependencies) needs another version of a package the "
+                "env pins (listed in the constraints above), or is not on PyPI/in the wheelhouse; "
+                "pick versions contemporary with the env's torch; nothing was kept",
+            )
 
+    def _added(self, py: str) -> dict[str, str]:
+        """The packages the layer added; BuildError if it moved any of the env's."""
+        after = _freeze(Path(py), self.env_id, "the layer's packages")
+        changed = jobdeps.moved(self.base_pins, after)
+        if changed:  # cannot happen with the constraints; checked, because it is the promise
+            what = f"the job layer over {self.env_id} changed the env's packages"
+            raise BuildError(what, why="; ".join(changed))
+        return jobdeps.new_packages(self.base_pins, after)
 
-def _stage_inputs(tmp: Path, deps: jobdeps.JobDeps, base_pins: Mapping[str, str], wheelhouse: Path) -> None:
-    """Copy the job's wheels into the wheelhouse and write pip's constraints and requirements."""
-    wheelhouse.mkdir(parents=True, exist_ok=True)
-    for wheel in deps.wheels:  # the job's own wheels travel with the wheelhouse (bundles, offline)
-        shutil.copy2(wheel, wheelhouse / Path(wheel).name)
-    (tmp / CONSTRAINTS).write_text(jobdeps.constraints(base_pins))
-    (tmp / REQUIREMENTS).write_text(deps.requirements_text())
-
-
-def _install(
-    py: str,
-    tmp: Path,
-    final: Path,
-    deps: jobdeps.JobDeps,
-    env_id: str,
-    sources: Sequence[str],
-    env: Mapping[str, str],
-) -> None:
-    """Install the job's packages into the layer under the env's pins; BuildError when pip fails."""
-    # The env's pip, run by the layer's interpreter, installs into the layer; GPUs hidden as
-    # for every install step (a package's setup.py may import torch).
-    argv = [
-        py,
-        "-m",
-        "pip",
-        "install",
-        *sources,
-        "-c",
-        str(tmp / CONSTRAINTS),
-        "-r",
-        str(tmp / REQUIREMENTS),
-    ]
-    # pip's output goes to the env's venv log (the layer's folder is removed on failure), shown in
-    # full when it fails; streamed only with VERBOSE=1.
-    log = final.parent.parent / "logs" / f"venv-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env_id)}-job.log"
-    with console.task(f"venv: installing the job's packages: {deps.describe()}", plain=False):
-        result, text = cmd.run_logged(
-            argv, log, "venv: installing the job's packages", env=env, extra_env=dict(HIDE_GPUS)
-        )
-    if not result.ok:
-        raise BuildError(
-            f"installing the job's packages over {env_id} failed (exit {result.returncode})",
-            why=_pip_cause(text),
-            fix="a requirement (or one of its dependencies) needs another version of a package the env "
-            "pins (listed in the constraints above), or is not on PyPI/in the wheelhouse; "
-            "pick versions contemporary with the env's torch; nothing was kept",
-        )
-
-
-def _layer_added(py: str, base_pins: Mapping[str, str], env_id: str) -> dict[str, str]:
-    """The packages the layer added; BuildError if it moved any of the env's."""
-    after = _freeze(Path(py), env_id, "the layer's packages")
-    changed = jobdeps.moved(base_pins, after)
-    if changed:  # cannot happen with the constraints; checked, because it is the promise
-        raise BuildError(f"the job layer over {env_id} changed the env's packages", why="; ".join(changed))
-    return jobdeps.new_packages(base_pins, after)
-
-
-def _write_markers(
-    tmp: Path,
-    py: str,
-    base: Path,
-    base_pins: Mapping[str, str],
-    added: dict[str, str],
-    deps: jobdeps.JobDeps,
-    env_id: str,
-) -> None:
-    """Write the job marker, then the venv engine's marker (with `layered_on`) that makes it finished."""
-    info: _JobMarker = {
-        "base": str(base),
-        "base_pins": dict(base_pins),
-        "added": added,
-        "format": LAYER_FORMAT,
-        **deps.record(),
-    }
-    (tmp / JOB_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
-    python = ".".join(_python_version(py, env_id).split(".")[:2])
-    marker = {
-        "env_id": env_id,
-        "pins": {},
-        "python": python,
-        "layered_on": {"venv": str(base), "job": deps.digest(), "pins": {}},
-    }
-    (tmp / VENV_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
-
-
-def _swap_in(tmp: Path, final: Path) -> None:
-    """Move the built layer to `final`, replacing (then removing) an older layer there."""
-    stale = final.with_name(f".{final.name}.stale")
-    if final.exists():
-        os.rename(final, stale)
-    os.rename(tmp, final)
-    shutil.rmtree(stale, ignore_errors=True)
+    def _write_markers(self, tmp: Path, added: dict[str, str]) -> None:
+        """Write the job marker, then the venv engine's marker (with `layered_on`) that makes it finished."""
+        info: _JobMarker = {
+            "base": str(self.base),
+            "base_pins": dict(self.base_pins),
+            "added": added,
+            "format": LAYER_FORMAT,
+            **self.deps.record(),
+        }
+        (tmp / JOB_MARKER).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+        marker = {
+            "env_id": self.env_id,
+            "pins": {},
+            "python": ".".join(self.python.split(".")[:2]),
+            "layered_on": {"venv": str(self.base), "job": self.deps.digest(), "pins": {}},
+        }
+        (tmp / VENV_MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
 
 
 def layer_freeze(layer: Path) -> dict[str, str]:

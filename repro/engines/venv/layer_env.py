@@ -22,12 +22,17 @@ LAYER_FORMAT names what a finished layer holds; a cached layer of an older forma
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from repro.core import cmd
 from repro.core.errors import BuildError
+from repro.engines.venv.layer import PURELIB, link_base
 
 # 2: made by the base's interpreter, with the base's scripts (1: neither; issue #29).
 LAYER_FORMAT = 2
@@ -54,6 +59,47 @@ def check_step(result: cmd.CmdResult, subject: str, what: str) -> None:
             why=result.tail() or "see the output above",
             fix="fix the cause and rerun; nothing half-built was kept",
         )
+
+
+@contextlib.contextmanager
+def building(final: Path) -> Iterator[Path]:
+    """A temporary folder next to `final` to build a venv or layer in (`.<final>.<random>`, which
+    the venv engine's stale-temp sweep knows). When the block succeeds its paths are pointed at
+    `final` and it is swapped into place (an older `final` renamed away first, then deleted); a
+    crash never leaves a directory that looks complete, and nothing half-built is kept."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        relocate(tmp, final)
+        stale = final.with_name(f".{final.name}.stale")
+        if final.exists():
+            os.rename(final, stale)
+        os.rename(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def make_layer_venv(
+    base: Path,
+    tmp: Path,
+    subject: str,
+    *,
+    what: str = "the layer venv",
+    base_is: str = "the base's",
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Create a layer's venv in `tmp`, made by the base's own interpreter (not this tool's: the
+    layer is the env) and seeing the base's site-packages after its own; its Python."""
+    check_step(cmd.run(venv_argv(base, tmp), env=env), subject, f"creating {what}")
+    py = str(tmp / "bin" / "python")
+    layer_lib = cmd.run([py, "-c", PURELIB], capture=True, echo=False, env=env)
+    base_lib = cmd.run([str(base / "bin" / "python"), "-c", PURELIB], capture=True, echo=False, env=env)
+    check_step(layer_lib, subject, "locating the layer's site-packages")
+    check_step(base_lib, subject, f"locating {base_is} site-packages")
+    link_base(Path(layer_lib.stdout.strip()), base_lib.stdout.strip())
+    return py
 
 
 def relocate(tmp: Path, final: Path) -> None:
