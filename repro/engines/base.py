@@ -1,13 +1,17 @@
 """Where the suite runs: a Docker image or a cached venv, behind one small protocol.
 
-This module holds only the protocol and the types every engine shares; it imports no engine, so
-the engines depend on it and never the other way. Choosing an engine is repro.engines.select.
+This module holds only the protocol, the types every engine shares and the lock probe both
+engines' sweeps use; it imports no engine, so the engines depend on it and never the other way.
+Choosing an engine is repro.engines.select.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Sequence
+import fcntl
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -156,3 +160,24 @@ class ResolvesEnv(Protocol):
 def as_built(engine: object, env: Env) -> Env:
     """`env` as `engine` will build it (unchanged for an engine that builds the image's)."""
     return engine.resolve_env(env) if isinstance(engine, ResolvesEnv) else env
+
+
+@contextlib.contextmanager
+def lock_if_free(path: Path, *, create: bool = False) -> Iterator[bool]:
+    """True (and the lock held for the block) when no process holds the flock on `path`: the kernel
+    drops it when its holder dies, however it dies. False when one holds it, or the file is gone
+    (unless `create`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | (os.O_CREAT if create else 0), 0o644)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)  # releases the lock

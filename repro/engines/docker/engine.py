@@ -33,7 +33,7 @@ from repro.core.errors import BuildError, RunError, UsageError
 from repro.core.paths import cache_root
 from repro.core.printable import printable
 from repro.engines import jobdeps
-from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
+from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun, lock_if_free
 from repro.engines.docker import joblayer
 from repro.engines.docker.build_context import (
     BuildContext,
@@ -85,7 +85,6 @@ class _BuildLog:
     path: Path
     prefix: str
     errors: list[str] = field(default_factory=list)
-    image_id: str | None = None
     tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=25))
 
 
@@ -420,7 +419,7 @@ def sweep_stale(client: Any, owners: Path) -> list[str]:
         folder = Path(str((container.labels or {}).get(LABEL_OWNER, "")))
         if folder.parent != owners or not folder.name.startswith("run-"):
             continue
-        with _lock_if_free(folder / OWNER_LOCK_FILE) as free:
+        with lock_if_free(folder / OWNER_LOCK_FILE) as free:
             if not free:
                 continue
             try:
@@ -456,29 +455,9 @@ def _sweep_orphan_folders(owners: Path, named: set[Path]) -> None:
                 continue
         except OSError:
             continue
-        with _lock_if_free(folder / OWNER_LOCK_FILE) as free:
+        with lock_if_free(folder / OWNER_LOCK_FILE) as free:
             if free:
                 shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _lock_if_free(path: Path) -> Iterator[bool]:
-    """True (and the lock held for the block) when no process holds the owner lock at `path`;
-    False when one does or the file is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        yield False
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            yield False
-            return
-        yield True
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def _details(env: Env) -> dict[str, str]:
@@ -491,8 +470,6 @@ def _record_chunk(chunk: Mapping[str, Any], log: _BuildLog, sink: Any) -> None:
         detail = chunk.get("errorDetail", {}).get("message") or chunk["error"]
         log.errors.append(str(detail))
         text = f"ERROR: {detail}\n"
-    if "aux" in chunk and isinstance(chunk["aux"], dict):
-        log.image_id = chunk["aux"].get("ID", log.image_id)
     if text:
         sink.write(text)
         sink.flush()  # so `tail -f` on the log follows a long build

@@ -8,8 +8,6 @@ directory that looks complete.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import filecmp
 import json
 import os
@@ -17,7 +15,7 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
@@ -26,7 +24,7 @@ from repro.core import cmd, console
 from repro.core.errors import BuildError, PythonVersionError
 from repro.core.paths import cache_root
 from repro.engines import jobdeps, preflight
-from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun
+from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun, lock_if_free
 from repro.engines.passthrough import run_environment
 from repro.engines.torch_check import PROBE as TORCH_PROBE
 from repro.engines.torch_check import build_problem
@@ -693,24 +691,9 @@ def remove_stale_temps(root: Path) -> list[Path]:
         owner = path.name[1:].rpartition(".")[0]
         if not owner:
             continue
-        with _try_locked(root / f".{owner}.lock") as free:
+        with lock_if_free(root / f".{owner}.lock", create=True) as free:
             if free:
                 console.info(f"venv: removing {path} (left by an interrupted build; no build holds its lock)")
                 shutil.rmtree(path, ignore_errors=True)
                 removed.append(path)
     return removed
-
-
-@contextlib.contextmanager
-def _try_locked(lock_path: Path) -> Iterator[bool]:
-    """Take the build lock without waiting: True when taken (no live builder), else False."""
-    with open(lock_path, "a") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
