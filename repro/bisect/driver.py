@@ -51,6 +51,7 @@ from repro.core.results import (
 from repro.core.runs import RunFinding
 from repro.core.walk_files import Change, WalkData
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
+from repro.run import usecase
 from repro.run.job import inherited_environment
 from repro.workload.record import CUSTOM_SCENARIO, write_json_atomic
 
@@ -140,11 +141,7 @@ class Services:
 
 
 def load_matrix(path: str | None, services: Services) -> Matrix:
-    if services.matrix is not None:
-        return services.matrix
-    from repro.matrix.schema import load_matrix as load
-
-    return load(path) if path else load()
+    return services.matrix if services.matrix is not None else usecase.load_matrix(path)
 
 
 def engine_for(choice: str | None, services: Services, deepspeed_src: str | None = None) -> Engine:

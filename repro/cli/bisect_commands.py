@@ -35,7 +35,7 @@ from repro.bisect.probe import BadIf, Evaluate, Judge, Observation, Orchestrated
 from repro.bisect.rounds import RUNNERS, SlurmOptions
 from repro.bisect.search import ProbeVerdict
 from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
-from repro.cli.options import DEFAULT_RESULTS_ROOT
+from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option
 from repro.cli.registry import command
 from repro.core.errors import UsageError
 from repro.core.jobname import job_identity, walk_subject
@@ -69,7 +69,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--world-size", type=int, default=None)
     p.add_argument("--out", default=None, help="results folder (default: a new one under results/)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
-    p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
+    add_matrix_option(p)
     p.add_argument("--cmd", default=None, help="probe YOUR command (docs/own-job.md), not --scenario")
     p.add_argument("--workdir", default=None, help="folder --cmd runs in (default .)")
     p.add_argument("--loss-regex", default=None, help="loss pattern of --cmd's output (group `loss`)")

@@ -9,17 +9,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from repro.cli.options import DEFAULT_RESULTS_ROOT
+from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option
 from repro.cli.registry import command
 from repro.core import console
 from repro.core.errors import RunError
+from repro.run.usecase import load_matrix
 
 
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", default=None, help="env id (default: cuda on NVIDIA, a ROCm env by GPU arch)")
     p.add_argument("--out", default=None, help="folder for gpu-check.json (default results/gpu-check-<time>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
-    p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
+    add_matrix_option(p)
 
 
 @command(
@@ -27,11 +28,10 @@ def _options(p: argparse.ArgumentParser) -> None:
 )
 def cmd_gpu_check(args: argparse.Namespace) -> int:
     from repro.core.results import utc_now
-    from repro.matrix.schema import load_matrix
     from repro.run.gpu_check import gpu_check
     from repro.run.gpu_check_device import HostDevice
 
-    matrix = load_matrix(args.matrix) if args.matrix else load_matrix()
+    matrix = load_matrix(args.matrix)
     stamp = utc_now().replace(":", "").replace("-", "")[:15]
     folder = Path(args.out) if args.out else Path(args.results_root) / f"gpu-check-{stamp}"
     check = gpu_check(folder, HostDevice(), matrix, args.env, say=console.info)

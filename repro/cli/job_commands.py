@@ -13,6 +13,7 @@ from repro.cli.registry import command
 from repro.core import console
 from repro.core.errors import UsageError
 from repro.core.flags import env_bool
+from repro.run.usecase import load_matrix
 from repro.workload.record import CPU_TRANSPORTS, PATCHES
 
 if TYPE_CHECKING:
@@ -72,9 +73,7 @@ def _deps_options(p: argparse.ArgumentParser) -> None:
 
 
 def _env(args: argparse.Namespace) -> Env:
-    from repro.matrix.schema import load_matrix
-
-    matrix = load_matrix(args.matrix) if args.matrix else load_matrix()
+    matrix = load_matrix(args.matrix)
     return matrix.get(args.env or matrix.default_id)
 
 

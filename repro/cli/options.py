@@ -70,7 +70,7 @@ def add_run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", default=None, help="results folder (default: results/<timestamp>-<envs>)")
     p.add_argument("--results-root", default=str(DEFAULT_RESULTS_ROOT))
-    p.add_argument("--matrix", default=None, help="env matrix TOML (default env_matrix/envs.toml)")
+    add_matrix_option(p)
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     add_resume_option(p, "runs")
 

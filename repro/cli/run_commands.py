@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from repro.cli.options import (
     DEFAULT_RESULTS_ROOT,
@@ -19,24 +17,16 @@ from repro.cli.registry import command
 from repro.core import console, safe_write
 from repro.core.errors import UsageError
 from repro.core.paths import REPO_ROOT
-from repro.run.usecase import check_fix_outcome, run_request
+from repro.run.usecase import check_fix_outcome, load_matrix, run_request
+from repro.run.usecase import choose_engine as _engine  # the seam tests replace (stand_in_engine.py)
 from repro.workload.record import RunRecord
-
-if TYPE_CHECKING:
-    from repro.matrix.model import Matrix
-
-
-def _matrix(path: str | None) -> Matrix:
-    from repro.matrix.schema import load_matrix
-
-    return load_matrix(path) if path else load_matrix()
 
 
 @command("list", "list the envs of the matrix and whether this host can run them", add_matrix_option)
 def cmd_list(args: argparse.Namespace) -> int:
     from repro.engines.preflight import host_can_run
 
-    matrix = _matrix(args.matrix)
+    matrix = load_matrix(args.matrix)
     console.result(
         f"{'env':<14} {'platform':<8} {'torch':<8} {'deepspeed':<10} {'rocm/cuda':<10} {'here':<5} notes"
     )
@@ -52,17 +42,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine(choice: str | None) -> Any:
-    from repro.engines.select import choose_engine
-
-    return choose_engine(choice or os.environ.get("ENGINE") or None)
-
-
 @command("build", "build (or reuse) the image / venv of an env", add_run_options)
 def cmd_build(args: argparse.Namespace) -> int:
     from repro.run.orchestrate import describe, plan
 
-    matrix = _matrix(args.matrix)
+    matrix = load_matrix(args.matrix)
     steps = plan(matrix, request_from_args(args, matrix.default_id))
     if args.dry_run:
         from repro.engines.docker.buildplan import dry_run_text
@@ -92,7 +76,7 @@ def _run(
 ) -> list[RunRecord]:
     from dataclasses import replace
 
-    matrix = _matrix(args.matrix)
+    matrix = load_matrix(args.matrix)
     request = request_from_args(args, matrix.default_id)
     if env_ids is not None:
         request = replace(request, env_ids=env_ids)
@@ -125,7 +109,7 @@ def cmd_check_fix(args: argparse.Namespace) -> int:
 def cmd_matrix(args: argparse.Namespace) -> int:
     from repro.engines.preflight import host_can_run
 
-    matrix = _matrix(args.matrix)
+    matrix = load_matrix(args.matrix)
     runnable: list[str] = []
     skipped: list[str] = []
     for env_id in matrix.ids():
@@ -223,7 +207,7 @@ def cmd_venv_python(args: argparse.Namespace) -> int:
     from repro.engines.venv.engine import VenvEngine
 
     engine = VenvEngine()
-    env = _matrix(args.matrix).get(args.env)
+    env = load_matrix(args.matrix).get(args.env)
     engine.preflight(env)
     prepared = engine.prepare(env)
     console.result(prepared.details["python"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repro.cli.options import DEFAULT_RESULTS_ROOT, RunTarget, add_matrix_option
 from repro.cli.registry import command
@@ -14,6 +14,10 @@ from repro.core.errors import DockerUnavailableError, UsageError
 from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.paths import REPO_ROOT
+from repro.run.usecase import load_matrix
+
+if TYPE_CHECKING:
+    from repro.core.scrub import Scrubber
 
 
 def _docker_client() -> Any:
@@ -27,6 +31,14 @@ def _docker_client() -> Any:
             fix="start one (.ci/start-docker.sh on Debian) or set DOCKER_HOST",
         )
     return DockerEngine.connect().client
+
+
+def _scrubber() -> Scrubber:
+    """What a bundle and an issue scrub: this host's names, the repository's and the cache's paths."""
+    from repro.core.scrub import Scrubber
+
+    cache = os.environ.get("MICS_REPRO_CACHE")
+    return Scrubber.from_host(paths={"<repo>": str(REPO_ROOT), **({"<cache>": cache} if cache else {})})
 
 
 def _bundle_options(p: argparse.ArgumentParser) -> None:
@@ -92,11 +104,9 @@ def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Pat
 def cmd_bundle(args: argparse.Namespace) -> int:
     from repro.core.paths import check_output_folder
     from repro.core.results import resolve_results_dir
-    from repro.core.scrub import Scrubber
-    from repro.matrix.schema import load_matrix
     from repro.upstream.bundle.make import BundleRequest, default_out, make_bundle, summary
 
-    matrix = load_matrix(args.matrix) if args.matrix else load_matrix()
+    matrix = load_matrix(args.matrix)
     env_id = args.env or matrix.default_id
     if "+" not in env_id:
         matrix.get(env_id)  # an unknown id fails here with the list of valid ones
@@ -109,8 +119,7 @@ def cmd_bundle(args: argparse.Namespace) -> int:
         if args.results
         else _run_repro_first(env_id, root, args.matrix)
     )
-    cache = os.environ.get("MICS_REPRO_CACHE")
-    scrubber = Scrubber.from_host(paths={"<repo>": str(REPO_ROOT), **({"<cache>": cache} if cache else {})})
+    scrubber = _scrubber()
     request = BundleRequest(
         env_id=env_id,
         out=Path(args.out) if args.out else default_out(env_id),
@@ -292,12 +301,10 @@ def _issue_options(p: argparse.ArgumentParser) -> None:
 @command("issue", "write ISSUE.md for the upstream tracker from a results folder of any kind", _issue_options)
 def cmd_issue(args: argparse.Namespace) -> int:
     from repro.core.results import resolve_results_dir
-    from repro.core.scrub import Scrubber
     from repro.upstream.issue.make import write
 
     folder = resolve_results_dir(Path(args.results_root), args.results, console.info)
-    cache = os.environ.get("MICS_REPRO_CACHE")
-    scrubber = Scrubber.from_host(paths={"<repo>": str(REPO_ROOT), **({"<cache>": cache} if cache else {})})
+    scrubber = _scrubber()
     path = write(folder, scrubber, Path(args.out) if args.out else None)
     console.result(f"issue: {path}")
     return 0

@@ -9,7 +9,6 @@ Call path of `make repro`: cli/run_commands.cmd_repro -> run_request (here) -> r
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,7 +62,7 @@ def load_matrix(path: str | None) -> Matrix:
 def choose_engine(choice: str | None) -> Engine:
     from repro.engines.select import choose_engine as choose
 
-    return choose(choice or os.environ.get("ENGINE") or None)
+    return choose(choice or None)  # None (or ""): the ENGINE variable, else auto
 
 
 def run_request(
