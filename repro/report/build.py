@@ -120,32 +120,17 @@ def build_report(
     stamp = generated_at or datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     page = Page(merged, answers, table, details, timelines, data, stamp)
-    html = hand_out(
-        render_html(page),
-        scrubber,
-        "report.html",
-        Form.HTML,
-    )
-    markdown = hand_out(
-        render_markdown(page, PLOT_DIR),
-        scrubber,
-        "REPORT.md",
-    )
-    data_text = hand_out(
-        json.dumps(scrubber.data(data), indent=2, sort_keys=True, allow_nan=False) + "\n",
-        scrubber,
-        "report.json",
-    )
+    texts = {
+        "report.html": render_html(page),
+        "REPORT.md": render_markdown(page, PLOT_DIR),
+        "report.json": json.dumps(scrubber.data(data), indent=2, sort_keys=True, allow_nan=False) + "\n",
+    }
     plot_files = {f"{PLOT_DIR}/{p.slug}.png": p.png for p in all_plots}
-    _write_files(
-        out_dir,
-        {
-            **plot_files,
-            "report.json": data_text.encode(),
-            "REPORT.md": markdown.encode(),
-            "report.html": html.encode(),
-        },
-    )
+    handed = {
+        name: hand_out(text, scrubber, name, Form.for_path(Path(name))).encode()
+        for name, text in texts.items()
+    }
+    _write_files(out_dir, {**plot_files, **handed})
     return ReportPaths(
         html=out_dir / "report.html",
         markdown=out_dir / "REPORT.md",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tarfile
@@ -23,20 +24,15 @@ def copy_scrubbed(src: Path, dst: Path, scrubber: Scrubber) -> None:
     """`src` scrubbed as text into `dst`; a PNG loses its text chunks and keeps its pixels byte
     for byte (scrubbing compressed pixels as text would only break the image)."""
     data = src.read_bytes()
+    dst.parent.mkdir(parents=True, exist_ok=True)
     if png_text.is_png(data):
-        try:
-            stripped = png_text.without_text(data)
-        except png_text.NotPNG:
-            pass  # not a PNG after all: scrubbed as any other file
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            dst.write_bytes(stripped)
+        with contextlib.suppress(png_text.NotPNG):  # not a PNG after all: scrubbed as any other file
+            dst.write_bytes(png_text.without_text(data))
             return
     try:
         text, codec = data.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         text, codec = data.decode("latin-1"), "latin-1"
-    dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(scrubber.text(text, Form.for_path(src)).encode(codec))
 
 
@@ -158,10 +154,8 @@ def readable_text(path: Path) -> str:
     (compressed pixels spell `key=...` now and then by chance, never a secret: png_text)."""
     data = path.read_bytes()
     if png_text.is_png(data):
-        try:
+        with contextlib.suppress(png_text.NotPNG):  # read whole, as any other file
             return png_text.readable_text(data)
-        except png_text.NotPNG:
-            pass  # read whole, as any other file
     return data.decode("latin-1")
 
 

@@ -152,10 +152,6 @@ def _docker_line(
     return " ".join(a if a.startswith('"$PWD') else shlex.quote(a) for a in argv)
 
 
-def docker_run_command(platform: str, image_ref: str, suite_args: Sequence[str]) -> str:
-    return _docker_line(platform, [f'"$PWD/out:{CONTAINER_OUT}"'], image_ref, _SUITE_MODULE, suite_args)
-
-
 def job_block(env_id: str, custom: Sequence[RunRecord]) -> tuple[JobBlock, Path]:
     """The manifest's "job" entry (workdir still unset) and the host folder the command ran in."""
     jobs = [r.get("job") or {} for r in custom]
@@ -416,7 +412,7 @@ def _commands(
         else {}
     )
     run_command = (
-        docker_run_command(platform, image_ref, suite_args)
+        _docker_line(platform, [f'"$PWD/out:{CONTAINER_OUT}"'], image_ref, _SUITE_MODULE, suite_args)
         if suite_args
         else next(iter(job_commands.values()))
     )
