@@ -177,6 +177,8 @@ class StandInSession:
         tree = call.tree
         assert "pytest.skip" not in (tree / pr_suite.OPTIMIZER_TEST).read_text()
         assert (tree / str(pr_fix.TEST_REL)).is_file()  # REF's tree holds the branch's test
+        # The export has no .git: DeepSpeed's setup.py versions the install from build.txt
+        assert (tree / "build.txt").read_text() == f"+{call.commit[:7]}\n"
         assert call.argv[:3] == ("--forked", "-n", "4") and call.argv[-1] == "--torch_ver=" + ".".join(
             call.torch.split(".")[:2]
         )
@@ -247,6 +249,8 @@ def test_verification_runs_deepspeeds_own_tests_on_both_transports(
     assert newest["torch"] == "2.13.0" and len(newest["sessions"]) == 4
     assert {t: r["ok"] for t, r in newest["regression"].items()} == {"plain": True, "async": True}
     assert any("skip at ref and branch (`if not required_torch_version" in e for e in newest["edits"])
+    builds = f"(+{pr['ref_sha'][:7]}, +{pr['commit'][:7]})"
+    assert f"`build.txt` in each tree {builds}: the install's version names its commit" in newest["edits"]
     rows = {r["test"].split("::")[-1]: r["cells"] for r in newest["rows"]}
     assert rows["test_failed_wait_is_raised"]["plain"] == {"ref": "failed", "branch": "passed"}
     assert rows["test_load[2]"]["plain"] == {"ref": "failed", "branch": "failed"}

@@ -521,6 +521,16 @@ class UpstreamSuite:
         ref = self.export(self.ds_repo, self.pr["ref_sha"], where / "ref", TREE_PATHS)
         branch = self.export(self.ds_repo, self.pr["commit"], where / "branch", TREE_PATHS)
         edits = []
+        # An export has no .git, so DeepSpeed's setup.py would version the install "<version>+unknown";
+        # it reads build.txt instead, as in an sdist (the file DS_BUILD_STRING writes).
+        builds = {
+            tree: f"+{sha[:7]}" for tree, sha in ((ref, self.pr["ref_sha"]), (branch, self.pr["commit"]))
+        }
+        for tree, build in builds.items():
+            (tree / "build.txt").write_text(build + "\n")  # not among TREE_PATHS: never exported
+        edits.append(
+            f"`build.txt` in each tree ({', '.join(builds.values())}): the install's version names its commit"
+        )
         test = branch / str(pr_fix.TEST_REL)
         if test.is_file():
             (ref / str(pr_fix.TEST_REL)).parent.mkdir(parents=True, exist_ok=True)
