@@ -87,10 +87,6 @@ class RowData(TypedDict):
     fixed: CellData | None
 
 
-def _scenario_rank(scenario: str) -> int:
-    return SCENARIOS_ORDER.index(scenario) if scenario in SCENARIOS_ORDER else len(SCENARIOS_ORDER)
-
-
 def rows(merged: MergedResults) -> list[Row]:
     env_order = list(merged.envs)
     groups: dict[tuple[Any, ...], dict[str, Run]] = {}
@@ -120,7 +116,7 @@ def rows(merged: MergedResults) -> list[Row]:
     out.sort(
         key=lambda r: (
             env_order.index(r.env) if r.env in env_order else len(env_order),
-            _scenario_rank(r.scenario),
+            SCENARIOS_ORDER.index(r.scenario) if r.scenario in SCENARIOS_ORDER else len(SCENARIOS_ORDER),
             r.dtype,
             r.transport,
             r.world_size or 0,
@@ -130,16 +126,8 @@ def rows(merged: MergedResults) -> list[Row]:
     return out
 
 
-def pair_text(stock: str | None, fixed: str | None) -> str:
-    """'stock → fixed', collapsed to one value when both sides agree."""
-    s, f = stock if stock is not None else "–", fixed if fixed is not None else "–"
-    return s if s == f else f"{s} → {f}"
-
-
-def cell_field(data: CellData | None, name: str) -> str | None:
-    if data is None:
-        return None
-    value = data.get(name)
+def _side(data: CellData | None, name: str) -> str:
+    value = None if data is None else data.get(name)
     return "–" if value is None else str(value)
 
 
@@ -155,5 +143,6 @@ COLUMNS: Sequence[tuple[str, str]] = (
 
 
 def row_values(row: Row) -> list[str]:
-    """Display values of the comparison columns, 'stock → fixed'."""
-    return [pair_text(cell_field(row.stock, name), cell_field(row.fixed, name)) for name, _ in COLUMNS]
+    """Display values of the comparison columns, 'stock → fixed', one value when both sides agree."""
+    pairs = [(_side(row.stock, name), _side(row.fixed, name)) for name, _ in COLUMNS]
+    return [stock if stock == fixed else f"{stock} → {fixed}" for stock, fixed in pairs]

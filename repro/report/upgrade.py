@@ -67,19 +67,12 @@ class UpgradeData(TypedDict):
     missing: list[dict[str, str]]  # Missing.to_dict
 
 
-def _version(text: str | None) -> Version | None:
-    if not text:
-        return None
-    try:
-        return Version(text)
-    except InvalidVersion:
-        return None
-
-
 def _release(text: str | None) -> tuple[int, ...] | None:
     """Compare releases without local tags: 2.1.0+rocm5.6 and 2.1.0 are the same torch."""
-    version = _version(text)
-    return None if version is None else version.release
+    try:
+        return Version(text).release if text else None
+    except InvalidVersion:
+        return None
 
 
 def relation(base: tuple[str | None, str | None], other: tuple[str | None, str | None]) -> VersionRelation:
