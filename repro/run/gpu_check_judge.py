@@ -7,7 +7,8 @@ it should have, and did not (the fix did not gather, zero3 did not run clean on 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from repro.core.runs import RunFinding, run_finding
@@ -23,20 +24,24 @@ def _ok(outcome: Any) -> bool:
     return isinstance(outcome, Mapping) and bool(outcome.get("ok"))
 
 
+def _answer(kind: StepKind, facts: Mapping[str, object]) -> Callable[[Verdict, str], StepResult]:
+    """The step's result for a verdict and its one-line summary, with these facts."""
+    return partial(StepResult, kind, facts=dict(facts))
+
+
 def host(facts: Mapping[str, Any]) -> StepResult:
+    answer = _answer(StepKind.HOST, facts)
     gpus = list(facts.get("gpus") or [])
     if not gpus:
-        return StepResult(StepKind.HOST, Verdict.FAILED, "no GPU found on this host", dict(facts))
+        return answer(Verdict.FAILED, "no GPU found on this host")
     names = ", ".join(sorted({str(g.get("name") or g.get("arch") or "?") for g in gpus}))
-    return StepResult(StepKind.HOST, Verdict.PROVEN, f"{len(gpus)} GPU(s): {names}", dict(facts))
+    return answer(Verdict.PROVEN, f"{len(gpus)} GPU(s): {names}")
 
 
 def raw_torch(facts: Mapping[str, Any]) -> StepResult:
-    kind = StepKind.RAW_TORCH
+    answer = _answer(StepKind.RAW_TORCH, facts)
     if facts.get("manager") != "async_ops":
-        return StepResult(
-            kind, Verdict.NOT_PROVABLE, f"torch {facts.get('torch')}: {facts.get('manager')}", dict(facts)
-        )
+        return answer(Verdict.NOT_PROVABLE, f"torch {facts.get('torch')}: {facts.get('manager')}")
     ran_on = facts.get("ran_on") or {}
     nccl = f" (NCCL/RCCL {ran_on.get('nccl')})" if ran_on.get("nccl") else ""
     backend = f"{ran_on.get('backend')}{nccl}"
@@ -49,12 +54,9 @@ def raw_torch(facts: Mapping[str, Any]) -> StepResult:
             f"({_err(facts.get('placeholder_wait'))}); the gather {'landed' if landed else 'did NOT land'} "
             f"after cm.wait(){note}"
         )
-        return StepResult(kind, Verdict.PROVEN if landed or lost else Verdict.FAILED, summary, dict(facts))
-    return StepResult(
-        kind,
-        Verdict.FAILED,
-        f"expected an _IllegalWork placeholder, got {facts.get('placeholder_type')}",
-        dict(facts),
+        return answer(Verdict.PROVEN if landed or lost else Verdict.FAILED, summary)
+    return answer(
+        Verdict.FAILED, f"expected an _IllegalWork placeholder, got {facts.get('placeholder_type')}"
     )
 
 
@@ -67,41 +69,30 @@ def _gathers(probe: Any) -> bool:
 
 
 def ds_gather(facts: Mapping[str, Any]) -> StepResult:
-    kind = StepKind.DS_GATHER
+    answer = _answer(StepKind.DS_GATHER, facts)
     stock, fixed = facts.get("stock") or {}, facts.get("fixed")
     fix = facts.get("fix") or {}
     if not fix.get("applied"):
-        return StepResult(
-            kind,
+        return answer(
             Verdict.NOT_PROVABLE,
             f"DeepSpeed {facts.get('deepspeed')}: the fix does not apply ({fix.get('reason')})",
-            dict(facts),
         )
     if not _gathers(fixed):
-        return StepResult(
-            kind,
-            Verdict.FAILED,
-            "with the fix all_gather_coalesced did not gather on the device",
-            dict(facts),
-        )
+        return answer(Verdict.FAILED, "with the fix all_gather_coalesced did not gather on the device")
     if _gathers(stock):
-        return StepResult(
-            kind,
+        return answer(
             Verdict.NOT_PROVABLE,
             f"stock DeepSpeed {facts.get('deepspeed')} gathers correctly with torch "
             f"{facts.get('torch')}: no bug to show here",
-            dict(facts),
         )
     failures = [
         f"{how}: {_err(stock.get(key))}"
         for how, key in (("async wait", "async_wait"), ("sync", "sync_call"))
         if not _ok(stock.get(key))
     ]
-    return StepResult(
-        kind,
+    return answer(
         Verdict.PROVEN,
         f"stock fails ({'; '.join(failures) or 'data did not land'}); fixed gathers async and sync",
-        dict(facts),
     )
 
 
@@ -125,11 +116,11 @@ def _finding(record: Mapping[str, Any]) -> RunFinding | None:
 
 
 def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepResult:
-    kind = StepKind.REPRO
-    facts: dict[str, object] = {
+    facts = {
         "exit_code": exit_code,
         "runs": [{k: r.get(k) for k in ("scenario", "patch", "outcome", "reason")} for r in runs],
     }
+    answer = _answer(StepKind.REPRO, facts)
     control = _find(runs, "zero3", "stock")
     if control is None or _finding(control) is not RunFinding.CLEAN or not _on_gpu(control):
         what = (
@@ -137,12 +128,10 @@ def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepR
             if control is None
             else f"{control.get('outcome')}, ran_on {(control.get('ran_on') or {}).get('device')}"
         )
-        return StepResult(kind, Verdict.FAILED, f"zero3 did not run clean on the GPU ({what})", facts)
+        return answer(Verdict.FAILED, f"zero3 did not run clean on the GPU ({what})")
     names = ", ".join(sorted(set((control.get("ran_on") or {}).get("gpus") or [])))
     if gpus < 2:
-        return StepResult(
-            kind, Verdict.PROVEN, f"zero3 clean on {names}; MiCS needs 2 GPUs (smoke run below)", facts
-        )
+        return answer(Verdict.PROVEN, f"zero3 clean on {names}; MiCS needs 2 GPUs (smoke run below)")
     verdicts: list[str] = []
     failed = unproven = False
     for scenario in ("mics", "mics-hier"):
@@ -155,35 +144,30 @@ def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepR
         unproven |= not shown
         verdicts.append(f"{scenario} stock {stock.get('outcome') if stock else 'missing'}, fixed clean")
     verdict = Verdict.FAILED if failed else Verdict.NOT_PROVABLE if unproven else Verdict.PROVEN
-    return StepResult(kind, verdict, f"zero3 clean on {names}; " + "; ".join(verdicts), facts)
+    return answer(verdict, f"zero3 clean on {names}; " + "; ".join(verdicts))
 
 
 def mics_smoke(records: Mapping[str, Mapping[str, Any] | None], exit_codes: Mapping[str, int]) -> StepResult:
-    kind = StepKind.MICS_SMOKE
     fixed = records.get("fixed") or {}
-    facts: dict[str, object] = {
+    facts = {
         "exit_codes": dict(exit_codes),
         "records": {
             p: {k: (r or {}).get(k) for k in ("losses", "illegal_work_messages", "exception")}
             for p, r in records.items()
         },
     }
+    answer = _answer(StepKind.MICS_SMOKE, facts)
     losses = list(fixed.get("losses") or [])
     if exit_codes.get("fixed") != 0 or not losses or any(v is None for v in losses) or not _on_gpu(fixed):
-        return StepResult(
-            kind,
+        return answer(
             Verdict.FAILED,
             f"MiCS shard 1 with the fix did not train on the GPU (exit {exit_codes.get('fixed')})",
-            facts,
         )
     stock = records.get("stock") or {}
     messages = stock.get("illegal_work_messages") or 0
     said = f"stock exit {exit_codes.get('stock')}, {messages} IllegalWork messages"
-    return StepResult(
-        kind,
-        Verdict.PROVEN,
-        f"MiCS shard 1 trains on the GPU with the fix ({len(losses)} finite losses); {said}",
-        facts,
+    return answer(
+        Verdict.PROVEN, f"MiCS shard 1 trains on the GPU with the fix ({len(losses)} finite losses); {said}"
     )
 
 
@@ -202,11 +186,12 @@ def hidden(runs: Sequence[Mapping[str, Any]], exit_code: int) -> StepResult:
     """Proven from the records, not from the exit code alone: exit 6 also comes from a 1-GPU host
     whose MiCS runs are `unsupported` (the GPUs were seen, nothing verified) and from a crashed
     control. Only every run recorded `env-error` with nothing run shows the GPUs were hidden."""
-    facts: dict[str, object] = {
+    facts = {
         "exit_code": exit_code,
         "expected": HIDDEN_EXPECTED_EXIT,
         "runs": [{"scenario": r.get("scenario"), "outcome": r.get("outcome"), "ran": _ran(r)} for r in runs],
     }
+    answer = _answer(StepKind.HIDDEN, facts)
     seen = [r for r in runs if not _not_run(r)]
     if not runs or seen:
         what = (
@@ -214,24 +199,17 @@ def hidden(runs: Sequence[Mapping[str, Any]], exit_code: int) -> StepResult:
             if not runs
             else ", ".join(f"{r.get('scenario')} {r.get('patch')} {r.get('outcome')}" for r in seen)
         )
-        return StepResult(
-            StepKind.HIDDEN,
+        return answer(
             Verdict.FAILED,
             f"with the GPUs hidden check-fix exited {exit_code}, but its records do not show the GPUs "
             f"hidden (every run env-error, nothing run): {what}",
-            facts,
         )
     if exit_code != HIDDEN_EXPECTED_EXIT:
-        return StepResult(
-            StepKind.HIDDEN,
-            Verdict.FAILED,
-            f"with the GPUs hidden check-fix exited {exit_code}, not {HIDDEN_EXPECTED_EXIT}",
-            facts,
+        return answer(
+            Verdict.FAILED, f"with the GPUs hidden check-fix exited {exit_code}, not {HIDDEN_EXPECTED_EXIT}"
         )
-    return StepResult(
-        StepKind.HIDDEN,
+    return answer(
         Verdict.PROVEN,
         f"with the GPUs hidden torch saw none: {len(runs)} run(s) env-error, none ran; "
         f"check-fix verified nothing and exited {exit_code}",
-        facts,
     )
