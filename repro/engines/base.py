@@ -11,6 +11,7 @@ import contextlib
 import enum
 import fcntl
 import os
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,11 @@ if TYPE_CHECKING:
 # The in-environment entry point (repro/workload/suite.py); engines add `--out`.
 SUITE_MODULE = "repro.workload.suite"
 REPO_ROOT = paths.REPO_ROOT
+
+
+def safe_name(name: str) -> str:
+    """`name` (an env id) in a file name (the build logs): all but letters, digits and `_.-` is `_`."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 class EngineKind(enum.Enum):

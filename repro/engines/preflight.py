@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from repro.matrix.model import Env
 
 
-def _minor(version: str) -> tuple[int, int]:
+def minor_of(version: str) -> tuple[int, int]:
+    """(3, 10) of "3.10", "3.10.12" or "2.1.0+cpu"."""
     major, minor = version.split("+")[0].split(".")[:2]
     return int(major), int(minor)
 
@@ -43,11 +44,11 @@ def check_python(env: Env, python_version: str, python_path: str) -> None:
     supported = compat.torch_pythons(env.torch)
     if supported is None:
         return
-    have = _minor(python_version)
+    have = minor_of(python_version)
     low, high = supported
-    if _minor(low) <= have <= _minor(high):
+    if minor_of(low) <= have <= minor_of(high):
         return
-    direction = "too new" if have > _minor(high) else "too old"
+    direction = "too new" if have > minor_of(high) else "too old"
     want = env.python_to_install()
     raise PythonVersionError(
         f"Python {python_version} ({python_path}) is {direction} for torch {env.torch}",

@@ -14,7 +14,6 @@ import hashlib
 import http.server
 import json
 import os
-import re
 import sys
 import threading
 from collections.abc import Iterator, Sequence
@@ -36,6 +35,7 @@ from packaging.version import Version
 from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.core.paths import cache_root
+from repro.engines.base import safe_name
 from repro.matrix.compat import torch_build as torch_build  # its home moved; callers import it here
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class Wheelhouse:
             [*self._download_argv(), "--no-deps", "--no-binary", ":all:", *plan.sdists],
         ]
         # pip's output (hundreds of lines) goes to a log, shown in full when it fails.
-        log = cache_root() / "logs" / f"wheelhouse-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env_id)}.log"
+        log = cache_root() / "logs" / f"wheelhouse-{safe_name(env_id)}.log"
         for argv in steps:
             result, _ = cmd.run_logged(argv, log, "wheelhouse: pip download")
             if not result.ok:

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from repro.core import console
 from repro.core.cmd import STOP_GRACE_S as HOST_STOP_GRACE_S
-from repro.core.errors import BuildError, RunError, UsageError
-from repro.core.paths import cache_root
+from repro.core.errors import BuildError, UsageError
+from repro.core.paths import REPO_ROOT, cache_root
 from repro.core.printable import printable
 from repro.engines import jobdeps
-from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun, lock_if_free
+from repro.engines.base import SUITE_MODULE, EngineKind, Prepared, SuiteRun, lock_if_free, safe_name
 from repro.engines.docker import joblayer
 from repro.engines.docker.build_context import (
     BuildContext,
@@ -176,9 +176,7 @@ class DockerEngine:
         `wheelhouse_only` installs from the served wheelhouse alone."""
         tag = tag or env.image_tag()
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log = _BuildLog(
-            self.log_dir / f"build-{re.sub(r'[^A-Za-z0-9_.-]+', '_', env.id)}.log", f"[build {env.id}] "
-        )
+        log = _BuildLog(self.log_dir / f"build-{safe_name(env.id)}.log", f"[build {env.id}] ")
         started = time.monotonic()
         with (
             console.task(f"docker: building {tag} (log: {log.path})"),
@@ -336,7 +334,6 @@ class DockerEngine:
         # Containers get none of the host's environment but the GPU selection and NCCL/RCCL/HSA settings;
         # without a network, none of those that name the host's interfaces (passthrough.py says why).
         passed = run_environment(os.environ, platform, networkless=not network)
-        environment = {"PYTHONUNBUFFERED": "1", **passed}
         sweep_stale(self.client, owners_dir())
         with (
             _owner_lock() as lock_dir,
@@ -346,7 +343,7 @@ class DockerEngine:
                 list(command),
                 name,
                 replace(options, binds=(*options.binds, f"{lock_dir}:{OWNER_LOCK_DIR}:ro")),
-                {**environment, OWNER_LOCK_ENV: OWNER_LOCK_PATH},
+                {"PYTHONUNBUFFERED": "1", **passed, OWNER_LOCK_ENV: OWNER_LOCK_PATH},
                 labels={LABEL_OWNER: lock_dir},
             ) as box,
         ):
@@ -366,8 +363,6 @@ class DockerEngine:
                 raise
             if copy_out:
                 box.copy_out(copy_out, out_dir)
-        if exit_code is None:
-            raise RunError(f"container {name} ended without an exit status")
         return SuiteRun(exit_code, timed_out, time.monotonic() - started, out_dir, log_path)
 
 
@@ -667,7 +662,7 @@ class ManagedContainer:
         except Exception:
             return False
 
-    def wait(self, timeout_s: float | None) -> tuple[int | None, bool]:
+    def wait(self, timeout_s: float | None) -> tuple[int, bool]:
         """(exit code, timed out). On time-out the container is stopped; the code is then 124."""
         import requests
 

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, TypedDict
 
 from repro.core import cmd, console
 from repro.core.errors import BuildError, PythonVersionError
-from repro.core.paths import cache_root
+from repro.core.paths import REPO_ROOT, cache_root
 from repro.engines import jobdeps, preflight
-from repro.engines.base import REPO_ROOT, SUITE_MODULE, EngineKind, Prepared, SuiteRun, lock_if_free
+from repro.engines.base import SUITE_MODULE, EngineKind, Prepared, SuiteRun, lock_if_free, safe_name
 from repro.engines.passthrough import run_environment
 from repro.engines.torch_check import PROBE as TORCH_PROBE
 from repro.engines.torch_check import build_problem
@@ -115,10 +115,6 @@ def venv_root() -> Path:
     return cache_root() / "venvs"
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
-
-
 class VenvEngine:
     kind = EngineKind.VENV
 
@@ -141,7 +137,7 @@ class VenvEngine:
         return f"venv engine (cache {self.root})"
 
     def venv_dir(self, env: Env) -> Path:
-        return self.root / f"{_safe(env.id)}-{env.pins_key()}"
+        return self.root / f"{safe_name(env.id)}-{env.pins_key()}"
 
     # -- interpreter -------------------------------------------------------------------------
     def interpreter(self, env: Env) -> Interpreter:
@@ -155,7 +151,7 @@ class VenvEngine:
         (3.10 in its image) a 3.9 venv with 3.9's pins on Rocky 9."""
         accepted = env.pythons()
         image = env.image_python
-        others = sorted((p for p in accepted or () if p != image), key=_pair, reverse=True)
+        others = sorted((p for p in accepted or () if p != image), key=preflight.minor_of, reverse=True)
         default = [sys.executable, *(f"python{p}" for p in (image, *others))]
         if env.host_torch:  # the Python whose torch the env takes, never another one found on PATH
             default = [sys.executable]
@@ -238,13 +234,13 @@ class VenvEngine:
                     else "no marker: an unfinished or foreign venv"
                 )
                 console.info(f"venv: rebuilding {final} ({why})")
-            plan = None if layering_disabled() or env.host_torch else self.layer_plan(env, want)
+            plan = None if layering_disabled() or env.host_torch else self._layer_plan(want, final, env)
             if plan is not None:
                 marker = self._build_layer(env, interp, want, final, plan)
                 return self._prepared(env, final, reused=False, marker=marker)
             # A derived env's venv is its own cache: copying its torch into the wheelhouse as well
             # would double the disk each torch probe takes (gigabytes), so it installs from the index.
-            direct = self._direct(env)
+            direct = env.is_derived and not self.wheelhouse.offline
             # The wheelhouse holds wheels for the interpreter the venv is made from, not for the
             # env's image Python: an install with --no-index would otherwise find no torch.
             if direct:
@@ -255,9 +251,6 @@ class VenvEngine:
             if direct:
                 share_identical_files(final, [c for c in self.root.iterdir() if c != final])
         return self._prepared(env, final, reused=False, marker=want)
-
-    def _direct(self, env: Env) -> bool:
-        return env.is_derived and not self.wheelhouse.offline
 
     def _prepared(self, env: Env, venv: Path, *, reused: bool, marker: VenvMarker | None = None) -> Prepared:
         details = {"python": str(venv / "bin" / "python"), "platform": env.platform.value}
@@ -272,22 +265,19 @@ class VenvEngine:
         return Prepared(EngineKind.VENV, env.id, str(venv), label, reused, details)
 
     # -- layers ------------------------------------------------------------------------------
-    def candidates(self, env: Env, exclude: Path) -> list[Candidate]:
-        """Every finished venv in the cache, as a possible base for a layer."""
-        out = []
+    def _layer_plan(self, want: VenvMarker, final: Path, env: Env) -> LayerPlan | None:
+        """Which finished venv of the cache `final` can be a layer over (layer.py), if any."""
+        found = []
         for path in sorted(self.root.iterdir()) if self.root.is_dir() else []:
-            if path.name.startswith(".") or path == exclude or not (path / "bin" / "python").exists():
+            if path.name.startswith(".") or path == final or not (path / "bin" / "python").exists():
                 continue
             marker = VenvMarker.read(path)
             if marker is None:
                 continue
             root = env.derived_from is not None and marker.env_id == env.derived_from
             layered = marker.layered_on is not None
-            out.append(Candidate(path.name, marker.pins, marker.python, layered=layered, preferred=root))
-        return out
-
-    def layer_plan(self, env: Env, want: VenvMarker) -> LayerPlan | None:
-        return layer_base(want.pins, want.python, self.candidates(env, self.venv_dir(env)))
+            found.append(Candidate(path.name, marker.pins, marker.python, layered=layered, preferred=root))
+        return layer_base(want.pins, want.python, found)
 
     @staticmethod
     def _sites(venv: Path, marker: VenvMarker) -> list[Path]:
@@ -482,7 +472,7 @@ class VenvEngine:
         with VERBOSE=1: the step's one line is the progress), and shown in full when it fails, so
         a failure names its cause (a probe's env-error reason then says e.g. which torch API a
         DeepSpeed release's setup.py lacks)."""
-        log = self.root.parent / "logs" / f"venv-{_safe(env.id)}.log"
+        log = self.root.parent / "logs" / f"venv-{safe_name(env.id)}.log"
         result, text = cmd.run_logged(argv, log, f"venv: {what}", extra_env=dict(environment))
         if not result.ok:
             raise BuildError(
@@ -602,14 +592,10 @@ def _found_text(seen: Sequence[Interpreter], accepted: Sequence[str], broken: Se
         return "no python" + "/".join(accepted) + " on PATH"
     parts = list(broken)
     for interp in seen:
-        direction = "too new" if accepted and _pair(interp.minor) > _pair(accepted[-1]) else "too old"
+        too_new = accepted and preflight.minor_of(interp.minor) > preflight.minor_of(accepted[-1])
+        direction = "too new" if too_new else "too old"
         parts.append(f"{interp.path} is Python {interp.version}, {direction}")
     return "; ".join(parts)
-
-
-def _pair(minor: str) -> tuple[int, int]:
-    a, b = minor.split(".")[:2]
-    return int(a), int(b)
 
 
 def _probe_known_first(path: str) -> Interpreter:

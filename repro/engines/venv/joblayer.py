@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -30,6 +29,7 @@ from pathlib import Path
 from repro.core import cmd, console
 from repro.core.errors import BuildError
 from repro.engines import jobdeps
+from repro.engines.base import safe_name
 from repro.engines.venv.layer import build_lock
 from repro.engines.venv.layer_env import LAYER_FORMAT, building, carry_scripts, check_step, make_layer_venv
 from repro.matrix.model import HIDE_GPUS
@@ -145,8 +145,7 @@ class _Build:
         argv += ["-c", str(tmp / CONSTRAINTS), "-r", str(tmp / REQUIREMENTS)]
         # pip's output goes to the env's venv log (the layer's folder is removed on failure), shown in
         # full when it fails; streamed only with VERBOSE=1.
-        safe_id = re.sub(r"[^A-Za-z0-9_.-]+", "_", self.env_id)
-        log = self.final.parent.parent / "logs" / f"venv-{safe_id}-job.log"
+        log = self.final.parent.parent / "logs" / f"venv-{safe_name(self.env_id)}-job.log"
         what = "venv: installing the job's packages"
         with console.task(f"{what}: {self.deps.describe()}", plain=False):
             result, text = cmd.run_logged(argv, log, what, env=env, extra_env=dict(HIDE_GPUS))
