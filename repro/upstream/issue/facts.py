@@ -107,11 +107,6 @@ class Transition:
     both_bad: bool = False  # the change is between two kinds of bad (a crash became warnings)
 
 
-def _older_first(a: Row, b: Row, candidates: Sequence[str]) -> tuple[Row, Row]:
-    order = {name: i for i, name in enumerate(candidates)}
-    return (a, b) if order.get(a.version, 0) <= order.get(b.version, 0) else (b, a)
-
-
 def transition(data: Mapping[str, Any], rows: Sequence[Row], candidates: Sequence[str]) -> Transition:
     """From a bisect's boundary, a survey's first change point that involves the bug, or else the
     rows themselves (the first bad one; the first clean one)."""
@@ -139,7 +134,8 @@ def transition(data: Mapping[str, Any], rows: Sequence[Row], candidates: Sequenc
             return Transition(bad=bad, good=good)
     for a, b in pairs:
         if a.is_bug and b.is_bug:
-            older, newer = _older_first(a, b, candidates)
+            order = {name: i for i, name in enumerate(candidates)}
+            older, newer = (a, b) if order.get(a.version, 0) <= order.get(b.version, 0) else (b, a)
             return Transition(bad=newer, good=older, both_bad=True)
     first_bad = next((r for r in rows if r.is_bug), None) or next(
         (r for r in rows if r.verdict == "bad"), None

@@ -21,9 +21,9 @@ import sys
 import tarfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from repro.core import cmd, console
 from repro.core.errors import RunError, UsageError
@@ -281,10 +281,7 @@ class Verification:
             "ref_sha": self.pr["ref_sha"],
             "branch": self.pr["branch"],
             "commit": self.pr["commit"],
-            "stacks": [
-                {"name": s.name, "env": s.env, "torch": s.torch, "role": s.role, "suite": s.suite}
-                for s in self.stacks
-            ],
+            "stacks": [cast(StackJSON, asdict(s)) for s in self.stacks],
             "checks": [],
             "regression": [],
             "suite": [],
