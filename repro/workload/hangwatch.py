@@ -99,6 +99,16 @@ class Hang:
     evidence: Evidence
 
 
+def hang_detail(found: Hang | None, quiet: str, stall_s: float, timeout_s: float) -> str:
+    """Why a run counts as hung: what the watcher found, else `quiet` (how long nothing moved, ""
+    while within the stall limit) or the time limit (the suite's runner and the job runner)."""
+    if found is not None:
+        return found.reason
+    if quiet:
+        return f"{quiet} (stall limit {stall_s:g} s)"
+    return f"exceeded the {timeout_s:g} s time limit"
+
+
 def _call(data: Mapping[str, Any], group: str | None = None) -> Call:
     return Call(
         op=str(data["op"]),

@@ -128,18 +128,8 @@ def dump_stacks(job_dir: str) -> dict[str, str]:
 
 def group_members(pgid: int) -> list[int]:
     """Pids of the job's process group (Linux /proc), the shell and launchers included."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
-            found.append(int(entry))
-    return sorted(found)
+    members = [(p, leftovers.stat_fields(p)) for p in leftovers.all_pids()]
+    return sorted(p for p, f in members if f is not None and f[2] == str(pgid) and f[0] != "Z")
 
 
 def _is_python(pid: int) -> bool:
@@ -229,14 +219,6 @@ def _last_heartbeat(job_dir: str) -> float:
         return 0.0
 
 
-def _hang_detail(found: hangwatch.Hang | None, quiet: float, args: argparse.Namespace) -> str:
-    if found is not None:
-        return found.reason
-    if quiet > args.stall_timeout:
-        return f"no output and no heartbeat for {quiet:.0f} s (stall limit {args.stall_timeout:g} s)"
-    return f"exceeded the {args.timeout:g} s time limit"
-
-
 def _watch(
     proc: subprocess.Popen[bytes],
     tee: _Tee,
@@ -256,7 +238,8 @@ def _watch(
         views = hangwatch.read_views(os.path.join(job_dir, collectives.FOLDER), alive)
         found = watch.observe(time.monotonic(), views, beat or None, tee.last_output)
         if time.monotonic() - start > args.timeout or quiet > args.stall_timeout or found is not None:
-            detail = _hang_detail(found, quiet, args)
+            said = f"no output and no heartbeat for {quiet:.0f} s" if quiet > args.stall_timeout else ""
+            detail = hangwatch.hang_detail(found, said, args.stall_timeout, args.timeout)
             stacks = dump_stacks(job_dir)
             spied, unseen = unhooked_stacks(proc.pid, set(_pids(job_dir)), path)
             stacks.update(spied)

@@ -65,7 +65,6 @@ LOSS_PATTERNS: dict[str, str] = {
     rf".*?\bloss\s*[:=]?\s*(?P<loss>{_NUM})\b",
 }
 ILLEGAL_WORK_FAILURE = r"Error message: .*IllegalWork"
-ILLEGAL_WORK_LINE = r"IllegalWork"
 # DeepSpeed: "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to
 # 32768" (fused/stage 1-3) and "Grad overflow on iteration N" + "Reducing dynamic loss scale from
 # X to Y" (unfused); Megatron: "| loss scale: 4096.0 |" and "number of skipped iterations:   1".
@@ -134,7 +133,6 @@ class Parsed:
     loss_steps: list[int | None] = field(default_factory=list)
     loss_pattern: str | None = None  # name of the pattern that decided, or "custom"
     illegal_work_messages: int = 0
-    illegal_work_lines: int = 0
     skipped_steps: int = 0
     loss_scale: list[float | None] = field(default_factory=list)
     overflow_patterns: list[str] = field(default_factory=list)
@@ -250,7 +248,7 @@ def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
     lines = [_PREFIX.sub("", line, count=1) for line in log_text.splitlines()]
     out = Parsed()
     out.losses, out.loss_steps, out.loss_pattern = _losses(lines, loss_regex)
-    failure, marker = re.compile(ILLEGAL_WORK_FAILURE), re.compile(ILLEGAL_WORK_LINE)
+    failure = re.compile(ILLEGAL_WORK_FAILURE)
     in_traceback = False
     for line in lines:
         ends = in_traceback and _exception_line(line) is not None
@@ -259,8 +257,6 @@ def parse(log_text: str, loss_regex: str | None = None) -> Parsed:
             continue  # the exception's own text is evidence of a crash, not a message
         if failure.search(line):
             out.illegal_work_messages += 1
-        if marker.search(line):
-            out.illegal_work_lines += 1
     _overflows(lines, out)
     out.exception = _exception(lines)
     m = next((m for m in map(_MISSING.search, lines) if m), None)

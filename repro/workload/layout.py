@@ -33,6 +33,9 @@ from repro.workload.record import SCENARIOS
 
 # Ranks each scenario needs on GPUs to exercise what it is named after (see the module doc).
 MIN_GPU_RANKS = {"zero3": 1, "mics": 2, "mics-hier": 2, "mics-replica": 4}
+# On CPU (processes, not GPUs) a MiCS scenario only needs a group to gather over: mics-replica's
+# two replica groups may hold one rank each.
+MIN_CPU_RANKS = {**MIN_GPU_RANKS, "mics-replica": 2}
 
 
 class LayoutError(ValueError):
@@ -121,27 +124,17 @@ def check_world_size(requested: int | None, gpus: int) -> str | None:
 
 def cpu_layout(scenario: str, world: int) -> Layout:
     """CPU: the layout this lab has always used (docs/how-it-works.md); WORLD_SIZE chooses `world`."""
-    if world < 2 and scenario in MIN_GPU_RANKS and scenario != "zero3":  # one rank: nothing to gather
-        return Layout(scenario, world, None, scenario == "mics-hier", 1, needs=2)
-    if scenario == "zero3":
-        return Layout(scenario, world, None, False, world)
-    if scenario == "mics":
-        return Layout(scenario, world, world, False, world)
-    if scenario == "mics-hier":
-        return Layout(scenario, world, world, True, max(world // 2, 1))
-    if scenario == "mics-replica":
-        return Layout(scenario, world, world // 2, False, world)
-    raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+    return gpu_layout(scenario, world, 1, MIN_CPU_RANKS)
 
 
-def gpu_layout(scenario: str, per_node: int, nodes: int) -> Layout:
+def gpu_layout(scenario: str, per_node: int, nodes: int, minimum: dict[str, int] = MIN_GPU_RANKS) -> Layout:
     """GPUs: `per_node` ranks (already even, or 1) on each of `nodes` real nodes."""
     world = per_node * nodes
-    if scenario not in MIN_GPU_RANKS:
+    if scenario not in minimum:
         raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
-    if world < MIN_GPU_RANKS[scenario]:
+    if world < minimum[scenario]:
         return Layout(
-            scenario, world, None, scenario == "mics-hier", per_node, nodes, needs=MIN_GPU_RANKS[scenario]
+            scenario, world, None, scenario == "mics-hier", per_node, nodes, needs=minimum[scenario]
         )
     if scenario == "zero3":
         return Layout(scenario, world, None, False, per_node, nodes)

@@ -37,7 +37,7 @@ def _read(path: str) -> bytes | None:
         return None
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """/proc/PID/stat after the command name: [state, ppid, pgrp, ...]."""
     data = _read(f"/proc/{pid}/stat")
     if data is None:
@@ -46,7 +46,7 @@ def _stat_fields(pid: int) -> list[str] | None:
     return [f.decode() for f in fields] if len(fields) > 2 else None
 
 
-def _pids() -> list[int]:
+def all_pids() -> list[int]:
     try:
         return [int(e) for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
@@ -54,7 +54,7 @@ def _pids() -> list[int]:
 
 
 def _running(pid: int) -> bool:
-    fields = _stat_fields(pid)
+    fields = stat_fields(pid)
     return fields is not None and fields[0] != "Z"
 
 
@@ -62,7 +62,7 @@ def marked(token: str) -> list[int]:
     """Running processes whose environment holds this run's token (this process excluded)."""
     needle = f"{RUN_TOKEN_VAR}={token}".encode()
     found = []
-    for pid in _pids():
+    for pid in all_pids():
         if pid == os.getpid():
             continue
         environ = _read(f"/proc/{pid}/environ")
@@ -74,8 +74,8 @@ def marked(token: str) -> list[int]:
 def descendants(root: int) -> list[int]:
     """Running processes below `root` in the process tree."""
     children: dict[int, list[int]] = {}
-    for pid in _pids():
-        fields = _stat_fields(pid)
+    for pid in all_pids():
+        fields = stat_fields(pid)
         if fields is not None and fields[0] != "Z" and fields[1].isdigit():
             children.setdefault(int(fields[1]), []).append(pid)
     found, todo = [], list(children.get(root, []))
@@ -106,7 +106,7 @@ def _reap_children(exclude: Iterable[int]) -> None:
 
 def _zombie_children() -> list[int]:
     me = str(os.getpid())
-    return [p for p in _pids() if (f := _stat_fields(p)) is not None and f[0] == "Z" and f[1] == me]
+    return [p for p in all_pids() if (f := stat_fields(p)) is not None and f[0] == "Z" and f[1] == me]
 
 
 def describe(pid: int) -> str:

@@ -19,8 +19,10 @@ import time
 from collections.abc import Sequence
 from typing import IO, TYPE_CHECKING, Callable
 
+from repro.workload.prefork_server import RunRequest, TaskRequest
+
 if TYPE_CHECKING:
-    from repro.workload.prefork_server import Reply, RunRequest, TaskRequest
+    from repro.workload.prefork_server import Reply
 
 SERVER_MODULE = "repro.workload.prefork_server"
 READY_TIMEOUT_S = 300.0  # importing torch and DeepSpeed on a loaded 2-core host: seconds; a cold disk: more
@@ -120,7 +122,7 @@ class PreforkServer:
     def start(self, argv: list[str], env: dict[str, str], world_size: int, log: str) -> ForkedRun:
         """A run: `world_size` ranks of the trainer with `argv`, logging to `log`."""
         return self._request(
-            lambda run: {"run": run, "argv": argv, "env": env, "world_size": world_size, "log": log}
+            lambda run: RunRequest(run=run, argv=argv, env=env, world_size=world_size, log=log)
         )
 
     def start_task(
@@ -128,14 +130,7 @@ class PreforkServer:
     ) -> ForkedRun:
         """One process running `module:function` (`argv` None: called without arguments)."""
         return self._request(
-            lambda run: {
-                "run": run,
-                "task": entry,
-                "argv": argv,
-                "env": env,
-                "stdout": stdout,
-                "stderr": stderr,
-            }
+            lambda run: TaskRequest(run=run, task=entry, argv=argv, env=env, stdout=stdout, stderr=stderr)
         )
 
     def _request(self, build: Callable[[str], RunRequest | TaskRequest]) -> ForkedRun:

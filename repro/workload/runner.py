@@ -30,6 +30,7 @@ from repro.workload import collectives, hangwatch, stackfiles
 from repro.workload import record as rec
 from repro.workload.defaults import RANK_STOP_GRACE_S, STACK_WAIT_S
 from repro.workload.device import RanOn, hide_gpus_env
+from repro.workload.leftovers import stat_fields
 from repro.workload.parentwatch import group_alive, signal_each
 from repro.workload.prefork import PreforkServer, PreforkUnavailable
 
@@ -174,11 +175,8 @@ def alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    fields = stat_fields(pid)
+    return fields is None or fields[0] != "Z"
 
 
 def _dump_stacks(run_dir: str) -> dict[str, str]:
@@ -341,7 +339,8 @@ def _watch(
         views = hangwatch.read_views(os.path.join(spec.run_dir, collectives.FOLDER), alive)
         found = watch.observe(now, views, beat if beat > wall_start else None)
         if now - start > spec.timeout_s or stalled or found is not None:
-            detail = _hang_detail(spec, found, stalled, beat)
+            quiet = f"no progress for {time.time() - beat:.0f} s" if stalled else ""
+            detail = hangwatch.hang_detail(found, quiet, spec.stall_s, spec.timeout_s)
             stacks = _dump_stacks(spec.run_dir)
             stop_group(proc, lambda: _rank_pids(spec.run_dir))
             return stacks, detail
@@ -351,15 +350,6 @@ def _watch(
             progress(now - start)
         wait_exit(proc, POLL_S)
     return None
-
-
-def _hang_detail(spec: RunSpec, found: hangwatch.Hang | None, stalled: bool, beat: float) -> str:
-    """Why the run counts as hung: a proven deadlock, no progress, or the time limit."""
-    if found is not None:
-        return found.reason
-    if stalled:
-        return f"no progress for {time.time() - beat:.0f} s (stall limit {spec.stall_s:g} s)"
-    return f"exceeded the {spec.timeout_s:g} s time limit"
 
 
 # A launcher killed by one of these (returncode -N), or exiting 128+N because its rank was (the
@@ -479,4 +469,4 @@ def _ran_on(planned: RanOn | None, reported: RanOn | None) -> RanOn | None:
 
 
 # Exceptions that mean "this environment cannot run the workload", not "the run failed".
-ENV_ERROR_TYPES = ("ImportError", "ModuleNotFoundError", "EnvironmentProblem")
+ENV_ERROR_TYPES = ("ImportError", "ModuleNotFoundError")

@@ -86,7 +86,6 @@ def plan(
     dtype: str,
     transports: list[str],
     world_size: int,
-    devices_per_node: int,
     sync_proof: bool,
     layouts: lay.LayoutPlan | None = None,
     error: str | None = None,
@@ -226,14 +225,9 @@ def planned_keys(argv: list[str]) -> list[tuple[str, str, str, str]]:
         raise ValueError("--device auto: the runs depend on the host's GPUs")
     device = "cpu" if args.device == "cpu" else "gpu"
     dtype = args.dtype or default_dtype(device, _user_config(args))
+    transports = run_transports(device, args.transports)
     planned = plan(
-        args.scenarios,
-        args.patches,
-        dtype,
-        run_transports(device, args.transports),
-        DEFAULT_WORLD_SIZE,
-        DEFAULT_WORLD_SIZE,
-        sync_proof=not args.no_sync_proof,
+        args.scenarios, args.patches, dtype, transports, DEFAULT_WORLD_SIZE, not args.no_sync_proof
     )
     return [(run.scenario, run.patch, run.transport, run.dtype) for run in planned]
 
@@ -276,17 +270,8 @@ def run_suite(args: argparse.Namespace) -> int:
     user_config = _user_config(args)
     dtype = args.dtype or default_dtype(device, user_config)
     build = functools.partial(ds_config.build_config, dtype=dtype, user_config=user_config)
-    planned = plan(
-        args.scenarios,
-        args.patches,
-        dtype,
-        transports,
-        layouts.used,
-        layouts.used,
-        sync_proof=not args.no_sync_proof,
-        layouts=layouts,
-        error=error,
-    )
+    sync_proof = not args.no_sync_proof
+    planned = plan(args.scenarios, args.patches, dtype, transports, layouts.used, sync_proof, layouts, error)
     meta: SuiteMeta = {
         "env": args.env,
         "device": device,

@@ -26,7 +26,7 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypedDict
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, cast
 
 from repro.workload.defaults import DEFAULT_SEED, DEFAULT_STEPS
 from repro.workload.ds_config import config_dtype
@@ -396,26 +396,19 @@ def weights_checksum(module: Any) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
-    out = RankRecord(
-        rank=rank,
-        world_size=int(os.environ.get("WORLD_SIZE", "1")),
-        pid=os.getpid(),
-        losses=[],
-        loss_scale=None,
-        skipped_steps=0,
-        illegal_work_messages=0,
-        exception=None,
-        weights_checksum=None,
-        train_s=None,
-        backend=None,
-        transport=None,
-        versions={"python": platform.python_version()},
-        fix=None,
-        devices_per_node=None,
-        steps_completed=0,
-        transport_info=None,
-        model=None,
-        ran_on=None,
+    # Every key from the start (null until the rank gets that far), as the runner reads them.
+    out = cast(RankRecord, dict.fromkeys(RANK_KEYS))
+    out.update(
+        RankRecord(
+            rank=rank,
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            pid=os.getpid(),
+            losses=[],
+            skipped_steps=0,
+            illegal_work_messages=0,
+            versions={"python": platform.python_version()},
+            steps_completed=0,
+        )
     )
     setup_rank_files(args.run_dir, rank)
     record_path = os.path.join(args.run_dir, f"rank{rank}.json")

@@ -123,9 +123,7 @@ def test_engine_time_guard_counts_the_runs_the_suite_plans(sync_proof: bool) -> 
         request = Request(
             env_ids=("cpu",), scenarios=chosen, patches=patches, transports=transports, sync_proof=sync_proof
         )
-        planned = suite.plan(
-            list(chosen), list(patches), "fp32", list(transports), 4, 4, sync_proof=sync_proof
-        )
+        planned = suite.plan(list(chosen), list(patches), "fp32", list(transports), 4, sync_proof=sync_proof)
         assert planned_runs(request) == len(planned), (chosen, patches, transports)
 
 
@@ -133,10 +131,10 @@ def test_plain_gloo_alone_gets_no_sync_proof() -> None:
     # the sync proof is an adapter run: beside plain gloo only it would prove nothing about plain
     plain = [
         (r.scenario, r.patch, r.transport)
-        for r in suite.plan(["mics"], ["stock", "fixed"], "fp32", ["plain"], 4, 4, True)
+        for r in suite.plan(["mics"], ["stock", "fixed"], "fp32", ["plain"], 4, True)
     ]
     assert plain == [("zero3", "stock", "plain"), ("mics", "stock", "plain"), ("mics", "fixed", "plain")]
-    both = suite.plan(["mics"], ["stock"], "fp32", ["plain", "async"], 4, 4, True)
+    both = suite.plan(["mics"], ["stock"], "fp32", ["plain", "async"], 4, True)
     assert [(r.scenario, r.transport) for r in both][-1] == ("mics", "sync")
     assert Request(env_ids=("cpu",), transports=("plain",)).transports == ("plain",)
 

@@ -94,7 +94,7 @@ def test_two_jobs_overlap_and_records_keep_plan_order(
     names = [r["run_name"] for r in data["runs"]]
     planned = [
         f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w2"
-        for p in suite.plan(list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, 2, True)
+        for p in suite.plan(list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, True)
     ]
     assert names == planned
     by_name = {r["run_name"]: r for r in data["runs"]}
@@ -132,7 +132,7 @@ def test_interruption_records_started_runs_and_launches_nothing_more(
         for r in [
             f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w2"
             for p in suite.plan(
-                list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, 2, True
+                list(suite.rec.SCENARIOS), list(suite.rec.PATCHES), "fp32", ["async"], 2, True
             )
         ]
     ]

@@ -246,7 +246,6 @@ def test_suite_args_plan_exactly_the_recorded_runs(tmp_path: Path) -> None:
         ns.dtype,
         ns.transports,
         ns.world_size,
-        ns.world_size,
         sync_proof=not ns.no_sync_proof,
     )
     names = {f"{p.scenario}-{p.patch}-{p.dtype}-{p.transport}-w{p.shape.world_size}" for p in planned}

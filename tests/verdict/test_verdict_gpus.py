@@ -22,7 +22,7 @@ def _records(env: str, device: str, count: int, *, no_mics: bool = False) -> lis
     the control ran clean; with `no_mics` the MiCS runs had their layout but no MiCS to run."""
     layouts = lay.plan_layouts(device, count if device == "cpu" else None, count)
     transport = "native" if device == "gpu" else "async"
-    planned = suite.plan(SCENARIOS, ["stock", "fixed"], "fp32", [transport], count, count, False, layouts)
+    planned = suite.plan(SCENARIOS, ["stock", "fixed"], "fp32", [transport], count, False, layouts)
     out = []
     for item in planned:
         record = rec.empty_record(

@@ -59,10 +59,6 @@ _SKIPPED_OP_BUILDERS = ("ShareMemCommBuilder",)
 _FIRST_DS_WITHOUT_PLACEHOLDERS = (0, 14, 1)
 
 
-class EnvironmentProblem(RuntimeError):
-    """This torch/DeepSpeed install cannot run the requested configuration on CPU."""
-
-
 class _PlaceholderFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Finds empty placeholder modules for names no real finder resolved."""
 
