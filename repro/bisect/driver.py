@@ -37,7 +37,7 @@ from repro.bisect.source_overlay import SourceOverlay
 from repro.bisect.worktree_layer import WorktreeLayer
 from repro.core import console, safe_write
 from repro.core.errors import Interrupted, UsageError
-from repro.core.jobname import job_identity, walk_subject
+from repro.core.jobname import walk_subject
 from repro.core.make_options import checked_pairs
 from repro.core.makeline import make_line
 from repro.core.results import (
@@ -53,7 +53,7 @@ from repro.core.walk_files import Change, WalkData
 from repro.matrix.versions import VersionIndex, VersionQuery, order_versions, select_range
 from repro.run import usecase
 from repro.run.job import inherited_environment
-from repro.workload.record import CUSTOM_SCENARIO, write_json_atomic
+from repro.workload.record import write_json_atomic
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
@@ -334,23 +334,11 @@ class _Mode:
         return self.state.next_round(k)
 
     def header(self) -> WalkData:
-        # The user's command is scenario `custom` everywhere (as in its records), never the suite's
-        # default scenario that the probe's spec still carries.
-        probe = self.req.probe
-        return {
-            "axis": self.walk.axis,
-            "env": self.walk.env_id,
-            "fixed": self.walk.fixed,
-            "scenario": CUSTOM_SCENARIO if probe.command else probe.scenario,
-            "patch": probe.patch,
-            "job": job_identity(probe.command, probe.workdir) if probe.command else None,
-        }
+        walk = self.walk
+        return {"axis": walk.axis, "env": walk.env_id, "fixed": walk.fixed, **self.req.probe.subject()}
 
     def subject(self) -> str:
-        probe = self.req.probe
-        if probe.command:
-            return walk_subject({"job": job_identity(probe.command, probe.workdir), "patch": probe.patch})
-        return f"{probe.scenario}/{probe.patch}"
+        return walk_subject(self.req.probe.subject())
 
 
 class BisectMode(_Mode):

@@ -35,11 +35,12 @@ from repro.bisect.search import ProbeVerdict
 from repro.core import console
 from repro.core.errors import BuildError, MatrixError, PythonVersionError, RunError, UsageError
 from repro.core.evidence import as_evidence
+from repro.core.jobname import job_identity
 from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
 from repro.core.results import InvocationDir
 from repro.core.runs import RunFinding, run_finding
-from repro.core.walk_files import ProbeRow
+from repro.core.walk_files import ProbeRow, WalkData
 from repro.engines.base import Delegating
 from repro.run.orchestrate import Request, execute, plan
 from repro.workload.closed import assert_never
@@ -216,6 +217,15 @@ class ProbeSpec:
             "LOSS_REGEX": self.loss_regex,
             "REQUIREMENTS": self.requirements,
             "PACKAGES": self.packages,
+        }
+
+    def subject(self) -> WalkData:
+        """What is probed, as bisect.json, survey.json and probe.json say it: the user's command is
+        scenario `custom` (as in its records), never the suite's default this spec still carries."""
+        return {
+            "scenario": CUSTOM_SCENARIO if self.command else self.scenario,
+            "patch": self.patch,
+            "job": job_identity(self.command, self.workdir) if self.command else None,
         }
 
     def make_pairs(self, env_id: str) -> list[tuple[str, object]]:

@@ -38,10 +38,10 @@ from repro.bisect.worktree_layer import ImportChecked, WorktreeLayer
 from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option
 from repro.cli.registry import command
 from repro.core.errors import UsageError
-from repro.core.jobname import job_identity, walk_subject
+from repro.core.jobname import walk_subject
 from repro.core.results import point_latest
 from repro.engines import jobdeps
-from repro.workload.record import CPU_TRANSPORTS, CUSTOM_SCENARIO, PATCHES, SCENARIOS, write_json_atomic
+from repro.workload.record import CPU_TRANSPORTS, PATCHES, SCENARIOS, write_json_atomic
 
 __all__ = ["EXIT_ABORT", "Services", "probe_main", "run_bisect", "run_survey", "walk_request"]
 
@@ -293,12 +293,7 @@ def run_probe(args: argparse.Namespace, services: Services, evaluate: Evaluate |
         folder, _ = _folder(args).open(f"probe-{spec.env_id}", "probe.json")
     obs = evaluate(spec)
     verdict = judge(obs)
-    # The user's command is scenario `custom` (its records say so), not the suite's default.
-    what = {
-        "scenario": CUSTOM_SCENARIO if options.command else options.scenario,
-        "patch": options.patch,
-        "job": job_identity(options.command, options.workdir) if options.command else None,
-    }
+    what = options.subject()
     say(
         f"probe: {obs.label}{' ' + walk_subject(what) if options.command else ''} {obs.outcome} "
         f"({obs.signature}) -> {verdict.value} "
