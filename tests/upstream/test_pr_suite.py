@@ -245,6 +245,8 @@ def test_verification_runs_deepspeeds_own_tests_on_both_transports(
         ("plain", "ref"), ("plain", "branch"), ("async", "ref"), ("async", "branch"),
     ] * 2  # fmt: skip
     assert {c.packages for c in session.calls} == {pr_suite.pytest_packages(REQUIREMENTS)[0]}
+    # REF's requirements bring pytest-randomly: every session is shuffled by one seed, REF's sha
+    assert {c.argv[3] for c in session.calls} == {f"--randomly-seed={int(pr['ref_sha'][:8], 16)}"}
     newest = data["suite"][1]
     assert newest["torch"] == "2.13.0" and len(newest["sessions"]) == 4
     assert {t: r["ok"] for t, r in newest["regression"].items()} == {"plain": True, "async": True}
