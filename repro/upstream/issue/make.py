@@ -126,11 +126,6 @@ def _record_of(folder: Path, runs: Sequence[RunRecord], row: facts.Row | None, p
     return _record(folder, row.record)
 
 
-def _engine_of(results: ResultsData | None, env: str) -> str:
-    info = results["envs"].get(env) if results else None
-    return str((info or {}).get("engine") or "")
-
-
 def _run_rows(runs: Sequence[Mapping[str, Any]]) -> list[facts.Row]:
     """A run folder's table: one row per record, the bug's runs first (stock before fixed)."""
 
@@ -169,20 +164,6 @@ _Fix = TypedDict(
     "_Fix",
     {"patch_file": str, "deepspeed": str, "outcome": str, "signature": str, "reason": str, "try": str},
 )
-
-
-def _fix(version: str | None, twin: RunRecord | None, try_line: str) -> _Fix:
-    from repro.upstream import patchgen
-
-    shipped = patchgen.patch_file(version) if version else None
-    return {
-        "patch_file": f"patches/{shipped.name}" if shipped and shipped.is_file() else "",
-        "deepspeed": version or "",
-        "outcome": str(twin.get("outcome") or "") if twin else "",
-        "signature": str(twin.get("signature") or "") if twin else "",
-        "reason": " ".join(str((twin or {}).get("reason") or "").split())[:300],
-        "try": "" if twin else try_line,
-    }
 
 
 def _title(subject: str, axis: str, trans: facts.Transition, rows: Sequence[facts.Row], kind: str) -> str:
@@ -242,7 +223,8 @@ def context(folder: Path, clean: Callable[[Any], Any] = lambda data: data) -> di
     if kind != "run" and bad is not None and not data.get("repro_command") and not first_commit:
         line = facts.probe_line(line, axis, bad.version, scenario == CUSTOM_SCENARIO)
     line = facts.portable_line(line, workdir) if line else ""
-    container, steps = facts.bundle_steps(env, line, _engine_of(results, env) == "docker")
+    engine = (results["envs"].get(env) or {}).get("engine") if results else None
+    container, steps = facts.bundle_steps(env, line, engine == "docker")
     hung = bool(bad and bad.outcome == "hung")
     stacks = dict(record.get("stacks") or {})
     groups = stack_groups(stacks) if hung else []
@@ -363,9 +345,19 @@ def _fix_of(
     # The fix is for the IllegalWork bug only (the replica hang is another; docs/background.md §2).
     if not (bad and bad.is_bug):
         return None
+    from repro.upstream import patchgen
+
     twin = _fixed_twin(runs, record) if record else None
-    ds_version = versions.get("deepspeed") or (bad.version if axis == "deepspeed" else None)
-    return _fix(ds_version, twin, _try_fix(line))
+    version = versions.get("deepspeed") or (bad.version if axis == "deepspeed" else None)
+    shipped = patchgen.patch_file(version) if version else None
+    return {
+        "patch_file": f"patches/{shipped.name}" if shipped and shipped.is_file() else "",
+        "deepspeed": version or "",
+        "outcome": str(twin.get("outcome") or "") if twin else "",
+        "signature": str(twin.get("signature") or "") if twin else "",
+        "reason": " ".join(str((twin or {}).get("reason") or "").split())[:300],
+        "try": "" if twin else _try_fix(line),
+    }
 
 
 def _try_fix(line: str) -> str:
