@@ -147,12 +147,7 @@ def load_matrix(path: str | None, services: Services) -> Matrix:
 def engine_for(choice: str | None, services: Services, deepspeed_src: str | None = None) -> Engine:
     """The engine, with the checkout overlay when a DeepSpeed source is given (checked before any
     results folder is made, so a bad option leaves nothing behind)."""
-    if services.engine is not None:
-        engine = services.engine
-    else:
-        from repro.engines.select import choose_engine
-
-        engine = choose_engine(choice or os.environ.get("ENGINE") or None)
+    engine = services.engine if services.engine is not None else usecase.choose_engine(choice)
     if deepspeed_src:
         engine = SourceOverlay(engine, Path(deepspeed_src))
     services.say(f"engine: {engine.describe()}")

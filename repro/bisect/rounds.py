@@ -173,10 +173,8 @@ class Processes:
         self.count = 0
 
     def __call__(self, specs: Sequence[ProbeSpec]) -> list[Observation]:
-        folders = []
-        for spec in specs:
-            self.count += 1
-            folders.append(probe_folder(self.results, self.count, spec.label))
+        folders = [probe_folder(self.results, self.count + n, spec.label) for n, spec in enumerate(specs, 1)]
+        self.count += len(specs)
         codes: dict[int, int] = {}
 
         def one(slot: int) -> None:
@@ -298,10 +296,8 @@ class Slurm:
 
     def __call__(self, specs: Sequence[ProbeSpec]) -> list[Observation]:
         self.rounds += 1
-        folders = []
-        for spec in specs:
-            self.count += 1
-            folders.append(probe_folder(self.results, self.count, spec.label))
+        folders = [probe_folder(self.results, self.count + n, spec.label) for n, spec in enumerate(specs, 1)]
+        self.count += len(specs)
         (self.results / "slurm").mkdir(parents=True, exist_ok=True)
         (self.results / "probes").mkdir(parents=True, exist_ok=True)
         path = self.results / "slurm" / f"round-{self.rounds:02d}.sbatch"
