@@ -61,9 +61,7 @@ class Requested:
             }
         try:
             return Marker(self.marker).evaluate(where)
-        except (
-            UndefinedEnvironmentName
-        ):  # a marker on a name pip sets itself (`extra`): checked as if it held
+        except UndefinedEnvironmentName:  # a name pip sets itself (`extra`): checked as if it held
             return True
 
     def pip_line(self, path: str | None = None) -> str:

@@ -129,7 +129,7 @@ def make_context(env: Env, repo_root: Path, ca: Path | None, args: Mapping[str, 
     digest.update(json.dumps(dict(sorted(args.items()))).encode())
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _add_bytes(tar, dockerfile, text.encode())
+        add_bytes(tar, dockerfile, text.encode())
         for name in empty:
             info = tarfile.TarInfo(name)
             info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, _FIXED_MTIME
@@ -137,14 +137,14 @@ def make_context(env: Env, repo_root: Path, ca: Path | None, args: Mapping[str, 
         for name, path in files:
             data = path.read_bytes()
             digest.update(name.encode() + b"\0" + hashlib.sha256(data).digest())
-            _add_bytes(tar, name, data)
+            add_bytes(tar, name, data)
         if ca is not None:
             # Not part of the digest: a host CA change alters no package in the image.
-            _add_bytes(tar, f"{CA_CONTEXT_DIR}/{CA_CONTEXT_NAME}", ca.read_bytes())
+            add_bytes(tar, f"{CA_CONTEXT_DIR}/{CA_CONTEXT_NAME}", ca.read_bytes())
     return BuildContext(dockerfile, buf.getvalue(), digest.hexdigest())
 
 
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = len(data), _FIXED_MTIME, 0o644
     tar.addfile(info, io.BytesIO(data))

@@ -19,7 +19,7 @@ import tarfile
 from pathlib import Path
 
 from repro.engines import jobdeps
-from repro.engines.docker.build_context import BuildContext
+from repro.engines.docker.build_context import BuildContext, add_bytes
 from repro.workload.device import HIDE_GPUS
 
 JOB_DIR = "/opt/mics-repro-job"
@@ -80,10 +80,7 @@ def make_context(base: str, base_id: str, deps: jobdeps.JobDeps) -> BuildContext
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, data in sorted(files.items()):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mode = 0o644
-            tar.addfile(info, io.BytesIO(data))
+            add_bytes(tar, name, data)
     h = hashlib.sha256(f"{base_id}\0{deps.digest()}\0".encode())
     for name, data in sorted(files.items()):
         h.update(name.encode() + b"\0" + hashlib.sha256(data).digest())

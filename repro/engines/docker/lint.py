@@ -242,8 +242,7 @@ class _Lint:
             if found is None:
                 return
             lines[package] = found[0].line
-        copies = [ins.line for ins in self.ins if ins.keyword == "COPY" and "repro/workload" in ins.value]
-        copy = copies[0] if copies else None
+        copy = next((i.line for i in self.ins if i.keyword == "COPY" and "repro/workload" in i.value), None)
         if copy is None:
             self.add(1, Rule.ORDER, "the workload (repro/workload/) is never copied in")
             return

@@ -47,7 +47,6 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 @dataclass(frozen=True)
 class HostSites:
-    python: str  # the host interpreter
     sites: tuple[str, ...]  # what the venv's .pth adds, in order
     torch_dir: str
 
@@ -68,7 +67,7 @@ def host_sites(python: str) -> HostSites:
             "Python that has it",
         )
     sites = [str(s) for s in found.get("sites") or []]
-    return HostSites(python, tuple(dict.fromkeys([*sites, str(torch_dir)])), str(torch_dir))
+    return HostSites(tuple(dict.fromkeys([*sites, str(torch_dir)])), str(torch_dir))
 
 
 def link_host(venv_purelib: Path, sites: Iterable[str]) -> Path:

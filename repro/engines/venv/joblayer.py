@@ -228,19 +228,8 @@ def _python_version(python: str, env_id: str) -> str:
 
 
 def _to_wheelhouse(py: str, added: Mapping[str, str], wheelhouse: Path, env: Mapping[str, str]) -> None:
-    specs = [f"{name}=={version}" for name, version in added.items()]
-    argv = [
-        py,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "-d",
-        str(wheelhouse),
-        "--find-links",
-        str(wheelhouse),
-        *specs,
-    ]
+    argv = [py, "-m", "pip", "download", "--no-deps", "-d", str(wheelhouse), "--find-links", str(wheelhouse)]
+    argv += [f"{name}=={version}" for name, version in added.items()]
     if not cmd.run(argv, env=env, capture=True).ok:  # the layer works anyway; only offline reuse is lost
         console.warn(f"warning: could not copy the job's packages into the wheelhouse {wheelhouse}")
 
