@@ -65,22 +65,20 @@ class Saved:
     seconds: float
 
 
-def _dropped(name: str, drop: Sequence[str]) -> bool:
+def _dropped(name: str) -> bool:
     path = name[2:] if name.startswith("./") else name
     path = path.lstrip("/").rstrip("/")
-    return any(path == d or path.startswith(d + "/") for d in drop)
+    return any(path == d or path.startswith(d + "/") for d in BUILD_ONLY_PATHS)
 
 
-def filter_tar(
-    chunks: Iterable[bytes], out: BinaryIO | io.RawIOBase, drop: Sequence[str] = BUILD_ONLY_PATHS
-) -> list[str]:
-    """Copy a tar stream to `out` without the members under `drop`; returns what was dropped."""
+def filter_tar(chunks: Iterable[bytes], out: BinaryIO | io.RawIOBase) -> list[str]:
+    """Copy a tar stream to `out` without the members under BUILD_ONLY_PATHS; returns what was dropped."""
     removed: list[str] = []
     source = io.BufferedReader(ChunkStream(chunks), CHUNK)
     with tarfile.open(fileobj=source, mode="r|") as tar_in:
         with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar_out:
             for member in tar_in:
-                if _dropped(member.name, drop):
+                if _dropped(member.name):
                     removed.append(member.name.rstrip("/"))
                     continue
                 data = tar_in.extractfile(member) if member.isreg() else None
@@ -124,8 +122,8 @@ class _Counting(io.RawIOBase):
         return len(data)
 
 
-def _read_chunks(read_end: io.BufferedIOBase, chunk: int = CHUNK) -> Iterator[bytes]:
-    while data := read_end.read(chunk):
+def _read_chunks(read_end: io.BufferedIOBase) -> Iterator[bytes]:
+    while data := read_end.read(CHUNK):
         yield data
 
 
@@ -263,11 +261,11 @@ def save_gzip(client: Any, ref: str, path: Path, level: int = 1, workers: int | 
     return Saved(path, digest.hexdigest(), path.stat().st_size, raw, level, time.monotonic() - started)
 
 
-def gzip_chunks(path: Path, chunk: int = CHUNK) -> Iterator[bytes]:
+def gzip_chunks(path: Path) -> Iterator[bytes]:
     """The decompressed bytes of a .tar.gz; a truncated or corrupt file raises BundleError."""
     try:
         with gzip.open(path, "rb") as gz:
-            yield from _read_chunks(gz, chunk)
+            yield from _read_chunks(gz)
     except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
         raise BundleError(
             f"{path.name} is truncated or corrupt",

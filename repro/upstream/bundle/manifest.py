@@ -397,11 +397,9 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_hashes(
-    folder: Path, skip: Sequence[str] = (MANIFEST,), known: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def file_hashes(folder: Path, known: Mapping[str, str] | None = None) -> dict[str, str]:
     """sha256 of every regular file under `folder` by relative path; `known` avoids re-reading big ones."""
-    return {rel: (known or {}).get(rel) or sha256_file(folder / rel) for rel in _listed(folder, skip)}
+    return {rel: (known or {}).get(rel) or sha256_file(folder / rel) for rel in _listed(folder)}
 
 
 def refuse_links(folder: Path) -> None:
@@ -427,13 +425,10 @@ def refuse_links(folder: Path) -> None:
         )
 
 
-def _listed(folder: Path, skip: Sequence[str] = (MANIFEST,)) -> list[str]:
-    """The regular files under `folder`, by relative path, without reading them."""
-    return [
-        rel
-        for rel in (p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file())
-        if rel not in skip
-    ]
+def _listed(folder: Path) -> list[str]:
+    """The regular files under `folder` but the manifest, by relative path, without reading them."""
+    files = (p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*")) if p.is_file())
+    return [rel for rel in files if rel != MANIFEST]
 
 
 def check_files(folder: Path, manifest: Manifest, hashes: Mapping[str, str] | None = None) -> None:
