@@ -47,14 +47,6 @@ NETWORK_PREFIXES = (
 )
 
 
-def allowed(name: str) -> bool:
-    return name in PASSTHROUGH_NAMES or name.startswith(PASSTHROUGH_PREFIXES)
-
-
-def names_network(name: str) -> bool:
-    return name.startswith(NETWORK_PREFIXES)
-
-
 def split(
     environ: Mapping[str, str], platform: str, *, networkless: bool = False
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -62,8 +54,12 @@ def split(
     and those held back because they name the host's network while the run has none."""
     if platform == "cpu":
         return {}, {}
-    allowlisted = {name: environ[name] for name in sorted(environ) if allowed(name)}
-    dropped = {k: v for k, v in allowlisted.items() if networkless and names_network(k)}
+    allowlisted = {
+        name: environ[name]
+        for name in sorted(environ)
+        if name in PASSTHROUGH_NAMES or name.startswith(PASSTHROUGH_PREFIXES)
+    }
+    dropped = {k: v for k, v in allowlisted.items() if networkless and k.startswith(NETWORK_PREFIXES)}
     return {k: v for k, v in allowlisted.items() if k not in dropped}, dropped
 
 

@@ -559,17 +559,14 @@ class VenvEngine:
         return cmd.run(argv, env=env, timeout_s=timeout_s, tee=tee, cwd=cwd)
 
 
-def dry_run_text(env: Env, engine: VenvEngine | None = None) -> str:
+def dry_run_text(env: Env) -> str:
     """What ENGINE=venv would build for `env` on this host (DRY_RUN): which Python and why, and
     the pins that differ from the image's; or why no Python here can hold it, and what to do."""
     try:
-        built = (engine or VenvEngine(probe=_probe_known_first)).resolve_env(env)
+        built = VenvEngine(probe=_probe_known_first).resolve_env(env)
     except PythonVersionError as exc:
-        lines = [
-            f"venv (ENGINE=venv): {exc.what}",
-            *(f"  {k}: {v}" for k, v in (("why", exc.why), ("fix", exc.fix)) if v),
-        ]
-        return "\n".join(lines)
+        said = (f"  {k}: {v}" for k, v in (("why", exc.why), ("fix", exc.fix)) if v)
+        return "\n".join([f"venv (ENGINE=venv): {exc.what}", *said])
     assert built.python_choice is not None
     return f"venv (ENGINE=venv): {built.python_choice.describe()}"
 

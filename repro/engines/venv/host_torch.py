@@ -70,12 +70,10 @@ def host_sites(python: str) -> HostSites:
     return HostSites(tuple(dict.fromkeys([*sites, str(torch_dir)])), str(torch_dir))
 
 
-def link_host(venv_purelib: Path, sites: Iterable[str]) -> Path:
+def link_host(venv_purelib: Path, sites: Iterable[str]) -> None:
     """Make the host's site-packages visible from the venv, after its own."""
     venv_purelib.mkdir(parents=True, exist_ok=True)
-    pth = venv_purelib / HOST_PTH
-    pth.write_text("".join(base_pth_line(site) for site in sites))
-    return pth
+    (venv_purelib / HOST_PTH).write_text("".join(base_pth_line(site) for site in sites))
 
 
 def linked_sites(venv: Path) -> list[str]:

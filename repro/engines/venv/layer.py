@@ -91,12 +91,10 @@ def base_pth_line(base_purelib: str) -> str:
     return f"import site; site.addsitedir({base_purelib!r})\n"
 
 
-def link_base(layer_purelib: Path, base_purelib: str) -> Path:
+def link_base(layer_purelib: Path, base_purelib: str) -> None:
     """Make the base venv's site-packages visible from the layer (after the layer's own)."""
     layer_purelib.mkdir(parents=True, exist_ok=True)
-    pth = layer_purelib / BASE_PTH
-    pth.write_text(base_pth_line(base_purelib))
-    return pth
+    (layer_purelib / BASE_PTH).write_text(base_pth_line(base_purelib))
 
 
 @contextlib.contextmanager
