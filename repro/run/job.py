@@ -172,21 +172,12 @@ def build_records(
 ) -> list[RunRecord]:
     """Judge every patch's run against the other's and make the records (pure)."""
     parsed = {raw.patch: _parse(raw, loss_regex) for raw in raws}
-    fixed_raw = next((r for r in raws if r.patch == "fixed"), None)
-    fixed_clean = False
-    verdicts: dict[str, ladder.Judgement] = {}
-    if fixed_raw is not None:  # the fixed run first: it is the stock run's control
-        verdicts["fixed"] = _judge_one(fixed_raw, parsed["fixed"], None, False)
-        fixed_clean = verdicts["fixed"].outcome == "clean"
-    for raw in raws:
-        if raw.patch != "fixed":
-            verdicts[raw.patch] = _judge_one(raw, parsed[raw.patch], parsed.get("fixed"), fixed_clean)
     stock, fixed = parsed.get("stock"), parsed.get("fixed")
-    parting = (
-        judge.first_parting_step(stock.losses, fixed.losses)
-        if stock is not None and fixed is not None
-        else None
-    )
+    verdicts: dict[str, ladder.Judgement] = {}
+    for raw in sorted(raws, key=lambda r: r.patch != "fixed"):  # the fixed run first: the stock run's control
+        other = fixed if raw.patch != "fixed" else None
+        verdicts[raw.patch] = _judge_one(raw, parsed[raw.patch], other, verdicts.get("fixed"))
+    parting = judge.first_parting_step(stock.losses, fixed.losses) if stock and fixed else None
     engines = {raw.patch: _engine(raw) for raw in raws}
     records = [
         _record(
@@ -194,12 +185,12 @@ def build_records(
             raw,
             parsed[raw.patch],
             verdicts[raw.patch],
+            engines,
             loss_regex,
             digest,
             timeout_s,
             parting,
             platform,
-            _shape(raw, engines),
         )
         for raw in raws
     ]
@@ -317,8 +308,9 @@ def _say_where_evidence_came_from(record: RunRecord, parsed: judge.Parsed, zero_
 
 
 def _judge_one(
-    raw: RawRun, parsed: judge.Parsed, other: judge.Parsed | None, other_clean: bool
+    raw: RawRun, parsed: judge.Parsed, other: judge.Parsed | None, control: ladder.Judgement | None
 ) -> ladder.Judgement:
+    """The run's verdict; `other` and `control` are the fixed run's log and verdict (for the stock run)."""
     reports = raw.job.get("hook_reports") or []
     fix_error = next((r["fix_error"] for r in reports if r.get("fix_error")), None)
     return judge.judge(
@@ -329,7 +321,7 @@ def _judge_one(
         used_deepspeed=imported_deepspeed(reports),
         fix_error=fix_error,
         other=other,
-        other_clean=other_clean,
+        other_clean=control is not None and control.outcome == "clean",
         device=str(raw.job.get("device") or "gpu"),
         framework_dirs=framework_dirs(reports),
     )
@@ -391,22 +383,21 @@ def _record(
     raw: RawRun,
     parsed: judge.Parsed,
     verdict: ladder.Judgement,
+    engines: Mapping[str, EngineFacts],
     loss_regex: str | None,
     digest: str,
     timeout_s: float | None,
     parting: int | None,
     platform: str | None,
-    shape: tuple[str, int | None],
 ) -> RunRecord:
     job = raw.job
     reports = job.get("hook_reports") or []
     first = reports[0] if reports else {}
     reason = _reason(job, verdict.reason)
-    engine = _engine(raw)
     ran_on = job_ran_on(reports, platform)
-    notes = _notes(job, verdict, engine, ran_on)
-    dtype, world_size = shape
-    record = empty_record(
+    notes = _notes(job, verdict, engines[raw.patch], ran_on)
+    dtype, world_size = _shape(raw, engines)
+    return empty_record(
         env=env_id,
         scenario=CUSTOM_SCENARIO,
         dtype=dtype,
@@ -456,7 +447,6 @@ def _record(
             "job_wrote": [str(p) for p in job.get("job_wrote") or []],  # into OUT besides the lab's files
         },
     )
-    return record
 
 
 def job_ran_on(reports: Sequence[HookRecord], platform: str | None) -> RanOn:
