@@ -296,7 +296,6 @@ def verify(
     say: Callable[[str], None] = console.result,
     connect: Callable[[], Any] | None = None,
     allow_privileges: bool = False,
-    host: GpuHost | None = None,
     workdir: Path | None = None,
     reuse_image: bool = False,
 ) -> VerifyResult:
@@ -321,7 +320,7 @@ def verify(
                 docker.append(connect())
             return docker[0]
 
-        check_privileges(platform, allow_privileges, host or GpuHost(), lambda: docker_client().info())
+        check_privileges(platform, allow_privileges, GpuHost(), lambda: docker_client().info())
         for line in plan_lines(manifest, results_root):
             say(line)
         image_id = str(manifest.image["id"])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -189,23 +189,19 @@ def _inside(folder: Path, name: str) -> Path | None:
     return path
 
 
-def _same_folder(workdir: Path, recorded: Any, digest: Callable[[Path], str]) -> bool:
+def _same_folder(workdir: Path, recorded: Any) -> bool:
+    """Whether `workdir` is the folder the run used: its digest (repro.run.job) is the record's."""
+    from repro.run.job import workdir_digest
+
     if not isinstance(recorded, str) or not recorded or not workdir.is_dir():
         return False
     try:
-        return digest(workdir) == recorded
+        return workdir_digest(workdir) == recorded
     except OSError:
         return False
 
 
-def _workdir_digest(folder: Path) -> str:
-    from repro.run.job import workdir_digest
-
-    return workdir_digest(folder)
-
-
-def job_facts(record: RunRecord, digest: Callable[[Path], str] = _workdir_digest) -> JobFacts | None:
-    """`digest`: the records' workdir digest (repro.run.job), which says the folder is the run's."""
+def job_facts(record: RunRecord) -> JobFacts | None:
     job = record.get("job")
     if not isinstance(job, Mapping) or not job.get("command"):
         return None
@@ -215,7 +211,7 @@ def job_facts(record: RunRecord, digest: Callable[[Path], str] = _workdir_digest
     files_note = ""
     # Read only the folder the run used: a results folder from elsewhere (or edited) could name any
     # folder of this host, and its files would end up in a text meant for the public tracker.
-    same = _same_folder(workdir, job.get("workdir_digest"), digest)
+    same = _same_folder(workdir, job.get("workdir_digest"))
     try:
         names = sorted(e.name + ("/" if e.is_dir(follow_symlinks=False) else "") for e in os.scandir(workdir))
         files = tuple(names[:MAX_FILE_NAMES]) if same else ()

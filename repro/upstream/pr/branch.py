@@ -28,7 +28,7 @@ from repro.upstream.pr import blobs as pr_blobs
 from repro.upstream.pr import fix as pr_fix
 from repro.upstream.pr.blobs import Wanted
 from repro.upstream.pr.description import render
-from repro.upstream.pr.git import Checkout, Identity, Runner, check_identity
+from repro.upstream.pr.git import Checkout, Identity, check_identity
 from repro.upstream.pr.record import FileStat, PrRecord
 from repro.workload import fix
 
@@ -207,8 +207,8 @@ class Made:
     worktree: Path | None  # kept (KEEP=1), else None
 
 
-def make_pr(request: PrRequest, runner: Runner | None = None) -> PrRecord:
-    checkout = Checkout(request.ds_repo, runner)
+def make_pr(request: PrRequest) -> PrRecord:
+    checkout = Checkout(request.ds_repo)
     checkout.preflight()
     sha = checkout.resolve(request.ref)
     checkout.check_new_branch(request.branch)

@@ -12,7 +12,7 @@ created with `update-ref <ref> <sha> ""`, which git refuses if the ref exists.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,7 +20,6 @@ from repro.core import cmd
 from repro.core.errors import UsageError
 from repro.core.safe_git import SafeGit
 
-Runner = Callable[..., cmd.CmdResult]
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 _EMAIL = re.compile(r"^[^\s<>@]+@[^\s<>@]+$")
 
@@ -72,7 +71,7 @@ def _git_word(value: str, shown: str, what: str, fix: str) -> str:
 class Checkout:
     """A local DeepSpeed repository (work tree or bare) and the git calls `make pr` makes in it."""
 
-    def __init__(self, spec: str, runner: Runner | None = None) -> None:
+    def __init__(self, spec: str) -> None:
         # The CLI has already run DS_REPO through repro.bisect.commits.check_source (the one
         # checker); this use case takes only a folder on this machine, and says so.
         if spec.startswith("-") or "://" in spec or ":" in spec.split("/", 1)[0]:
@@ -88,8 +87,7 @@ class Checkout:
             )
         self.spec = spec
         self.path = Path(spec).expanduser().resolve()
-        self.runner = runner or cmd.run  # looked up now, so a test's stand-in for cmd.run is used
-        self.safe = SafeGit(self.runner)
+        self.safe = SafeGit()  # it looks cmd.run up now, so a test's stand-in for it is used
 
     def git(
         self,
