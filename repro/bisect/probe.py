@@ -62,22 +62,10 @@ class BadIf(enum.Enum):
     DIFFERS = "differs"
 
 
-def _by_rule(finding: RunFinding, bad_if: BadIf) -> ProbeVerdict:
-    """The table above, from the env verdict's reading of the run (repro.core.runs.run_finding)."""
-    if finding is RunFinding.BUG:
-        return ProbeVerdict.BAD
-    if finding is RunFinding.CLEAN:
-        return ProbeVerdict.GOOD
-    if finding is RunFinding.OTHER_FAILURE:
-        return ProbeVerdict.BAD if bad_if is BadIf.FAILED else ProbeVerdict.UNKNOWN
-    if finding is RunFinding.UNSUPPORTED or finding is RunFinding.NO_OUTCOME:
-        return ProbeVerdict.UNKNOWN
-    assert_never(finding)
-
-
 def verdict_for(
     outcome: str, signature: str, bad_if: BadIf, reference: tuple[str, str] | None = None
 ) -> ProbeVerdict:
+    """The table above, from the env verdict's reading of the run (repro.core.runs.run_finding)."""
     finding = run_finding(Outcome(outcome), Signature(signature))
     if finding is RunFinding.NO_OUTCOME:
         return ProbeVerdict.UNKNOWN
@@ -85,7 +73,15 @@ def verdict_for(
         if reference is None:
             raise ValueError("BAD_IF=differs needs the reference observation")
         return ProbeVerdict.GOOD if (outcome, signature) == tuple(reference) else ProbeVerdict.BAD
-    return _by_rule(finding, bad_if)
+    if finding is RunFinding.BUG:
+        return ProbeVerdict.BAD
+    if finding is RunFinding.CLEAN:
+        return ProbeVerdict.GOOD
+    if finding is RunFinding.OTHER_FAILURE:
+        return ProbeVerdict.BAD if bad_if is BadIf.FAILED else ProbeVerdict.UNKNOWN
+    if finding is RunFinding.UNSUPPORTED:
+        return ProbeVerdict.UNKNOWN
+    assert_never(finding)
 
 
 @dataclass(frozen=True)
