@@ -85,12 +85,9 @@ class EnvInfo:
     interrupted: bool = False
     venv: str | None = None
 
-    def pin(self, *names: str) -> str | None:
-        for name in names:
-            value = self.pins.get(name)
-            if value:
-                return str(value)
-        return None
+    def pin(self, name: str) -> str | None:
+        value = self.pins.get(name)
+        return str(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -119,10 +116,6 @@ class Run(RunView):
     @property
     def started_at(self) -> str:
         return str(self.record.get("started_at") or self.invocation.started_at or "")
-
-    def log_path(self, name: str) -> Path | None:
-        rel = (self.record.get("logs") or {}).get(name)
-        return None if rel is None else self.invocation.folder / str(rel)
 
 
 def check_closed_sets(record: Mapping[str, Any], where: str) -> None:
