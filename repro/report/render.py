@@ -22,7 +22,7 @@ from repro.report.model import EnvInfo, InvocationView, Run
 from repro.report.per_env import EnvAnswer
 from repro.report.plots import Plot, PlotData
 from repro.report.tables import COLUMNS, Row, RowData, row_values
-from repro.report.timeline import Timeline, TimelineData
+from repro.report.timeline import Timeline
 from repro.report.verdicts import Finding
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -135,7 +135,7 @@ class ReportData(AnswersData):
     results: list[str]
     table: list[RowData]
     notes: list[str]
-    timelines: list[TimelineData]
+    timelines: list[Timeline]
     plots: list[PlotData]
 
 
@@ -154,7 +154,7 @@ def report_data(
         **answers.to_dict(),
         "table": [r.to_dict() for r in rows],
         "notes": list(merged.notes),
-        "timelines": [t.to_dict() for t in timelines],
+        "timelines": list(timelines),
         "plots": [p.to_dict() for p in plots],
     }
 

@@ -8,9 +8,8 @@ Shape (written by the survey/bisect command):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, TypedDict
 
 from repro.core import records, shapes
 from repro.core.errors import UsageError
@@ -20,38 +19,24 @@ from repro.workload.record import Outcome, Signature
 TIMELINE_FILES = ("survey.json", "bisect.json")
 CHANGE_KEYS = ("before", "after", "outcome_before", "outcome_after", "signature_before", "signature_after")
 PROBE_KEYS = ("version", "outcome", "signature", "verdict")
+FIX = "re-run the survey/bisect step, or remove the file to build the report without it"
 
 
-@dataclass(frozen=True)
-class Timeline:
+# One walk file's change points and probes, as the report's table shows them (and report.json holds them).
+class Timeline(TypedDict):
     source: str  # file name
-    change_points: tuple[Mapping[str, str], ...]
-    probes: tuple[Mapping[str, str], ...]
-
-    def to_dict(self) -> TimelineData:
-        return cast(TimelineData, records.as_json(self))
-
-
-# A Timeline in report.json: the walk file's change points and probes, as the table shows them.
-class TimelineData(TypedDict):
-    source: str
     change_points: list[dict[str, str]]
     probes: list[dict[str, str]]
 
 
-def _rows(
-    data: Mapping[str, Any], name: str, keys: tuple[str, ...], path: Path
-) -> tuple[Mapping[str, str], ...]:
+def _rows(data: Mapping[str, Any], name: str, keys: tuple[str, ...], path: Path) -> list[dict[str, str]]:
     items = data.get(name, [])
     if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
-        raise UsageError(
-            f"{path}: {name!r} is not a list of objects",
-            fix="re-run the survey/bisect step, or remove the file to build the report without it",
-        )
-    return tuple({k: "" if i.get(k) is None else str(i.get(k)) for k in keys} for i in items)
+        raise UsageError(f"{path}: {name!r} is not a list of objects", fix=FIX)
+    return [{k: "" if i.get(k) is None else str(i.get(k)) for k in keys} for i in items]
 
 
-def _with_verdict(probe: Mapping[str, str]) -> Mapping[str, str]:
+def _with_verdict(probe: dict[str, str]) -> dict[str, str]:
     """A survey's probes have no good/bad verdict (no BAD_IF): the column gives what each run says
     about the bug instead, read from its outcome and signature as the env verdict reads them."""
     if probe["verdict"]:
@@ -64,18 +49,13 @@ def _with_verdict(probe: Mapping[str, str]) -> Mapping[str, str]:
 
 
 def load_timelines(out_dir: Path) -> list[Timeline]:
-    found = []
+    found: list[Timeline] = []
     for name in TIMELINE_FILES:
         path = out_dir / name
         if not path.is_file():
             continue
-        fix = "re-run the survey/bisect step, or remove the file to build the report without it"
-        data = records.load(path, shapes.WALK, f"{path.stem} file", fix=fix)
-        found.append(
-            Timeline(
-                name,
-                _rows(data, "change_points", CHANGE_KEYS, path),
-                tuple(_with_verdict(p) for p in _rows(data, "probes", PROBE_KEYS, path)),
-            )
-        )
+        data = records.load(path, shapes.WALK, f"{path.stem} file", fix=FIX)
+        changes = _rows(data, "change_points", CHANGE_KEYS, path)
+        probes = [_with_verdict(p) for p in _rows(data, "probes", PROBE_KEYS, path)]
+        found.append({"source": name, "change_points": changes, "probes": probes})
     return found
