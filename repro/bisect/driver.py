@@ -93,9 +93,13 @@ class Folder:
         note_written(self.results_root, folder)
         return folder, True
 
-    def invocation(self, folder: Path, make_command: str) -> InvocationDir:
+    def start(self, label: str, marker: str, make_command: str) -> InvocationDir:
+        """The folder opened, its results.json begun, and results/latest pointed at a fresh one."""
+        folder, fresh = self.open(label, marker)
         inv = InvocationDir(folder, invocation_meta(list(self.argv), make_command))
         inv.save()
+        if fresh:
+            point_latest(self.results_root, folder)
         return inv
 
 
@@ -664,18 +668,16 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
         say("candidates: " + ", ".join(walk.candidates))
         return 0
     engine = engine_for(req.probe.engine, services)
-    folder, fresh = req.folder.open(f"{mode.name}-{walk.axis}", mode.marker)
-    inv = req.folder.invocation(folder, mode.make_command(walk.candidates[0], walk.candidates[-1]))
-    if fresh:
-        point_latest(req.folder.results_root, folder)
+    command = mode.make_command(walk.candidates[0], walk.candidates[-1])
+    inv = req.folder.start(f"{mode.name}-{walk.axis}", mode.marker, command)
     walker = _Walker(services, matrix, engine, inv)
     stage = walker.stage(mode)
-    say(f"results: {folder}")
+    say(f"results: {inv.folder}")
     chained: WalkData = {}  # COMMITS=1: the commit stage(s)
 
     def save(done: bool, interrupted: bool = False) -> WalkData:
         data: WalkData = {**stage.data(done, interrupted), **chained}
-        write_json_atomic(str(folder / mode.marker), data)
+        write_json_atomic(str(inv.folder / mode.marker), data)
         return data
 
     try:
@@ -686,7 +688,7 @@ def run_walk(req: WalkRequest, services: Services, mode_of: Callable[[WalkReques
             walker.chain_all(replace(req, parallel=asked.parallel), data, chained, save)
     except (KeyboardInterrupt, Interrupted):
         save(done=False, interrupted=True)
-        raise mode.interrupted(folder, len(stage.log.rows)) from None
+        raise mode.interrupted(inv.folder, len(stage.log.rows)) from None
     data = save(done=True)
     for line in mode.summary(data):
         say(line)

@@ -39,7 +39,6 @@ from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option
 from repro.cli.registry import command
 from repro.core.errors import UsageError
 from repro.core.jobname import walk_subject
-from repro.core.results import point_latest
 from repro.engines import jobdeps
 from repro.workload.record import CPU_TRANSPORTS, PATCHES, SCENARIOS, write_json_atomic
 
@@ -349,17 +348,13 @@ def _orchestrated(
         engine = (services.overlay or WorktreeLayer)(engine_for(args.engine, services), Path(src or "."))
     else:
         engine = engine_for(args.engine, services, src)
-    where = _folder(args)
-    folder, fresh = where.open(f"probe-{spec.env_id}", "probe.json")
     # `make repro` cannot build a checkout: a source probe is reproduced by its own command.
     again = spec.repro_command() if not src or commit else shlex.join(["python", "-m", "repro", *args.argv])
-    inv = where.invocation(folder, again)
-    if fresh:
-        point_latest(Path(args.results_root), folder)
+    inv = _folder(args).start(f"probe-{spec.env_id}", "probe.json", again)
     evaluate: Evaluate = OrchestratedProbe(matrix, engine, inv, say=services.say)
     if isinstance(engine, WorktreeLayer):  # a crash of a commit that does not import: unknown
         evaluate = ImportChecked(evaluate, engine)
-    return spec, evaluate, folder
+    return spec, evaluate, inv.folder
 
 
 def _write_probe(
