@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
 
-import jinja2
 from markupsafe import Markup
 
 from repro import __version__
@@ -219,30 +218,6 @@ def _json_for_script(data: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _environment(target: templating.Target) -> jinja2.Environment:
-    # Every value is escaped for its target by the shared environment (repro.core.templating).
-    env = templating.environment(TEMPLATES, target=target)
-    env.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
-    env.globals.update(columns=COLUMNS, row_values=row_values)
-    return env
-
-
-# What report.html.j2 and REPORT.md.j2 read.
-class _Context(TypedDict, total=False):
-    answers: Answers
-    rows: Sequence[Row]
-    details: Sequence[EnvDetails]
-    timelines: Sequence[Timeline]
-    merged: MergedResults
-    generated_at: str
-    tool_version: str
-    csp: str
-    data_id: str
-    md_data_info: str
-    data_json: str  # HTML: report.json whole (Markup); Markdown: its summary
-    plot_dir: str  # Markdown only
-
-
 @dataclass(frozen=True)
 class Page:
     """What report.html and REPORT.md are both rendered from."""
@@ -256,29 +231,34 @@ class Page:
     generated_at: str
 
 
-def _context(page: Page) -> _Context:
-    return {
-        "answers": page.answers,
-        "rows": page.rows,
-        "details": page.details,
-        "timelines": page.timelines,
-        "merged": page.merged,
-        "generated_at": page.generated_at,
-        "tool_version": __version__,
-        "csp": CSP,
-        "data_id": DATA_ELEMENT_ID,
-        "md_data_info": MD_DATA_INFO,
-    }
+def _render(page: Page, target: templating.Target, template: str, **only: str) -> str:
+    """One of the two pages; `only`: the names only its template reads (data_json: report.json
+    whole for HTML, its summary for Markdown; plot_dir: Markdown's)."""
+    # Every value is escaped for its target by the shared environment (repro.core.templating).
+    env = templating.environment(TEMPLATES, target=target)
+    env.filters["b64"] = lambda data: base64.b64encode(data).decode("ascii")
+    env.globals.update(columns=COLUMNS, row_values=row_values)
+    return env.get_template(template).render(
+        answers=page.answers,
+        rows=page.rows,
+        details=page.details,
+        timelines=page.timelines,
+        merged=page.merged,
+        generated_at=page.generated_at,
+        tool_version=__version__,
+        csp=CSP,
+        data_id=DATA_ELEMENT_ID,
+        md_data_info=MD_DATA_INFO,
+        **only,
+    )
 
 
 def render_html(page: Page) -> str:
-    ctx = _context(page)
-    ctx["data_json"] = Markup(_json_for_script(page.data))
-    return _environment(templating.Target.HTML).get_template("report.html.j2").render(ctx)
+    return _render(
+        page, templating.Target.HTML, "report.html.j2", data_json=Markup(_json_for_script(page.data))
+    )
 
 
 def render_markdown(page: Page, plot_dir: str) -> str:
-    ctx = _context(page)
-    ctx["data_json"] = json.dumps(summary_data(page.data), indent=1, sort_keys=True, allow_nan=False)
-    ctx["plot_dir"] = plot_dir
-    return _environment(templating.Target.MARKDOWN).get_template("REPORT.md.j2").render(ctx)
+    summary = json.dumps(summary_data(page.data), indent=1, sort_keys=True, allow_nan=False)
+    return _render(page, templating.Target.MARKDOWN, "REPORT.md.j2", data_json=summary, plot_dir=plot_dir)
