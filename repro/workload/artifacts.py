@@ -9,6 +9,7 @@ or a launcher that could not start) they are fresh interpreters, as before.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -116,11 +117,7 @@ class ArtifactCapture:
 
 
 def _kill(handle: ForkedRun | subprocess.Popen[bytes]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(handle.pid, signal.SIGKILL)  # its own session: whatever it started goes too
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         handle.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        pass

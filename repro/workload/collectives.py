@@ -181,13 +181,10 @@ class Recorder:
         self.local.depth = max(0, getattr(self.local, "depth", 1) - 1)
         if token is None:
             return
-        try:
-            with self.lock:
-                self.inflight.pop(token, None)
-                self.done += 1
-                self._write()
-        except Exception:  # noqa: BLE001 - as in enter
-            pass
+        with contextlib.suppress(Exception), self.lock:  # as in enter: never break the program
+            self.inflight.pop(token, None)
+            self.done += 1
+            self._write()
 
     # -- the file ----------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:

@@ -14,6 +14,7 @@ env's venv, a REQUIREMENTS layer, or the image's Python) and prints the path.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import sysconfig
@@ -39,12 +40,9 @@ def install(folder: str | None = None) -> str | None:
     then the only one, and the judge says so if it was knocked out)."""
     folder = folder or site_packages()
     path = os.path.join(folder, PTH_NAME)
-    try:
-        with open(path) as fh:
-            if fh.read() == PTH_LINE:
-                return path
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open(path) as fh:
+        if fh.read() == PTH_LINE:
+            return path
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(folder, exist_ok=True)
@@ -52,10 +50,8 @@ def install(folder: str | None = None) -> str | None:
             fh.write(PTH_LINE)
         os.replace(tmp, path)  # atomic: two runs of one env may install it at the same time
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         return None
     return path
 

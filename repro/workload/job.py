@@ -107,14 +107,13 @@ def rendezvous(command: str, environ: dict[str, str]) -> tuple[dict[str, str], R
 
 
 def _pids(job_dir: str) -> dict[int, str]:
-    out = {}
-    for path in glob.glob(os.path.join(job_dir, "pids", "*")):
-        try:
-            with open(path) as fh:
-                out[int(os.path.basename(path))] = fh.read().strip()
-        except (OSError, ValueError):
-            continue
-    return out
+    """pid -> argv of every process the hook reached (its pid file)."""
+    paths = glob.glob(os.path.join(job_dir, "pids", "*"))
+    return {
+        int(os.path.basename(p)): stackfiles.read_text(p).strip()
+        for p in paths
+        if os.path.basename(p).isdigit()
+    }
 
 
 def dump_stacks(job_dir: str) -> dict[str, str]:

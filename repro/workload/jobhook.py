@@ -31,6 +31,7 @@ record of its collectives (calls pass through unchanged; a job without DeepSpeed
 from __future__ import annotations
 
 import atexit
+import contextlib
 import faulthandler
 import importlib.abc
 import importlib.machinery
@@ -308,11 +309,9 @@ def _write_at_worker_exit() -> None:
     written there too."""
     mp = sys.modules.get("multiprocessing")
     util = sys.modules.get("multiprocessing.util")
-    try:
+    with contextlib.suppress(Exception):  # a record's timing must never break the user's import
         if mp is not None and util is not None and mp.parent_process() is not None:
             util.Finalize(None, _write_report, exitpriority=0)
-    except Exception:  # noqa: BLE001 - a record's timing must never break the user's import
-        pass
 
 
 def _launcher_port() -> None:

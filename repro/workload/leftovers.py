@@ -14,6 +14,7 @@ standard library only: this runs inside the envs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -98,10 +99,8 @@ def _reap_children(exclude: Iterable[int]) -> None:
     in `exclude`: the runner's own Popen keeps its child's status)."""
     skip = set(exclude)
     for pid in [p for p in _zombie_children() if p not in skip]:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
 
 
 def _zombie_children() -> list[int]:
@@ -145,7 +144,5 @@ def stop(
 
 def _send(pids: Iterable[int], sig: int, kill: Callable[[int, int], None]) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass

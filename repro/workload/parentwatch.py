@@ -11,6 +11,7 @@ finished is recorded. This module runs inside the envs: the standard library onl
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import fcntl
@@ -53,10 +54,8 @@ def group_alive(pgid: int) -> bool:
 def signal_each(send: Callable[[int, int], None], targets: Iterable[int], sig: int) -> None:
     """`send(target, sig)` (os.kill, os.killpg) to each target; one that is gone already is skipped."""
     for target in targets:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             send(target, sig)
-        except ProcessLookupError:
-            pass
 
 
 def become_subreaper() -> bool:

@@ -10,6 +10,7 @@ saying why in the record. Standard library only: the suite imports no torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -167,11 +168,9 @@ class PreforkServer:
 
     def close(self) -> None:
         """Stop the server (its stdin closing is its signal to leave); runs are the caller's."""
-        try:
+        with contextlib.suppress(OSError):
             if self.proc.stdin is not None:
                 self.proc.stdin.close()
-        except OSError:
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

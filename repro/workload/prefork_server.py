@@ -36,6 +36,7 @@ The server exits when its stdin closes; runs still going are the suite's to stop
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import json
@@ -372,10 +373,8 @@ def _kill_and_reap(ranks: dict[int, int]) -> None:
     """The leader failed itself: its ranks must not outlive it."""
     signal_each(os.kill, ranks, signal.SIGKILL)
     for pid in list(ranks):
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
         ranks.pop(pid, None)
 
 
@@ -462,10 +461,8 @@ def _stop_leaders(leaders: dict[int, str], grace_s: float = PEER_STOP_GRACE_S) -
     _reap(leaders)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in list(leaders):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
         deadline = time.monotonic() + grace_s
         while leaders and time.monotonic() < deadline:
             _reap(leaders)

@@ -14,7 +14,9 @@ Nothing is left running, also on Ctrl-C, SIGTERM or SIGHUP (see `install_stop_ha
 
 from __future__ import annotations
 
+import contextlib
 import glob
+import io
 import os
 import signal
 import socket
@@ -33,6 +35,7 @@ from repro.workload.device import RanOn, hide_gpus_env
 from repro.workload.leftovers import stat_fields
 from repro.workload.parentwatch import group_alive, signal_each
 from repro.workload.prefork import PreforkServer, PreforkUnavailable
+from repro.workload.stackfiles import read_text
 
 if TYPE_CHECKING:
     from repro.workload.train import RankRecord
@@ -157,14 +160,8 @@ def train_args(spec: RunSpec) -> list[str]:
 
 
 def _rank_pids(run_dir: str) -> list[int]:
-    pids = []
-    for path in glob.glob(os.path.join(run_dir, "rank*.pid")):
-        try:
-            with open(path) as fh:
-                pids.append(int(fh.read().strip()))
-        except (OSError, ValueError):
-            continue
-    return pids
+    texts = [read_text(path).strip() for path in glob.glob(os.path.join(run_dir, "rank*.pid"))]
+    return [int(text) for text in texts if text.isdigit()]
 
 
 def alive(pid: int) -> bool:
@@ -212,10 +209,8 @@ def stop_group(proc: Process, pids: Callable[[], Iterable[int]], *, until_empty:
 def wait_exit(proc: Process, timeout_s: float) -> None:
     """Pause the watch loop for up to `timeout_s`, returning as soon as the run's launcher exits
     (a sleep would leave the next run waiting for the rest of the poll interval)."""
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        pass
 
 
 def install_stop_handlers() -> None:
@@ -373,14 +368,6 @@ def _read_ranks(run_dir: str) -> dict[int, RankRecord]:
     return ranks
 
 
-def _tail(path: str, lines: int = 40) -> str:
-    try:
-        with open(path, errors="replace") as fh:
-            return "".join(fh.readlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def _pick_exception(ranks: dict[int, RankRecord]) -> rec.RecordedException | None:
     """The exception to show: one raised from an IllegalWork object if any rank had it, else the
     lowest rank's own error, else the lowest rank's. A rank that was only `Terminated` (torchrun
@@ -446,7 +433,7 @@ def assemble(spec: RunSpec, result: LaunchResult, base: rec.RunRecord) -> tuple[
     elif status is None and not ranks:
         # torchrun or the interpreter failed before any rank could report: the environment.
         status = "env-error"
-        tail = _tail(os.path.join(spec.run_dir, "launcher.log"))
+        tail = "".join(io.StringIO(read_text(os.path.join(spec.run_dir, "launcher.log"))).readlines()[-40:])
         ended = f"{result.launcher} exited {result.launcher_code}"
         last = tail.strip().splitlines()[-1] if tail.strip() else ended
         record["exception"] = {"type": "LaunchFailure", "message": last, "rank": None, "traceback": tail}

@@ -13,6 +13,7 @@ Imports only the standard library at module level; torch and DeepSpeed load afte
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import faulthandler
 import importlib.metadata
@@ -221,10 +222,8 @@ def collect_versions() -> dict[str, str | None]:
     if "deepspeed" in sys.modules:
         found["deepspeed"] = sys.modules["deepspeed"].__version__
     else:  # failed before DeepSpeed was imported: the installed distribution still says which
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found["deepspeed"] = importlib.metadata.version("deepspeed")
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return found
 
 
@@ -454,10 +453,8 @@ def exit_now(code: int) -> NoReturn:
     proves nothing about the bug; every result this rank owes is already written atomically.
     """
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 
