@@ -525,6 +525,6 @@ def test_report_reads_the_timeline_files(tmp_path: Path) -> None:
     )
     (bisect_timeline,) = load_timelines(tmp_path / "out")
     (survey_timeline,) = load_timelines(tmp_path / "survey")
-    assert bisect_timeline.change_points[0]["after"] == data["first_bad"]
-    assert len(bisect_timeline.probes) == data["probe_count"]
-    assert [c["after"] for c in survey_timeline.change_points] == ["0.13.0", "0.13.2", "0.19.7"]
+    assert bisect_timeline["change_points"][0]["after"] == data["first_bad"]
+    assert len(bisect_timeline["probes"]) == data["probe_count"]
+    assert [c["after"] for c in survey_timeline["change_points"]] == ["0.13.0", "0.13.2", "0.19.7"]
