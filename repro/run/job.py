@@ -30,7 +30,7 @@ from repro.engines import jobdeps
 from repro.engines.base import Engine, Prepared, SuiteRun
 from repro.engines.passthrough import passthrough
 from repro.run import job_resume
-from repro.run.orchestrate import check_time_limits
+from repro.run.orchestrate import check_time_limits, env_info
 from repro.workload import judge, ladder
 from repro.workload.device import RanOn
 from repro.workload.diskfull import EXIT_DISK_FULL
@@ -542,20 +542,12 @@ def _prepare(
     if request.deps is not None:
         prepared, layer = engine.prepare_job(env, prepared, request.deps)
     say(f"== {env.id}: {'reused' if prepared.reused else 'ready'} {prepared.label}")
+    # `make bundle` packs the image a Docker run used (the venv engine has none).
+    image = prepared.handle if engine.kind.value == "docker" else None
     invocation.add_env(
         env.id,
         {
-            "platform": env.platform.value,
-            "engine": engine.kind.value,
-            "pins": env.pins(),
-            "derived_from": env.derived_from,
-            # `make bundle` packs the image a Docker run used (the venv engine has none).
-            "image_id": prepared.handle if engine.kind.value == "docker" else None,
-            "venv": prepared.label,
-            "artifacts": {},
-            "suite_exit_code": None,
-            "suite_timed_out": False,
-            "interrupted": False,
+            **env_info(env, engine.kind.value, image, prepared.label),
             "custom_command": request.command,
             "job_layer": layer,  # the job's packages (REQUIREMENTS=/PACKAGES=): lines, layer, added
         },

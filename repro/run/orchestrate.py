@@ -149,18 +149,14 @@ def load_user_config(path: str | None) -> dict[str, Any] | None:
     """CONFIG=: the user's DeepSpeed config (free-form: DeepSpeed's own keys), checked to be one."""
     if path is None:
         return None
+    fix = "pass the path of a DeepSpeed config JSON"
     try:
         data = json.loads(read_regular(path, MAX_CONFIG_BYTES).decode("utf-8"))
     except (NotRegularFile, FileTooLarge) as exc:
-        raise ConfigError(
-            f"CONFIG={path} is not a DeepSpeed config file",
-            why=f"{exc}; a config is a regular JSON file of at most {MAX_CONFIG_BYTES >> 10} KiB",
-            fix="pass the path of a DeepSpeed config JSON",
-        ) from None
+        why = f"{exc}; a config is a regular JSON file of at most {MAX_CONFIG_BYTES >> 10} KiB"
+        raise ConfigError(f"CONFIG={path} is not a DeepSpeed config file", why=why, fix=fix) from None
     except OSError as exc:
-        raise ConfigError(
-            f"cannot read CONFIG={path}", why=str(exc), fix="pass the path of a DeepSpeed config JSON"
-        ) from None
+        raise ConfigError(f"cannot read CONFIG={path}", why=str(exc), fix=fix) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"CONFIG={path} is not valid JSON",
@@ -169,9 +165,7 @@ def load_user_config(path: str | None) -> dict[str, Any] | None:
         ) from None
     except (UnicodeDecodeError, RecursionError) as exc:
         why = "nested too deeply" if isinstance(exc, RecursionError) else f"not UTF-8 text ({exc.reason})"
-        raise ConfigError(
-            f"CONFIG={path} is not valid JSON", why=why, fix="pass the path of a DeepSpeed config JSON"
-        ) from None
+        raise ConfigError(f"CONFIG={path} is not valid JSON", why=why, fix=fix) from None
     if not isinstance(data, dict) or not isinstance(data.get("zero_optimization", {}), dict):
         raise ConfigError(
             f"CONFIG={path} is not a DeepSpeed config object",
@@ -293,6 +287,22 @@ def execute(
     return invocation.runs
 
 
+def env_info(env: Env, engine: str, image_id: str | None, venv: str | None) -> EnvInfo:
+    """An env's entry in results.json before its runs ended: what it is and what they ran in."""
+    return {
+        "platform": env.platform.value,
+        "engine": engine,
+        "pins": env.pins(),
+        "derived_from": env.derived_from,
+        "image_id": image_id,
+        "venv": venv,
+        "artifacts": {},
+        "suite_exit_code": None,
+        "suite_timed_out": False,
+        "interrupted": False,
+    }
+
+
 # An env's suite.json, as repro/workload/suite.py writes it: its meta and its runs.
 class SuiteFile(SuiteMeta, total=False):
     runs: list[RunRecord]
@@ -311,22 +321,21 @@ def _collect(
     suite: SuiteFile = (
         records.load(suite_file, shapes.SUITE, "suite file") if suite_file.exists() else {"runs": []}
     )
-    info: EnvInfo = {
-        "platform": env.platform.value,
-        "engine": engine,
-        "pins": env.pins(),
-        "derived_from": env.derived_from,
-        "image_id": None,
-        "venv": None,
-        "artifacts": {k: f"{env.id}/{v}" for k, v in (suite.get("artifacts") or {}).items()},
-        "suite_exit_code": exit_code,
-        "suite_timed_out": timed_out,
-        "interrupted": bool(suite.get("interrupted")),
-    }
-    if prepared is not None and engine == "docker":
-        info["image_id"] = prepared.details.get("image_id", prepared.handle)
-    elif prepared is not None:
-        info["venv"] = prepared.label
+    docker = engine == "docker"
+    info = env_info(
+        env,
+        engine,
+        prepared.details.get("image_id", prepared.handle) if prepared is not None and docker else None,
+        prepared.label if prepared is not None and not docker else None,
+    )
+    info.update(
+        {
+            "artifacts": {k: f"{env.id}/{v}" for k, v in (suite.get("artifacts") or {}).items()},
+            "suite_exit_code": exit_code,
+            "suite_timed_out": timed_out,
+            "interrupted": bool(suite.get("interrupted")),
+        }
+    )
     invocation.add_env(env.id, info)
     invocation.add_runs(env.id, list(suite.get("runs") or []))
 
