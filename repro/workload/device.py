@@ -240,11 +240,6 @@ def rocm_runtime(root: str = "/") -> dict[str, str | None]:
     return {"container": container, "host": os.environ.get("MICS_REPRO_HOST_ROCM") or None}
 
 
-def dropped_env() -> dict[str, str]:
-    """Host NCCL settings the engine held back because they name a network this run does not have."""
-    return _engine_said("MICS_REPRO_PASSTHROUGH_DROPPED")
-
-
 UNKNOWN_ARCH = "unknown"
 
 
@@ -272,7 +267,8 @@ def ran_on(device: str, backend: str | None) -> RanOn:
         "ran": True,
         "visible_devices": {k: os.environ[k] for k, _ in HIDE_GPUS if k in os.environ},
         "passed_env": passed_env(),
-        "dropped_env": dropped_env(),
+        # host NCCL settings the engine held back: they name a network this run does not have
+        "dropped_env": _engine_said("MICS_REPRO_PASSTHROUGH_DROPPED"),
     }
     try:
         import torch

@@ -160,7 +160,6 @@ def build_config(
     shape: ScenarioShape,
     dtype: str | None = None,
     user_config: dict[str, Any] | None = None,
-    micro_batch: int = DEFAULT_MICRO_BATCH,
 ) -> BuiltConfig:
     """The config for one run. `dtype` None keeps the user's precision (or fp32 by default)."""
     adaptations: list[str] = []
@@ -178,7 +177,7 @@ def build_config(
     for key in ("train_batch_size",):
         if key in config:
             notes.append(f"{key}: {config.pop(key)!r} -> derived from micro batch x ranks")
-    _set(config, "train_micro_batch_size_per_gpu", micro_batch, "", notes)
+    _set(config, "train_micro_batch_size_per_gpu", DEFAULT_MICRO_BATCH, "", notes)
     _set(config, "gradient_accumulation_steps", 1, "", notes)
 
     zero = config.setdefault("zero_optimization", {})

@@ -253,15 +253,8 @@ class HangWatch:
     """Feed it the records and the latest heartbeat on every poll; it answers with a Hang once
     the evidence holds. `stall_s` is the run's fixed limit (the calibrated one never exceeds it)."""
 
-    def __init__(
-        self,
-        stall_s: float,
-        *,
-        floor_s: float = STALL_FLOOR_S,
-        factor: float = STEP_FACTOR,
-        confirm_s: float = CONFIRM_S,
-    ) -> None:
-        self.stall_s, self.floor_s, self.factor, self.confirm_s = stall_s, floor_s, factor, confirm_s
+    def __init__(self, stall_s: float, *, floor_s: float = STALL_FLOOR_S) -> None:
+        self.stall_s, self.floor_s = stall_s, floor_s
         self.moved_at: float | None = None
         self.state: tuple[Any, ...] | None = None
         self.beat: float | None = None
@@ -273,7 +266,7 @@ class HangWatch:
         """The calibrated stall limit, None before a whole step was seen."""
         if self.slowest_step is None:
             return None
-        return min(self.stall_s, max(self.factor * self.slowest_step, self.floor_s))
+        return min(self.stall_s, max(STEP_FACTOR * self.slowest_step, self.floor_s))
 
     def observe(
         self,
@@ -290,7 +283,7 @@ class HangWatch:
             self.state, self.moved_at = state, now
         still = now - self.moved_at
         mismatch = find_mismatch(views) or find_blocked(views)
-        if mismatch is not None and still >= self.confirm_s:
+        if mismatch is not None and still >= CONFIRM_S:
             return mismatch
         limit = self.limit()
         if limit is not None and still >= limit and all_blocked(views):
@@ -298,7 +291,7 @@ class HangWatch:
             assert self.slowest_step is not None
             reason = (
                 f"stall: all {len(views)} ranks inside collectives ({', '.join(where)}) with no progress"
-                f" for {still:.0f} s (limit {limit:.0f} s = max({self.factor:g} x slowest step"
+                f" for {still:.0f} s (limit {limit:.0f} s = max({STEP_FACTOR:g} x slowest step"
                 f" {self.slowest_step:.1f} s, {self.floor_s:g} s))"
             )
             evidence: Evidence = {

@@ -116,10 +116,13 @@ def sign(record: HookRecord, key: bytes | None) -> HookRecord:
     return body
 
 
-def why_not_signed(record: Any, file_name: str, key: bytes) -> str:
-    """ "" when the record is the hook's (its MAC verifies and it sits under its own pid), else why not."""
+def why_not_signed(record: Any, file_name: str, key: bytes | None) -> str:
+    """ "" when the record is the hook's (its MAC verifies and it sits under its own pid), else why not.
+    Without a key (a runner that gave none) every JSON object is taken, as before signing."""
     if not isinstance(record, dict):
         return "not a JSON object"
+    if not key:
+        return ""
     given = record.get(MAC_FIELD)
     if not isinstance(given, str):
         return "no signature"
@@ -135,15 +138,11 @@ def sort_records(
     found: list[tuple[str, Any]], key: bytes | None
 ) -> tuple[list[HookRecord], list[dict[str, str]]]:
     """(the hook's records without their MAC, the others as {"file", "why"}) from (file name,
-    parsed JSON) pairs. Without a key (a runner that gave none) every record is taken as before."""
+    parsed JSON) pairs (`why_not_signed`)."""
     trusted: list[HookRecord] = []
     forged: list[dict[str, str]] = []
     for name, record in found:
-        why = (
-            why_not_signed(record, name, key)
-            if key
-            else ("" if isinstance(record, dict) else "not a JSON object")
-        )
+        why = why_not_signed(record, name, key)
         if why:
             forged.append({"file": name, "why": why})
             continue

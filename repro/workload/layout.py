@@ -151,13 +151,12 @@ def plan_layouts(
     world_size: int | None = None,
     gpus_per_node: int = 0,
     nodes: int = 1,
-    scenarios: Sequence[str] = SCENARIOS,
 ) -> LayoutPlan:
     """Every scenario's layout. CPU: `world_size` ranks (default 4). GPU: `gpus_per_node` GPUs on
     each of `nodes` nodes, or `world_size` of them. Raises LayoutError for what cannot run at all."""
     if device == "cpu":
         world = world_size or DEFAULT_WORLD_SIZE
-        return LayoutPlan("cpu", world, world, tuple(cpu_layout(s, world) for s in scenarios))
+        return LayoutPlan("cpu", world, world, tuple(cpu_layout(s, world) for s in SCENARIOS))
     if nodes < 1 or gpus_per_node < 1:
         raise LayoutError(f"no GPU to lay ranks out on ({gpus_per_node} per node, {nodes} node(s))")
     total = gpus_per_node * nodes
@@ -177,7 +176,7 @@ def plan_layouts(
             f"(the MiCS scenarios split the ranks in halves)"
         )
         per_node -= 1
-    layouts = tuple(gpu_layout(s, per_node, nodes) for s in scenarios)
+    layouts = tuple(gpu_layout(s, per_node, nodes) for s in SCENARIOS)
     for layout in layouts:
         if not layout.supported:
             notes.append(

@@ -114,7 +114,7 @@ def describe(pid: int) -> str:
 
 
 def stop(
-    token: str, exclude: Collection[int] = (), below_me: bool = False, grace_s: float = STOP_GRACE_S
+    token: str, exclude: Collection[int] = (), below_me: bool = False
 ) -> tuple[dict[str, str], list[int]]:
     """SIGTERM, then SIGKILL, to every process of the job still running (`find`). Returns what
     was found ({pid: command line}) and the pids still alive after SIGKILL."""
@@ -130,7 +130,7 @@ def stop(
         return {}, []
     for sig in (signal.SIGTERM, signal.SIGKILL):
         _send(left(), sig, os.kill)
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + STOP_GRACE_S
         while time.monotonic() < deadline:
             if below_me:
                 _reap_children(exclude)

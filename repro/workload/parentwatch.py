@@ -69,33 +69,30 @@ def _terminate_self() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def follow_parent(
-    on_orphan: Callable[[], None] = _terminate_self, *, sig: int = signal.SIGTERM, poll_s: float = POLL_S
-) -> bool:
-    """From now on, the death of this process's parent stops this process (`on_orphan`, by
-    default SIGTERM to itself). Returns False when the parent is already gone (then `on_orphan`
-    has been called) or is init itself (in a container: the container's lifetime is the limit)."""
+def follow_parent() -> bool:
+    """From now on, the death of this process's parent stops this process (SIGTERM to itself).
+    Returns False when the parent is already gone (then the SIGTERM is sent) or is init itself
+    (in a container: the container's lifetime is the limit)."""
     parent = os.getppid()
     if parent == 1:
         return False
-    if on_orphan is _terminate_self:
-        _prctl(PR_SET_PDEATHSIG, sig)  # the kernel sends `sig` when the parent dies
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # the kernel sends it when the parent dies
     if os.getppid() != parent:  # it died before the request took effect
-        on_orphan()
+        _terminate_self()
         return False
 
     def watch() -> None:
         while os.getppid() == parent:
-            time.sleep(poll_s)
-        on_orphan()
+            time.sleep(POLL_S)
+        _terminate_self()
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
     return True
 
 
-def follow_owner(path: str | None, on_orphan: Callable[[], None] = _terminate_self) -> bool:
+def follow_owner(path: str | None) -> bool:
     """When the process holding the owner lock at `path` ends (the tool, across a container's
-    bind mount), `on_orphan` (SIGTERM to this process). False when there is no such lock."""
+    bind mount), SIGTERM to this process. False when there is no such lock."""
     if not path:
         return False
     try:
@@ -108,13 +105,13 @@ def follow_owner(path: str | None, on_orphan: Callable[[], None] = _terminate_se
             fcntl.flock(fd, fcntl.LOCK_EX)  # blocks while the tool lives
         except OSError:
             return
-        on_orphan()
+        _terminate_self()
 
     threading.Thread(target=wait, name="owner-watch", daemon=True).start()
     return True
 
 
-def follow_tool(environ: dict[str, str] | None = None) -> None:
+def follow_tool() -> None:
     """Both watches: the parent (venv engine) and the owner lock (Docker engine)."""
     follow_parent()
-    follow_owner((environ if environ is not None else dict(os.environ)).get(OWNER_LOCK_ENV))
+    follow_owner(os.environ.get(OWNER_LOCK_ENV))

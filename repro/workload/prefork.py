@@ -88,15 +88,14 @@ class PreforkServer:
             self._dead = True
             self._changed.notify_all()
 
-    def wait_ready(self, timeout_s: float | None = None) -> Reply:
+    def wait_ready(self) -> Reply:
         """The server's ready message; raises PreforkUnavailable when it is not ready. A server
         not ready in time is given up (killed) once, so later runs do not wait for it again."""
-        timeout_s = READY_TIMEOUT_S if timeout_s is None else timeout_s
         with self._changed:
-            self._changed.wait_for(lambda: self._ready is not None or self._dead, timeout_s)
+            self._changed.wait_for(lambda: self._ready is not None or self._dead, READY_TIMEOUT_S)
             ready = self._ready
             if ready is None and not self._dead:
-                self._ready = ready = {"ready": False, "error": f"not ready after {timeout_s:g} s"}
+                self._ready = ready = {"ready": False, "error": f"not ready after {READY_TIMEOUT_S:g} s"}
                 self.abandon()
         if ready is None:
             raise PreforkUnavailable(

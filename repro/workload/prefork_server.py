@@ -454,7 +454,7 @@ def _handle(request: RunRequest | TaskRequest, leaders: dict[int, str], entry: s
     emit({"run": run, "pid": pid})
 
 
-def _stop_leaders(leaders: dict[int, str], grace_s: float = PEER_STOP_GRACE_S) -> None:
+def _stop_leaders(leaders: dict[int, str]) -> None:
     """The suite closed our pipe while runs (or artifact tasks) still go: it was killed, or it
     stopped them already. Each run's session (leader and ranks) gets SIGTERM, then SIGKILL;
     returns once every session is empty (the kernel delivers SIGKILL, the reaping is ours)."""
@@ -463,7 +463,7 @@ def _stop_leaders(leaders: dict[int, str], grace_s: float = PEER_STOP_GRACE_S) -
         for pid in list(leaders):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
-        deadline = time.monotonic() + grace_s
+        deadline = time.monotonic() + PEER_STOP_GRACE_S
         while leaders and time.monotonic() < deadline:
             _reap(leaders)
             time.sleep(0.05)

@@ -198,14 +198,8 @@ def check_scenario(scenario: str, config: dict[str, Any], world_size: int) -> No
 
 
 def collect_versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {
-        "python": platform.python_version(),
-        "torch": None,
-        "deepspeed": None,
-        "hip": None,
-        "cuda": None,
-        "nccl": None,
-    }
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    found.update(dict.fromkeys(("torch", "deepspeed", "hip", "cuda", "nccl")))
     try:
         import torch
     except ImportError:
@@ -362,16 +356,8 @@ def weights_checksum(module: Any) -> str:
     mine = []
     for name, param in module.named_parameters():
         index, parts = _partition_position(param)
-        mine.append(
-            (
-                name,
-                index,
-                parts,
-                int(param.ds_numel),
-                tuple(param.ds_shape),
-                param.ds_tensor.detach().float().cpu().clone(),
-            )
-        )
+        data = param.ds_tensor.detach().float().cpu().clone()
+        mine.append((name, index, parts, int(param.ds_numel), tuple(param.ds_shape), data))
     everyone: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     pieces: dict[str, dict[int, Any]] = {}
