@@ -13,6 +13,7 @@ from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option
 from repro.cli.registry import command
 from repro.core import console
 from repro.core.errors import RunError
+from repro.core.results import utc_now
 from repro.run.usecase import load_matrix
 
 
@@ -27,7 +28,6 @@ def _options(p: argparse.ArgumentParser) -> None:
     "gpu-check", "prove this GPU host end to end (GPUs, venv, torch, DeepSpeed, repro, check-fix)", _options
 )
 def cmd_gpu_check(args: argparse.Namespace) -> int:
-    from repro.core.results import utc_now
     from repro.run.gpu_check import gpu_check
     from repro.run.gpu_check_device import HostDevice
 

@@ -10,16 +10,20 @@ from typing import TYPE_CHECKING
 
 from repro.cli.options import DEFAULT_RESULTS_ROOT, add_matrix_option, add_resume_option, csv
 from repro.cli.registry import command
-from repro.core import console
+from repro.core import cmd, console
 from repro.core.errors import UsageError
 from repro.core.flags import env_bool
+from repro.core.paths import cache_root
+from repro.engines import jobdeps
+from repro.engines.base import REPO_ROOT
+from repro.run.job import JobRequest, inherited_environment
+from repro.run.shellrc import launch
 from repro.run.usecase import load_matrix
 from repro.workload.record import CPU_TRANSPORTS, PATCHES
 
 if TYPE_CHECKING:
     from repro.engines.base import Engine
     from repro.matrix.model import Env
-    from repro.run.job import JobRequest
 
 
 # What a DEEPSPEED_SRC= checkout that does not build or import means for `make run`.
@@ -94,9 +98,6 @@ def _engine(choice: str | None, *, shell: bool = False) -> Engine:
 
 def job_request(args: argparse.Namespace, env_id: str, platform: str, environ: dict[str, str]) -> JobRequest:
     """`run`'s options and the user's environment as a JobRequest (its reproduce line says them back)."""
-    from repro.engines import jobdeps
-    from repro.run.job import JobRequest, inherited_environment
-
     return JobRequest(
         env_id=env_id,
         command=args.cmd,
@@ -167,9 +168,6 @@ def _shell_options(p: argparse.ArgumentParser) -> None:
     _shell_options,
 )
 def cmd_shell(args: argparse.Namespace) -> int:
-    from repro.core.paths import cache_root
-    from repro.engines import jobdeps
-    from repro.run.shellrc import launch
     from repro.workload.job import hook_environment
 
     env = _env(args)
@@ -222,9 +220,6 @@ def cmd_shell(args: argparse.Namespace) -> int:
 def _install_hook_pth(bin_dir: str) -> None:
     """The hook's .pth in the env's site-packages (repro/workload/hookpth.py): a python started in
     the shell with its own PYTHONPATH is hooked too."""
-    from repro.core import cmd
-    from repro.engines.base import REPO_ROOT
-
     python = Path(bin_dir) / "python"
     if python.exists():
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 from pathlib import Path
 
+from repro.bisect.commits import DsRepo, check_source
 from repro.cli.options import DEFAULT_RESULTS_ROOT
 from repro.cli.registry import command
 from repro.core import console
+from repro.upstream.pr import verify as pr_verify
+from repro.upstream.pr.branch import DEFAULT_BRANCH, DEFAULT_REF, PrRequest, make_pr, summary
 
 
 def _options(p: argparse.ArgumentParser) -> None:
-    from repro.upstream.pr.branch import DEFAULT_BRANCH, DEFAULT_REF
-
     p.add_argument(
         "--ds-repo", required=True, help="a local DeepSpeed clone (full history, no uncommitted changes)"
     )
@@ -54,11 +56,6 @@ def _verify_flags(p: argparse.ArgumentParser) -> None:
     "pr", "make the fix a branch of a DeepSpeed checkout, with format-patch and PR_DESCRIPTION.md", _options
 )
 def cmd_pr(args: argparse.Namespace) -> int:
-    import datetime as dt
-
-    from repro.bisect.commits import check_source
-    from repro.upstream.pr.branch import PrRequest, make_pr, summary
-
     check_source(args.ds_repo)  # the one DS_REPO checker: options, transport helpers, bad URLs
 
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -94,8 +91,6 @@ def _pr_verify_options(p: argparse.ArgumentParser) -> None:
     _pr_verify_options,
 )
 def cmd_pr_verify(args: argparse.Namespace) -> int:
-    from repro.bisect.commits import check_source
-
     check_source(args.ds_repo)
     if not (args.verify or args.range):
         args.verify = True
@@ -105,8 +100,6 @@ def cmd_pr_verify(args: argparse.Namespace) -> int:
 def verify_folder(folder: Path, args: argparse.Namespace) -> int:
     """The lab's verification and/or range for the branch recorded in folder/pr.json, then
     PR_DESCRIPTION.md again. Exit 0 when verified (or only the range was asked), 1 when not."""
-    from repro.bisect.commits import DsRepo
-    from repro.upstream.pr import verify as pr_verify
     from repro.upstream.pr import verify_run as pr_verify_run
 
     pr_verify.read_pr(folder)  # a folder without pr.json stops before git is touched

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from repro.cli.options import (
@@ -17,6 +18,10 @@ from repro.cli.registry import command
 from repro.core import console, safe_write
 from repro.core.errors import UsageError
 from repro.core.paths import REPO_ROOT
+from repro.core.results import resolve_results_dir
+from repro.engines.base import as_built
+from repro.engines.preflight import host_can_run
+from repro.run.orchestrate import describe, plan
 from repro.run.usecase import check_fix_outcome, load_matrix, run_request
 from repro.run.usecase import choose_engine as _engine  # the seam tests replace (stand_in_engine.py)
 from repro.workload.record import RunRecord
@@ -24,8 +29,6 @@ from repro.workload.record import RunRecord
 
 @command("list", "list the envs of the matrix and whether this host can run them", add_matrix_option)
 def cmd_list(args: argparse.Namespace) -> int:
-    from repro.engines.preflight import host_can_run
-
     matrix = load_matrix(args.matrix)
     console.result(
         f"{'env':<14} {'platform':<8} {'torch':<8} {'deepspeed':<10} {'rocm/cuda':<10} {'here':<5} notes"
@@ -44,8 +47,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 @command("build", "build (or reuse) the image / venv of an env", add_run_options)
 def cmd_build(args: argparse.Namespace) -> int:
-    from repro.run.orchestrate import describe, plan
-
     matrix = load_matrix(args.matrix)
     steps = plan(matrix, request_from_args(args, matrix.default_id))
     if args.dry_run:
@@ -56,10 +57,6 @@ def cmd_build(args: argparse.Namespace) -> int:
             console.result(dry_run_text(step.env))
             console.result(venv_dry_run_text(step.env))
         return 0
-    from dataclasses import replace
-
-    from repro.engines.base import as_built
-
     engine = _engine(args.engine)
     for step in steps:
         engine.preflight(step.env)
@@ -74,8 +71,6 @@ def cmd_build(args: argparse.Namespace) -> int:
 def _run(
     args: argparse.Namespace, *, fixed_only: bool = False, env_ids: tuple[str, ...] | None = None
 ) -> list[RunRecord]:
-    from dataclasses import replace
-
     matrix = load_matrix(args.matrix)
     request = request_from_args(args, matrix.default_id)
     if env_ids is not None:
@@ -107,8 +102,6 @@ def cmd_check_fix(args: argparse.Namespace) -> int:
 
 @command("matrix", "run the reproduction in every env this host can run", add_run_options)
 def cmd_matrix(args: argparse.Namespace) -> int:
-    from repro.engines.preflight import host_can_run
-
     matrix = load_matrix(args.matrix)
     runnable: list[str] = []
     skipped: list[str] = []
@@ -135,7 +128,6 @@ def _report_options(p: argparse.ArgumentParser) -> None:
 
 @command("report", "write report.html and REPORT.md from one or more results folders", _report_options)
 def cmd_report(args: argparse.Namespace) -> int:
-    from repro.core.results import resolve_results_dir
     from repro.report import build_report
 
     root = Path(args.results_root)

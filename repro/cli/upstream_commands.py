@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +15,11 @@ from repro.core import console, safe_write, script_values
 from repro.core.errors import DockerUnavailableError, UsageError
 from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
-from repro.core.paths import REPO_ROOT
-from repro.run.usecase import load_matrix
+from repro.core.paths import REPO_ROOT, check_output_folder
+from repro.core.results import new_invocation_dir, resolve_results_dir
+from repro.run.orchestrate import Request
+from repro.run.usecase import load_matrix, run_request
+from repro.workload.record import DTYPES
 
 if TYPE_CHECKING:
     from repro.core.scrub import Scrubber
@@ -65,10 +70,6 @@ def _bundle_options(p: argparse.ArgumentParser) -> None:
 
 def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Path:
     """`make repro ENV=<env> ENGINE=docker` into a fresh results folder; returns it."""
-    from repro.core.results import new_invocation_dir
-    from repro.run.orchestrate import Request
-    from repro.run.usecase import run_request
-
     folder = new_invocation_dir(results_root, [env_id])
     argv = [
         "repro",
@@ -102,8 +103,6 @@ def _run_repro_first(env_id: str, results_root: Path, matrix: str | None) -> Pat
     _bundle_options,
 )
 def cmd_bundle(args: argparse.Namespace) -> int:
-    from repro.core.paths import check_output_folder
-    from repro.core.results import resolve_results_dir
     from repro.upstream.bundle.make import BundleRequest, default_out, make_bundle, summary
 
     matrix = load_matrix(args.matrix)
@@ -206,10 +205,7 @@ def _cluster_options(p: argparse.ArgumentParser) -> None:
     _cluster_options,
 )
 def cmd_cluster(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from repro.upstream.cluster import scripts as cluster
-    from repro.workload.record import DTYPES
 
     if args.layout not in cluster.LAYOUTS:
         raise UsageError(
@@ -260,8 +256,6 @@ def _pr_options(p: argparse.ArgumentParser) -> None:
     _pr_options,
 )
 def cmd_pr_regression(args: argparse.Namespace) -> int:
-    import tempfile
-
     from repro.upstream.pr.regression import RegressionTestError, Variant, discriminates, run_variant, summary
 
     python = args.python or os.environ.get("MICS_TEST_PYTHON_T21")
@@ -300,7 +294,6 @@ def _issue_options(p: argparse.ArgumentParser) -> None:
 
 @command("issue", "write ISSUE.md for the upstream tracker from a results folder of any kind", _issue_options)
 def cmd_issue(args: argparse.Namespace) -> int:
-    from repro.core.results import resolve_results_dir
     from repro.upstream.issue.make import write
 
     folder = resolve_results_dir(Path(args.results_root), args.results, console.info)

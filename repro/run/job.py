@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import stat
 import time
@@ -89,8 +90,6 @@ class JobRequest:
                 f"WORKDIR={self.workdir} is not a folder", fix="give the folder the command runs in"
             )
         if self.loss_regex:
-            import re
-
             try:
                 re.compile(self.loss_regex)
             except re.error as exc:
