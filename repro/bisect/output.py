@@ -148,28 +148,22 @@ def no_transition_next(
     names = list(data["candidates"])
     oldest, newest = sorted((names[0], names[-1]), key=_order)
     verdicts = {row.get("verdict") for row in data.get("probes") or []} - {ProbeVerdict.UNKNOWN.value}
-    lines: list[str] = []
     if verdicts == {ProbeVerdict.BAD.value}:
         why = f"both ends are bad: the last good release is older than {oldest}"
-        if earlier:
-            lines.append(widen(earlier[0], oldest))
-            why += f"; the index has {len(earlier)} older ({', '.join(earlier[-6:])})"
-        else:
-            why += "; the index lists no older release for this env"
-        release, toward = oldest, "older"
+        release, toward, beyond, nearest = oldest, "older", earlier, earlier[-6:]
+        wider = [widen(earlier[0], oldest)] if earlier else []
     elif verdicts == {ProbeVerdict.GOOD.value}:
         why = f"both ends are good: the first bad release is newer than {newest} (or BAD_IF= asks too much)"
-        if later:
-            lines.append(widen(newest, later[-1]))
-            why += f"; the index has {len(later)} newer ({', '.join(later[:6])})"
-        else:
-            why += "; the index lists no newer release for this env"
-        release, toward = newest, "newer"
+        release, toward, beyond, nearest = newest, "newer", later, later[:6]
+        wider = [widen(newest, later[-1])] if later else []
     else:
         return {"why": "", "lines": [], "earlier": list(earlier), "later": list(later)}
+    if beyond:
+        why += f"; the index has {len(beyond)} {toward} ({', '.join(nearest)})"
+    else:
+        why += f"; the index lists no {toward} release for this env"
     other = other_axis(release, toward)
-    if other:
-        lines.append(other)
+    lines = wider + ([other] if other else [])
     return {"why": why + "; next:", "lines": lines, "earlier": list(earlier), "later": list(later)}
 
 
