@@ -99,11 +99,8 @@ def rendezvous(command: str, environ: dict[str, str]) -> tuple[dict[str, str], R
         given = environ.get("MASTER_PORT") or environ.get("PET_MASTER_PORT")
         return {}, {"port": int(given) if given and given.isdigit() else None, "set_by": "job"}
     port = free_port()
-    value = str(port)
-    return {"MASTER_PORT": value, "PET_MASTER_PORT": value, "MICS_REPRO_MASTER_PORT": value}, {
-        "port": port,
-        "set_by": "repro",
-    }
+    variables = dict.fromkeys(("MASTER_PORT", "PET_MASTER_PORT", "MICS_REPRO_MASTER_PORT"), str(port))
+    return variables, {"port": port, "set_by": "repro"}
 
 
 def _pids(job_dir: str) -> dict[int, str]:

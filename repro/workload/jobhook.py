@@ -85,17 +85,10 @@ def activate(environ: Mapping[str, str]) -> None:
     _STATE["sign"] = _signer(key)
     if key:
         _pass_key_to_children(key)
-    patch = environ.get("MICS_REPRO_PATCH", "stock")
-    device = environ.get("MICS_REPRO_DEVICE", "gpu")
-    job_dir = environ.get("MICS_REPRO_JOB_DIR") or None
-    _STATE.update(
-        {
-            "patch": patch,
-            "device": device,
-            "job_dir": job_dir,
-            "transport": environ.get("MICS_REPRO_TRANSPORT", "async"),
-        }
-    )
+    _STATE["patch"] = patch = environ.get("MICS_REPRO_PATCH", "stock")
+    _STATE["device"] = device = environ.get("MICS_REPRO_DEVICE", "gpu")
+    _STATE["job_dir"] = job_dir = environ.get("MICS_REPRO_JOB_DIR") or None
+    _STATE["transport"] = environ.get("MICS_REPRO_TRANSPORT", "async")
     _REPORT.update({"pid": os.getpid(), "argv": list(sys.argv), "patch": patch, "device": device})
     if job_dir:
         _arm_stack_dump(job_dir)
@@ -150,9 +143,8 @@ def _pass_key_to_children(key: bytes) -> None:
     if getattr(original, WRAPPED, False):
         return
     value = key.decode()
-    env_index = (
-        9  # Popen(args, bufsize, executable, stdin, stdout, stderr, preexec_fn, close_fds, shell, cwd, env)
-    )
+    # Popen(args, bufsize, executable, stdin, stdout, stderr, preexec_fn, close_fds, shell, cwd, env)
+    env_index = 9
 
     def with_key(env: Any) -> Any:
         try:

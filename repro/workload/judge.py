@@ -208,14 +208,8 @@ def _tracebacks(lines: list[str]) -> list[RecordedException]:
         for i in range(start + 1, len(lines)):
             m = _exception_line(lines[i])
             if m:
-                found.append(
-                    {
-                        "type": m[0],
-                        "message": m[1],
-                        "rank": None,
-                        "traceback": "\n".join(lines[start : i + 1])[-4000:],
-                    }
-                )
+                text = "\n".join(lines[start : i + 1])[-4000:]
+                found.append({"type": m[0], "message": m[1], "rank": None, "traceback": text})
                 break
     return found
 

@@ -177,12 +177,11 @@ def plan_layouts(
         )
         per_node -= 1
     layouts = tuple(gpu_layout(s, per_node, nodes) for s in SCENARIOS)
-    for layout in layouts:
-        if not layout.supported:
-            notes.append(
-                f"{layout.scenario}: unsupported with {per_node * nodes} GPU(s), needs {layout.needs}"
-            )
-    return LayoutPlan("gpu", total, per_node * nodes, layouts, tuple(notes))
+    used = per_node * nodes
+    notes += [
+        f"{x.scenario}: unsupported with {used} GPU(s), needs {x.needs}" for x in layouts if not x.supported
+    ]
+    return LayoutPlan("gpu", total, used, layouts, tuple(notes))
 
 
 # -- the docs' table -------------------------------------------------------------------------------

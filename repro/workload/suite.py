@@ -282,9 +282,10 @@ def run_suite(args: argparse.Namespace) -> int:
         "interrupted": False,
         "artifacts": {},
     }
+    opts = RunOptions.from_args(args)
     kept: list[rec.RunRecord] = []
     if args.resume:  # finish an earlier suite in this folder: its finished runs are kept
-        kept, planned = _resume(out, planned, RunOptions.from_args(args), build)
+        kept, planned = _resume(out, planned, opts, build)
         meta["resumed"] = {"kept": [str(r.get("run_name")) for r in kept], "redone": len(planned)}
         print(f"resume: kept {len(kept)} finished run(s), running {len(planned)} again", flush=True)
     # Every record says what ran; a run never launched keeps what the suite saw (nothing ran).
@@ -307,18 +308,7 @@ def run_suite(args: argparse.Namespace) -> int:
         print("capturing ds_report and collect_env in the background ...", flush=True)
         capture = ArtifactCapture(out, device, server)
     try:
-        return _run_planned(
-            RunOptions.from_args(args),
-            out,
-            planned,
-            meta,
-            device,
-            build,
-            capture,
-            not_run,
-            server,
-            kept,
-        )
+        return _run_planned(opts, out, planned, meta, device, build, capture, not_run, server, kept)
     finally:
         if capture is not None:
             capture.abandon()
@@ -341,11 +331,8 @@ def _resume(
 
     def same_run(i: int, record: rec.RunRecord) -> bool:
         config = json.loads(json.dumps(build(planned[i].shape).config))  # as the record holds it (JSON)
-        return bool(
-            record.get("steps") == opts.steps
-            and record.get("seed") == opts.seed
-            and record.get("config") == config
-        )
+        ran = (record.get("steps"), record.get("seed"), record.get("config"))
+        return ran == (opts.steps, opts.seed, config)
 
     kept, redo = resume.split(keys, resume.previous_records(out), same_run)
     resume.clear_stale(out, [keys[i].run_name for i in redo])
