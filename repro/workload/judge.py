@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from repro.workload import ladder
@@ -424,13 +424,9 @@ def judge(
         what = f"no module named {own.missing_module!r}" if own.missing_module else f"exit {exit_code}"
         return Judgement("env-error", "none", f"the command could not run in this env: {what}", None)
     if exit_code not in (0, None) and own.address_in_use:
-        return Judgement(
-            "env-error",
-            "none",
-            f"the rendezvous port is in use ({own.address_in_use}): another process on this host holds "
-            "it; drop the port the command sets (each run then gets a free MASTER_PORT) or pick a free one",
-            None,
-        )
+        held = f"the rendezvous port is in use ({own.address_in_use}): another process on this host holds it"
+        fix = "drop the port the command sets (each run then gets a free MASTER_PORT) or pick a free one"
+        return Judgement("env-error", "none", f"{held}; {fix}", None)
     unhooked = _unhooked(own, patch=patch, exit_code=exit_code, used_deepspeed=used_deepspeed, device=device)
     if unhooked:
         return Judgement("env-error", "none", unhooked, None)
@@ -542,13 +538,7 @@ def _with_tests(
         notes.append(f"tests whose outcome differs between this session and the other patch's: {shown}{more}")
     if judged.outcome == "clean" and failed:
         return Judgement("crashed", "crash", f"exit code {exit_code}: {words}", None, tuple(notes))
-    return Judgement(
-        judged.outcome,
-        judged.signature,
-        f"{judged.reason}; {words}",
-        judged.first_divergent_step,
-        tuple(notes),
-    )
+    return replace(judged, reason=f"{judged.reason}; {words}", notes=tuple(notes))
 
 
 def tests_that_differ(own: PytestSummary, other: PytestSummary) -> list[tuple[str, str, str]]:
@@ -569,14 +559,11 @@ def bugs_path_only(judged: Judgement, own: Parsed) -> Judgement:
         return judged
     if judged.signature not in ("divergence", "overflow-storm"):
         return judged
-    return Judgement(
-        NO_EVIDENCE,
-        judged.signature,
+    reason = (
         f"differs, not the bug's path: {judged.reason}; no IllegalWork seen, so DeepSpeed never waited "
-        f"on the lost gather; {NOISE_HINT}",
-        judged.first_divergent_step,
-        judged.notes,
+        f"on the lost gather; {NOISE_HINT}"
     )
+    return replace(judged, outcome=NO_EVIDENCE, reason=reason)
 
 
 def _not_the_bug(exc: RecordedException | None) -> str:

@@ -90,20 +90,14 @@ def crash(
     summary = f"{exc.get('type')}: {exc.get('message')}"
     if raised_from_illegal_work(exc):
         extra = f"; {illegal_work} IllegalWork messages before it" if illegal_work else ""
-        return Judgement(
-            "reproduced",
-            "illegal-work-crash",
-            f"crash raised from an IllegalWork object{where}: {summary}{extra}",
-            None,
-        )
+        why = f"crash raised from an IllegalWork object{where}: {summary}{extra}"
+        return Judgement("reproduced", "illegal-work-crash", why, None)
     if lost_coalesced_work(exc):
-        return Judgement(
-            "reproduced",
-            "lost-work-crash",
+        why = (
             f"crash in torch's coalescing manager{where}: {summary}: this torch release lost the "
-            "coalesced all-gather's work (pytorch#122807), so nothing waits for MiCS's gather",
-            None,
+            "coalesced all-gather's work (pytorch#122807), so nothing waits for MiCS's gather"
         )
+        return Judgement("reproduced", "lost-work-crash", why, None)
     return None
 
 
