@@ -1,6 +1,6 @@
 """The k-ary search core (PARALLEL=k): k candidates per round give the binary search's answer for
 any verdict sequence with at most one transition (unknowns anywhere), in about log_(k+1) N rounds,
-and k = 1 is exactly the sequential search."""
+and k = 1 is exactly the textbook binary search."""
 
 from __future__ import annotations
 
@@ -102,23 +102,32 @@ def test_parallel_needs_fewer_rounds_than_probes_in_sequence() -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.integers(2, 60).flatmap(
-        lambda n: st.tuples(
-            st.just(n), st.integers(0, n), st.booleans(), st.lists(st.booleans(), min_size=n, max_size=n)
-        )
-    )
-)
-def test_one_per_round_is_the_sequential_search(case: tuple[int, int, bool, list[bool]]) -> None:
-    n, at, fix, unknown = case
-    verdicts = one_transition(n, at, fix, unknown)
-    state = Bisection(n)
-    asked = []
-    while (i := state.next_probe()) is not None:
-        asked.append(i)
-        state.record(i, verdicts[i])
-    _, _, rounds = judged(verdicts, 1)
-    assert [batch[0] for batch in rounds] == asked
+def textbook_binary_search(verdicts: Sequence[ProbeVerdict]) -> list[int]:
+    """What a binary search probes over a range whose two ends differ: both ends, then each
+    midpoint (the lower one when two), keeping the half whose ends differ. Written here, apart from
+    repro.bisect.search, whose sequential search (`next_probe`) is its rounds of one."""
+    lo, hi = 0, len(verdicts) - 1
+    asked = [lo, hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        asked.append(mid)
+        lo, hi = (mid, hi) if verdicts[mid] == verdicts[lo] else (lo, mid)
+    return asked
+
+
+@pytest.mark.parametrize("fix", [False, True])
+def test_one_per_round_is_the_textbook_binary_search(fix: bool) -> None:
+    for n in range(2, 70):
+        for at in range(1, n):
+            verdicts = one_transition(n, at, fix, [False] * n)
+            state = Bisection(n)
+            asked = []
+            while (i := state.next_probe()) is not None:
+                asked.append(i)
+                state.record(i, verdicts[i])
+            assert asked == textbook_binary_search(verdicts), (n, at)
+            _, _, rounds = judged(verdicts, 1)
+            assert [batch[0] for batch in rounds] == asked
 
 
 def test_unknown_ends_are_searched_in_parallel() -> None:
