@@ -1,8 +1,8 @@
 """Console output of the host side: one place decides what is shown, and on which stream.
 
 - `result`: what a command produced (a table, a JSON figure, "wrote X"): stdout, always shown.
-- `step`: a long step begins (a build, a download, a run); `info`: progress; `detail`: only with
-  --verbose. All on stdout, so a make log reads in order; --quiet hides them.
+- `info`: progress (a step begins, a figure along the way); `detail`: only with --verbose. Both
+  on stdout, so a make log reads in order; --quiet hides them.
 - `warn`, `error`: diagnostics on stderr, never hidden.
 - `stream`: raw bytes copied from a subprocess or container (the tee of a build log): progress.
 - `task`: a long step as a block (a build, a download, the runs): its line when it begins, and on an
@@ -84,11 +84,6 @@ def _shown(text: str) -> str:
 
 def result(text: str) -> None:
     reporter().line(_shown(text))
-
-
-def step(text: str) -> None:
-    if shows(Level.NORMAL):
-        reporter().line(_shown(text))
 
 
 @contextlib.contextmanager

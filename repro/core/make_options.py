@@ -75,7 +75,7 @@ def _line_switch(name: str, flag: str, targets: tuple[str, ...], help: str) -> M
 
 
 # The one canonical order: reproduce_pairs writes a line's variables in it. The first block is the
-# order of the probe lines (ProbeSpec.repro_command, ProbeOptions.make_pairs), which users have
+# order of the probe lines (ProbeSpec.repro_command, ProbeSpec.make_pairs), which users have
 # saved in results.json and bisect.json: keep it.
 OPTIONS: tuple[MakeOption, ...] = (
     # What runs: the env and its pins, where, which scenario, how.

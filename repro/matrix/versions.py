@@ -159,7 +159,7 @@ class VersionIndex:
         return args
 
     def _fetch(self, query: VersionQuery) -> list[str]:
-        console.step(
+        console.info(
             f"versions: asking the index for {query.package} releases"
             f"{' on ' + query.index_url if query.index_url else ''}",
         )

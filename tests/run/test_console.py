@@ -19,7 +19,6 @@ def restore_level() -> Iterator[None]:
 
 def emit_all() -> None:
     console.result("R")
-    console.step("S")
     console.info("I")
     console.detail("D")
     console.warn("W")
@@ -31,8 +30,8 @@ def emit_all() -> None:
     ("level", "out", "err"),
     [
         (Level.QUIET, "R\n", "W\nE\n"),
-        (Level.NORMAL, "R\nS\nI\nB\n", "W\nE\n"),
-        (Level.VERBOSE, "R\nS\nI\nD\nB\n", "W\nE\n"),
+        (Level.NORMAL, "R\nI\nB\n", "W\nE\n"),
+        (Level.VERBOSE, "R\nI\nD\nB\n", "W\nE\n"),
     ],
 )
 def test_each_level_shows_its_lines_on_the_right_stream(

@@ -231,7 +231,7 @@ def test_summary_table_escapes_record_values() -> None:
     assert "\\x1b" in text and "\\u202e" in text
 
 
-@pytest.mark.parametrize("say", [console.result, console.info, console.warn, console.step])
+@pytest.mark.parametrize("say", [console.result, console.info, console.warn])
 def test_console_lines_escape_control_and_bidi_characters(
     say: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:

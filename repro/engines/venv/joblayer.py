@@ -113,7 +113,7 @@ class _Build:
         started = time.monotonic()
         env = _pip_env()
         with building(self.final) as tmp:
-            console.step(f"venv: the job's packages as a layer over {self.base}: {self.deps.describe()}")
+            console.info(f"venv: the job's packages as a layer over {self.base}: {self.deps.describe()}")
             subject = f"job layer for {self.env_id}"
             py = make_layer_venv(self.base, tmp, subject, what="the job layer", base_is="the env's", env=env)
             self._stage_inputs(tmp)

@@ -259,7 +259,7 @@ class AffectedRange:
         self, column: Column, patch: str, missing: Sequence[str], folder: Path
     ) -> dict[str | None, ProbeRow]:
         """The probes of the releases not cached, by version: one probe, or a survey of several."""
-        console.step(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
+        console.info(f"== range: torch {column.torch}, {patch}: {len(missing)} release(s)")
         where = fresh_folder(folder / f"torch{column.torch}-{patch}")
         if len(missing) == 1:  # a survey needs two ends: one release is a probe
             call = ProbeCall(

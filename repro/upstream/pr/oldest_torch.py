@@ -70,7 +70,7 @@ class OldestTorch:
     engine: str = "venv"
 
     def _try(self, torch: str) -> TriedJSON:
-        console.step(f"== verify: does REF {self.ref_sha[:10]} import with torch {torch}?")
+        console.info(f"== verify: does REF {self.ref_sha[:10]} import with torch {torch}?")
         try:
             env = self.env_for(torch)
         except UsageError as exc:  # no env of this lab has this torch: no stack either

@@ -190,7 +190,7 @@ def run_variant(python: str, variant: Variant, work: Path, transport: str = "asy
     version, package = installed_deepspeed(python)
     patch = patch_for(version) if variant is Variant.PATCHED else None
     patched = patched_copy(package, patch, work / "patched") if patch else None
-    console.step(f"== {variant.value}: DeepSpeed {version}{' + ' + patch.name if patch else ''}")
+    console.info(f"== {variant.value}: DeepSpeed {version}{' + ' + patch.name if patch else ''}")
     exit_code, results = run_pytest(python, variant.value, patched, work, transport)
     return VariantRun(variant, version, exit_code, results)
 

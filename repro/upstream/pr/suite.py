@@ -605,7 +605,7 @@ class UpstreamSuite:
                     self.folder / "suite" / f"{stack}-{transport}-{side}", self.engine,
                 )  # fmt: skip
                 entry["command"] = call.command()
-                console.step(
+                console.info(
                     f"== verify: DeepSpeed's own tests, torch {torch}, {transport} gloo"
                     f"{' (the lab adapter)' if transport != 'plain' else ''}, {side} {sha[:10]}"
                 )

@@ -303,7 +303,7 @@ class Verification:
             seen = {}
             for side in ("ref", "branch"):
                 sha = self.pr["ref_sha"] if side == "ref" else self.pr["commit"]
-                console.step(
+                console.info(
                     f"== verify [{n}/{len(steps)}] {check.key} torch {stack.torch} ({stack.name}): "
                     f"{side} {sha[:10]}"
                 )
@@ -378,7 +378,7 @@ class Verification:
         test_file = branch_tree / test_rel
         outcomes = {}
         for side, tree in (("ref", ref_tree), ("branch", branch_tree)):
-            console.step(f"== verify: regression test, torch {stack.torch}, {side}")
+            console.info(f"== verify: regression test, torch {stack.torch}, {side}")
             outcomes[side] = self.regression(
                 python, f"{stack.name}-{side}", tree, test_file, folder / "regression"
             )
