@@ -300,6 +300,15 @@ def run_finding(outcome: Outcome, signature: Signature) -> RunFinding:
     assert_never(outcome)
 
 
+def finding_of(outcome: object, signature: object) -> RunFinding | None:
+    """`run_finding` of an outcome and a signature read from a file; None where either is a value
+    this tool does not know (a foreign or newer record says nothing about the bug)."""
+    try:
+        return run_finding(Outcome(outcome), Signature(signature))
+    except ValueError:
+        return None
+
+
 def shows_bug(run: RunView) -> bool:
     """The run exhibits the reported bug: classify said reproduced, or it died from an IllegalWork."""
     return run_finding(run.outcome, run.signature) is RunFinding.BUG

@@ -13,8 +13,7 @@ from typing import Any, TypedDict
 
 from repro.core import records, shapes
 from repro.core.errors import UsageError
-from repro.core.runs import run_finding
-from repro.workload.record import Outcome, Signature
+from repro.core.runs import finding_of
 
 TIMELINE_FILES = ("survey.json", "bisect.json")
 CHANGE_KEYS = ("before", "after", "outcome_before", "outcome_after", "signature_before", "signature_after")
@@ -41,11 +40,8 @@ def _with_verdict(probe: dict[str, str]) -> dict[str, str]:
     about the bug instead, read from its outcome and signature as the env verdict reads them."""
     if probe["verdict"]:
         return probe
-    try:
-        finding = run_finding(Outcome(probe["outcome"]), Signature(probe["signature"])).value
-    except ValueError:  # an outcome or signature this version does not know
-        finding = "unknown"
-    return {**probe, "verdict": finding}
+    finding = finding_of(probe["outcome"], probe["signature"])  # None: a value this version does not know
+    return {**probe, "verdict": finding.value if finding else "unknown"}
 
 
 def load_timelines(out_dir: Path) -> list[Timeline]:

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from repro.core.runs import RunFinding, run_finding
+from repro.core.runs import RunFinding, finding_of
 from repro.run.gpu_check_plan import HIDDEN_EXPECTED_EXIT, StepKind, StepResult, Verdict
-from repro.workload.record import Outcome, Signature
+from repro.workload.record import Outcome
 
 
 def _err(outcome: Any) -> str:
@@ -109,10 +109,7 @@ def _find(runs: Sequence[Mapping[str, Any]], scenario: str, patch: str) -> Mappi
 def _finding(record: Mapping[str, Any]) -> RunFinding | None:
     """The run's finding as the env verdict reads it (repro.core.runs); None for a record that
     names no known outcome."""
-    try:
-        return run_finding(Outcome(record.get("outcome")), Signature(record.get("signature") or "none"))
-    except ValueError:
-        return None
+    return finding_of(record.get("outcome"), record.get("signature") or "none")
 
 
 def repro(runs: Sequence[Mapping[str, Any]], exit_code: int, gpus: int) -> StepResult:

@@ -350,3 +350,17 @@ def test_the_probe_and_the_env_verdict_read_a_run_alike() -> None:
             assert (probe is ProbeVerdict.BAD) == (finding is RunFinding.BUG), (outcome, signature)
     # A crash raised from an IllegalWork is the bug for the env verdict, so bad for the probe too.
     assert verdict_for("crashed", "illegal-work-crash", BadIf.REPRODUCED) is ProbeVerdict.BAD
+
+
+def test_a_recorded_outcome_or_signature_this_tool_does_not_know_says_nothing() -> None:
+    """Readers of files (pr checks, issue facts, the report's timeline, gpu-check) read a run's
+    finding through finding_of: known values as run_finding reads them, any other value None."""
+    from repro.core.runs import RunFinding, finding_of, run_finding
+    from repro.workload.record import Outcome, Signature
+
+    for outcome in Outcome:
+        for signature in Signature:
+            assert finding_of(outcome.value, signature.value) is run_finding(outcome, signature)
+    assert finding_of("reproduced", "none") is RunFinding.BUG
+    assert finding_of("exploded", "none") is None and finding_of("clean", "a-new-sign") is None
+    assert finding_of(None, "none") is None

@@ -20,8 +20,8 @@ from typing import Any
 from repro.core.jobname import short_command
 from repro.core.make_options import reproduce_pairs
 from repro.core.makeline import make_line
-from repro.core.runs import RunFinding, RunKey, run_finding
-from repro.workload.record import CUSTOM_SCENARIO, Outcome, RunRecord, Signature
+from repro.core.runs import RunFinding, RunKey, finding_of
+from repro.workload.record import CUSTOM_SCENARIO, RunRecord
 
 ISSUE_URL = "https://github.com/deepspeedai/DeepSpeed/issues/5080"
 ADAPTER = "repro/workload/cpu/gloo_transport.py"
@@ -50,10 +50,7 @@ class Row:
 
     @property
     def finding(self) -> RunFinding:
-        try:
-            return run_finding(Outcome(self.outcome), Signature(self.signature))
-        except ValueError:  # an outcome/signature this tool does not know: says nothing
-            return RunFinding.NO_OUTCOME
+        return finding_of(self.outcome, self.signature) or RunFinding.NO_OUTCOME  # unknown: says nothing
 
     @property
     def is_bug(self) -> bool:

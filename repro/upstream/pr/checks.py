@@ -17,10 +17,10 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from repro.core.runs import RunFinding, run_finding
+from repro.core.runs import RunFinding, finding_of
 from repro.core.walk_files import ProbeRow
 from repro.workload.closed import assert_never
-from repro.workload.record import Outcome, Signature
+from repro.workload.record import Outcome
 
 REFUSAL = "does not implement startCoalescing"
 
@@ -111,10 +111,7 @@ class Seen:
 
     @property
     def finding(self) -> RunFinding | None:
-        try:
-            return run_finding(Outcome(self.outcome), Signature(self.signature))
-        except ValueError:
-            return None
+        return finding_of(self.outcome, self.signature)
 
     def short(self) -> str:
         return f"{self.outcome} ({self.signature})"
