@@ -27,7 +27,10 @@ from repro.matrix.model import HIDE_GPUS, Env
 if TYPE_CHECKING:
     from repro.engines.base import Engine
 
-_STAGE_IGNORE = (".git", "build", "dist", "*.egg-info", "__pycache__")
+# Not staged: git's and earlier builds' files, and what running tests leaves in a tree (pytest's
+# cache, which pytest-randomly writes at every session), so a tree the tests ran in is the same
+# tree to build (the digest below).
+_STAGE_IGNORE = (".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis")
 # In the layer: the digest of the tree and build settings last installed there. pr-verify runs
 # each side's tree in two sessions (plain gloo, the adapter) over one layer; the second finds the
 # same digest and imports what the first built instead of building it again.
