@@ -6,8 +6,11 @@ session's exit status alone cannot tell "3 tests failed" from "pytest could not 
 reports can: this plugin keeps each test id's outcome (passed, failed, error, skipped, xfailed,
 xpassed) with the skip reason or the failure's last line, the counts, and the exit status.
 
-Record only: it adds no option, changes no test and no report, and writes nothing itself: the hook
-(jobhook.note_pytest) puts the summary into its record. At the session's start it tells the hook a
+Record only, but for one thing: it adds no option, changes no test and no report, and writes
+nothing itself: the hook (jobhook.note_pytest) puts the summary into its record. The one thing:
+where pytest-randomly shuffles the tests (DeepSpeed's dev requirements install it) and the command
+names no seed, the seed comes from the command line and folder (`pytest_cmdline_main`), so the
+stock and the fixed run of a job run their tests in one order. At the session's start it tells the hook a
 pytest session began (jobhook.pytest_session_started: DeepSpeed's test harness needs a device
 count). Loaded by name through PYTEST_PLUGINS, which the hook sets where it runs
 (jobhook._load_pytest_plugin). Only the session that owns the results records: an xdist worker
@@ -20,6 +23,7 @@ attribute.
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Any
 
 # summary() returns it; declared with the hook's record (jobhook cannot import this module)
@@ -71,6 +75,19 @@ def _outcome(report: Any) -> str | None:
     if report.skipped:
         return "skipped"
     return "passed" if when == "call" else None
+
+
+def pytest_cmdline_main(config: Any) -> None:
+    """Give pytest-randomly a seed of the invocation where the command names none: otherwise the
+    stock and the fixed run are shuffled apart, and a test that one of them never reached (a hang
+    stops the session) reads as a difference the fix made. Runs before any pytest_configure (it
+    is called first, pytest-randomly picks its seed there); pytest prints "Using --randomly-seed=N"
+    in both runs. An xdist worker takes its controller's seed, and any seed the command gives (or
+    `-p no:randomly`) is left as it is."""
+    if getattr(config.option, "randomly_seed", None) != "default" or hasattr(config, "workerinput"):
+        return
+    params = config.invocation_params
+    config.option.randomly_seed = zlib.crc32(repr((tuple(params.args), str(params.dir))).encode())
 
 
 def pytest_configure(config: Any) -> None:

@@ -289,3 +289,41 @@ def test_the_same_failing_tests_with_and_without_the_fix_leave_it_unverified_not
     broken = _pytest_pair({"t.py::test_a[1]": ("failed", MISMATCH), "t.py::test_save[2]": ("failed", "boom")})
     [verdict] = env_verdicts(broken)
     assert verdict.headline().endswith("FIX DOES NOT RESOLVE IT"), verdict.headline()
+
+
+# A stand-in of pytest-randomly's seed contract (its option `--randomly-seed`, dest randomly_seed,
+# default "default", read at pytest_configure): it writes down the seed it would shuffle with.
+FAKE_RANDOMLY = """
+import os
+
+def pytest_addoption(parser):
+    parser.addoption("--randomly-seed", dest="randomly_seed", default="default")
+
+def pytest_configure(config):
+    with open(os.environ["SEEDS_FILE"], "a") as fh:
+        fh.write(f"{config.getoption('randomly_seed')}\\n")
+"""
+
+
+def test_the_stock_and_the_fixed_run_shuffle_their_tests_with_one_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, real_subprocess: None
+) -> None:
+    """pytest-randomly would shuffle each run its own way; where the command names no seed, both
+    runs get one from the invocation (pytest_outcomes.pytest_cmdline_main). One the command names
+    is left alone."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "fake_randomly.py").write_text(FAKE_RANDOMLY)
+    monkeypatch.setenv("MICS_REPRO_USER_PYTHONPATH", str(site))
+    seeds = tmp_path / "seeds"
+    monkeypatch.setenv("SEEDS_FILE", str(seeds))
+    work = tmp_path / "work"  # a job's stock and fixed run share its folder and its command
+    work.mkdir()
+    (work / "test_job.py").write_text("def test_one():\n    pass\n")
+    command = f"{sys.executable} -m pytest -q -p no:cacheprovider -p fake_randomly test_job.py"
+    for n, cmd in enumerate((command, command, command + " -k one", command + " --randomly-seed=7")):
+        argv = ["--cmd", cmd, "--workdir", str(work), "--out", str(tmp_path / f"out{n}"), "--device", "gpu"]
+        assert job.main([*argv, "--patch", "stock", "--timeout", "300"]) == 0
+    stock, fixed, other, given = seeds.read_text().split()
+    assert stock == fixed and stock.isdigit() and other.isdigit() and other != stock
+    assert given == "7"
