@@ -84,14 +84,15 @@ def pytest_cmdline_main(config: Any) -> None:
     is called first, pytest-randomly picks its seed there); pytest prints "Using --randomly-seed=N"
     in both runs. An xdist worker takes its controller's seed, and any seed the command gives (or
     `-p no:randomly`) is left as it is."""
-    if getattr(config.option, "randomly_seed", None) != "default" or hasattr(config, "workerinput"):
+    params = getattr(config, "invocation_params", None)  # pytest >= 5.1
+    seed = getattr(config.option, "randomly_seed", None)
+    if seed != "default" or params is None or hasattr(config, "workerinput"):
         return
-    params = config.invocation_params
     config.option.randomly_seed = zlib.crc32(repr((tuple(params.args), str(params.dir))).encode())
 
 
 def pytest_configure(config: Any) -> None:
-    """The one thing besides the record: the hook learns a pytest session began (on the CPU twin it
+    """Besides the record and the seed above: the hook learns a pytest session began (on the CPU twin it
     then counts enough devices for DeepSpeed's test harness: jobhook.pytest_session_started)."""
     from repro.workload import jobhook
 
