@@ -141,7 +141,9 @@ class SourceOverlay(DeepSpeedLayer):
 
 def _tree_digest(root: Path, build: dict[str, str]) -> str:
     """sha256 of every file's path and bytes under `root` (a link: its target) and the build's
-    environment: the same digest means pip would install the same DeepSpeed."""
+    environment: the same digest means pip would install the same DeepSpeed. Every byte, unlike
+    repro.run.job.workdir_digest (files over 1 MiB by size, a time limit): that one names the code
+    a run saw, this one stands in for a build. `root` is the staged copy, made by this process."""
     h = hashlib.sha256(json.dumps(build, sort_keys=True).encode())
     for folder, dirs, files in os.walk(root):
         dirs.sort()
